@@ -1,0 +1,185 @@
+"""Overhead of the methods: one optimizer step (forward, backward, AdamW) of ours vs the stock HF model.
+
+Both models get the same random weights and batch; their steps alternate, after warm-up, for several repeats, and
+the JSON holds each one's median step time, peak memory (GPU only) and the ratios to stock, all from the same run.
+
+    python benchmarks/overhead.py --shape tiny --rows off dhicm --out outputs/overhead-tiny.json
+    python benchmarks/overhead.py --shape transformer-base --rows off dhicm eadra-scratch --device cuda --dtype bf16
+    python benchmarks/overhead.py --shape mbart-large-8x512 --rows off eadra-finetune --device cuda --dtype bf16
+
+Rows name method settings (``ROWS``); ``naive`` rows time the direct port of the public EaDRA code (eager
+attention, every probability map materialised, an entropy term over all of them) as a second baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import MBartConfig, MBartForConditionalGeneration
+
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+
+SHAPES = {  # model shape, batch size, sequence length (source = target)
+    "tiny": (dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, vocab_size=1000), 16, 32),
+    "transformer-base": (dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                              decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                              vocab_size=32000), 32, 256),
+    "mbart-large-16x128": (dict(vocab_size=250027), 16, 128),
+    "mbart-large-8x512": (dict(vocab_size=250027), 8, 512),
+}
+
+ROWS = {
+    "off": {},
+    "dhicm": {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1]},
+    "eadra-finetune": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}}},
+    "eadra-scratch": {"eadra": {c: {"num_heads": 6} for c in ("encoder", "decoder", "cross")}},
+    "lpea-rhe": {"sea_type": "lpea", "sea_heads": "redundant"},
+}
+
+
+def naive_entropy_loss(outputs) -> torch.Tensor:
+    """The public EaDRA code's pattern: an entropy term over every materialised attention map."""
+    maps = [*outputs.encoder_attentions, *outputs.decoder_attentions, *outputs.cross_attentions]
+    return sum(-(a * a.clamp_min(1e-9).log()).sum(-1).mean() for a in maps)
+
+
+def make_batch(config, batch_size, length, device):
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, config.vocab_size, (batch_size, length), generator=generator)
+    labels = torch.randint(4, config.vocab_size, (batch_size, length), generator=generator)
+    lengths = torch.randint(length // 2, length + 1, (batch_size,), generator=generator)
+    mask = torch.arange(length)[None, :] < lengths[:, None]
+    ids[~mask] = config.pad_token_id
+    batch = {"input_ids": ids, "attention_mask": mask.long(), "labels": labels}
+    # SEA inputs: a dependency mask with a random head per token, phrase positions within +-2
+    heads = torch.randint(0, length, (batch_size, length), generator=generator)
+    dep = torch.zeros(batch_size, length, length, dtype=torch.bool)
+    dep.scatter_(2, heads[..., None], True)
+    dep |= dep.transpose(1, 2) | torch.eye(length, dtype=torch.bool)
+    batch["dependency_mask"] = dep
+    batch["phrase_positions"] = torch.randint(-2, 3, (batch_size, length, length), generator=generator)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def build(kind, settings, shape_kwargs, device, dtype, attn_implementation):
+    torch.manual_seed(0)
+    if kind == "stock" or kind == "naive":
+        model = MBartForConditionalGeneration(MBartConfig(**shape_kwargs, dropout=0.1))
+    else:
+        model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**shape_kwargs, dropout=0.1, **settings))
+    model.set_attn_implementation("eager" if kind == "naive" else attn_implementation)
+    return model.to(device=device, dtype=dtype).train()
+
+
+def step_fn(kind, model, batch):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    inputs = batch if kind == "ours" else {k: v for k, v in batch.items() if k not in ("dependency_mask", "phrase_positions")}
+    if kind == "ours" and not model.config.sea_type and not model.config.rhe_prune:
+        inputs = {k: v for k, v in inputs.items() if k not in ("dependency_mask", "phrase_positions")}
+
+    def step():
+        outputs = model(**inputs, output_attentions=kind == "naive")
+        loss = outputs.loss + (naive_entropy_loss(outputs) if kind == "naive" else 0)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def timed(step, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1000
+
+
+def peak_memory(step, device) -> float | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warmup: int, naive: bool,
+        attn_implementation: str) -> dict:
+    device = torch.device(device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    shape_kwargs, batch_size, length = SHAPES[shape]
+    shape_kwargs = {"max_position_embeddings": max(1024, length), **shape_kwargs}
+    batch = make_batch(MBartConfig(**shape_kwargs), batch_size, length, device)
+    runs = {"stock": ("stock", {})}
+    runs.update({row: ("ours", ROWS[row]) for row in rows})
+    if naive:
+        runs["naive"] = ("naive", {})
+    steps, times, memory = {}, {name: [] for name in runs}, {}
+    for name, (kind, settings) in runs.items():  # one model on the device at a time for the memory numbers
+        model = build(kind, settings, shape_kwargs, device, dtype, attn_implementation)
+        steps[name] = step_fn(kind, model, batch)
+        for _ in range(warmup):
+            steps[name]()
+        memory[name] = peak_memory(steps[name], device)
+        if device.type == "cuda":
+            del model, steps[name]
+            torch.cuda.empty_cache()
+    if device.type == "cuda":  # rebuild for the timing loop (memory was measured alone)
+        for name, (kind, settings) in runs.items():
+            steps[name] = step_fn(kind, build(kind, settings, shape_kwargs, device, dtype, attn_implementation), batch)
+            for _ in range(warmup):
+                steps[name]()
+    for _ in range(repeats):  # alternate, so drifts of the machine hit every row alike
+        for name in runs:
+            times[name].append(timed(steps[name], device))
+    median = {name: statistics.median(t) for name, t in times.items()}
+    result = {
+        "shape": shape, "batch_size": batch_size, "length": length, "device": str(device), "dtype": str(dtype),
+        "attn_implementation": attn_implementation, "repeats": repeats, "torch": torch.__version__,
+        "rows": {},
+    }
+    for name, (kind, settings) in runs.items():
+        result["rows"][name] = {
+            "settings": settings, "median_ms": round(median[name], 3),
+            "time_ratio": round(median[name] / median["stock"], 4),
+            "peak_gib": None if memory[name] is None else round(memory[name], 3),
+            "memory_ratio": None if memory[name] is None else round(memory[name] / memory["stock"], 4),
+            "spread_ms": [round(min(times[name]), 3), round(max(times[name]), 3)],
+        }
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=["off"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--attn-implementation", default="sdpa")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--naive", action="store_true", help="add the naive EaDRA port as a second baseline")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    result = run(args.shape, args.rows, args.device, args.dtype, args.repeats, args.warmup, args.naive,
+                 args.attn_implementation)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""hf-headattn: attention-head methods for mBART and Marian translation models in HF Transformers.
+
+Importing the package registers the configs and models with the Auto classes.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .attention import HeadAttnContext
+from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
+from .losses import label_smoothed_nll_loss
+from .modeling import (
+    HeadAttnMarianModel,
+    HeadAttnMarianMTModel,
+    HeadAttnMBartForConditionalGeneration,
+    HeadAttnMBartModel,
+    HeadAttnSeq2SeqLMOutput,
+    HeadAttnSeq2SeqModelOutput,
+)
+
+for _config, _model, _lm in (
+    (HeadAttnMBartConfig, HeadAttnMBartModel, HeadAttnMBartForConditionalGeneration),
+    (HeadAttnMarianConfig, HeadAttnMarianModel, HeadAttnMarianMTModel),
+):
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModel.register(_config, _model, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(_config, _lm, exist_ok=True)
+
+__version__ = "0.1.0"
+__all__ = [
+    "HeadAttnContext",
+    "HeadAttnMBartConfig",
+    "HeadAttnMBartModel",
+    "HeadAttnMBartForConditionalGeneration",
+    "HeadAttnMarianConfig",
+    "HeadAttnMarianModel",
+    "HeadAttnMarianMTModel",
+    "HeadAttnSeq2SeqLMOutput",
+    "HeadAttnSeq2SeqModelOutput",
+    "label_smoothed_nll_loss",
+]

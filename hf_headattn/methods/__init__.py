@@ -1,0 +1,1 @@
+"""The three methods, one module each: settings checks, pure math, and the module attached to attention."""

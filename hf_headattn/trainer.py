@@ -1,0 +1,67 @@
+"""``Seq2SeqTrainer`` that keeps the methods' terms: it logs every loss component beside ``loss``.
+
+Identical to ``Seq2SeqTrainer`` except:
+* ``label_smoothing_factor > 0`` is moved into the model's ``config.label_smoothing`` (the stock Trainer would
+  recompute the loss from logits and silently drop the methods' terms);
+* each training step's loss components (``nll_loss``, ``dhicm_kl``, ``eadra_loss``, the EaDRA terms, ...) are
+  averaged over the logging interval and over processes, and logged with ``loss``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from transformers import Seq2SeqTrainer
+from transformers.trainer_pt_utils import nested_gather
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+#: Output fields logged as loss components (dict fields are flattened as ``<field>/<key>``).
+COMPONENT_FIELDS = ("nll_loss", "dhicm_kl", "eadra_loss", "eadra_terms")
+
+
+def loss_components(outputs) -> dict[str, torch.Tensor]:
+    """The scalar loss components of a model output, detached, flattened into one dict."""
+    components = {}
+    for name in COMPONENT_FIELDS:
+        value = outputs.get(name) if hasattr(outputs, "get") else None
+        if isinstance(value, dict):
+            components.update({f"{name}/{key}": term.detach() for key, term in value.items()})
+        elif value is not None:
+            components[name] = value.detach()
+    return components
+
+
+class HeadAttnSeq2SeqTrainer(Seq2SeqTrainer):
+    """``Seq2SeqTrainer`` for hf-headattn models; see the module docstring for what differs."""
+
+    def __init__(self, model=None, args=None, *pargs, **kwargs):
+        if args is not None and args.label_smoothing_factor > 0 and hasattr(model.config, "label_smoothing"):
+            logger.warning(
+                f"label_smoothing_factor={args.label_smoothing_factor} moved into model.config.label_smoothing so "
+                "that the model computes it and keeps the methods' loss terms"
+            )
+            model.config.label_smoothing = args.label_smoothing_factor
+            args.label_smoothing_factor = 0.0
+        super().__init__(model, args, *pargs, **kwargs)
+        self._component_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.args.device))
+        self._component_steps = 0
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        if model.training:
+            for name, value in loss_components(outputs).items():
+                self._component_sums[name] += value.float().to(self.args.device)
+            self._component_steps += 1
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._component_steps:
+            for name, total in self._component_sums.items():
+                mean = nested_gather(total / self._component_steps, self.args.parallel_mode).float().mean()
+                logs[name] = round(mean.item(), 4)
+            self._component_sums.clear()
+            self._component_steps = 0
+        super().log(logs, start_time)

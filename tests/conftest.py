@@ -1,0 +1,36 @@
+"""Tiny random models (vocab 99, d_model 16, 2+2 layers, 4 heads) saved as stock HF checkpoints."""
+
+import pytest
+import torch
+from transformers import MarianConfig, MarianMTModel, MBartConfig, MBartForConditionalGeneration
+
+import hf_headattn
+
+TINY = dict(
+    vocab_size=99, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+    pad_token_id=1, eos_token_id=2, bos_token_id=0, decoder_start_token_id=0, forced_eos_token_id=None,
+)
+
+FAMILIES = {
+    "mbart": (MBartConfig, MBartForConditionalGeneration, hf_headattn.HeadAttnMBartForConditionalGeneration),
+    "marian": (MarianConfig, MarianMTModel, hf_headattn.HeadAttnMarianMTModel),
+}
+
+
+@pytest.fixture(scope="session", params=sorted(FAMILIES))
+def stock_checkpoint(request, tmp_path_factory):
+    """(family, path) of a saved stock checkpoint with random weights."""
+    config_cls, model_cls, _ = FAMILIES[request.param]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**TINY))
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    return request.param, path
+
+
+def batch():
+    """Source and labels with padding in the second row (pad id 1, eos 2)."""
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 12, 2, 1, 1]])
+    labels = torch.tensor([[13, 14, 15, 2], [16, 2, -100, -100]])
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(1).long(), "labels": labels}
