@@ -34,11 +34,14 @@ class HeadAttnContext:
     """State of one forward pass, shared by all attention modules that carry a method.
 
     ``records[key]`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
-    the model reduces them into output fields after the forward.
+    the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
+    are True at real (non-padding) tokens; ``None`` means every token is real.
     """
 
     output_head_importance: bool = False
     output_redundant_heads: bool = False
+    source_mask: torch.Tensor | None = None
+    target_mask: torch.Tensor | None = None
     records: dict[str, list] = field(default_factory=lambda: defaultdict(list))
 
     def record(self, key: str, value: Any) -> None:
@@ -66,6 +69,26 @@ class AttentionCall:
     @property
     def is_cross(self) -> bool:
         return self.module.headattn_kind == "cross"
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.module.headattn_side == "decoder"
+
+    @property
+    def query_mask(self) -> torch.Tensor | None:
+        """(B, T) bool, True at real query tokens (``None``: all real, or no context)."""
+        if self.context is None:
+            return None
+        mask = self.context.target_mask if self.is_decoder else self.context.source_mask
+        return None if mask is None or mask.shape[1] != self.query.shape[2] else mask
+
+    @property
+    def key_mask(self) -> torch.Tensor | None:
+        """(B, S) bool, True at real key tokens (``None``: all real, or no context); causality is not included."""
+        if self.context is None:
+            return None
+        mask = self.context.target_mask if self.is_decoder and not self.is_cross else self.context.source_mask
+        return None if mask is None or mask.shape[1] != self.key.shape[2] else mask
 
 
 class _HeadAttnDispatch:

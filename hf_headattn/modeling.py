@@ -21,7 +21,7 @@ from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart
 
 from .attention import AttentionMethod, HeadAttnContext, attach_method
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
-from .losses import label_smoothed_nll_loss, total_objective
+from .losses import IGNORE_INDEX, label_smoothed_nll_loss, total_objective
 from .methods import dhicm, eadra, sea
 
 #: Order matters: SEA changes the mask before the backend, EaDRA reads the probabilities, DHICM reweights the heads.
@@ -69,7 +69,7 @@ def attach_methods(base_model: nn.Module, config) -> None:
     for method in METHODS:
         for side, layer, kind in method.placements(config):
             module = attention_module(base_model, side, layer, kind)
-            module.headattn_kind = kind
+            module.headattn_kind, module.headattn_side = kind, side
             module.headattn_name = f"{side}.layers.{layer}.{'encoder_attn' if kind == 'cross' else 'self_attn'}"
             attach_method(module, method.NAME, method.build(config, module), config)
 
@@ -116,8 +116,14 @@ class HeadAttnPreTrainedMixin:
                     f"max_length={limit})) or generate fewer tokens"
                 )
 
-    def _headattn_kwargs(self, kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads):
-        context = HeadAttnContext(bool(output_head_importance), bool(output_redundant_heads))
+    def _headattn_kwargs(
+        self, kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
+        source_mask=None, target_mask=None,
+    ):
+        context = HeadAttnContext(
+            bool(output_head_importance), bool(output_redundant_heads),
+            None if source_mask is None else source_mask.bool(), None if target_mask is None else target_mask.bool(),
+        )
         kwargs["headattn_context"] = context
         if dependency_mask is not None:
             kwargs["dependency_mask"] = dependency_mask
@@ -148,7 +154,8 @@ class HeadAttnModelMixin(HeadAttnPreTrainedMixin):
         kwargs.pop("return_dict", None)
         self._check_lengths(input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, past_key_values)
         context = self._headattn_kwargs(
-            kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads
+            kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
+            attention_mask, decoder_attention_mask,
         )
         outputs = super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
@@ -195,8 +202,13 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self._shift_labels(labels)
         self._check_lengths(input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, past_key_values)
+        if decoder_attention_mask is None and labels is not None:
+            target_mask = labels.ne(IGNORE_INDEX)
+        else:
+            target_mask = decoder_attention_mask
         context = self._headattn_kwargs(
-            kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads
+            kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
+            attention_mask, target_mask,
         )
         outputs = super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
