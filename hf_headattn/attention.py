@@ -175,6 +175,10 @@ def headattn_attention_forward(
 class AttentionMethod(nn.Module):
     """Base class of a method attached to an attention module: both hooks do nothing by default."""
 
+    def init_weights(self, std: float) -> None:
+        """Initialise the method's own ``nn.Parameter``s with ``transformers.initialization`` functions (which skip
+        parameters loaded from a checkpoint); ``std`` is the model's ``init_std``."""
+
     def before(self, call: AttentionCall) -> None:
         """Runs before the backend; may replace ``call.attention_mask`` (or q/k/v)."""
 

@@ -95,12 +95,19 @@ class HeadAttnPreTrainedMixin:
         super().__init__(config)
         config.check_headattn_settings()  # the config may have been changed after it was built
         attach_methods(self.base_model, config)
-        self.post_init()  # initialises the new method parameters only (HF skips modules already initialised)
+        self.post_init()  # initialises the new method parameters (HF skips what is already initialised)
 
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        if isinstance(module, AttentionMethod):
-            module.init_weights(self.config.init_std)
+    def initialize_weights(self):
+        """HF's initialisation, then the methods' parameters.
+
+        The attention modules live in the inner HF model (e.g. a stock ``MBartModel``), whose own ``_init_weights``
+        does not know the methods, so they are initialised here; HF's ``initialization`` functions skip parameters
+        loaded from a checkpoint, so this initialises exactly the new (missing) ones.
+        """
+        super().initialize_weights()
+        for module in self.modules():
+            if isinstance(module, AttentionMethod):
+                module.init_weights(self.config.init_std)
 
     def _check_lengths(self, input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, past_key_values):
         """A clear error, instead of an IndexError deep in the position embeddings, for over-long inputs."""

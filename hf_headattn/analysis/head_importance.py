@@ -1,0 +1,78 @@
+"""DHICM head importance over a dataset, and the token-by-head heatmap of the paper's Figure 3."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+
+
+@torch.no_grad()
+def mean_head_importance(model, batches: Iterable[dict]) -> dict[str, list[float]]:
+    """Mean importance G of each head, over the real tokens of all batches, per DHICM module.
+
+    Parameters
+    ----------
+    model : a HeadAttn model with DHICM on.
+    batches : dicts of model inputs (``input_ids``, ``attention_mask``, ``labels`` or ``decoder_input_ids``), e.g. a
+        ``DataLoader`` with a ``DataCollatorForSeq2Seq``.
+
+    Returns
+    -------
+    ``{module name: [mean G of head 0, head 1, ...]}``; each list sums to 1.
+    """
+    was_training = model.training
+    model.eval()
+    sums, counts = {}, {}
+    for batch in batches:
+        batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        out = model(**batch, output_head_importance=True)
+        if not out.head_importances:
+            raise ValueError("the model returned no head importances: switch DHICM on (dhicm_*_layers)")
+        for name, G in out.head_importances.items():  # (B, T, H), zero at padding
+            real = G.sum(-1) > 0
+            sums[name] = sums.get(name, 0) + G.sum((0, 1)).double()
+            counts[name] = counts.get(name, 0) + int(real.sum())
+    model.train(was_training)
+    return {name: (sums[name] / max(counts[name], 1)).tolist() for name in sums}
+
+
+@torch.no_grad()
+def sentence_head_importance(model, tokenizer, source: str, target: str, module: str) -> tuple[list[str], torch.Tensor]:
+    """The (tokens, heads) importance of one module for one sentence pair, and the tokens its rows belong to.
+
+    Encoder modules give source tokens, decoder modules target tokens (teacher-forced on ``target``).
+    """
+    model.eval()
+    inputs = tokenizer(source, text_target=target, return_tensors="pt").to(model.device)
+    out = model(**inputs, output_head_importance=True)
+    if module not in (out.head_importances or {}):
+        raise ValueError(f"no DHICM module named {module!r}; the model has {sorted(out.head_importances or {})}")
+    ids = inputs["input_ids"] if module.startswith("encoder") else inputs["labels"]
+    return tokenizer.convert_ids_to_tokens(ids[0]), out.head_importances[module][0].cpu()
+
+
+def plot_head_importance(importance: torch.Tensor, tokens: list[str], path: str | Path, title: str = "") -> Path:
+    """A token-by-head heatmap (rows: tokens, columns: heads; brighter = more important), as in Figure 3."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    importance = torch.as_tensor(importance).float()
+    if importance.dim() != 2 or importance.shape[0] != len(tokens):
+        raise ValueError(f"importance must be (tokens, heads) with {len(tokens)} tokens, got {tuple(importance.shape)}")
+    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * importance.shape[1], 0.8 + 0.35 * len(tokens)))
+    image = ax.imshow(importance.numpy(), cmap="viridis", aspect="auto", vmin=0)
+    ax.set_xticks(range(importance.shape[1]), [f"head {h}" for h in range(importance.shape[1])])
+    ax.set_yticks(range(len(tokens)), tokens)
+    ax.set_title(title or "DHICM head importance")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,195 @@
+"""DHICM (Goindani & Shrivastava 2021): Eq. 1-4 against numpy, gradients, the attached module, loss, generation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY, batch
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
+from hf_headattn.methods.dhicm import combine_heads, head_importance, importance_scores, kl_from_uniform
+
+DHICM = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], dropout=0.0, attention_dropout=0.0)
+
+
+def numpy_dhicm(O, x, W, U, V):
+    """Eq. 1-4 with explicit loops over tokens and heads."""
+    B, T, H, _ = O.shape
+    d_m = W.shape[0]
+    G, out, kl = np.zeros((B, T, H)), np.zeros((B, T, d_m)), np.zeros((B, T))
+    for b in range(B):
+        for t in range(T):
+            s = np.array([O[b, t, h] @ W.T @ U @ x[b, t] / math.sqrt(d_m) for h in range(H)])
+            g = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+            G[b, t] = g
+            out[b, t] = sum(g[h] * V @ O[b, t, h] for h in range(H))
+            kl[b, t] = sum(g[h] * np.log(g[h] / (1 / H)) for h in range(H))
+    return G, out, kl
+
+
+def random_inputs(dtype=torch.float64, B=2, T=3, H=4, d_k=5, d=8, d_m=6):
+    g = torch.Generator().manual_seed(0)
+    O = torch.randn(B, T, H, d_k, generator=g, dtype=dtype)
+    x = torch.randn(B, T, d, generator=g, dtype=dtype)
+    W, U, V = (torch.randn(d_m, n, generator=g, dtype=dtype) for n in (d_k, d, d_k))
+    return O, x, W, U, V
+
+
+def test_equations_1_to_4_match_numpy():
+    O, x, W, U, V = random_inputs()
+    scores = importance_scores(O, x @ U.T, W)
+    G = head_importance(scores)
+    ref_G, ref_out, ref_kl = numpy_dhicm(*(t.numpy() for t in (O, x, W, U, V)))
+    np.testing.assert_allclose(G.numpy(), ref_G, rtol=1e-10)
+    np.testing.assert_allclose(combine_heads(O, G, V).numpy(), ref_out, rtol=1e-10)
+    np.testing.assert_allclose(kl_from_uniform(scores).numpy(), ref_kl, rtol=1e-8, atol=1e-12)
+
+
+def test_gradcheck_float64():
+    O, x, W, U, V = (t.requires_grad_() for t in random_inputs(B=1, T=2, H=3, d_k=2, d=3, d_m=2))
+
+    def f(O, x, W, U, V):
+        scores = importance_scores(O, x @ U.T, W)
+        return combine_heads(O, head_importance(scores), V).sum() + kl_from_uniform(scores).sum()
+
+    assert torch.autograd.gradcheck(f, (O, x, W, U, V))
+
+
+def test_kl_bounds_and_extremes():
+    H = 4
+    assert kl_from_uniform(torch.zeros(H)).item() == pytest.approx(0.0, abs=1e-7)
+    one_hot = kl_from_uniform(torch.tensor([1e4, 0.0, 0.0, 0.0]))
+    assert torch.isfinite(one_hot) and one_hot.item() == pytest.approx(math.log(H), rel=1e-6)
+    kl = kl_from_uniform(torch.randn(100, H) * 3)
+    assert (kl >= -1e-7).all() and (kl <= math.log(H) + 1e-6).all()
+
+
+def tiny(family="mbart", **settings):
+    torch.manual_seed(0)
+    cls, cfg = {"mbart": (HeadAttnMBartForConditionalGeneration, HeadAttnMBartConfig),
+                "marian": (HeadAttnMarianMTModel, HeadAttnMarianConfig)}[family]
+    return cls(cfg(**TINY, **{**DHICM, **settings})).eval()
+
+
+def test_module_output_is_equation_3_with_out_proj_as_w_s():
+    model = tiny()
+    attn = model.model.encoder.layers[-1].self_attn
+    x = torch.randn(2, 5, 16)
+    B, T, H, D = 2, 5, 4, 4
+    q, k, v = (proj(x).view(B, T, H, D).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    O = (torch.softmax(q @ k.transpose(-1, -2) * D**-0.5, -1) @ v).transpose(1, 2)  # (B, T, H, D)
+    d = attn.dhicm
+    G = head_importance(importance_scores(O, x @ d.u.T, d.w))
+    expected = attn.out_proj(combine_heads(O, G, d.v))
+    got, _ = attn(x)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["mbart", "marian"])
+def test_loss_is_nll_minus_lambda_kl_and_sdpa_equals_eager(family):
+    model = tiny(family, dhicm_kl_weight=0.3)
+    with torch.no_grad():
+        sdpa = model(**batch())
+        model.set_attn_implementation("eager")
+        eager = model(**batch())
+    assert sdpa.dhicm_kl > 0
+    torch.testing.assert_close(sdpa.loss, sdpa.nll_loss - 0.3 * sdpa.dhicm_kl)
+    torch.testing.assert_close(eager.logits, sdpa.logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(eager.dhicm_kl, sdpa.dhicm_kl, atol=1e-7, rtol=1e-4)
+
+
+def test_kl_averages_over_real_tokens_and_modules():
+    model = tiny(dhicm_decoder_layers=None)
+    out = model(**batch(), output_head_importance=True)
+    G = out.head_importances["encoder.layers.1.self_attn"]  # (B, S, H), padding zeroed
+    mask = batch()["attention_mask"].bool()
+    assert G.shape == (2, 6, 4) and (G[~mask] == 0).all()
+    torch.testing.assert_close(G[mask].sum(-1), torch.ones(int(mask.sum())))
+    expected = (G[mask] * (G[mask] * 4).log()).sum(-1).mean()
+    torch.testing.assert_close(out.dhicm_kl, expected, atol=1e-6, rtol=1e-4)
+
+
+def test_readout_names_tell_side_layer_and_kind():
+    out = tiny()(**batch(), output_head_importance=True)
+    assert set(out.head_importances) == {
+        "encoder.layers.1.self_attn", "decoder.layers.1.self_attn", "decoder.layers.1.encoder_attn"
+    }
+    assert out.head_importances["decoder.layers.1.encoder_attn"].shape == (2, 4, 4)
+    assert tiny(dhicm_attention=["cross"])(**batch(), output_head_importance=True).head_importances.keys() == {
+        "encoder.layers.1.self_attn", "decoder.layers.1.encoder_attn"
+    }
+
+
+def test_gradients_reach_the_dhicm_parameters():
+    model = tiny().train()
+    model(**batch()).loss.backward()
+    for name, param in model.named_parameters():
+        if ".dhicm." in name:
+            assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generation_with_cache_equals_full_recompute(num_beams):
+    model = tiny()
+    inputs = {k: v for k, v in batch().items() if k != "labels"}
+    settings = dict(num_beams=num_beams, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    cached = model.generate(**inputs, **settings, use_cache=True)
+    assert torch.equal(cached, model.generate(**inputs, **settings, use_cache=False))
+
+
+def test_save_load_round_trip_keeps_parameters_and_settings(tmp_path):
+    model = tiny(dhicm_dim=8, dhicm_kl_weight=0.2, dhicm_mode="paper")
+    model.save_pretrained(tmp_path)
+    loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert (loaded.config.dhicm_dim, loaded.config.dhicm_kl_weight) == (8, 0.2)
+    assert loaded.model.encoder.layers[-1].self_attn.out_proj.weight.shape == (16, 8)  # W_s: d_m -> d
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch()).logits, model(**batch()).logits)
+
+
+def test_stock_checkpoint_loads_with_dhicm_on(stock_checkpoint):
+    family, path = stock_checkpoint
+    cls = {"mbart": HeadAttnMBartForConditionalGeneration, "marian": HeadAttnMarianMTModel}[family]
+    model, info = cls.from_pretrained(path, **DHICM, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert info["missing_keys"] and all(".dhicm." in key for key in info["missing_keys"])
+    assert all(torch.isfinite(p).all() and p.abs().sum() > 0 for n, p in model.named_parameters() if ".dhicm." in n)
+
+
+def test_scaled_out_proj_mode_starts_as_the_pretrained_model(stock_checkpoint):
+    family, path = stock_checkpoint
+    from conftest import FAMILIES
+
+    _, stock_cls, ours_cls = FAMILIES[family]
+    stock = stock_cls.from_pretrained(path).eval()
+    ours = ours_cls.from_pretrained(path, **DHICM, dhicm_mode="scaled_out_proj").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**batch()).logits, stock(**batch()).logits, atol=1e-5, rtol=0)
+    ours.train()
+    ours(**batch()).loss.backward()
+    u_grad = ours.model.encoder.layers[-1].self_attn.dhicm.u.grad
+    assert u_grad is not None and u_grad.abs().sum() > 0  # it can move away from uniform
+
+
+def test_mean_head_importance_over_batches_and_heatmap(tmp_path):
+    from hf_headattn.analysis import mean_head_importance, plot_head_importance
+
+    model = tiny()
+    means = mean_head_importance(model, [batch(), batch()])
+    out = model(**batch(), output_head_importance=True)
+    G = out.head_importances["encoder.layers.1.self_attn"]
+    mask = batch()["attention_mask"].bool()
+    np.testing.assert_allclose(means["encoder.layers.1.self_attn"], G[mask].mean(0).double().numpy(), rtol=1e-5)
+    assert sum(means["decoder.layers.1.encoder_attn"]) == pytest.approx(1.0)
+    png = plot_head_importance(G[0], [f"t{i}" for i in range(6)], tmp_path / "fig3.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match=r"importance must be \(tokens, heads\) with 5 tokens, got \(6, 4\)"):
+        plot_head_importance(G[0], ["a"] * 5, tmp_path / "bad.png")
+
+
+def test_mean_head_importance_needs_dhicm():
+    from hf_headattn.analysis import mean_head_importance
+
+    with pytest.raises(ValueError, match="switch DHICM on"):
+        mean_head_importance(tiny(dhicm_encoder_layers=None, dhicm_decoder_layers=None), [batch()])
