@@ -1,0 +1,100 @@
+"""Building blocks of the training recipes: model and tokenizer, features, test-set translation and scoring."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import torch
+from transformers import AutoConfig, AutoTokenizer, DataCollatorForSeq2Seq
+
+from .configuration import HeadAttnMarianConfig
+from .data import tokenize_parallel
+from .evaluation import compute_translation_metrics
+from .modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
+from .presets import model_shape, uses_syntax
+from .tokenization import train_joint_sentencepiece
+
+#: Which of our classes loads a checkpoint of each model type.
+MODEL_CLASSES = {
+    "mbart": HeadAttnMBartForConditionalGeneration,
+    "headattn_mbart": HeadAttnMBartForConditionalGeneration,
+    "marian": HeadAttnMarianMTModel,
+    "headattn_marian": HeadAttnMarianMTModel,
+}
+
+
+def pretrained_model(name_or_path: str, settings: dict, **kwargs):
+    """A pretrained mBART or Marian checkpoint (hub name or folder) as our model, with the method ``settings``."""
+    model_type = AutoConfig.from_pretrained(name_or_path).model_type
+    if model_type not in MODEL_CLASSES:
+        raise ValueError(f"{name_or_path} is a {model_type!r} model; expected one of {sorted(MODEL_CLASSES)}")
+    return MODEL_CLASSES[model_type].from_pretrained(name_or_path, **settings, **kwargs)
+
+
+def scratch_model(shape: str, tokenizer, settings: dict, max_length: int, **config_kwargs) -> HeadAttnMarianMTModel:
+    """A randomly initialised Marian-style model of a named shape (``presets.MODEL_SHAPES``) for ``tokenizer``."""
+    config = HeadAttnMarianConfig(
+        **model_shape(shape), vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id, forced_eos_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=max_length, scale_embedding=True, share_encoder_decoder_embeddings=True,
+        **config_kwargs, **settings,
+    )
+    return HeadAttnMarianMTModel(config)
+
+
+def scratch_tokenizer(train: datasets.Dataset, vocab_size: int, output_dir: str | Path, src: str, tgt: str):
+    """A joint sentencepiece tokenizer trained on the training sources and targets (reused if already saved)."""
+    path = Path(output_dir)
+    if (path / "source.spm").is_file():
+        return AutoTokenizer.from_pretrained(path)
+    return train_joint_sentencepiece(train, vocab_size, path, source_lang=src, target_lang=tgt)
+
+
+def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, settings: dict,
+                     max_source_length: int, max_target_length: int, num_proc: int | None = None,
+                     spacy_model: str | None = None) -> datasets.DatasetDict:
+    """Tokenized splits; with SEA/RHE on, the syntax columns too (parsed with spaCy, aligned to the tokens)."""
+    if not uses_syntax(settings):
+        return tokenize_parallel(raw, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc)
+    from .syntax import add_syntax_features, load_spacy
+
+    parser_kwargs = {} if spacy_model is None else {"dependencies": load_spacy(spacy_model)}
+    return datasets.DatasetDict({
+        split: add_syntax_features(
+            ds, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc, **parser_kwargs
+        ).remove_columns(["translation"])
+        for split, ds in raw.items()
+    })
+
+
+def collator(tokenizer, model, settings: dict):
+    """The batch collator: the syntax collator when SEA/RHE needs its tensors, else ``DataCollatorForSeq2Seq``."""
+    if uses_syntax(settings):
+        from .syntax import DataCollatorForSyntaxSeq2Seq
+
+        return DataCollatorForSyntaxSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
+    return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
+
+
+def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Dataset, tokenizer, src: str, tgt: str,
+                        num_beams: int, max_length: int, output_file: str | Path | None = None) -> dict:
+    """Translate a split with beam search and score it with sacreBLEU/chrF against the raw references."""
+    prediction = trainer.predict(features, num_beams=num_beams, max_length=max_length, metric_key_prefix="test")
+    ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+    ids = torch.as_tensor(ids).clamp(min=0).masked_fill(torch.as_tensor(ids) < 0, tokenizer.pad_token_id)
+    hypotheses = [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+    references = [pair[tgt] for pair in raw["translation"]]
+    scores = compute_translation_metrics(hypotheses, references)
+    if output_file is not None:
+        Path(output_file).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    return scores
+
+
+def write_json(path: str | Path, payload: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,168 @@
+#!/usr/bin/env python
+"""Train and evaluate a translation model with any combination of the hf-headattn methods.
+
+In the style of HF's ``run_translation.py`` (its common flags keep their names), plus the method settings:
+
+    # Multi30k En-De from scratch, DHICM on, on the CPU
+    python recipes/train_translation.py --multi30k_dir ../shared/data/multi30k --source_lang en --target_lang de \
+        --model_shape tiny --method dhicm --output_dir outputs/dhicm --num_train_epochs 5 \
+        --per_device_train_batch_size 64 --learning_rate 1e-3 --eval_strategy epoch --save_strategy epoch
+
+    # a pretrained checkpoint, methods combined with "+", extra fields as JSON
+    python recipes/train_translation.py --model_name_or_path facebook/mbart-large-50 --dataset_name wmt16 \
+        --dataset_config_name ro-en --source_lang en --target_lang ro --method dhicm+eadra \
+        --method_settings '{"dhicm_mode": "scaled_out_proj"}' --output_dir outputs/mbart
+
+Writes ``results.json`` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
+``predictions_<split>.txt`` per test split into ``--output_dir``. Loss components are logged beside ``loss``
+(``--report_to tensorboard`` for TensorBoard).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
+
+from hf_headattn.data import load_parallel_dataset
+from hf_headattn.evaluation import make_compute_metrics
+from hf_headattn.presets import method_settings
+from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
+from hf_headattn.training import (
+    collator, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, translate_and_score, write_json,
+)
+
+logger = logging.getLogger("train_translation")
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Pretrained mBART/Marian; else from scratch"})
+    model_shape: str = field(default="tiny", metadata={"help": "From scratch: tiny, small or base"})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer; else the model's or a new one"})
+    vocab_size: int = field(default=8000, metadata={"help": "From scratch: joint sentencepiece vocabulary size"})
+    method: str = field(default="baseline", metadata={"help": "Method names joined by '+', see presets.METHODS"})
+    method_settings: str | None = field(default=None, metadata={"help": "JSON dict of extra config fields"})
+    label_smoothing: float = field(default=0.1, metadata={"help": "Computed inside the model"})
+    dropout: float = field(default=0.1, metadata={"help": "From scratch: dropout"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "From scratch: attention dropout"})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+
+
+@dataclass
+class DataArguments:
+    source_lang: str = field(default="en")
+    target_lang: str = field(default="de")
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset"})
+    dataset_config_name: str | None = field(default=None)
+    train_file: str | None = field(default=None, metadata={"help": "TSV, JSON lines or a prefix of PREFIX.<lang>"})
+    validation_file: str | None = field(default=None)
+    test_file: str | None = field(default=None)
+    multi30k_dir: str | None = field(default=None, metadata={"help": "e.g. ../shared/data/multi30k"})
+    max_source_length: int = field(default=128)
+    max_target_length: int = field(default=128)
+    max_train_samples: int | None = field(default=None)
+    max_eval_samples: int | None = field(default=None)
+    max_predict_samples: int | None = field(default=None)
+    test_splits: str | None = field(default=None, metadata={"help": "Comma-separated splits translated and scored "
+                                                                    "at the end (default: every split but train)"})
+    num_beams: int = field(default=5, metadata={"help": "Beam size for evaluation and test (the papers use 5)"})
+    source_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. en_XX"})
+    target_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. de_DE"})
+    spacy_model: str | None = field(default=None, metadata={"help": "SEA: spaCy pipeline (default: offline en)"})
+    preprocessing_num_workers: int | None = field(default=None)
+
+
+def load_data(args: DataArguments):
+    files = {k: v for k, v in (("train", args.train_file), ("validation", args.validation_file),
+                               ("test", args.test_file)) if v}
+    return load_parallel_dataset(
+        args.source_lang, args.target_lang, dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=args.multi30k_dir or None,
+        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+        max_predict_samples=args.max_predict_samples,
+    )
+
+
+def settings_from(args: ModelArguments) -> dict:
+    settings = method_settings(args.method)
+    if args.method_settings:
+        settings.update(json.loads(args.method_settings))
+    return {"label_smoothing": args.label_smoothing, **settings}
+
+
+def main(argv=None) -> dict:
+    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
+    set_seed(training_args.seed)
+    settings = settings_from(model_args)
+    raw = load_data(data_args)
+    test_splits = data_args.test_splits.split(",") if data_args.test_splits else [s for s in raw if s != "train"]
+    unknown = sorted(set(test_splits) - set(raw))
+    if unknown:
+        raise ValueError(f"test_splits {unknown} are not in the data; it has {sorted(raw)}")
+    src, tgt = data_args.source_lang, data_args.target_lang
+    max_length = max(data_args.max_source_length, data_args.max_target_length)
+
+    if model_args.model_name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+        model = pretrained_model(model_args.model_name_or_path, settings,
+                                 attn_implementation=model_args.attn_implementation)
+    else:
+        tokenizer = (AutoTokenizer.from_pretrained(model_args.tokenizer_name) if model_args.tokenizer_name else
+                     scratch_tokenizer(raw["train"], model_args.vocab_size, f"{training_args.output_dir}/tokenizer",
+                                       src, tgt))
+        model = scratch_model(model_args.model_shape, tokenizer, settings, max_length,
+                              dropout=model_args.dropout, attention_dropout=model_args.attention_dropout)
+        model.set_attn_implementation(model_args.attn_implementation)
+    if data_args.source_lang_code:  # mBART-50 style tokenizers
+        tokenizer.src_lang, tokenizer.tgt_lang = data_args.source_lang_code, data_args.target_lang_code
+        model.generation_config.forced_bos_token_id = tokenizer.convert_tokens_to_ids(data_args.target_lang_code)
+
+    features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
+                                data_args.max_target_length, data_args.preprocessing_num_workers,
+                                data_args.spacy_model)
+    if "syntax_word" in features["train"].column_names:
+        training_args.remove_unused_columns = False  # the collator turns the syntax columns into model inputs
+    training_args.predict_with_generate = True
+    training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
+    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
+    trainer = HeadAttnSeq2SeqTrainer(
+        model=model, args=training_args, train_dataset=features["train"],
+        eval_dataset=features.get("validation"), data_collator=collator(tokenizer, model, settings),
+        processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer),
+    )
+    start = time.perf_counter()
+    train_result = trainer.train()
+    train_time = time.perf_counter() - start
+    trainer.save_model()
+    tokenizer.save_pretrained(training_args.output_dir)
+
+    results = {
+        "method": model_args.method, "settings": settings, "model": model_args.model_name_or_path or
+        model_args.model_shape, "train_time_s": round(train_time, 1), "train_loss": train_result.training_loss,
+        "num_parameters": model.num_parameters(), "device": str(training_args.device),
+        "log_history": trainer.state.log_history, "args": {**asdict(model_args), **asdict(data_args)},
+        "scores": {},
+    }
+    for split in test_splits:
+        scores = translate_and_score(
+            trainer, features[split], raw[split], tokenizer, src, tgt, data_args.num_beams,
+            data_args.max_target_length, f"{training_args.output_dir}/predictions_{split}.txt",
+        )
+        results["scores"][split] = scores
+        logger.info(f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f}  {scores['bleu_signature']}")
+    path = write_json(f"{training_args.output_dir}/results.json", results)
+    logger.info(f"results written to {path}")
+    return results
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    main()
