@@ -1,0 +1,40 @@
+"""2-process CPU DDP (torchrun, gloo) gives the loss, loss components and gradients of one process."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(command, out):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(Path(out).read_text())
+
+
+def test_two_process_ddp_equals_one_process(tmp_path):
+    single = launch([sys.executable, str(SCRIPT), str(tmp_path / "single.json"), "8"], tmp_path / "single.json")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    ddp = launch([str(torchrun), "--nproc_per_node", "2", "--master_port", str(free_port()), str(SCRIPT),
+                  str(tmp_path / "ddp.json"), "4"], tmp_path / "ddp.json")
+    assert ddp["world_size"] == 2 and single["world_size"] == 1
+    for key in ("loss", "nll_loss", "dhicm_kl", "grad_norm"):
+        assert ddp["logged"][key] == pytest.approx(single["logged"][key], rel=1e-3), key
+    assert single["grads"].keys() == ddp["grads"].keys()
+    for name, grad in single["grads"].items():
+        torch.testing.assert_close(torch.tensor(ddp["grads"][name]), torch.tensor(grad), atol=1e-6, rtol=1e-4,
+                                   msg=name)
