@@ -1,0 +1,161 @@
+"""Parses made elsewhere: CoNLL-U dependency files and Penn-Treebank bracketed constituency trees.
+
+Sentence ``k`` of a file is the parse of example ``k`` of the dataset. Its words are matched against the example's
+text (:func:`~hf_headattn.syntax.parsing.match_words`), so a file that belongs to another corpus, or has fewer
+sentences than the corpus, raises an error naming the example instead of being misaligned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from .features import check_heads, check_tree
+from .parsing import Dependencies, PhraseTree, SyntaxInputError, match_words
+
+PTB_ESCAPES = {"-LRB-": ("(",), "-RRB-": (")",), "-LSB-": ("[",), "-RSB-": ("]",), "-LCB-": ("{",),
+               "-RCB-": ("}",), "``": ('"',), "''": ('"',)}
+"""Spellings a Penn-Treebank leaf may have in the raw text."""
+
+
+def _fingerprint(path: Path) -> str:
+    return f"{path.name}:{hashlib.sha1(path.read_bytes()).hexdigest()}"
+
+
+def _missing(index: int, path: Path, what: str, count: int) -> SyntaxInputError:
+    return SyntaxInputError(index, f"{path} has only {count} {what}, expected one for every example "
+                                   f"(line up one per example, in order)")
+
+
+def parse_bracketed(tree: str) -> tuple[list[str], list[int]]:
+    """Words and parent pointers of one bracketed tree, e.g. ``(S (NP (NNP Bush)) (VP (VBD held) ...))``.
+
+    Labels are dropped; preterminals are kept as nodes (they shift every word's layer by one, which RP, a
+    difference of layers, does not see). Nodes ``0..n-1`` are the words in order, then the phrases in the order
+    their brackets open. Raises ``ValueError`` for unbalanced brackets, words outside brackets or several trees.
+    """
+    tokens = re.findall(r"\(|\)|[^\s()]+", tree)
+    words, kinds, parents, stack = [], [], [], []  # kinds: True for a word
+    k = 0
+    while k < len(tokens):
+        token = tokens[k]
+        if token == "(":
+            if not stack and parents:
+                raise ValueError(f"more than one tree on the line {tree!r}")
+            kinds.append(False)
+            parents.append(stack[-1] if stack else -1)
+            stack.append(len(parents) - 1)
+            if k + 1 < len(tokens) and tokens[k + 1] not in ("(", ")"):
+                k += 1  # skip the label
+        elif token == ")":
+            if not stack:
+                raise ValueError(f"unbalanced ')' in {tree!r}")
+            stack.pop()
+        else:
+            if not stack:
+                raise ValueError(f"word {token!r} outside brackets in {tree!r}")
+            words.append(token)
+            kinds.append(True)
+            parents.append(stack[-1])
+        k += 1
+    if stack:
+        raise ValueError(f"{len(stack)} unclosed '(' in {tree!r}")
+    order = [i for i, word in enumerate(kinds) if word] + [i for i, word in enumerate(kinds) if not word]
+    new = {old: new for new, old in enumerate(order)}
+    return words, [new[parents[old]] if parents[old] >= 0 else -1 for old in order]
+
+
+def phrase_tree_from_bracketed(tree: str, text: str, index: int) -> PhraseTree:
+    """:class:`PhraseTree` of ``text`` from its bracketed tree; errors name example ``index``."""
+    try:
+        words, parents = parse_bracketed(tree)
+        if not words:
+            raise ValueError(f"the tree {tree!r} has no words")
+        check_tree(parents, len(words))
+    except ValueError as err:
+        raise SyntaxInputError(index, str(err)) from err
+    starts, ends = match_words(words, text, index, PTB_ESCAPES)
+    return PhraseTree(starts, ends, parents)
+
+
+class BracketedTreeFile:
+    """Pre-parsed constituency trees, one Penn-Treebank bracketed tree per line (line ``k`` = example ``k``)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.trees = self.path.read_text(encoding="utf-8").splitlines()
+        self.fingerprint = _fingerprint(self.path)
+
+    def parse(self, texts: list[str], indices: list[int]) -> list[PhraseTree]:
+        out = []
+        for text, index in zip(texts, indices):
+            if index >= len(self.trees):
+                raise _missing(index, self.path, "trees (lines)", len(self.trees))
+            out.append(phrase_tree_from_bracketed(self.trees[index], text, index))
+        return out
+
+
+def read_conllu(path) -> list[tuple[list[tuple[str, int, int]], list[int]]]:
+    """Sentences of a CoNLL-U file as ``(surface, heads)``.
+
+    ``surface`` lists the forms that appear in the text with the (0-based, inclusive) range of words they cover: a
+    multiword token such as ``don't`` covers its words ``do`` and ``n't``, which then share its span. ``heads`` are
+    0-based (``-1`` for the root). Empty nodes (``8.1``) are skipped. Format errors name the file and line.
+    """
+    path = Path(path)
+    sentences, surface, heads, span_end = [], [], [], -1
+    lines = path.read_text(encoding="utf-8").splitlines() + [""]
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            if heads:
+                sentences.append((surface, heads))
+            surface, heads, span_end = [], [], -1
+            continue
+        if line.startswith("#"):
+            continue
+        cols = line.split("\t")
+        if len(cols) != 10:
+            raise ValueError(f"{path}:{lineno}: expected 10 tab-separated columns, got {len(cols)}: {line!r}")
+        wid, form, head = cols[0], cols[1], cols[6]
+        if "." in wid:
+            continue
+        if "-" in wid:
+            first, last = (int(x) - 1 for x in wid.split("-"))
+            surface.append((form, first, last))
+            span_end = last
+            continue
+        if not wid.isdigit() or int(wid) != len(heads) + 1 or not head.isdigit():
+            raise ValueError(f"{path}:{lineno}: expected word id {len(heads) + 1} and an integer head, "
+                             f"got id {wid!r} head {head!r}")
+        if len(heads) > span_end:
+            surface.append((form, len(heads), len(heads)))
+        heads.append(int(head) - 1)
+    return sentences
+
+
+class ConlluFile:
+    """Dependency parses from a CoNLL-U file (sentence ``k`` = example ``k``), for users who parse elsewhere."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.sentences = read_conllu(self.path)
+        self.fingerprint = _fingerprint(self.path)
+
+    def parse(self, texts: list[str], indices: list[int]) -> list[Dependencies]:
+        out = []
+        for text, index in zip(texts, indices):
+            if index >= len(self.sentences):
+                raise _missing(index, self.path, "sentences", len(self.sentences))
+            surface, heads = self.sentences[index]
+            try:
+                check_heads(heads)
+            except ValueError as err:
+                raise SyntaxInputError(index, f"{self.path}: {err}") from err
+            unit_starts, unit_ends = match_words([form for form, _, _ in surface], text, index)
+            starts, ends = [0] * len(heads), [0] * len(heads)
+            for (_, first, last), start, end in zip(surface, unit_starts, unit_ends):
+                starts[first:last + 1] = [start] * (last + 1 - first)
+                ends[first:last + 1] = [end] * (last + 1 - first)
+            out.append(Dependencies(starts, ends, list(heads)))
+        return out

@@ -1,0 +1,111 @@
+"""DataCollatorForSyntaxSeq2Seq: hand-checked tensors, padding side and length, returned keys, bad features."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import MarianConfig, MarianMTModel
+
+from hf_headattn.syntax import (
+    NOT_IN_PHRASE,
+    SPECIAL_TOKEN_VALUES,
+    TOKEN_COLUMNS,
+    DataCollatorForSyntaxSeq2Seq,
+    dependency_phrase_tree,
+    phrase_tree_features,
+)
+from hf_headattn.tokenization import train_joint_sentencepiece
+
+X = NOT_IN_PHRASE
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    texts = ["a talk ends", "a dog runs in the park", "ein Hund rennt im Park", "the talk ends"] * 20
+    return train_joint_sentencepiece(texts, 24, tmp_path_factory.mktemp("tok"))
+
+
+def feature(input_ids, heads, words, labels):
+    """Per-token syntax columns of one example, as align_syntax stores them (word -1: special token)."""
+    phrase = phrase_tree_features(dependency_phrase_tree(heads), len(heads))
+    columns = [[heads[w] if w >= 0 else -1 for w in words]]
+    columns += [[f[w] if w >= 0 else SPECIAL_TOKEN_VALUES[c] for w in words] for f, c in zip(phrase, TOKEN_COLUMNS[2:])]
+    return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels, "syntax_word": words,
+            **dict(zip(TOKEN_COLUMNS[1:], columns))}
+
+
+# "a talk ends": a <- talk <- ends; tokens a | ta lk | ends | </s>. Derived phrases: (ends (talk a talk) ends),
+# layers a = talk = 2, ends = 1; every word is in every other's local phrase (Rule 1 for ends, Rule 2 back).
+TALK = dict(input_ids=[5, 6, 7, 8, 0], heads=[1, 2, -1], words=[0, 1, 1, 2, -1], labels=[9, 0])
+TALK_DEP = [[1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 0],
+            [0, 1, 1, 1, 0],
+            [0, 0, 0, 0, 1]]
+TALK_RP = [[0, 0, 0, -1, X],
+           [0, 0, 0, -1, X],
+           [0, 0, 0, -1, X],
+           [1, 1, 1, 0, X],
+           [X, X, X, X, 0]]
+SHORT = dict(input_ids=[5, 0], heads=[-1], words=[0, -1], labels=[9, 10, 11, 0])
+
+
+def test_hand_example_and_right_padding(tokenizer):
+    batch = DataCollatorForSyntaxSeq2Seq(tokenizer)([feature(**TALK), feature(**SHORT)])
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "dependency_mask", "phrase_positions"}
+    assert batch["dependency_mask"].shape == (2, 5, 5) and batch["dependency_mask"].dtype == torch.bool
+    assert batch["phrase_positions"].shape == (2, 5, 5) and batch["phrase_positions"].dtype == torch.long
+    assert torch.equal(batch["dependency_mask"][0], torch.tensor(TALK_DEP, dtype=torch.bool))
+    assert torch.equal(batch["phrase_positions"][0], torch.tensor(TALK_RP))
+    # second row: one word, </s>, three pads: pads relate only to themselves; RP is the sentinel on pads
+    assert torch.equal(batch["dependency_mask"][1], torch.eye(5, dtype=torch.bool))
+    expected = torch.full((5, 5), X)
+    expected[0, 0] = expected[1, 1] = 0
+    assert torch.equal(batch["phrase_positions"][1], expected)
+    assert batch["input_ids"][1].tolist() == [5, 0] + [tokenizer.pad_token_id] * 3
+
+
+def test_left_padding_and_pad_to_multiple_of(tokenizer):
+    right = DataCollatorForSyntaxSeq2Seq(tokenizer, pad_to_multiple_of=8)([feature(**TALK), feature(**SHORT)])
+    tokenizer.padding_side = "left"
+    try:
+        left = DataCollatorForSyntaxSeq2Seq(tokenizer, pad_to_multiple_of=8)([feature(**TALK), feature(**SHORT)])
+    finally:
+        tokenizer.padding_side = "right"
+    assert left["input_ids"].shape == (2, 8) and left["phrase_positions"].shape == (2, 8, 8)
+    for b, n in ((0, 5), (1, 2)):
+        for key in ("dependency_mask", "phrase_positions"):
+            assert torch.equal(left[key][b, 8 - n:, 8 - n:], right[key][b, :n, :n])
+        assert left["dependency_mask"][b].any(-1).all()
+        assert (left["phrase_positions"][b, : 8 - n] == X).all()
+
+
+def test_numpy_output(tokenizer):
+    batch = DataCollatorForSyntaxSeq2Seq(tokenizer, return_tensors="np")([feature(**TALK)])
+    assert batch["dependency_mask"].dtype == np.bool_ and batch["phrase_positions"].dtype == np.int64
+    np.testing.assert_array_equal(batch["phrase_positions"][0], TALK_RP)
+
+
+def test_decoder_inputs_from_the_model(tokenizer):
+    model = MarianMTModel(MarianConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
+                                       encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
+                                       decoder_ffn_dim=16, pad_token_id=tokenizer.pad_token_id,
+                                       decoder_start_token_id=tokenizer.pad_token_id))
+    batch = DataCollatorForSyntaxSeq2Seq(tokenizer, model=model)([feature(**TALK), feature(**SHORT)])
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "decoder_input_ids", "dependency_mask",
+                          "phrase_positions"}
+    out = model(**{k: v for k, v in batch.items() if k not in ("dependency_mask", "phrase_positions")})
+    assert out.logits.shape[:2] == batch["labels"].shape
+
+
+def test_bad_features_name_the_feature(tokenizer):
+    collator = DataCollatorForSyntaxSeq2Seq(tokenizer)
+    bad = feature(**TALK)
+    bad["syntax_head"] = bad["syntax_head"][:-1]
+    with pytest.raises(ValueError, match=r"feature 1 of the batch: syntax_head has 4 values, expected one per "
+                                         r"input_ids token \(5\)"):
+        collator([feature(**SHORT), bad])
+    del bad["syntax_word"]
+    with pytest.raises(ValueError, match=r"feature 0 of the batch: syntax_word has no such column"):
+        collator([bad])
+    with pytest.raises(ValueError, match=r"needs padded input_ids"):
+        DataCollatorForSyntaxSeq2Seq(tokenizer, padding=False)([feature(**TALK), feature(**SHORT)])
