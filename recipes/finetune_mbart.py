@@ -1,0 +1,180 @@
+#!/usr/bin/env python
+"""Fine-tune an mBART checkpoint with EaDRA (Araabi, Niculae & Monz, §5.4) and score it with sacreBLEU.
+
+The paper fine-tunes mBART with EaDRA on the encoder self-attention (Table 5), with Table 6's WMT En-De 100k alphas
+and only two regularized heads per layer; that is the default ``--eadra``. Any mBART checkpoint (hub name or folder:
+``facebook/mbart-large-50``, ``facebook/mbart-large-cc25``, a fine-tuned one) and any parallel data
+(``hf_headattn.data.load_parallel_dataset``: a hub dataset, local TSV / JSON lines / ``PREFIX.<lang>`` files, or
+Multi30k) work:
+
+    python recipes/finetune_mbart.py --model_name_or_path facebook/mbart-large-50 \
+        --multi30k_dir ../shared/data/multi30k --source_lang en --target_lang de \
+        --source_lang_code en_XX --target_lang_code de_DE --output_dir outputs/mbart-eadra \
+        --per_device_train_batch_size 16 --learning_rate 3e-5 --num_train_epochs 3 --bf16 \
+        --eval_strategy epoch --save_strategy epoch --entropy_report
+
+    # EaDRA_enc+dec (Table 5's second row); --eadra null fine-tunes the plain model (the baseline)
+    ... --eadra '{"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}}'
+
+Writes ``results.json`` (sacreBLEU BLEU/chrF with signatures against the raw references of each test split, the
+settings, the log history with the EaDRA terms) and ``predictions_<split>.txt`` into ``--output_dir``; with
+``--entropy_report`` also the encoder self-attention entropy per layer and head on the validation split before and
+after fine-tuning (``encoder_entropy_{before,after}.{json,png}``, the paper's Table 2 and Figure 1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
+
+from hf_headattn import HeadAttnMBartForConditionalGeneration
+from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
+from hf_headattn.data import load_parallel_dataset, tokenize_parallel
+from hf_headattn.evaluation import compute_translation_metrics, make_compute_metrics
+from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
+
+logger = logging.getLogger("finetune_mbart")
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(default="facebook/mbart-large-50", metadata={"help": "mBART hub name or folder"})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer; default: the model's"})
+    eadra: str = field(default='{"encoder": {"num_heads": 2}}',
+                       metadata={"help": "JSON of the config field `eadra` (components to settings); null = off"})
+    label_smoothing: float = field(default=0.1, metadata={"help": "Computed inside the model, with EaDRA's terms"})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+
+
+@dataclass
+class DataArguments:
+    source_lang: str = field(default="en", metadata={"help": "Key of the source side in the data"})
+    target_lang: str = field(default="de", metadata={"help": "Key of the target side in the data"})
+    source_lang_code: str = field(default="en_XX", metadata={"help": "mBART language code of the source"})
+    target_lang_code: str = field(default="de_DE", metadata={"help": "mBART language code of the target"})
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset"})
+    dataset_config_name: str | None = field(default=None)
+    train_file: str | None = field(default=None, metadata={"help": "TSV, JSON lines or a prefix of PREFIX.<lang>"})
+    validation_file: str | None = field(default=None)
+    test_file: str | None = field(default=None)
+    multi30k_dir: str | None = field(default=None, metadata={"help": "e.g. ../shared/data/multi30k"})
+    max_source_length: int = field(default=128)
+    max_target_length: int = field(default=128)
+    max_train_samples: int | None = field(default=None)
+    max_eval_samples: int | None = field(default=None)
+    max_predict_samples: int | None = field(default=None)
+    num_beams: int = field(default=5, metadata={"help": "Beam size of evaluation and test translation"})
+    entropy_report: bool = field(default=False, metadata={"help": "Encoder entropy before/after, on validation"})
+
+
+def load_data(args: DataArguments):
+    files = {split: path for split, path in (("train", args.train_file), ("validation", args.validation_file),
+                                             ("test", args.test_file)) if path}
+    return load_parallel_dataset(
+        args.source_lang, args.target_lang, dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=args.multi30k_dir,
+        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+        max_predict_samples=args.max_predict_samples,
+    )
+
+
+def set_languages(tokenizer, model, source_code: str, target_code: str) -> None:
+    """Language codes for the tokenizer, and how generation starts with the target code.
+
+    mBART-50 tokenizers write targets as ``[code] X </s>``: generation starts from ``</s>`` and forces the code
+    (``forced_bos_token_id``). mBART (cc25, en-ro) tokenizers write ``X </s> [code]``: the code starts the decoder
+    (``decoder_start_token_id``), as ``shift_tokens_right`` does in training.
+    """
+    for code in (source_code, target_code):
+        if tokenizer.convert_tokens_to_ids(code) in (None, tokenizer.unk_token_id):
+            raise ValueError(f"language code {code!r} is not in the tokenizer's vocabulary (e.g. en_XX, de_DE)")
+    tokenizer.src_lang, tokenizer.tgt_lang = source_code, target_code
+    code_id = tokenizer.convert_tokens_to_ids(target_code)
+    target = tokenizer(text_target="a")["input_ids"]
+    if target[0] == code_id:
+        model.generation_config.forced_bos_token_id = code_id
+    elif target[-1] == code_id:
+        model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = code_id
+    else:
+        raise ValueError(f"the tokenizer does not mark targets with {target_code!r}; expected an mBART tokenizer")
+
+
+def entropy_report(trainer, features, name: str, output_dir: str) -> dict:
+    result = encoder_attention_entropy(trainer.model, trainer.get_eval_dataloader(features))
+    write_entropy_report(result, output_dir, name, title=name.replace("_", " "))
+    logger.info(f"{name}: min {result['min']:.3f} avg {result['avg']:.3f} max {result['max']:.3f}")
+    return result
+
+
+def translate(trainer, features, raw, tokenizer, target_lang: str, num_beams: int, max_length: int,
+              path: Path) -> dict:
+    """Beam-search translations of a split, scored with sacreBLEU/chrF against its raw (detokenised) references."""
+    ids = trainer.predict(features, num_beams=num_beams, max_length=max_length).predictions
+    ids = torch.as_tensor(ids[0] if isinstance(ids, tuple) else ids)
+    ids = ids.masked_fill(ids < 0, tokenizer.pad_token_id)
+    hypotheses = [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+    path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    return compute_translation_metrics(hypotheses, [pair[target_lang] for pair in raw["translation"]])
+
+
+def main(argv=None) -> dict:
+    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
+    set_seed(training_args.seed)
+    eadra = json.loads(model_args.eadra)
+    raw = load_data(data_args)
+    if "train" not in raw:
+        raise ValueError(f"the data has no 'train' split; it has {sorted(raw)}")
+    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+    model = HeadAttnMBartForConditionalGeneration.from_pretrained(
+        model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing,
+        attn_implementation=model_args.attn_implementation,
+    )
+    set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
+    src, tgt = data_args.source_lang, data_args.target_lang
+    features = tokenize_parallel(raw, tokenizer, src, tgt, data_args.max_source_length, data_args.max_target_length)
+    training_args.predict_with_generate = True
+    training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
+    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
+    trainer = HeadAttnSeq2SeqTrainer(
+        model=model, args=training_args, train_dataset=features["train"], eval_dataset=features.get("validation"),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8),
+        processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer),
+    )
+    output_dir = training_args.output_dir
+    results = {"model": model_args.model_name_or_path, "eadra": eadra, "entropy": {},
+               "args": {**asdict(model_args), **asdict(data_args)}, "scores": {}}
+    report = data_args.entropy_report and "validation" in features
+    if report:
+        results["entropy"]["before"] = entropy_report(trainer, features["validation"], "encoder_entropy_before",
+                                                      output_dir)
+    start = time.perf_counter()
+    train_result = trainer.train()
+    results.update(train_time_s=round(time.perf_counter() - start, 1), train_loss=train_result.training_loss,
+                   log_history=trainer.state.log_history)
+    trainer.save_model()
+    tokenizer.save_pretrained(output_dir)
+    if report:
+        results["entropy"]["after"] = entropy_report(trainer, features["validation"], "encoder_entropy_after",
+                                                     output_dir)
+    for split in (s for s in raw if s != "train"):
+        scores = translate(trainer, features[split], raw[split], tokenizer, tgt, data_args.num_beams,
+                           data_args.max_target_length, Path(output_dir) / f"predictions_{split}.txt")
+        results["scores"][split] = scores
+        logger.info(f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f}  {scores['bleu_signature']}")
+    path = Path(output_dir) / "results.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    logger.info(f"results written to {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""EaDRA's pure functions (Eq. 1-8) against hand-written loops, gradchecks, bounds and numerically hard rows."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hf_headattn.methods.eadra_math import (
+    distance_regularizer,
+    eadra_regularizers,
+    expected_distance,
+    normalized_entropy,
+    peak_regularizer,
+    sentence_regularizer,
+)
+
+
+def loop_reference(a, support, queries):
+    """[R_peak, R_sent, R_dist] per (b, h) with Python loops over everything, straight from Eq. 1-8."""
+    a, support, queries = a.numpy(), support.numpy(), queries.numpy()
+    B, H, T, S = a.shape
+    out = np.zeros((B, H, 3))
+
+    def h_n(p, keys):
+        n = len(keys)
+        if n <= 1:
+            return 0.0
+        return -sum(p[j] * math.log(p[j]) for j in keys if p[j] > 0) / math.log(n)
+
+    for b in range(B):
+        for h in range(H):
+            real = [i for i in range(T) if queries[b, i]]
+            supports = {i: [j for j in range(S) if support[b, i, j]] for i in real}
+            out[b, h, 0] = sum(h_n(a[b, h, i], supports[i]) for i in real) / max(len(real), 1)
+            a_bar = sum(a[b, h, i] for i in real) / max(len(real), 1) if real else np.zeros(S)
+            union = sorted({j for i in real for j in supports[i]})
+            out[b, h, 1] = -h_n(a_bar, union)
+            for i in range(T - 1):
+                if queries[b, i] and queries[b, i + 1]:
+                    out[b, h, 2] += sum(
+                        abs(s - t) * a[b, h, i, s] * a[b, h, i + 1, t] for s in range(S) for t in range(S)
+                    )
+    return torch.from_numpy(out)
+
+
+def case(kind, seed=0, dtype=torch.float64):
+    """Scores, support (B, T, S), real queries (B, T) and probabilities of a small attention with padding.
+
+    kind: "encoder" (T = S), "cross" (T != S), "causal" (decoder self-attention), "cached" (causal, 2 new queries
+    after 4 cached keys, key offset S - T).
+    """
+    g = torch.Generator().manual_seed(seed)
+    B, H = 3, 2
+    T, S = {"encoder": (6, 6), "cross": (5, 7), "causal": (6, 6), "cached": (2, 6)}[kind]
+    scores = torch.randn(B, H, T, S, generator=g, dtype=dtype) * 2
+    source_len = torch.tensor([S, S - 2, S - 3])
+    key_real = torch.arange(S)[None] < source_len[:, None]  # (B, S)
+    if kind == "encoder":
+        query_real = key_real
+    else:
+        query_real = torch.arange(T)[None] < torch.tensor([T, T - 1, 1])[:, None]
+    support = key_real[:, None, :].expand(B, T, S).clone()
+    if kind in ("causal", "cached"):
+        key_real = torch.arange(S)[None] < torch.tensor([S, S - 1, S - 4])[:, None]
+        support = key_real[:, None, :] & torch.ones(T, S, dtype=torch.bool).tril(S - T)
+        query_real = support.any(-1) & (torch.arange(T)[None] < torch.tensor([T, T, 1])[:, None])
+    probs = torch.softmax(scores.masked_fill(~support[:, None], float("-inf")), -1)
+    return scores, support, query_real, probs
+
+
+KINDS = ["encoder", "cross", "causal", "cached"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pure_functions_match_loops(kind):
+    scores, support, queries, a = case(kind)
+    expected = loop_reference(a, support, queries)
+    s, q = support[:, None], queries[:, None]  # broadcast over heads: (B, 1, T, S), (B, 1, T)
+    torch.testing.assert_close(peak_regularizer(a, s, q), expected[..., 0])
+    torch.testing.assert_close(sentence_regularizer(a, s, q), expected[..., 1])
+    torch.testing.assert_close(distance_regularizer(a, q), expected[..., 2])
+    torch.testing.assert_close(torch.stack(eadra_regularizers(scores, s, q), -1), expected)
+
+
+def test_causal_first_query_has_zero_normalised_entropy():
+    _, support, _, a = case("causal")
+    h_n = normalized_entropy(a, support[:, None])  # (B, H, T)
+    assert torch.all(h_n[:, :, 0] == 0)  # it sees one key: H_N := 0
+    assert torch.all(h_n[0, :, 1:] > 0)
+
+
+def test_expected_distance_equals_the_quadratic_form():
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.rand(2, 4, 9, generator=g, dtype=torch.float64).softmax(-1)
+    D = (torch.arange(9)[:, None] - torch.arange(9)[None]).abs().double()
+    torch.testing.assert_close(expected_distance(a, b), ((a @ D) * b).sum(-1))
+    one_hot = torch.eye(9, dtype=torch.float64)
+    torch.testing.assert_close(expected_distance(one_hot[2], one_hot[7]), torch.tensor(5.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("weights", [(0.7, -1.3, 0.05), (0.0, 0.8, 0.02), (1.0, 0.0, 0.0), (0.0, 0.0, 2.0)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_hand_written_backward_equals_autograd_of_the_definitions(kind, weights):
+    scores, support, queries, _ = case(kind, seed=3)
+    s, q = support[:, None], queries[:, None]
+    x = scores.clone().requires_grad_()
+    sum(w * term.sum() for w, term in zip(weights, eadra_regularizers(x, s, q)) if w).backward()  # 0: unused
+    y = scores.clone().requires_grad_()
+    a = torch.softmax(y.masked_fill(~s, float("-inf")), -1)
+    terms = torch.stack([peak_regularizer(a, s, q), sentence_regularizer(a, s, q), distance_regularizer(a, q)], -1)
+    (terms * torch.tensor(weights, dtype=torch.float64)).sum().backward()
+    torch.testing.assert_close(x.grad, y.grad)
+    assert torch.all(x.grad.masked_select(~s.expand_as(x)) == 0)  # nothing flows to keys outside the support
+
+
+@pytest.mark.parametrize("kind", ["encoder", "causal", "cached"])
+def test_gradcheck_float64(kind):
+    scores, support, queries, _ = case(kind, seed=4)
+    scores = scores[:2, :1, :4].contiguous() if kind != "cached" else scores[:2, :1].contiguous()
+    support, queries = support[:2, None, : scores.shape[2]], queries[:2, None, : scores.shape[2]]
+    x = scores.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: eadra_regularizers(t, support, queries), (x,))  # all three
+    p = torch.rand(2, 3, 5, dtype=torch.float64).softmax(-1).requires_grad_()
+    m = torch.tensor([[True] * 5, [True, True, True, False, False]])[:, None].expand(2, 3, 5)
+    assert torch.autograd.gradcheck(lambda t: normalized_entropy(t, m), (p,))
+    real_queries = torch.tensor([[True, True, True], [True, True, False]])  # (B, T)
+    assert torch.autograd.gradcheck(lambda t: sentence_regularizer(t, m, real_queries), (p,))
+    assert torch.autograd.gradcheck(lambda t: peak_regularizer(t, m, real_queries), (p,))
+    assert torch.autograd.gradcheck(lambda t: distance_regularizer(t), (p,))
+
+
+def test_bounds_on_random_peaked_and_flat_rows():
+    g = torch.Generator().manual_seed(5)
+    for temperature in (0.01, 1.0, 100.0):
+        scores, support, queries, _ = case("cross", seed=int(temperature))
+        a = torch.softmax(scores.masked_fill(~support[:, None], float("-inf")) / temperature, -1)
+        h_n = normalized_entropy(a, support[:, None])
+        assert torch.all(h_n >= 0) and torch.all(h_n <= 1 + 1e-12)
+        r_sent = sentence_regularizer(a, support[:, None], queries[:, None])
+        assert torch.all(r_sent <= 0) and torch.all(r_sent >= -1 - 1e-12)
+        assert torch.all(distance_regularizer(a, queries[:, None]) >= 0)
+    a = torch.rand(2, 5, 8, generator=g).softmax(-1)
+    assert torch.all((normalized_entropy(a) >= 0) & (normalized_entropy(a) <= 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_uniform_and_one_hot_rows(dtype):
+    S = 7
+    uniform = torch.full((1, 4, S), 1.0 / S, dtype=dtype)
+    torch.testing.assert_close(normalized_entropy(uniform), torch.ones(1, 4, dtype=dtype))
+    torch.testing.assert_close(peak_regularizer(uniform), torch.ones(1, dtype=dtype))
+    torch.testing.assert_close(sentence_regularizer(uniform), -torch.ones(1, dtype=dtype))
+    diagonal = torch.eye(4, S, dtype=dtype)[None]  # query i attends to key i only
+    assert normalized_entropy(diagonal).eq(0).all() and peak_regularizer(diagonal).item() == 0
+    assert distance_regularizer(diagonal).item() == 3  # three pairs, each one position apart
+    same = torch.zeros(1, 4, S, dtype=dtype)
+    same[..., 2] = 1  # every query on key 2: no distance, the sentence distribution is one-hot
+    assert distance_regularizer(same).item() == 0 and sentence_regularizer(same).item() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_saturated_softmax_has_finite_values_and_gradients(dtype):
+    scores = torch.zeros(2, 3, 5, 5, dtype=dtype)
+    scores[0] = torch.eye(5, dtype=dtype) * 1e4  # one-hot after softmax (exact zeros elsewhere)
+    scores[1, :, :, 3] = 1e4  # every query on the same key
+    scores.requires_grad_()
+    support = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    queries = torch.ones(1, 1, 5, dtype=torch.bool)
+    out = torch.stack(eadra_regularizers(scores, support, queries), -1)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(scores.grad).all()
+    torch.testing.assert_close(out[0, 0], torch.tensor([0.0, -1.0, 4.0], dtype=dtype))  # peak, sent, dist
+    torch.testing.assert_close(out[1, 0], torch.tensor([0.0, 0.0, 0.0], dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_scores_under_autocast_give_no_nan(dtype):
+    scores, support, queries, _ = case("causal", seed=6, dtype=torch.float32)
+    q = torch.randn(3, 2, 6, 4, requires_grad=True)
+    with torch.autocast("cpu", dtype=dtype):
+        half = (q @ q.transpose(-1, -2)) * 30  # half-precision, saturating logits
+        assert half.dtype == dtype
+        out = torch.stack(eadra_regularizers(half.float(), support[:, None], queries[:, None]), -1)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
