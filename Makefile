@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(TORCH)
-	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers]"
+	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search]"
 	touch $@
 
 env: $(VENV)/.installed

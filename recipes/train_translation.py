@@ -13,6 +13,11 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
         --dataset_config_name ro-en --source_lang en --target_lang ro --method dhicm+eadra \
         --method_settings '{"dhicm_mode": "scaled_out_proj"}' --output_dir outputs/mbart
 
+    # a paper's preset (hf_headattn.presets.PRESETS): DHICM Table 2's Be-En column and §4.3's training, early
+    # stopping included; the flags you pass win over the preset's (here the shape and the epochs)
+    python recipes/train_translation.py --preset dhicm_be_en --model_shape small --num_train_epochs 100 \
+        --multi30k_dir ../shared/data/multi30k --output_dir outputs/dhicm_be_en
+
 Writes ``results.json`` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
 ``predictions_<split>.txt`` per test split into ``--output_dir``. Loss components are logged beside ``loss``
 (``--report_to tensorboard`` for TensorBoard).
@@ -31,7 +36,10 @@ from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArgumen
 
 from hf_headattn.data import load_parallel_dataset
 from hf_headattn.evaluation import make_compute_metrics
-from hf_headattn.presets import method_settings
+from hf_headattn.presets import (
+    early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset, refuse_architecture,
+    split_architecture,
+)
 from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.training import (
     collator, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, translate_and_score, write_json,
@@ -52,6 +60,11 @@ class ModelArguments:
     dropout: float = field(default=0.1, metadata={"help": "From scratch: dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "From scratch: attention dropout"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+    preset: str | None = field(default=None, metadata={"help": "Paper preset(s) joined by '+', see presets.PRESETS; "
+                                                              "flags you pass win over the preset's"})
+    early_stopping_patience: int | None = field(default=None, metadata={
+        "help": "Stop after N evaluations without a lower validation loss (DHICM: 10); implies evaluating and "
+                "saving each epoch and keeping the best checkpoint, unless you pass those flags"})
 
 
 @dataclass
@@ -91,17 +104,22 @@ def load_data(args: DataArguments):
 
 def settings_from(args: ModelArguments) -> dict:
     settings = method_settings(args.method)
+    if args.preset:
+        settings = merge_settings(settings, preset(args.preset).config)
     if args.method_settings:
         settings.update(json.loads(args.method_settings))
+    if args.model_name_or_path:
+        refuse_architecture(settings, args.model_name_or_path)
     return {"label_smoothing": args.label_smoothing, **settings}
 
 
 def main(argv=None) -> dict:
     parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=expand_argv(argv))
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     settings = settings_from(model_args)
+    callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
     raw = load_data(data_args)
     test_splits = data_args.test_splits.split(",") if data_args.test_splits else [s for s in raw if s != "train"]
     unknown = sorted(set(test_splits) - set(raw))
@@ -118,7 +136,8 @@ def main(argv=None) -> dict:
         tokenizer = (AutoTokenizer.from_pretrained(model_args.tokenizer_name) if model_args.tokenizer_name else
                      scratch_tokenizer(raw["train"], model_args.vocab_size, f"{training_args.output_dir}/tokenizer",
                                        src, tgt))
-        model = scratch_model(model_args.model_shape, tokenizer, settings, max_length,
+        shape, scratch_settings = split_architecture(model_args.model_shape, settings)  # heads etc. over the shape
+        model = scratch_model(shape, tokenizer, scratch_settings, max_length,
                               dropout=model_args.dropout, attention_dropout=model_args.attention_dropout)
         model.set_attn_implementation(model_args.attn_implementation)
     if data_args.source_lang_code:  # mBART-50 style tokenizers
@@ -136,7 +155,7 @@ def main(argv=None) -> dict:
     trainer = HeadAttnSeq2SeqTrainer(
         model=model, args=training_args, train_dataset=features["train"],
         eval_dataset=features.get("validation"), data_collator=collator(tokenizer, model, settings),
-        processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer),
+        processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer), callbacks=callbacks,
     )
     start = time.perf_counter()
     train_result = trainer.train()

@@ -1,0 +1,125 @@
+#!/usr/bin/env python
+"""Grid-search hyperparameters in stages by validation loss (DHICM §4.2), with ``Trainer.hyperparameter_search``.
+
+Takes ``train_translation.py``'s model, data and training flags (``--preset`` and ``--early_stopping_patience``
+included; they set each trial's base settings) plus ``--grid``, a JSON file of stages (see ``hf_headattn.search``):
+
+    # DHICM's two stages: architecture (heads, feed-forward size), then regularization at the best architecture
+    python recipes/search_hyperparameters.py --grid recipes/grids/dhicm_two_stage.json --method dhicm \
+        --multi30k_dir ../shared/data/multi30k --model_shape small --output_dir outputs/search \
+        --num_train_epochs 50 --early_stopping_patience 10 --save_total_limit 1 --per_device_train_batch_size 64
+
+Needs optuna (``pip install -e ".[search]"``). Each trial trains a fresh model and is scored by its lowest
+``eval_loss`` on the validation split (no generation). Writes ``search_<stage>.json`` (every trial's params and eval
+loss) per stage and ``search_results.json`` (the best params and the flags that give them to ``train_translation.py``)
+into ``--output_dir``, and prints a summary table per stage. Trial ``n`` of stage ``s`` saves its checkpoints (if
+any) in ``<output_dir>/<s>/run-<n>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
+
+from hf_headattn.presets import early_stopping_callbacks, expand_argv, split_architecture
+from hf_headattn.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
+from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
+from hf_headattn.training import (
+    MODEL_CLASSES, collator, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, write_json,
+)
+from train_translation import DataArguments, ModelArguments, load_data, settings_from
+
+logger = logging.getLogger("search_hyperparameters")
+
+
+@dataclass
+class SearchArguments:
+    grid: str | None = field(default=None, metadata={"help": "JSON file of the stages' grids, e.g. "
+                                                             "recipes/grids/dhicm_two_stage.json"})
+
+
+def check_base(stages, model_args: ModelArguments, settings: dict, training_args) -> None:
+    """Refuse grids that cannot apply to the base settings (before any data is loaded)."""
+    keys = {key for stage in stages for key in stage.grid}
+    if model_args.model_name_or_path and keys & set(ARCHITECTURE):
+        raise ValueError(f"grid keys {sorted(keys & set(ARCHITECTURE))} change the architecture, which "
+                         f"{model_args.model_name_or_path} fixes; search them from scratch (--model_shape)")
+    if "dhicm_dropout" in keys and not (settings.get("dhicm_encoder_layers") or settings.get("dhicm_decoder_layers")):
+        raise ValueError(f"the grid searches dhicm_dropout but DHICM is off (--method {model_args.method}); "
+                         "expected --method dhicm (or DHICM layers in --method_settings)")
+    if training_args.label_smoothing_factor > 0:
+        raise ValueError(f"label_smoothing_factor={training_args.label_smoothing_factor}: use --label_smoothing "
+                         "(computed inside the model) or the grid key label_smoothing")
+
+
+def main(argv=None) -> dict:
+    parser = HfArgumentParser((ModelArguments, DataArguments, SearchArguments, Seq2SeqTrainingArguments))
+    model_args, data_args, search_args, training_args = parser.parse_args_into_dataclasses(args=expand_argv(argv))
+    if not search_args.grid:
+        raise ValueError("--grid is required: a JSON file of stages, e.g. recipes/grids/dhicm_two_stage.json")
+    stages = load_grid(search_args.grid)
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
+    set_seed(training_args.seed)
+    settings = settings_from(model_args)
+    check_base(stages, model_args, settings, training_args)
+    callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
+    raw = load_data(data_args)
+    if "validation" not in raw:
+        raise ValueError(f"the search selects by validation loss, but the data has no validation split: {sorted(raw)}")
+    src, tgt = data_args.source_lang, data_args.target_lang
+    max_length = max(data_args.max_source_length, data_args.max_target_length)
+
+    path = model_args.model_name_or_path
+    if path:
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or path)
+        config_class = MODEL_CLASSES[AutoConfig.from_pretrained(path).model_type].config_class
+        check = lambda fields: config_class.from_pretrained(path, **{**settings, **fields})  # noqa: E731
+    else:
+        tokenizer = (AutoTokenizer.from_pretrained(model_args.tokenizer_name) if model_args.tokenizer_name else
+                     scratch_tokenizer(raw["train"], model_args.vocab_size, f"{training_args.output_dir}/tokenizer",
+                                       src, tgt))
+        check = None
+    base = settings if path else {"dropout": model_args.dropout,
+                                  "attention_dropout": model_args.attention_dropout, **settings}
+
+    def build_model(fields: dict):
+        """A fresh model with a trial's config fields over the base settings (flags, preset, method)."""
+        if path:
+            return pretrained_model(path, {**base, **fields}, attn_implementation=model_args.attn_implementation)
+        shape, rest = split_architecture(model_args.model_shape, {**base, **fields})
+        model = scratch_model(shape, tokenizer, rest, max_length)
+        model.set_attn_implementation(model_args.attn_implementation)
+        return model
+
+    features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
+                                data_args.max_target_length, data_args.preprocessing_num_workers,
+                                data_args.spacy_model)
+    if "syntax_word" in features["train"].column_names:
+        training_args.remove_unused_columns = False  # the collator turns the syntax columns into model inputs
+    training_args.predict_with_generate = False  # the objective is the loss
+    data_collator = collator(tokenizer, None, settings)  # the models shift the labels themselves
+
+    def make_trainer(model_init, args):
+        return HeadAttnSeq2SeqTrainer(
+            model_init=model_init, args=args, train_dataset=features["train"], eval_dataset=features["validation"],
+            data_collator=data_collator, processing_class=tokenizer, callbacks=callbacks,
+        )
+
+    results = run_search(stages, build_model, make_trainer, training_args,
+                         check=check or meta_model_check(build_model))
+    results["train_translation_flags"] = train_flags(results["best_params"], model_args.method_settings)
+    out = write_json(f"{training_args.output_dir}/search_results.json", results)
+    print(f"best: {results['best_params']}\n"
+          f"train_translation.py flags: {shlex.join(results['train_translation_flags'])}")
+    logger.info(f"search results written to {out}")
+    return results
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    main()
