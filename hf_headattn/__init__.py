@@ -24,6 +24,11 @@ for _config, _model, _lm in (
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForSeq2SeqLM.register(_config, _lm, exist_ok=True)
+    # save_pretrained/push_to_hub then copy the modeling code and write `auto_map`, so users without the package
+    # load the checkpoint with trust_remote_code=True
+    _config.register_for_auto_class()
+    _model.register_for_auto_class("AutoModel")
+    _lm.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 __version__ = "0.1.0"
 __all__ = [

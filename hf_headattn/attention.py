@@ -17,8 +17,9 @@ keyword, which transformers forwards from the model to every attention call.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -185,6 +186,21 @@ class AttentionMethod(nn.Module):
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         """Runs after the backend on the per-head output (B, T, H, D); returns what ``out_proj`` receives."""
         return attn_output
+
+
+class MethodSpec(NamedTuple):
+    """What the model needs from a method module (each method module ends with ``METHOD = MethodSpec(...)``).
+
+    name: attribute (and parameter prefix) of the method on an attention module; check_settings(config) raises
+    ``ValueError``; placements(config) lists (side, layer, kind); build(config, attention_module) returns the
+    :class:`AttentionMethod`; collect(context, config) returns (output fields, weighted objective term or None).
+    """
+
+    name: str
+    check_settings: Callable
+    placements: Callable
+    build: Callable
+    collect: Callable
 
 
 AttentionInterface.register(ATTENTION_NAME, headattn_attention_forward)

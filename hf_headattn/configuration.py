@@ -14,7 +14,9 @@ from huggingface_hub.dataclasses import strict
 from transformers import MarianConfig, MBartConfig
 from transformers.utils import logging
 
-from .methods import dhicm, eadra, sea
+from .dhicm import METHOD as DHICM
+from .eadra import METHOD as EADRA
+from .sea import METHOD as SEA
 
 logger = logging.get_logger(__name__)
 
@@ -29,14 +31,14 @@ class HeadAttnSettings:
     Loss:
         label_smoothing: epsilon of label-smoothed cross-entropy, computed inside the model (so a Trainer never has
             to recompute the loss from logits and drop the methods' terms).
-    DHICM (Goindani & Shrivastava 2021), see :mod:`hf_headattn.methods.dhicm`:
+    DHICM (Goindani & Shrivastava 2021), see :mod:`hf_headattn.dhicm`:
         dhicm_encoder_layers / dhicm_decoder_layers: layer indices (negative counts from the end) or None (off).
         dhicm_dim: d_m of Eq. 2-3 (None: d_model). dhicm_dropout: dropout after Ux (Eq. 2).
         dhicm_kl_weight: lambda of Eq. 4-5. dhicm_attention: which attention of a decoder layer ("self", "cross").
         dhicm_mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
-    EaDRA (Araabi, Niculae & Monz), see :mod:`hf_headattn.methods.eadra`:
+    EaDRA (Araabi, Niculae & Monz), see :mod:`hf_headattn.eadra`:
         eadra: mapping from "encoder", "decoder", "cross" to component settings, or None (off).
-    SEA + RHE (Zhang et al. 2021), see :mod:`hf_headattn.methods.sea`:
+    SEA + RHE (Zhang et al. 2021), see :mod:`hf_headattn.sea`:
         sea_type: None, "dea" or "lpea". sea_heads: "all" or "redundant" (RHE). sea_layers: encoder layer indices.
         rhe_prune: drop the redundant heads' outputs instead. lpea_max_relative_position: k of Eq. 7.
     """
@@ -78,9 +80,8 @@ class HeadAttnSettings:
         """Raise ``ValueError`` for a setting out of range; normalise what has a canonical form."""
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        dhicm.check_settings(self)
-        eadra.check_settings(self)
-        sea.check_settings(self)
+        for method in (DHICM, EADRA, SEA):
+            method.check_settings(self)
 
 
 @strict

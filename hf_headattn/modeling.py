@@ -22,10 +22,12 @@ from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart
 from .attention import AttentionMethod, HeadAttnContext, attach_method
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
 from .losses import IGNORE_INDEX, label_smoothed_nll_loss, total_objective
-from .methods import dhicm, eadra, sea
+from .dhicm import METHOD as DHICM
+from .eadra import METHOD as EADRA
+from .sea import METHOD as SEA
 
 #: Order matters: SEA changes the mask before the backend, EaDRA reads the probabilities, DHICM reweights the heads.
-METHODS = (sea, eadra, dhicm)
+METHODS = (SEA, EADRA, DHICM)
 
 
 @dataclass
@@ -71,7 +73,7 @@ def attach_methods(base_model: nn.Module, config) -> None:
             module = attention_module(base_model, side, layer, kind)
             module.headattn_kind, module.headattn_side = kind, side
             module.headattn_name = f"{side}.layers.{layer}.{'encoder_attn' if kind == 'cross' else 'self_attn'}"
-            attach_method(module, method.NAME, method.build(config, module), config)
+            attach_method(module, method.name, method.build(config, module), config)
 
 
 def collect_method_outputs(context: HeadAttnContext, config) -> tuple[dict, torch.Tensor | None]:

@@ -10,10 +10,12 @@ Identical to ``Seq2SeqTrainer`` except:
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from transformers import Seq2SeqTrainer
 from transformers.trainer_pt_utils import nested_gather
+from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -34,6 +36,26 @@ def loss_components(outputs) -> dict[str, torch.Tensor]:
     return components
 
 
+def check_resume_world_size(checkpoint, args) -> None:
+    """Refuse to resume a checkpoint written by a different number of processes.
+
+    The Trainer saves one RNG state per process (``rng_state.pth`` alone, ``rng_state_<rank>.pth`` with several); a
+    different world size changes the global batch and the data order, so the resumed run is not the run it continues.
+    """
+    if checkpoint is True:
+        checkpoint = get_last_checkpoint(args.output_dir)
+        if checkpoint is None:
+            return  # the Trainer raises its own error for that
+    folder = Path(checkpoint)
+    per_rank = list(folder.glob("rng_state_*.pth"))
+    saved = len(per_rank) if per_rank else (1 if (folder / "rng_state.pth").is_file() else None)
+    if saved is not None and saved != args.world_size:
+        raise ValueError(
+            f"{folder} was written by {saved} process(es) but this run has world_size={args.world_size}; resume "
+            f"with {saved} process(es), or start a new run from the weights (model_name_or_path={folder})"
+        )
+
+
 class HeadAttnSeq2SeqTrainer(Seq2SeqTrainer):
     """``Seq2SeqTrainer`` for hf-headattn models; see the module docstring for what differs."""
 
@@ -48,6 +70,11 @@ class HeadAttnSeq2SeqTrainer(Seq2SeqTrainer):
         super().__init__(model, args, *pargs, **kwargs)
         self._component_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.args.device))
         self._component_steps = 0
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint:
+            check_resume_world_size(resume_from_checkpoint, self.args)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)

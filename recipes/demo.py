@@ -11,6 +11,7 @@ importance like the paper's Figure 3; per-head attention entropy) as PNG files w
 from __future__ import annotations
 
 import argparse
+import gzip
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_translation  # noqa: E402
 
-from hf_headattn.analysis import mean_head_importance, plot_head_importance, sentence_head_importance  # noqa: E402
+from hf_headattn.analysis import (  # noqa: E402
+    encoder_attention_entropy, plot_head_importance, sentence_head_importance, write_entropy_report,
+)
 from hf_headattn.training import write_json  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
@@ -45,30 +48,25 @@ def train(method: str, args) -> dict:
     return train_translation.main(argv)
 
 
-def pictures(args) -> list[Path]:
-    """DHICM head importance (Figure 3 of the paper) from the DHICM run."""
-    from hf_headattn import HeadAttnMarianMTModel
-    from transformers import AutoTokenizer
+def pictures(args, methods) -> list[Path]:
+    """DHICM head importance (the paper's Figure 3) and per-head encoder attention entropy (EaDRA's Figure 1)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    run = Path(args.output_dir) / "dhicm"
-    if not (run / "config.json").is_file():
-        return []
-    model, tokenizer = HeadAttnMarianMTModel.from_pretrained(run), AutoTokenizer.from_pretrained(run)
-    source, target = "A man in an orange hat starring at something.", "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
-    paths = []
-    for module in ("encoder.layers.2.self_attn", "decoder.layers.2.encoder_attn"):
-        tokens, importance = sentence_head_importance(model, tokenizer, source, target, module)
-        paths.append(plot_head_importance(importance, tokens, Path(args.output_dir) / f"head_importance_{module}.png",
-                                          title=f"DHICM head importance, {module}"))
-    try:
-        from hf_headattn.analysis import entropy  # noqa: F401  (EaDRA's analysis, where installed)
-        from hf_headattn.analysis.entropy import encoder_entropy_report
-
-        batches = [tokenizer([source], text_target=[target], return_tensors="pt")]
-        report = encoder_entropy_report(model, batches, Path(args.output_dir) / "attention_entropy")
-        paths.extend(Path(p) for p in report.get("files", []))
-    except ImportError:
-        pass
+    out, paths = Path(args.output_dir), []
+    sources = [line.strip() for line in gzip.open(args.data / "test_2016_flickr.en.gz", "rt")][:200]
+    for method in methods:
+        model = AutoModelForSeq2SeqLM.from_pretrained(out / method).eval()
+        tokenizer = AutoTokenizer.from_pretrained(out / method)
+        batches = [tokenizer(sources[i:i + 50], return_tensors="pt", padding=True) for i in range(0, len(sources), 50)]
+        result = encoder_attention_entropy(model, batches)
+        paths += write_entropy_report(result, out, f"attention_entropy_{method}", f"encoder attention entropy, {method}")
+        if model.config.dhicm_encoder_layers:
+            source, target = sources[0], "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
+            last = model.config.encoder_layers - 1
+            for module in (f"encoder.layers.{last}.self_attn", f"decoder.layers.{last}.encoder_attn"):
+                tokens, importance = sentence_head_importance(model, tokenizer, source, target, module)
+                paths.append(plot_head_importance(importance, tokens, out / f"head_importance_{method}_{module}.png",
+                                                  title=f"DHICM head importance, {module}"))
     return paths
 
 
@@ -95,7 +93,7 @@ def main(argv=None):
         print(f"| {method} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {result['train_time_s']:.0f} |")
     print(f"\nsacreBLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}")
     print("(test_2016_flickr, 1000 sentences; a short CPU schedule, so scores are far below converged ones)")
-    for path in pictures(args):
+    for path in pictures(args, list(results)):
         print(f"picture: {path}")
     summary = write_json(Path(args.output_dir) / "summary.json", {
         m: {"scores": r["scores"], "train_time_s": r["train_time_s"], "settings": r["settings"]}

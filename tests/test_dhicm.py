@@ -8,7 +8,7 @@ import torch
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
-from hf_headattn.methods.dhicm import combine_heads, head_importance, importance_scores, kl_from_uniform
+from hf_headattn.dhicm import combine_heads, head_importance, importance_scores, kl_from_uniform
 
 DHICM = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], dropout=0.0, attention_dropout=0.0)
 

@@ -38,3 +38,17 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     for name, grad in single["grads"].items():
         torch.testing.assert_close(torch.tensor(ddp["grads"][name]), torch.tensor(grad), atol=1e-6, rtol=1e-4,
                                    msg=name)
+
+
+def test_resuming_with_another_world_size_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_headattn.trainer import check_resume_world_size
+
+    checkpoint = tmp_path / "checkpoint-10"
+    checkpoint.mkdir()
+    for rank in range(2):
+        (checkpoint / f"rng_state_{rank}.pth").write_bytes(b"")
+    check_resume_world_size(checkpoint, SimpleNamespace(world_size=2, output_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"checkpoint-10 was written by 2 process\(es\) but this run has world_size=1"):
+        check_resume_world_size(True, SimpleNamespace(world_size=1, output_dir=str(tmp_path)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_headattn.methods.eadra_math import (
+from hf_headattn.eadra_math import (
     distance_regularizer,
     eadra_regularizers,
     expected_distance,

@@ -12,8 +12,8 @@ from hf_headattn import (
     HeadAttnMBartForConditionalGeneration,
 )
 from hf_headattn.attention import AttentionCall, HeadAttnContext
-from hf_headattn.methods import eadra
-from hf_headattn.methods.eadra_math import distance_regularizer, peak_regularizer, sentence_regularizer
+from hf_headattn import eadra
+from hf_headattn.eadra_math import distance_regularizer, peak_regularizer, sentence_regularizer
 from test_eadra_math import loop_reference
 
 MODELS = {"mbart": (HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration),
@@ -234,7 +234,7 @@ def test_padding_queries_and_empty_rows_do_not_count():
     call = fake_call("self", "encoder", 3, 3, source_mask=source)
     scores, support, queries = eadra.head_scores(call, 1)
     assert queries[0].all() and not queries[1].any()
-    from hf_headattn.methods.eadra_math import eadra_regularizers
+    from hf_headattn.eadra_math import eadra_regularizers
 
     out = torch.stack(eadra_regularizers(scores, support, queries), -1)
     assert torch.isfinite(out).all() and out[1].eq(0).all()

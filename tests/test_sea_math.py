@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_headattn.methods.sea_math import (
+from hf_headattn.sea_math import (
     dependency_allowed,
     enhanced_mask,
     head_confidence,

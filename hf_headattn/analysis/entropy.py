@@ -3,7 +3,7 @@
 Araabi, Niculae & Monz (§5.1) compare the normalised entropy (Eq. 2) of every encoder self-attention head of models
 trained on more or less data, and after EaDRA: per head its mean over the dataset, and over all heads the min, average
 and max. Here a head's mean is over all real (non-padding) query tokens of the dataset, each query's distribution
-normalised by the log of its number of real keys (:func:`hf_headattn.methods.eadra_math.normalized_entropy`).
+normalised by the log of its number of real keys (:func:`hf_headattn.eadra_math.normalized_entropy`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..methods.eadra_math import normalized_entropy
+from ..eadra_math import normalized_entropy
 
 
 @torch.no_grad()

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-NOT_IN_PHRASE = -10000
-"""``phrase_positions`` value for token pairs outside each other's local phrase, and for padding.
-
-Figure 3 writes this entry as infinity. The model clips the other values to ``[-k, k]`` and masks this one."""
+# ``phrase_positions`` value for token pairs outside each other's local phrase, and for padding; Figure 3 writes this
+# entry as infinity. The model clips the other values to ``[-k, k]`` and masks this one. Defined once, model side.
+from ..sea_math import NOT_IN_PHRASE
 
 
 def check_heads(heads) -> np.ndarray:

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from ..attention import AttentionCall, AttentionMethod
-from .settings import check_choice, check_range, resolve_layers
+from .attention import AttentionCall, AttentionMethod, MethodSpec
+from .settings_checks import check_choice, check_range, resolve_layers
 
 NAME = "dhicm"
 ATTENTIONS = ("self", "cross")
@@ -160,3 +160,6 @@ def collect(context, config) -> tuple[dict, torch.Tensor | None]:
     if context.output_head_importance:
         fields["head_importances"] = dict(context.records["head_importances"])
     return fields, -config.dhicm_kl_weight * kl
+
+
+METHOD = MethodSpec(NAME, check_settings, placements, build, collect)

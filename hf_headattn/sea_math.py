@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import torch
 
+#: ``phrase_positions`` value outside the local phrase and on padding (the syntax collator writes it).
+NOT_IN_PHRASE = -10000
+
 
 def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.Tensor | None:
     """The keys a query may attend to by the padding mask, as bool (True = attend).

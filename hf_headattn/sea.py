@@ -11,7 +11,7 @@ module reads them, so the decoder and cross-attention ignore them; ``generate()`
 expands them for beams): ``dependency_mask`` (B, S, S) bool, needed by DEA and by every RHE variant (Eq. 9 reads
 it, LPEA+RHE included); ``phrase_positions`` (B, S, S) integer, needed by LPEA. Label rule: a value is either
 ``NOT_IN_PHRASE`` (outside the local phrase) or a relative phrasal position with |RP| < |NOT_IN_PHRASE|, clipped
-to [-k, k] (Eq. 7); anything else raises. The math is in :mod:`hf_headattn.methods.sea_math`.
+to [-k, k] (Eq. 7); anything else raises. The math is in :mod:`hf_headattn.sea_math`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from ..attention import AttentionCall, AttentionMethod
-from ..syntax import NOT_IN_PHRASE
+from .attention import AttentionCall, AttentionMethod, MethodSpec
+from .sea_math import NOT_IN_PHRASE
 from .sea_math import (
     dependency_allowed,
     enhanced_mask,
@@ -34,7 +34,7 @@ from .sea_math import (
     redundant_heads,
     syntactic_attention,
 )
-from .settings import check_choice, resolve_layers
+from .settings_checks import check_choice, resolve_layers
 
 
 NAME = "sea"
@@ -216,3 +216,6 @@ def collect(context, config) -> tuple[dict, None]:
     if not context.output_redundant_heads or not context.records.get("redundant_heads"):
         return {}, None
     return {"redundant_heads": dict(context.records["redundant_heads"])}, None
+
+
+METHOD = MethodSpec(NAME, check_settings, placements, build, collect)

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import AttentionCall, AttentionMethod, HeadAttnContext
+from .attention import AttentionCall, AttentionMethod, HeadAttnContext, MethodSpec
 from .eadra_math import TERMS, eadra_regularizers
-from .settings import check_range, resolve_layers
+from .settings_checks import check_range, resolve_layers
 
 NAME = "eadra"
 COMPONENTS = ("encoder", "decoder", "cross")
@@ -193,3 +193,6 @@ def collect(context: HeadAttnContext, config) -> tuple[dict, torch.Tensor | None
     if loss is None:
         loss = value.new_zeros(())
     return {"eadra_loss": loss, "eadra_terms": terms}, loss
+
+
+METHOD = MethodSpec(NAME, check_settings, placements, build, collect)

@@ -1,1 +1,0 @@
-"""The three methods, one module each: settings checks, pure math, and the module attached to attention."""

@@ -1,0 +1,66 @@
+"""A model card (the Hub's README.md) that records the methods, their settings and the scores."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+from .configuration import HeadAttnSettings
+
+PAPERS = {
+    "dhicm": "Goindani & Shrivastava 2021, dynamic head importance computation (DHICM)",
+    "eadra": "Araabi, Niculae & Monz, entropy- and distance-regularized attention (EaDRA)",
+    "sea": "Zhang et al. 2021, syntax-enhanced attention on redundant heads (SEA + RHE)",
+}
+
+TEMPLATE = """---
+library_name: transformers
+tags: [translation, hf-headattn{tags}]
+---
+# {name}
+
+A {model_type} translation model trained with [hf-headattn](https://pypi.org/project/hf-headattn/).
+
+## Methods
+{methods}
+
+## Settings
+```json
+{settings}
+```
+
+## Scores
+{scores}
+
+## Loading
+With the package installed (safer: no code from the checkpoint runs): `import hf_headattn` and then
+`AutoModelForSeq2SeqLM.from_pretrained("{name}")`. Without it: `from_pretrained("{name}", trust_remote_code=True)`
+runs the modeling code stored beside the weights; read it first.
+"""
+
+
+def method_settings_of(config) -> dict:
+    """The config's method settings that differ from the defaults (everything when all are off: ``{}``)."""
+    return {f.name: getattr(config, f.name) for f in fields(HeadAttnSettings) if getattr(config, f.name) != f.default}
+
+
+def write_model_card(model, output_dir: str | Path, name: str, scores: dict | None = None) -> Path:
+    """Write ``README.md`` for ``model`` into ``output_dir``; ``scores`` maps test sets to metric dicts
+    (e.g. :func:`hf_headattn.evaluation.compute_translation_metrics` results)."""
+    settings = method_settings_of(model.config)
+    active = [key for key in PAPERS if any(field.startswith(key) for field in settings)]
+    if settings.get("rhe_prune") and "sea" not in active:
+        active.append("sea")
+    methods = "\n".join(f"- **{key}**: {PAPERS[key]}" for key in active) or "- none (the stock architecture)"
+    rows = ["| test set | BLEU | chrF | signature |", "|---|---|---|---|"]
+    for test_set, metrics in (scores or {}).items():
+        rows.append(f"| {test_set} | {metrics['bleu']:.2f} | {metrics['chrf']:.2f} | `{metrics.get('bleu_signature', '')}` |")
+    text = TEMPLATE.format(
+        name=name, model_type=model.config.model_type, tags="".join(f", {key}" for key in active), methods=methods,
+        settings=json.dumps(settings, indent=2), scores="\n".join(rows) if scores else "not evaluated yet",
+    )
+    path = Path(output_dir) / "README.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path

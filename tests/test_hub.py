@@ -1,0 +1,89 @@
+"""Sharing: saved folders carry the modeling code and auto_map, and load without hf_headattn installed."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import TINY, batch
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+
+SETTINGS = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], eadra={"encoder": {"num_heads": 2}},
+                sea_type="lpea", sea_heads="all", dropout=0.0)
+
+LOAD_WITHOUT_PACKAGE = """
+import sys, json, torch
+sys.modules["hf_headattn"] = None  # as if it were not installed
+from transformers import AutoModelForSeq2SeqLM
+folder, inputs = sys.argv[1], torch.load(sys.argv[2])
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    out = model(**inputs)
+torch.save({"logits": out.logits, "loss": out.loss, "module": type(model).__module__}, sys.argv[3])
+"""
+
+
+def saved(tmp_path):
+    torch.manual_seed(0)
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **SETTINGS)).eval()
+    model.save_pretrained(tmp_path / "model")
+    return model, tmp_path / "model"
+
+
+def syntax_inputs():
+    inputs = batch()
+    n = inputs["input_ids"].shape[1]
+    inputs["phrase_positions"] = torch.randint(-2, 3, (2, n, n))
+    return inputs
+
+
+def load_in_subprocess(tmp_path, folder):
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules")}  # a fresh copy of the remote code
+    return subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(folder), str(tmp_path / "inputs.pt"),
+                           str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_saved_folder_has_code_and_auto_map(tmp_path):
+    _, folder = saved(tmp_path)
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForSeq2SeqLM"] == "modeling.HeadAttnMBartForConditionalGeneration"
+    for name in ("modeling.py", "configuration.py", "attention.py", "dhicm.py", "eadra.py", "sea.py"):
+        assert (folder / name).is_file(), name
+
+
+def test_remote_code_loads_without_the_package_with_same_outputs(tmp_path):
+    model, folder = saved(tmp_path)
+    inputs = syntax_inputs()
+    torch.save(inputs, tmp_path / "inputs.pt")
+    result = load_in_subprocess(tmp_path, folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = torch.load(tmp_path / "out.pt")
+    assert remote["module"].startswith("transformers_modules.")
+    with torch.no_grad():
+        expected = model(**inputs)
+    torch.testing.assert_close(remote["logits"], expected.logits)
+    torch.testing.assert_close(remote["loss"], expected.loss)
+
+
+def test_missing_code_file_is_named(tmp_path):
+    _, folder = saved(tmp_path)
+    (folder / "dhicm.py").unlink()
+    torch.save(syntax_inputs(), tmp_path / "inputs.pt")
+    result = load_in_subprocess(tmp_path, folder)
+    assert result.returncode != 0 and "dhicm.py" in result.stderr.splitlines()[-1]
+
+
+def test_model_card_records_methods_settings_and_scores(tmp_path):
+    from hf_headattn.model_card import write_model_card
+
+    model, _ = saved(tmp_path)
+    scores = {"test_2016_flickr": {"bleu": 35.123, "chrf": 60.0, "bleu_signature": "nrefs:1|tok:13a"}}
+    text = write_model_card(model, tmp_path, "me/dhicm-en-de", scores).read_text()
+    assert "**dhicm**" in text and "**eadra**" in text and "**sea**" in text
+    assert '"dhicm_encoder_layers": [\n    -1\n  ]' in text and '"sea_type": "lpea"' in text
+    assert "| test_2016_flickr | 35.12 | 60.00 | `nrefs:1|tok:13a` |" in text
+    plain = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY))
+    assert "none (the stock architecture)" in write_model_card(plain, tmp_path / "p", "x").read_text()
