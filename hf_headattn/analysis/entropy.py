@@ -24,7 +24,8 @@ def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
     Parameters
     ----------
     model : an mBART/Marian model (ours or stock); it runs its encoder with eager attention (restored afterwards).
-    batches : dicts with ``input_ids`` and optionally ``attention_mask`` (other keys are ignored), e.g. a
+    batches : dicts with ``input_ids`` and optionally ``attention_mask`` (and the SEA inputs ``dependency_mask``,
+        ``phrase_positions`` for a model with SEA on; other keys are ignored), e.g. a
         ``DataLoader`` with a ``DataCollatorForSeq2Seq``.
 
     Returns
@@ -41,7 +42,8 @@ def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
             input_ids = batch["input_ids"].to(model.device)
             mask = batch.get("attention_mask")
             real = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.to(model.device).bool()
-            out = model.get_encoder()(input_ids=input_ids, attention_mask=real.long(), output_attentions=True)
+            syntax = {k: batch[k].to(model.device) for k in ("dependency_mask", "phrase_positions") if k in batch}
+            out = model.get_encoder()(input_ids=input_ids, attention_mask=real.long(), output_attentions=True, **syntax)
             maps = torch.stack(out.attentions).float()  # (L, B, H, S, S)
             h_n = normalized_entropy(maps, real[None, :, None, None, :])  # (L, B, H, S)
             batch_sums = (h_n * real[None, :, None, :]).sum((1, 3)).double()  # (L, H)

@@ -40,18 +40,24 @@ def mean_head_importance(model, batches: Iterable[dict]) -> dict[str, list[float
 
 
 @torch.no_grad()
-def sentence_head_importance(model, tokenizer, source: str, target: str, module: str) -> tuple[list[str], torch.Tensor]:
+def sentence_head_importance(model, tokenizer, source: str | None, target: str | None, module: str,
+                             inputs: dict | None = None) -> tuple[list[str], torch.Tensor]:
     """The (tokens, heads) importance of one module for one sentence pair, and the tokens its rows belong to.
 
-    Encoder modules give source tokens, decoder modules target tokens (teacher-forced on ``target``).
+    Encoder modules give source tokens, decoder modules target tokens (teacher-forced on ``target``). Instead of
+    the two texts, ``inputs`` may be a model batch (its first sentence is used), e.g. from the syntax collator for a
+    model with SEA on.
     """
     model.eval()
-    inputs = tokenizer(source, text_target=target, return_tensors="pt").to(model.device)
+    if inputs is None:
+        inputs = tokenizer(source, text_target=target, return_tensors="pt")
+    inputs = {k: v[:1].to(model.device) for k, v in inputs.items()}
     out = model(**inputs, output_head_importance=True)
     if module not in (out.head_importances or {}):
         raise ValueError(f"no DHICM module named {module!r}; the model has {sorted(out.head_importances or {})}")
     ids = inputs["input_ids"] if module.startswith("encoder") else inputs["labels"]
-    return tokenizer.convert_ids_to_tokens(ids[0]), out.head_importances[module][0].cpu()
+    real = ids[0].ne(-100) & ids[0].ne(tokenizer.pad_token_id)
+    return tokenizer.convert_ids_to_tokens(ids[0][real]), out.head_importances[module][0][real.to(model.device)].cpu()
 
 
 def plot_head_importance(importance: torch.Tensor, tokens: list[str], path: str | Path, title: str = "") -> Path:
