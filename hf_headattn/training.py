@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, DataCollatorForSeq2Seq
 
 from .configuration import HeadAttnMarianConfig
-from .data import tokenize_parallel
+from .data import load_parallel_dataset, tokenize_parallel
 from .evaluation import compute_translation_metrics
 from .modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
 from .presets import model_shape, uses_syntax
@@ -23,6 +23,41 @@ MODEL_CLASSES = {
     "marian": HeadAttnMarianMTModel,
     "headattn_marian": HeadAttnMarianMTModel,
 }
+
+
+def load_recipe_data(args) -> datasets.DatasetDict:
+    """The recipes' data: ``args`` carries run_translation-style fields (``source_lang``, ``target_lang``,
+    ``dataset_name``, ``dataset_config_name``, ``train_file``/``validation_file``/``test_file``, ``multi30k_dir``,
+    ``max_train_samples``/``max_eval_samples``/``max_predict_samples``)."""
+    files = {split: path for split, path in (("train", args.train_file), ("validation", args.validation_file),
+                                             ("test", args.test_file)) if path}
+    return load_parallel_dataset(
+        args.source_lang, args.target_lang, dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=args.multi30k_dir or None,
+        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+        max_predict_samples=args.max_predict_samples,
+    )
+
+
+def set_languages(tokenizer, model, source_code: str, target_code: str) -> None:
+    """Language codes for the tokenizer, and how generation starts with the target code.
+
+    mBART-50 tokenizers write targets as ``[code] X </s>``: generation starts from ``</s>`` and forces the code
+    (``forced_bos_token_id``). mBART (cc25, en-ro) tokenizers write ``X </s> [code]``: the code starts the decoder
+    (``decoder_start_token_id``), as ``shift_tokens_right`` does in training.
+    """
+    for code in (source_code, target_code):
+        if tokenizer.convert_tokens_to_ids(code) in (None, tokenizer.unk_token_id):
+            raise ValueError(f"language code {code!r} is not in the tokenizer's vocabulary (e.g. en_XX, de_DE)")
+    tokenizer.src_lang, tokenizer.tgt_lang = source_code, target_code
+    code_id = tokenizer.convert_tokens_to_ids(target_code)
+    target = tokenizer(text_target="a")["input_ids"]
+    if target[0] == code_id:
+        model.generation_config.forced_bos_token_id = code_id
+    elif target[-1] == code_id:
+        model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = code_id
+    else:
+        raise ValueError(f"the tokenizer does not mark targets with {target_code!r}; expected an mBART tokenizer")
 
 
 def pretrained_model(name_or_path: str, settings: dict, **kwargs):
@@ -80,12 +115,13 @@ def collator(tokenizer, model, settings: dict):
     return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
 
 
-def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Dataset, tokenizer, src: str, tgt: str,
+def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Dataset, tokenizer, tgt: str,
                         num_beams: int, max_length: int, output_file: str | Path | None = None) -> dict:
-    """Translate a split with beam search and score it with sacreBLEU/chrF against the raw references."""
+    """Translate a split with beam search and score it with sacreBLEU/chrF against the raw (detokenised) references."""
     prediction = trainer.predict(features, num_beams=num_beams, max_length=max_length, metric_key_prefix="test")
     ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-    ids = torch.as_tensor(ids).clamp(min=0).masked_fill(torch.as_tensor(ids) < 0, tokenizer.pad_token_id)
+    ids = torch.as_tensor(ids)
+    ids = ids.masked_fill(ids < 0, tokenizer.pad_token_id)
     hypotheses = [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
     references = [pair[tgt] for pair in raw["translation"]]
     scores = compute_translation_metrics(hypotheses, references)

@@ -31,14 +31,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn import HeadAttnMBartForConditionalGeneration
 from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
-from hf_headattn.data import load_parallel_dataset, tokenize_parallel
-from hf_headattn.evaluation import compute_translation_metrics, make_compute_metrics
+from hf_headattn.data import tokenize_parallel
+from hf_headattn.evaluation import make_compute_metrics
 from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
+from hf_headattn.training import load_recipe_data, set_languages, translate_and_score, write_json
 
 logger = logging.getLogger("finetune_mbart")
 
@@ -74,54 +74,11 @@ class DataArguments:
     entropy_report: bool = field(default=False, metadata={"help": "Encoder entropy before/after, on validation"})
 
 
-def load_data(args: DataArguments):
-    files = {split: path for split, path in (("train", args.train_file), ("validation", args.validation_file),
-                                             ("test", args.test_file)) if path}
-    return load_parallel_dataset(
-        args.source_lang, args.target_lang, dataset_name=args.dataset_name,
-        dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=args.multi30k_dir,
-        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-        max_predict_samples=args.max_predict_samples,
-    )
-
-
-def set_languages(tokenizer, model, source_code: str, target_code: str) -> None:
-    """Language codes for the tokenizer, and how generation starts with the target code.
-
-    mBART-50 tokenizers write targets as ``[code] X </s>``: generation starts from ``</s>`` and forces the code
-    (``forced_bos_token_id``). mBART (cc25, en-ro) tokenizers write ``X </s> [code]``: the code starts the decoder
-    (``decoder_start_token_id``), as ``shift_tokens_right`` does in training.
-    """
-    for code in (source_code, target_code):
-        if tokenizer.convert_tokens_to_ids(code) in (None, tokenizer.unk_token_id):
-            raise ValueError(f"language code {code!r} is not in the tokenizer's vocabulary (e.g. en_XX, de_DE)")
-    tokenizer.src_lang, tokenizer.tgt_lang = source_code, target_code
-    code_id = tokenizer.convert_tokens_to_ids(target_code)
-    target = tokenizer(text_target="a")["input_ids"]
-    if target[0] == code_id:
-        model.generation_config.forced_bos_token_id = code_id
-    elif target[-1] == code_id:
-        model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = code_id
-    else:
-        raise ValueError(f"the tokenizer does not mark targets with {target_code!r}; expected an mBART tokenizer")
-
-
 def entropy_report(trainer, features, name: str, output_dir: str) -> dict:
     result = encoder_attention_entropy(trainer.model, trainer.get_eval_dataloader(features))
     write_entropy_report(result, output_dir, name, title=name.replace("_", " "))
     logger.info(f"{name}: min {result['min']:.3f} avg {result['avg']:.3f} max {result['max']:.3f}")
     return result
-
-
-def translate(trainer, features, raw, tokenizer, target_lang: str, num_beams: int, max_length: int,
-              path: Path) -> dict:
-    """Beam-search translations of a split, scored with sacreBLEU/chrF against its raw (detokenised) references."""
-    ids = trainer.predict(features, num_beams=num_beams, max_length=max_length).predictions
-    ids = torch.as_tensor(ids[0] if isinstance(ids, tuple) else ids)
-    ids = ids.masked_fill(ids < 0, tokenizer.pad_token_id)
-    hypotheses = [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
-    path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    return compute_translation_metrics(hypotheses, [pair[target_lang] for pair in raw["translation"]])
 
 
 def main(argv=None) -> dict:
@@ -130,7 +87,7 @@ def main(argv=None) -> dict:
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     eadra = json.loads(model_args.eadra)
-    raw = load_data(data_args)
+    raw = load_recipe_data(data_args)
     if "train" not in raw:
         raise ValueError(f"the data has no 'train' split; it has {sorted(raw)}")
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
@@ -166,12 +123,11 @@ def main(argv=None) -> dict:
         results["entropy"]["after"] = entropy_report(trainer, features["validation"], "encoder_entropy_after",
                                                      output_dir)
     for split in (s for s in raw if s != "train"):
-        scores = translate(trainer, features[split], raw[split], tokenizer, tgt, data_args.num_beams,
-                           data_args.max_target_length, Path(output_dir) / f"predictions_{split}.txt")
+        scores = translate_and_score(trainer, features[split], raw[split], tokenizer, tgt, data_args.num_beams,
+                                     data_args.max_target_length, Path(output_dir) / f"predictions_{split}.txt")
         results["scores"][split] = scores
         logger.info(f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f}  {scores['bleu_signature']}")
-    path = Path(output_dir) / "results.json"
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    path = write_json(Path(output_dir) / "results.json", results)
     logger.info(f"results written to {path}")
     return results
 

@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
-from hf_headattn.data import load_parallel_dataset
 from hf_headattn.evaluation import make_compute_metrics
 from hf_headattn.presets import (
     early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset, refuse_architecture,
@@ -42,7 +41,8 @@ from hf_headattn.presets import (
 )
 from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.training import (
-    collator, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, translate_and_score, write_json,
+    collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, set_languages,
+    translate_and_score, write_json,
 )
 
 logger = logging.getLogger("train_translation")
@@ -91,17 +91,6 @@ class DataArguments:
     preprocessing_num_workers: int | None = field(default=None)
 
 
-def load_data(args: DataArguments):
-    files = {k: v for k, v in (("train", args.train_file), ("validation", args.validation_file),
-                               ("test", args.test_file)) if v}
-    return load_parallel_dataset(
-        args.source_lang, args.target_lang, dataset_name=args.dataset_name,
-        dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=args.multi30k_dir or None,
-        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-        max_predict_samples=args.max_predict_samples,
-    )
-
-
 def settings_from(args: ModelArguments) -> dict:
     settings = method_settings(args.method)
     if args.preset:
@@ -120,7 +109,7 @@ def main(argv=None) -> dict:
     set_seed(training_args.seed)
     settings = settings_from(model_args)
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
-    raw = load_data(data_args)
+    raw = load_recipe_data(data_args)
     test_splits = data_args.test_splits.split(",") if data_args.test_splits else [s for s in raw if s != "train"]
     unknown = sorted(set(test_splits) - set(raw))
     if unknown:
@@ -141,8 +130,7 @@ def main(argv=None) -> dict:
                               dropout=model_args.dropout, attention_dropout=model_args.attention_dropout)
         model.set_attn_implementation(model_args.attn_implementation)
     if data_args.source_lang_code:  # mBART-50 style tokenizers
-        tokenizer.src_lang, tokenizer.tgt_lang = data_args.source_lang_code, data_args.target_lang_code
-        model.generation_config.forced_bos_token_id = tokenizer.convert_tokens_to_ids(data_args.target_lang_code)
+        set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
 
     features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
                                 data_args.max_target_length, data_args.preprocessing_num_workers,
@@ -172,7 +160,7 @@ def main(argv=None) -> dict:
     }
     for split in test_splits:
         scores = translate_and_score(
-            trainer, features[split], raw[split], tokenizer, src, tgt, data_args.num_beams,
+            trainer, features[split], raw[split], tokenizer, tgt, data_args.num_beams,
             data_args.max_target_length, f"{training_args.output_dir}/predictions_{split}.txt",
         )
         results["scores"][split] = scores

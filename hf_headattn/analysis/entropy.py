@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..eadra_math import normalized_entropy
+from .plotting import pyplot, save_figure
 
 
 @torch.no_grad()
@@ -64,10 +65,7 @@ def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
 
 def plot_encoder_entropy(result: dict, path: str | Path, title: str = "") -> Path:
     """Layers x heads heatmap of the mean entropies, heads sorted within each layer (as in Figure 1), as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     values = torch.tensor(result["entropy"]).sort(dim=1, descending=True).values  # (L, H), sorted per layer
     layers, heads = values.shape
@@ -83,12 +81,7 @@ def plot_encoder_entropy(result: dict, path: str | Path, title: str = "") -> Pat
     summary = f"min {result['min']:.2f}  avg {result['avg']:.2f}  max {result['max']:.2f}"
     ax.set_title(f"{title}\n{summary}" if title else summary, fontsize=9)
     fig.colorbar(image, ax=ax, label="normalised entropy")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_entropy_report(result: dict, output_dir: str | Path, name: str = "encoder_entropy",

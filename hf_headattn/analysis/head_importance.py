@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from .plotting import pyplot, save_figure
 
 
 
@@ -62,10 +63,7 @@ def sentence_head_importance(model, tokenizer, source: str | None, target: str |
 
 def plot_head_importance(importance: torch.Tensor, tokens: list[str], path: str | Path, title: str = "") -> Path:
     """A token-by-head heatmap (rows: tokens, columns: heads; brighter = more important), as in Figure 3."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     importance = torch.as_tensor(importance).float()
     if importance.dim() != 2 or importance.shape[0] != len(tokens):
@@ -76,9 +74,4 @@ def plot_head_importance(importance: torch.Tensor, tokens: list[str], path: str 
     ax.set_yticks(range(len(tokens)), tokens)
     ax.set_title(title or "DHICM head importance")
     fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
+from .plotting import pyplot, save_figure
 
 
 def count_redundant_heads(readouts: Iterable[Mapping[str, torch.Tensor]]) -> dict:
@@ -85,10 +86,7 @@ def redundancy_report(model, batches: Iterable[dict], plot_path: str | Path | No
 
 def plot_redundancy(report: dict, path: str | Path, title: str = "") -> Path:
     """A bar plot of each head's redundancy frequency, one group of bars per module (matplotlib, Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     modules = report["modules"]
     if not modules:
@@ -104,9 +102,4 @@ def plot_redundancy(report: dict, path: str | Path, title: str = "") -> Path:
     ax.set_ylabel("share of sentences redundant")
     ax.set_title(title or f"RHE redundant heads over {report['sentences']} sentences")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
