@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
@@ -25,7 +26,27 @@ MODEL_CLASSES = {
 }
 
 
-def load_recipe_data(args) -> datasets.DatasetDict:
+@dataclass
+class ParallelDataArguments:
+    """The data flags the recipes share (run_translation.py's names); ``load_recipe_data`` reads them."""
+
+    source_lang: str = field(default="en", metadata={"help": "Key of the source side in the data"})
+    target_lang: str = field(default="de", metadata={"help": "Key of the target side in the data"})
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset"})
+    dataset_config_name: str | None = field(default=None)
+    train_file: str | None = field(default=None, metadata={"help": "TSV, JSON lines or a prefix of PREFIX.<lang>"})
+    validation_file: str | None = field(default=None)
+    test_file: str | None = field(default=None)
+    multi30k_dir: str | None = field(default=None, metadata={"help": "e.g. ../shared/data/multi30k"})
+    max_source_length: int = field(default=128)
+    max_target_length: int = field(default=128)
+    max_train_samples: int | None = field(default=None)
+    max_eval_samples: int | None = field(default=None)
+    max_predict_samples: int | None = field(default=None)
+    num_beams: int = field(default=5, metadata={"help": "Beam size for evaluation and test (the papers use 5)"})
+
+
+def load_recipe_data(args: ParallelDataArguments) -> datasets.DatasetDict:
     """The recipes' data: ``args`` carries run_translation-style fields (``source_lang``, ``target_lang``,
     ``dataset_name``, ``dataset_config_name``, ``train_file``/``validation_file``/``test_file``, ``multi30k_dir``,
     ``max_train_samples``/``max_eval_samples``/``max_predict_samples``)."""

@@ -38,7 +38,7 @@ from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
 from hf_headattn.data import tokenize_parallel
 from hf_headattn.evaluation import make_compute_metrics
 from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
-from hf_headattn.training import load_recipe_data, set_languages, translate_and_score, write_json
+from hf_headattn.training import ParallelDataArguments, load_recipe_data, set_languages, translate_and_score, write_json
 
 logger = logging.getLogger("finetune_mbart")
 
@@ -54,23 +54,9 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
-    source_lang: str = field(default="en", metadata={"help": "Key of the source side in the data"})
-    target_lang: str = field(default="de", metadata={"help": "Key of the target side in the data"})
+class DataArguments(ParallelDataArguments):
     source_lang_code: str = field(default="en_XX", metadata={"help": "mBART language code of the source"})
     target_lang_code: str = field(default="de_DE", metadata={"help": "mBART language code of the target"})
-    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset"})
-    dataset_config_name: str | None = field(default=None)
-    train_file: str | None = field(default=None, metadata={"help": "TSV, JSON lines or a prefix of PREFIX.<lang>"})
-    validation_file: str | None = field(default=None)
-    test_file: str | None = field(default=None)
-    multi30k_dir: str | None = field(default=None, metadata={"help": "e.g. ../shared/data/multi30k"})
-    max_source_length: int = field(default=128)
-    max_target_length: int = field(default=128)
-    max_train_samples: int | None = field(default=None)
-    max_eval_samples: int | None = field(default=None)
-    max_predict_samples: int | None = field(default=None)
-    num_beams: int = field(default=5, metadata={"help": "Beam size of evaluation and test translation"})
     entropy_report: bool = field(default=False, metadata={"help": "Encoder entropy before/after, on validation"})
 
 

@@ -41,7 +41,7 @@ from hf_headattn.presets import (
 )
 from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.training import (
-    collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, set_languages,
+    ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, set_languages,
     translate_and_score, write_json,
 )
 
@@ -68,23 +68,9 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
-    source_lang: str = field(default="en")
-    target_lang: str = field(default="de")
-    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset"})
-    dataset_config_name: str | None = field(default=None)
-    train_file: str | None = field(default=None, metadata={"help": "TSV, JSON lines or a prefix of PREFIX.<lang>"})
-    validation_file: str | None = field(default=None)
-    test_file: str | None = field(default=None)
-    multi30k_dir: str | None = field(default=None, metadata={"help": "e.g. ../shared/data/multi30k"})
-    max_source_length: int = field(default=128)
-    max_target_length: int = field(default=128)
-    max_train_samples: int | None = field(default=None)
-    max_eval_samples: int | None = field(default=None)
-    max_predict_samples: int | None = field(default=None)
+class DataArguments(ParallelDataArguments):
     test_splits: str | None = field(default=None, metadata={"help": "Comma-separated splits translated and scored "
                                                                     "at the end (default: every split but train)"})
-    num_beams: int = field(default=5, metadata={"help": "Beam size for evaluation and test (the papers use 5)"})
     source_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. en_XX"})
     target_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. de_DE"})
     spacy_model: str | None = field(default=None, metadata={"help": "SEA: spaCy pipeline (default: offline en)"})

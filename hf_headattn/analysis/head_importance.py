@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+
 from .plotting import pyplot, save_figure
 
 
