@@ -30,9 +30,10 @@ from hf_headattn.presets import early_stopping_callbacks, expand_argv, split_arc
 from hf_headattn.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
 from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.training import (
-    MODEL_CLASSES, collator, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, write_json,
+    MODEL_CLASSES, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer,
+    write_json,
 )
-from train_translation import DataArguments, ModelArguments, load_data, settings_from
+from train_translation import DataArguments, ModelArguments, settings_from
 
 logger = logging.getLogger("search_hyperparameters")
 
@@ -68,7 +69,7 @@ def main(argv=None) -> dict:
     settings = settings_from(model_args)
     check_base(stages, model_args, settings, training_args)
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
-    raw = load_data(data_args)
+    raw = load_recipe_data(data_args)
     if "validation" not in raw:
         raise ValueError(f"the search selects by validation loss, but the data has no validation split: {sorted(raw)}")
     src, tgt = data_args.source_lang, data_args.target_lang
