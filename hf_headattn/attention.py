@@ -66,6 +66,7 @@ class AttentionCall:
     hidden_states: torch.Tensor
     context: HeadAttnContext | None
     kwargs: dict[str, Any]
+    state: dict[str, Any] = field(default_factory=dict)  # what a method's ``before`` leaves for its ``after``
 
     @property
     def is_cross(self) -> bool:
@@ -90,6 +91,28 @@ class AttentionCall:
             return None
         mask = self.context.target_mask if self.is_decoder and not self.is_cross else self.context.source_mask
         return None if mask is None or mask.shape[1] != self.key.shape[2] else mask
+
+
+def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.Tensor | None:
+    """The keys a query may attend to by the mask transformers passes to the attention function, as bool.
+
+    Parameters
+    ----------
+    attention_mask : None, BoolTensor (True = attend) or additive float tensor, shape (B, 1 or H, T, >= S)
+        SDPA gets bool; eager gets ``finfo.min`` where masked.
+    key_length : int
+        S; longer masks are cut to it, as the HF backends do.
+
+    Returns
+    -------
+    None (every key allowed) or BoolTensor, shape (B, 1 or H, T, S)
+    """
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask[..., :key_length]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 
 class _HeadAttnDispatch:

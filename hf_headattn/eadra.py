@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionCall, AttentionMethod, HeadAttnContext, MethodSpec
+from .attention import AttentionCall, AttentionMethod, HeadAttnContext, MethodSpec, key_allowed
 from .eadra_math import TERMS, eadra_regularizers
 from .settings_checks import check_range, resolve_layers
 
@@ -118,11 +118,9 @@ def head_scores(call: AttentionCall, num_heads: int) -> tuple[torch.Tensor, torc
     mask = call.attention_mask
     if mask is not None:
         mask = mask[:, :num_heads] if mask.dim() == 4 and mask.shape[1] > 1 else mask
-        if mask.dtype == torch.bool:
-            support = support & mask
-        else:
-            support = support & (mask > torch.finfo(mask.dtype).min / 2)
-            scores.add_(mask)  # scores is a fresh float32 tensor
+        support = support & key_allowed(mask, key_length)
+        if mask.dtype != torch.bool:
+            scores.add_(mask[..., :key_length])  # scores is a fresh float32 tensor
     if call.is_decoder and not call.is_cross:  # the causal prefix, also when SDPA ran with is_causal and no mask
         support = support & torch.ones_like(support[0, 0]).tril(key_length - length)
     if call.key_mask is not None:

@@ -21,8 +21,8 @@ from torch import nn
 from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod, MethodSpec
-from .sea_math import NOT_IN_PHRASE
 from .sea_math import (
+    NOT_IN_PHRASE,
     dependency_allowed,
     enhanced_mask,
     head_confidence,
@@ -169,17 +169,16 @@ class SEA(AttentionMethod):
         return lpea_label_bias(self.lpea_embeddings, self.lpea_weight, self.lpea_bias, self.lpea_projection)
 
     def before(self, call: AttentionCall) -> None:
-        """Check the inputs, find the redundant heads when needed (kept on ``call.sea_redundant`` for ``after``
+        """Check the inputs, find the redundant heads when needed (kept in ``call.state`` for ``after``
         and recorded for ``output_redundant_heads``), and give the backend the SEA mask."""
         readout = call.context is not None and call.context.output_redundant_heads
         inputs = {name: call.kwargs.get(name) for name in needed_inputs(self, readout)}
         for name, tensor in inputs.items():
             check_input(name, tensor, call.query, self.k)
-        call.sea_redundant = None
         if self.rhe_prune or self.sea_heads == "redundant" or readout:
-            call.sea_redundant = self._redundant(call, inputs["dependency_mask"])
+            call.state["sea_redundant"] = self._redundant(call, inputs["dependency_mask"])
             if readout:
-                call.context.record("redundant_heads", (call.module.headattn_name, call.sea_redundant))
+                call.context.record("redundant_heads", (call.module.headattn_name, call.state["sea_redundant"]))
         if self.sea_type is None:
             return
         if self.sea_type == "dea":
@@ -187,7 +186,7 @@ class SEA(AttentionMethod):
             bias = torch.zeros((), dtype=call.query.dtype, device=call.query.device).expand(allowed.shape)
         else:
             bias, allowed = lpea_bias(inputs["phrase_positions"], self.label_bias(), NOT_IN_PHRASE)
-        selected = call.sea_redundant if self.sea_heads == "redundant" else None
+        selected = call.state["sea_redundant"] if self.sea_heads == "redundant" else None
         call.attention_mask = enhanced_mask(call.attention_mask, bias, allowed, selected, call.query.dtype)
 
     @torch.no_grad()
@@ -202,7 +201,7 @@ class SEA(AttentionMethod):
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         if not self.rhe_prune:
             return attn_output
-        keep = ~call.sea_redundant  # (B, H)
+        keep = ~call.state["sea_redundant"]  # (B, H)
         return attn_output * keep[:, None, :, None].to(attn_output.dtype)  # (B, T, H, D)
 
 

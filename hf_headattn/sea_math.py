@@ -19,30 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from .attention import key_allowed  # noqa: F401  (re-exported: part of Eq. 9's inputs)
+
 #: ``phrase_positions`` value outside the local phrase and on padding (the syntax collator writes it).
 NOT_IN_PHRASE = -10000
-
-
-def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.Tensor | None:
-    """The keys a query may attend to by the padding mask, as bool (True = attend).
-
-    Parameters
-    ----------
-    attention_mask : None, BoolTensor (True = attend) or additive float tensor, shape (B, 1 or H, T, >= S)
-        What transformers passes to the attention function (eager: finfo.min where masked; SDPA: bool).
-    key_length : int
-        S; longer masks are cut to it, as the HF backends do.
-
-    Returns
-    -------
-    None (every key allowed) or BoolTensor, shape (B, 1 or H, T, S)
-    """
-    if attention_mask is None:
-        return None
-    attention_mask = attention_mask[..., :key_length]
-    if attention_mask.dtype == torch.bool:
-        return attention_mask
-    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 
 def real_tokens(allowed: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
