@@ -9,11 +9,12 @@ Identical to ``Seq2SeqTrainer`` except:
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from transformers import Seq2SeqTrainer
+from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
@@ -54,6 +55,31 @@ def check_resume_world_size(checkpoint, args) -> None:
             f"{folder} was written by {saved} process(es) but this run has world_size={args.world_size}; resume "
             f"with {saved} process(es), or start a new run from the weights (model_name_or_path={folder})"
         )
+
+
+class TrainingTimeLimit(TrainerCallback):
+    """Stop training after ``minutes`` of wall time, like a cluster job limit, without losing the last stretch.
+
+    At the first step past the limit it stops the Trainer, which still ends the epoch (evaluating and saving with
+    the "epoch" strategies); with the "steps" strategies it asks for an evaluation and a save first. Either way the
+    stretch since the last evaluation counts for ``load_best_model_at_end``. ``stopped`` says whether the limit was
+    hit.
+    """
+
+    def __init__(self, minutes: float):
+        if not minutes > 0:
+            raise ValueError(f"max_train_minutes must be a positive number of minutes, got {minutes}")
+        self.seconds, self.start, self.stopped = 60.0 * minutes, None, False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() - self.start > self.seconds:
+            self.stopped = control.should_training_stop = True
+            control.should_evaluate = control.should_evaluate or args.eval_strategy == "steps"
+            control.should_save = control.should_save or args.save_strategy == "steps"
+        return control
 
 
 class HeadAttnSeq2SeqTrainer(Seq2SeqTrainer):

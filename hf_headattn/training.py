@@ -111,20 +111,35 @@ def scratch_tokenizer(train: datasets.Dataset, vocab_size: int, output_dir: str 
 
 def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, settings: dict,
                      max_source_length: int, max_target_length: int, num_proc: int | None = None,
-                     spacy_model: str | None = None) -> datasets.DatasetDict:
-    """Tokenized splits; with SEA/RHE on, the syntax columns too (parsed with spaCy, aligned to the tokens)."""
+                     spacy_model: str | None = None, parses_dir: str | Path | None = None) -> datasets.DatasetDict:
+    """Tokenized splits; with SEA/RHE on, the syntax columns too, aligned to the tokens: parsed with spaCy, or read
+    from ``parses_dir/<split>.<src>.conllu`` (written by ``recipes/parse_sources.py``) where one is given."""
     if not uses_syntax(settings):
         return tokenize_parallel(raw, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc)
-    from .syntax import DEFAULT_SPACY_MODEL, SpacyParser, add_syntax_features
+    from .syntax import DEFAULT_SPACY_MODEL, ConlluFile, SpacyParser, add_syntax_features
 
-    # "join": a source line is one sentence even where spaCy would split it (7 of Multi30k's 29k train lines)
-    parser = SpacyParser(spacy_model or DEFAULT_SPACY_MODEL, on_multiple_sentences="join")
+    if parses_dir is not None:
+        paths = {split: Path(parses_dir) / parses_file_name(split, src) for split in raw}
+        missing = sorted(str(path) for path in paths.values() if not path.is_file())
+        if missing:
+            raise FileNotFoundError(f"no parses {missing}; expected one CoNLL-U file per split, written by "
+                                    f"recipes/parse_sources.py with the same data flags")
+        parsers = {split: ConlluFile(path) for split, path in paths.items()}
+    else:
+        # "join": a source line is one sentence even where spaCy would split it (7 of Multi30k's 29k train lines)
+        parsers = dict.fromkeys(raw, SpacyParser(spacy_model or DEFAULT_SPACY_MODEL, on_multiple_sentences="join"))
     return datasets.DatasetDict({
         split: add_syntax_features(
-            ds, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc, dependencies=parser
+            ds, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc,
+            dependencies=parsers[split],
         ).remove_columns(["translation"])
         for split, ds in raw.items()
     })
+
+
+def parses_file_name(split: str, src: str) -> str:
+    """The CoNLL-U file of a split's source side in a parses folder: ``<split>.<src>.conllu``."""
+    return f"{split}.{src}.conllu"
 
 
 def collator(tokenizer, model, settings: dict):

@@ -39,10 +39,10 @@ from hf_headattn.presets import (
     early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset, refuse_architecture,
     split_architecture,
 )
-from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
+from hf_headattn.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit
 from hf_headattn.training import (
-    ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer, set_languages,
-    translate_and_score, write_json,
+    ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
+    scratch_tokenizer, set_languages, translate_and_score, write_json,
 )
 
 logger = logging.getLogger("train_translation")
@@ -65,6 +65,8 @@ class ModelArguments:
     early_stopping_patience: int | None = field(default=None, metadata={
         "help": "Stop after N evaluations without a lower validation loss (DHICM: 10); implies evaluating and "
                 "saving each epoch and keeping the best checkpoint, unless you pass those flags"})
+    max_train_minutes: float | None = field(default=None, metadata={
+        "help": "Stop training after this many minutes (evaluating and saving first); results.json says if it did"})
 
 
 @dataclass
@@ -74,6 +76,9 @@ class DataArguments(ParallelDataArguments):
     source_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. en_XX"})
     target_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. de_DE"})
     spacy_model: str | None = field(default=None, metadata={"help": "SEA: spaCy pipeline (default: offline en)"})
+    syntax_parses_dir: str | None = field(default=None, metadata={
+        "help": "SEA: read the source parses from <dir>/<split>.<source_lang>.conllu (recipes/parse_sources.py) "
+                "instead of parsing with spaCy"})
     preprocessing_num_workers: int | None = field(default=None)
 
 
@@ -95,6 +100,8 @@ def main(argv=None) -> dict:
     set_seed(training_args.seed)
     settings = settings_from(model_args)
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
+    time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
+    callbacks += [time_limit] if time_limit else []
     raw = load_recipe_data(data_args)
     test_splits = data_args.test_splits.split(",") if data_args.test_splits else [s for s in raw if s != "train"]
     unknown = sorted(set(test_splits) - set(raw))
@@ -120,7 +127,7 @@ def main(argv=None) -> dict:
 
     features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
                                 data_args.max_target_length, data_args.preprocessing_num_workers,
-                                data_args.spacy_model)
+                                data_args.spacy_model, data_args.syntax_parses_dir)
     if "syntax_word" in features["train"].column_names:
         training_args.remove_unused_columns = False  # the collator turns the syntax columns into model inputs
     training_args.predict_with_generate = True
@@ -140,6 +147,8 @@ def main(argv=None) -> dict:
     results = {
         "method": model_args.method, "settings": settings, "model": model_args.model_name_or_path or
         model_args.model_shape, "train_time_s": round(train_time, 1), "train_loss": train_result.training_loss,
+        "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
+        "stopped_at_time_limit": bool(time_limit and time_limit.stopped),
         "num_parameters": model.num_parameters(), "device": str(training_args.device),
         "log_history": trainer.state.log_history, "args": {**asdict(model_args), **asdict(data_args)},
         "scores": {},

@@ -100,6 +100,15 @@ def test_paired_bootstrap_is_sacrebleus_test(refs, monkeypatch):
     assert "bs:200" in got["signatures"]["bleu"] and "seed:7" in got["signatures"]["bleu"]
 
 
+def test_paired_bootstrap_gives_a_tie_no_significance(refs):
+    """sacreBLEU alone gives the identical system p = 1/(n+1); a tie must not look significant."""
+    hyps = _perturb(refs, 2)
+    assert PairedTest([("baseline", hyps), ("same", hyps)], {"BLEU": BLEU()}, [refs], test_type="bs",
+                      n_samples=100)()[1]["BLEU"][1].p_value == pytest.approx(1 / 101)
+    got = paired_bootstrap(hyps, {"same": list(hyps)}, refs, n_samples=100)
+    assert got["systems"]["same"]["bleu"]["p_value"] == got["systems"]["same"]["chrf"]["p_value"] == 1.0
+
+
 def test_paired_bootstrap_separates_big_from_tiny_differences(refs):
     base = refs
     systems = {"heavy": _perturb(refs, 1), "tiny": _edit_few(refs, 2)}

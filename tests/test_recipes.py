@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
+import parse_sources  # noqa: E402
+import reproduce_multi30k  # noqa: E402
 import train_translation  # noqa: E402
 
 
@@ -32,7 +34,7 @@ def tokenizer_dir(tmp_path_factory):
     return out / "tokenizer"
 
 
-@pytest.mark.parametrize("method", ["baseline", "dhicm"])
+@pytest.mark.parametrize("method", ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe", "dhicm+lpea_rhe"])
 def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     results = run(tmp_path, "--tokenizer_name", str(tokenizer_dir), method=method)
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -42,8 +44,47 @@ def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
         assert len((tmp_path / f"predictions_{split}.txt").read_text().splitlines()) == 8
     logged = [entry for entry in saved["log_history"] if "loss" in entry]
     assert "nll_loss" in logged[0]
-    assert ("dhicm_kl" in logged[0]) == (method == "dhicm")
+    assert ("dhicm_kl" in logged[0]) == ("dhicm" in method)
+    assert ("eadra_loss" in logged[0]) == ("eadra" in method)
     assert results["settings"]["label_smoothing"] == 0.1
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["sea_type"] == {"dea_rhe": "dea", "lpea_rhe": "lpea", "dhicm+lpea_rhe": "lpea"}.get(method)
+    assert saved["global_step"] == 1 and saved["stopped_at_time_limit"] is False
+
+
+DATA_FLAGS = ["--multi30k_dir", str(DATA), "--max_train_samples", "200", "--max_eval_samples", "8",
+              "--max_predict_samples", "8"]
+
+
+@pytest.fixture(scope="module")
+def parses_dir(tmp_path_factory):
+    """The sources of the test runs' data parsed once, as parse_sources.py writes them."""
+    out = tmp_path_factory.mktemp("parses")
+    written = parse_sources.main([*DATA_FLAGS, "--output_dir", str(out)])
+    assert sorted(written) == ["test_2016_flickr", "train", "validation"]
+    return out
+
+
+def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, tokenizer_dir, parses_dir):
+    assert (parses_dir / "train.en.conllu").read_text().count("# sent_id") == 200
+    spacy_run = run(tmp_path / "spacy", "--tokenizer_name", str(tokenizer_dir), "--seed", "3", method="lpea_rhe")
+    file_run = run(tmp_path / "file", "--tokenizer_name", str(tokenizer_dir), "--seed", "3",
+                   "--syntax_parses_dir", str(parses_dir), method="lpea_rhe")
+    assert file_run["train_loss"] == pytest.approx(spacy_run["train_loss"], rel=1e-6)  # the same parses
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "train.en.conllu").write_text((parses_dir / "train.en.conllu").read_text())
+    with pytest.raises(FileNotFoundError, match=r"validation\.en\.conllu.*recipes/parse_sources\.py"):
+        run(tmp_path / "x", "--tokenizer_name", str(tokenizer_dir), "--syntax_parses_dir", str(tmp_path / "partial"),
+            method="dea_rhe")
+
+
+def test_time_limit_stops_after_an_evaluation(tmp_path, tokenizer_dir):
+    results = run(tmp_path, "--tokenizer_name", str(tokenizer_dir), "--max_steps", "5", "--max_train_minutes",
+                  "1e-9", "--eval_strategy", "steps", "--eval_steps", "100")
+    assert results["global_step"] == 1 and results["stopped_at_time_limit"] is True
+    assert [entry["step"] for entry in results["log_history"] if "eval_loss" in entry] == [1]
+    with pytest.raises(ValueError, match="max_train_minutes must be a positive number of minutes, got 0"):
+        run(tmp_path, "--max_train_minutes", "0")
 
 
 def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir):
@@ -75,3 +116,68 @@ def test_missing_data_and_unequal_line_counts(tmp_path):
     (tmp_path / "corpus.de").write_text("x\ny\n")
     with pytest.raises(ValueError, match=r"3 .* 2|2 .* 3"):
         run(tmp_path, "--train_file", str(tmp_path / "corpus"), "--multi30k_dir", "")
+
+
+TINY_RUN = ["--model_shape", "tiny", "--use_cpu", "true", "--max_train_samples", "200", "--max_eval_samples", "8",
+            "--max_predict_samples", "8", "--max_steps", "1", "--num_beams", "2", "--max_target_length", "16",
+            "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8"]
+
+
+def test_reproduction_trains_every_row_and_seed_then_tabulates(tmp_path, tokenizer_dir, parses_dir, capsys):
+    out = tmp_path / "runs"
+    reproduce_multi30k.main(["run", "--output_dir", str(out), "--rows", "baseline", "lpea_rhe", "--seeds", "1",
+                             "--parallel", "2", "--multi30k_dir", str(DATA), "--tokenizer_dir", str(tokenizer_dir),
+                             "--parses_dir", str(parses_dir), "--", *TINY_RUN])
+    assert "FAILED" not in capsys.readouterr().out
+    for row in ("baseline", "lpea_rhe"):
+        results = json.loads((out / row / "seed1" / "results.json").read_text())
+        assert results["method"] == row and results["args"]["syntax_parses_dir"] == str(parses_dir)
+        assert "--learning_rate 1e-3" in (out / row / "seed1" / "command.txt").read_text()  # COMMON_FLAGS
+    summary, markdown = reproduce_multi30k.summarize(out)
+    assert [entry["row"] for entry in summary] == ["baseline", "lpea_rhe"]
+    assert len(summary[1]["p_values"]) == 1 and 0 < summary[1]["p_values"][0] <= 1
+    assert "\n| baseline | 1 |" in markdown and "\n| lpea_rhe | 1 |" in markdown and "nrefs:1" in markdown
+
+
+def _fake_run(root, row, seed, bleu, valid_bleus, predictions):
+    """A results.json as train_translation.py writes it, with evaluations (eval_loss falls, then rises)."""
+    folder = root / row / f"seed{seed}"
+    folder.mkdir(parents=True)
+    losses = [3.0, 2.0, 2.5]
+    results = {
+        "method": row, "train_time_s": 60.0 * seed, "epochs": 3.0, "stopped_at_time_limit": False,
+        "args": {**{key: None for key in ("dataset_name", "dataset_config_name", "train_file", "validation_file",
+                                          "test_file", "max_train_samples", "max_eval_samples")},
+                 "source_lang": "en", "target_lang": "de", "multi30k_dir": str(DATA), "max_source_length": 128,
+                 "max_target_length": 128, "max_predict_samples": 8, "num_beams": 5},
+        "log_history": [{"eval_loss": loss, "eval_bleu": b, "epoch": i + 1.0}
+                        for i, (loss, b) in enumerate(zip(losses, valid_bleus))],
+        "scores": {"test_2016_flickr": {"bleu": bleu, "chrf": 2 * bleu, "bleu_signature": "nrefs:1|sig"}},
+    }
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "predictions_test_2016_flickr.txt").write_text("\n".join(predictions) + "\n")
+
+
+def test_reproduction_table_statistics_and_combination_chosen_on_validation(tmp_path):
+    import gzip
+
+    with gzip.open(DATA / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        refs = f.read().splitlines()[:8]
+    worse = [" ".join(line.split()[:-2]) for line in refs]
+    for seed, bleu in ((1, 30.0), (2, 34.0)):
+        _fake_run(tmp_path, "baseline", seed, bleu, [1, 20, 99], refs)
+        _fake_run(tmp_path, "a+b", seed, bleu + 5, [1, 10, 99], worse)  # better test BLEU, worse validation
+        _fake_run(tmp_path, "c+d", seed, bleu - 1, [1, 15, 0], refs)  # the kept epoch is the lowest eval_loss
+    summary, markdown = reproduce_multi30k.summarize(tmp_path)
+    rows = {entry["row"]: entry for entry in summary}
+    assert list(rows) == ["baseline", "a+b", "c+d"]
+    assert rows["baseline"]["bleu"] == [30.0, 34.0] and "| baseline | 2 | 32.00 ± 2.83 |" in markdown
+    assert rows["a+b"]["validation_bleu"] == [10, 10] and rows["c+d"]["validation_bleu"] == [15, 15]
+    assert rows["c+d"]["best_combination"] and not rows["a+b"]["best_combination"]
+    assert rows["c+d"]["p_values"] == [1.0, 1.0]  # identical predictions: no difference
+    assert all(p < 0.05 for p in rows["a+b"]["p_values"])
+    assert rows["baseline"]["p_values"] == []
+    (tmp_path / "baseline" / "seed1" / "results.json").unlink()
+    (tmp_path / "baseline" / "seed2" / "results.json").unlink()
+    with pytest.raises(ValueError, match="no baseline runs"):
+        reproduce_multi30k.summarize(tmp_path)

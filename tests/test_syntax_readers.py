@@ -5,6 +5,7 @@ import pytest
 from hf_headattn.syntax import (
     BracketedTreeFile,
     ConlluFile,
+    Dependencies,
     MissingParserError,
     SyntaxInputError,
     load_benepar,
@@ -12,6 +13,7 @@ from hf_headattn.syntax import (
     match_words,
     parse_bracketed,
     read_conllu,
+    write_conllu,
 )
 
 TEXTS = ["A dog (brown) runs.", "Don't stop."]
@@ -93,6 +95,22 @@ def test_conllu_file_spans(files):
     assert [TEXTS[0][s:e] for s, e in zip(a.starts, a.ends)] == ["A", "dog", "(", "brown", ")", "runs", "."]
     assert [TEXTS[1][s:e] for s, e in zip(b.starts, b.ends)] == ["Don't", "Don't", "stop", "."]  # share the MWT
     assert b.heads == [2, 2, -1, 2]
+
+
+def test_write_conllu_round_trips_multiword_tokens(files, tmp_path):
+    parses = ConlluFile(files / "deps.conllu").parse(TEXTS, [0, 1])
+    path = write_conllu(tmp_path / "out" / "written.conllu", TEXTS, parses)
+    assert "1-2\tDon't" in path.read_text()
+    assert ConlluFile(path).parse(TEXTS, [0, 1]) == parses
+    assert [heads for _, heads in read_conllu(path)] == [p.heads for p in parses]
+
+
+def test_write_conllu_refuses_bad_input(tmp_path):
+    parses = [Dependencies([0], [1], [-1])]
+    with pytest.raises(ValueError, match="got 2 texts but 1 parses"):
+        write_conllu(tmp_path / "x.conllu", ["A", "B"], parses)
+    with pytest.raises(SyntaxInputError, match=r"example 0: word 0 spans 'A b'"):
+        write_conllu(tmp_path / "x.conllu", ["A b"], [Dependencies([0], [3], [-1])])
 
 
 def test_conllu_errors_name_the_example_or_line(files):

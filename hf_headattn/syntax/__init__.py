@@ -38,7 +38,7 @@ from .parsing import (
     load_spacy,
     match_words,
 )
-from .readers import BracketedTreeFile, ConlluFile, parse_bracketed, read_conllu
+from .readers import BracketedTreeFile, ConlluFile, parse_bracketed, read_conllu, write_conllu
 
 __all__ = [
     "NOT_IN_PHRASE", "DEFAULT_SPACY_MODEL", "DEPENDENCY_PHRASES", "SPECIAL_TOKEN_VALUES", "TOKEN_COLUMNS",
@@ -46,7 +46,8 @@ __all__ = [
     "dependency_mask", "local_phrases", "relative_phrasal_positions", "phrase_tree_features",
     "token_dependency_mask", "token_phrase_positions",
     "Dependencies", "PhraseTree", "SpacyParser", "BeneparParser", "ConlluFile", "BracketedTreeFile",
-    "dependency_phrase_tree", "parse_bracketed", "read_conllu", "load_spacy", "load_benepar", "match_words",
+    "dependency_phrase_tree", "parse_bracketed", "read_conllu", "write_conllu", "load_spacy", "load_benepar",
+    "match_words",
     "SyntaxInputError", "MissingParserError",
     "sentencepiece_spans", "token_char_spans", "token_words",
     "parse_corpus", "align_syntax", "add_syntax_features", "DataCollatorForSyntaxSeq2Seq",

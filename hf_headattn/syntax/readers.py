@@ -134,6 +134,37 @@ def read_conllu(path) -> list[tuple[list[tuple[str, int, int]], list[int]]]:
     return sentences
 
 
+def write_conllu(path, texts: list[str], parses: list[Dependencies]) -> Path:
+    """Write dependency ``parses`` of ``texts`` as CoNLL-U (sentence ``k`` = ``texts[k]``), for :class:`ConlluFile`.
+
+    Only ID, FORM (the word's span of the text), HEAD and DEPREL (``root`` or ``dep``) are filled. Consecutive words
+    sharing one span (a multiword token read from CoNLL-U) get a range line ``i-j`` with that span. Parse once on a
+    machine with the parser, train elsewhere from the file.
+    """
+    if len(texts) != len(parses):
+        raise ValueError(f"got {len(texts)} texts but {len(parses)} parses; expected one parse per text")
+    lines = []
+    for index, (text, parse) in enumerate(zip(texts, parses)):
+        lines.append(f"# sent_id = {index}")
+        spans = list(zip(parse.starts, parse.ends))
+        for word, ((start, end), head) in enumerate(zip(spans, parse.heads)):
+            form = text[start:end]
+            if not form or any(c.isspace() for c in form):
+                raise SyntaxInputError(index, f"word {word} spans {form!r}; expected a non-empty span without spaces")
+            if (word == 0 or spans[word - 1] != (start, end)) and spans[word + 1:word + 2] == [(start, end)]:
+                last = word + 1
+                while last + 1 < len(spans) and spans[last + 1] == (start, end):
+                    last += 1
+                lines.append(f"{word + 1}-{last + 1}\t{form}" + "\t_" * 8)
+            lines.append("\t".join([str(word + 1), form, "_", "_", "_", "_", str(head + 1),
+                                    "root" if head < 0 else "dep", "_", "_"]))
+        lines.append("")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 class ConlluFile:
     """Dependency parses from a CoNLL-U file (sentence ``k`` = example ``k``), for users who parse elsewhere."""
 

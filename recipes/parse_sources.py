@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""Parse the source side of a parallel corpus once, into CoNLL-U files that ``train_translation.py`` reads.
+
+SEA/RHE need dependency parses of the sources. Parsing needs spaCy; training may run where spaCy is not installed
+(a GPU box, a cluster image). Parse here with the same data flags as the training run, then train there with
+``--syntax_parses_dir``:
+
+    python recipes/parse_sources.py --multi30k_dir ../shared/data/multi30k --source_lang en --target_lang de \
+        --output_dir parses/multi30k_en
+    python recipes/train_translation.py --multi30k_dir ../shared/data/multi30k --method lpea_rhe \
+        --syntax_parses_dir parses/multi30k_en ...
+
+Writes ``<output_dir>/<split>.<source_lang>.conllu`` per split (sentence ``k`` parses example ``k``); a line that
+spaCy would split into several sentences is parsed as one, as in training.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+
+from hf_headattn.syntax import DEFAULT_SPACY_MODEL, Dependencies, SpacyParser, parse_corpus, write_conllu
+from hf_headattn.training import ParallelDataArguments, load_recipe_data, parses_file_name
+
+
+@dataclass
+class ParseArguments:
+    output_dir: str = field(metadata={"help": "Folder for the <split>.<source_lang>.conllu files"})
+    spacy_model: str = field(default=DEFAULT_SPACY_MODEL, metadata={"help": "spaCy pipeline with a parser"})
+    num_proc: int | None = field(default=None, metadata={"help": "Parsing processes"})
+
+
+def main(argv=None) -> dict[str, str]:
+    data_args, parse_args = HfArgumentParser((ParallelDataArguments, ParseArguments)).parse_args_into_dataclasses(
+        args=argv)
+    raw = load_recipe_data(data_args)
+    src = data_args.source_lang
+    parser = SpacyParser(parse_args.spacy_model, on_multiple_sentences="join")
+    written = {}
+    for split, dataset in raw.items():
+        parsed = parse_corpus(dataset, src, dependencies=parser, num_proc=parse_args.num_proc)
+        parses = [Dependencies(*row) for row in zip(parsed["syntax_dep_starts"], parsed["syntax_dep_ends"],
+                                                      parsed["syntax_dep_heads"])]
+        texts = [pair[src] for pair in dataset["translation"]]
+        path = write_conllu(f"{parse_args.output_dir}/{parses_file_name(split, src)}", texts, parses)
+        written[split] = str(path)
+        print(f"{split}: {len(parses)} parses -> {path}", file=sys.stderr)
+    return written
+
+
+if __name__ == "__main__":
+    main()

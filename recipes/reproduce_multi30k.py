@@ -1,0 +1,210 @@
+#!/usr/bin/env python
+"""The README's reproduction table: Multi30k En-De from scratch, one row per method, several seeds, one set of
+hyperparameters (``COMMON_FLAGS``), scored on ``test_2016_flickr`` with sacreBLEU and paired bootstrap.
+
+    # train every row and seed (runs side by side; on one GPU they share it), then print the table
+    python recipes/reproduce_multi30k.py run --output_dir runs/multi30k --seeds 1 2 --parallel 10
+    python recipes/reproduce_multi30k.py table --output_dir runs/multi30k
+
+    # the same on a CPU, smaller (flags after "--" go to every train_translation.py run and win)
+    python recipes/reproduce_multi30k.py run --output_dir runs/cpu --parallel 2 -- --model_shape tiny --use_cpu true
+
+``run`` trains one joint tokenizer for all rows, and, when a row uses SEA, parses the sources once with spaCy
+(``parse_sources.py``; or pass ``--parses_dir`` made elsewhere). Each run writes ``<row>/seed<k>/`` with
+``results.json``, ``predictions_test_2016_flickr.txt`` and ``train.log``. ``table`` reads them: the mean and the
+sample standard deviation over seeds, and for each seed a paired bootstrap (sacreBLEU's, 1000 resamples) of the row
+against the baseline run with the same seed. "Best combination" rows (``a+b``) are chosen on validation BLEU, never
+on the test set: ``table`` marks the combination with the highest mean validation BLEU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROWS = ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe"]
+TEST_SPLIT = "test_2016_flickr"
+
+#: The hyperparameters every row shares (transformer_iwslt-like optimisation scaled to a 4+4-layer d=256 model).
+COMMON_FLAGS = [
+    "--source_lang", "en", "--target_lang", "de", "--model_shape", "small", "--vocab_size", "8000",
+    "--dropout", "0.3", "--label_smoothing", "0.1",
+    "--learning_rate", "1e-3", "--lr_scheduler_type", "inverse_sqrt", "--warmup_steps", "500",
+    "--adam_beta2", "0.98", "--weight_decay", "0.0001", "--max_grad_norm", "1.0",
+    "--per_device_train_batch_size", "256", "--per_device_eval_batch_size", "256", "--num_train_epochs", "40",
+    "--eval_strategy", "epoch", "--save_strategy", "epoch", "--save_total_limit", "1",
+    "--load_best_model_at_end", "true", "--generation_num_beams", "1", "--num_beams", "5",
+    "--test_splits", TEST_SPLIT, "--logging_steps", "50", "--report_to", "none", "--dataloader_num_workers", "0",
+]
+
+
+def run_dir(output_dir: Path, row: str, seed: int) -> Path:
+    return output_dir / row / f"seed{seed}"
+
+
+def prepare(args, data_flags: list[str]) -> tuple[Path, Path | None]:
+    """The shared tokenizer, and the parses when a row needs them (both reused when already there)."""
+    from hf_headattn.presets import method_settings, uses_syntax
+    from hf_headattn.training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
+
+    data = ParallelDataArguments(multi30k_dir=args.multi30k_dir, source_lang=args.source_lang,
+                                 target_lang=args.target_lang)
+    tokenizer_dir = args.tokenizer_dir or args.output_dir / "tokenizer"
+    scratch_tokenizer(load_recipe_data(data)["train"], args.vocab_size, tokenizer_dir, args.source_lang,
+                      args.target_lang)
+    parses_dir = args.parses_dir
+    if parses_dir is None and any(uses_syntax(method_settings(row)) for row in args.rows):
+        parses_dir = args.output_dir / "parses"
+        if not parses_dir.is_dir():
+            import parse_sources
+
+            parse_sources.main([*data_flags, "--output_dir", str(parses_dir)])
+    return tokenizer_dir, parses_dir
+
+
+def launch(args, extra: list[str]) -> None:
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    data_flags = ["--multi30k_dir", args.multi30k_dir, "--source_lang", args.source_lang,
+                  "--target_lang", args.target_lang]
+    tokenizer_dir, parses_dir = prepare(args, data_flags)
+    jobs = [(row, seed) for seed in args.seeds for row in args.rows]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
+    running, start = {}, time.monotonic()
+    print(f"{len(jobs)} runs, {args.parallel} at a time, into {args.output_dir}", flush=True)
+    while jobs or running:
+        while jobs and len(running) < args.parallel:
+            row, seed = jobs.pop(0)
+            out = run_dir(args.output_dir, row, seed)
+            out.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, str(HERE / "train_translation.py"), *COMMON_FLAGS, *data_flags,
+                   "--vocab_size", str(args.vocab_size), "--method", row, "--seed", str(seed),
+                   "--output_dir", str(out), "--tokenizer_name", str(tokenizer_dir),
+                   *(["--syntax_parses_dir", str(parses_dir)] if parses_dir else []), *extra]
+            (out / "command.txt").write_text(" ".join(cmd) + "\n")
+            log = open(out / "train.log", "w")
+            running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (row, seed, log)
+        time.sleep(2)
+        for proc in [p for p in running if p.poll() is not None]:
+            row, seed, log = running.pop(proc)
+            log.close()
+            status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see train.log)"
+            print(f"[{time.monotonic() - start:7.0f}s] {row} seed {seed}: {status}", flush=True)
+
+
+def _load(output_dir: Path, row: str) -> dict[int, dict]:
+    runs = {}
+    for path in sorted((output_dir / row).glob("seed*/results.json")):
+        seed = int(path.parent.name.removeprefix("seed"))
+        results = json.loads(path.read_text())
+        results["predictions"] = (path.parent / f"predictions_{TEST_SPLIT}.txt").read_text().splitlines()
+        runs[seed] = results
+    return runs
+
+
+def _validation_bleu(results: dict) -> float:
+    """The validation BLEU of the checkpoint kept (the lowest validation loss), from the log history."""
+    evals = [entry for entry in results["log_history"] if "eval_loss" in entry]
+    return min(evals, key=lambda entry: entry["eval_loss"])["eval_bleu"] if evals else float("nan")
+
+
+def _mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+
+
+def summarize(output_dir: Path, rows: list[str] | None = None) -> tuple[list[dict], str]:
+    """One dict per row (scores per seed, means, bootstrap p-values against the baseline) and a markdown table."""
+    from dataclasses import fields
+
+    from hf_headattn.evaluation import paired_bootstrap
+    from hf_headattn.training import ParallelDataArguments, load_recipe_data
+
+    rows = rows or sorted((p.name for p in output_dir.iterdir() if any(p.glob("seed*/results.json"))),
+                          key=lambda name: (name != "baseline", "+" in name, name))
+    runs = {row: _load(output_dir, row) for row in rows}
+    if "baseline" not in runs or not runs["baseline"]:
+        raise ValueError(f"no baseline runs under {output_dir}; the bootstrap compares every row with them")
+    any_run = next(iter(runs["baseline"].values()))
+    data_args = ParallelDataArguments(**{f.name: any_run["args"][f.name] for f in fields(ParallelDataArguments)})
+    references = [pair[data_args.target_lang] for pair in load_recipe_data(data_args)[TEST_SPLIT]["translation"]]
+    combos = [row for row in rows if "+" in row]
+    best_combo = max(combos, key=lambda r: statistics.mean(map(_validation_bleu, runs[r].values())), default=None)
+    summary = []
+    for row in rows:
+        seeds = sorted(runs[row])
+        p_values = []
+        if row != "baseline":
+            for seed in seeds:
+                if seed in runs["baseline"]:
+                    test = paired_bootstrap(runs["baseline"][seed]["predictions"],
+                                            {row: runs[row][seed]["predictions"]}, references, metrics=("bleu",))
+                    p_values.append(test["systems"][row]["bleu"]["p_value"])
+        summary.append({
+            "row": row, "seeds": seeds, "best_combination": row == best_combo,
+            "bleu": [runs[row][s]["scores"][TEST_SPLIT]["bleu"] for s in seeds],
+            "chrf": [runs[row][s]["scores"][TEST_SPLIT]["chrf"] for s in seeds],
+            "validation_bleu": [_validation_bleu(runs[row][s]) for s in seeds],
+            "train_time_s": [runs[row][s]["train_time_s"] for s in seeds],
+            "epochs": [runs[row][s]["epochs"] for s in seeds],
+            "stopped_at_time_limit": [runs[row][s].get("stopped_at_time_limit", False) for s in seeds],
+            "p_values": p_values,
+        })
+    signature = any_run["scores"][TEST_SPLIT]["bleu_signature"]
+    lines = ["| method | seeds | BLEU (mean ± sd) | per seed | chrF | valid BLEU | p vs baseline (per seed) | "
+             "train min | epochs |", "|---|---|---|---|---|---|---|---|---|"]
+    for entry in summary:
+        name = entry["row"] + (" (best combination on validation)" if entry["best_combination"] else "")
+        p = " / ".join(f"{v:.3f}" for v in entry["p_values"]) or "-"
+        limit = " (time limit)" if any(entry["stopped_at_time_limit"]) else ""
+        lines.append(
+            f"| {name} | {len(entry['seeds'])} | {_mean_sd(entry['bleu'])} | "
+            f"{' / '.join(f'{b:.2f}' for b in entry['bleu'])} | {_mean_sd(entry['chrf'])} | "
+            f"{_mean_sd(entry['validation_bleu'])} | {p} | {statistics.mean(entry['train_time_s']) / 60:.1f} | "
+            f"{' / '.join(f'{e:.1f}' for e in entry['epochs'])}{limit} |")
+    lines.append(f"\nsacreBLEU {signature}; bootstrap: sacreBLEU paired bootstrap, 1000 resamples, seed 12345.")
+    return summary, "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train every row and seed")
+    run.add_argument("--output_dir", type=Path, required=True)
+    run.add_argument("--rows", nargs="+", default=ROWS, help="method names (see presets.METHODS), '+' combines")
+    run.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    run.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    run.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    run.add_argument("--multi30k_dir", default=str(HERE.parent.parent / "shared" / "data" / "multi30k"))
+    run.add_argument("--source_lang", default="en")
+    run.add_argument("--target_lang", default="de")
+    run.add_argument("--vocab_size", type=int, default=8000)
+    run.add_argument("--tokenizer_dir", type=Path, help="a tokenizer made earlier (default: train one)")
+    run.add_argument("--parses_dir", type=Path, help="parses made earlier by parse_sources.py (default: parse)")
+    table = sub.add_parser("table", help="summarise finished runs as a markdown table")
+    table.add_argument("--output_dir", type=Path, required=True)
+    table.add_argument("--rows", nargs="+", help="rows in this order (default: every row found)")
+    table.add_argument("--json", type=Path, help="also write the summary here")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.command == "run":
+        if args.parallel < 1 or args.threads < 1:
+            raise ValueError(f"--parallel and --threads must be at least 1, got {args.parallel} and {args.threads}")
+        launch(args, extra)
+    else:
+        summary, markdown = summarize(args.output_dir, args.rows)
+        print(markdown)
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    main()
