@@ -114,13 +114,25 @@ def _validation_bleu(results: dict) -> float:
     return min(evals, key=lambda entry: entry["eval_loss"])["eval_bleu"] if evals else float("nan")
 
 
+def _validation_bleu_at(results: dict, epoch: float) -> float:
+    """The validation BLEU after ``epoch`` epochs (from the log history; nan if the run never got there)."""
+    found = [entry["eval_bleu"] for entry in results["log_history"]
+             if "eval_bleu" in entry and abs(entry["epoch"] - epoch) < 0.01]
+    return found[0] if found else float("nan")
+
+
 def _mean_sd(values: list[float]) -> str:
+    values = [value for value in values if value == value]  # runs without the value (nan) are left out
+    if not values:
+        return "n/a"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.2f} ± {sd:.2f}"
 
 
-def summarize(output_dir: Path, rows: list[str] | None = None) -> tuple[list[dict], str]:
-    """One dict per row (scores per seed, means, bootstrap p-values against the baseline) and a markdown table."""
+def summarize(output_dir: Path, rows: list[str] | None = None, at_epoch: float | None = None
+              ) -> tuple[list[dict], str]:
+    """One dict per row (scores per seed, means, bootstrap p-values against the baseline) and a markdown table;
+    ``at_epoch`` adds each run's validation BLEU after that many epochs (equal training for every row)."""
     from dataclasses import fields
 
     from hf_headattn.evaluation import paired_bootstrap
@@ -153,12 +165,17 @@ def summarize(output_dir: Path, rows: list[str] | None = None) -> tuple[list[dic
             "validation_bleu": [_validation_bleu(runs[row][s]) for s in seeds],
             "train_time_s": [runs[row][s]["train_time_s"] for s in seeds],
             "epochs": [runs[row][s]["epochs"] for s in seeds],
+            "ms_per_step": [1000 * runs[row][s]["train_time_s"] / max(1, runs[row][s].get("global_step", 0))
+                            for s in seeds],
             "stopped_at_time_limit": [runs[row][s].get("stopped_at_time_limit", False) for s in seeds],
             "p_values": p_values,
         })
+        if at_epoch is not None:
+            summary[-1]["validation_bleu_at_epoch"] = [_validation_bleu_at(runs[row][s], at_epoch) for s in seeds]
     signature = any_run["scores"][TEST_SPLIT]["bleu_signature"]
     lines = ["| method | seeds | BLEU (mean ± sd) | per seed | chrF | valid BLEU | p vs baseline (per seed) | "
-             "train min | epochs |", "|---|---|---|---|---|---|---|---|---|"]
+             "train min | ms/step | epochs |" + (f" valid BLEU at epoch {at_epoch:g} |" if at_epoch else ""),
+             "|---" * (10 + bool(at_epoch)) + "|"]
     for entry in summary:
         name = entry["row"] + (" (best combination on validation)" if entry["best_combination"] else "")
         p = " / ".join(f"{v:.3f}" for v in entry["p_values"]) or "-"
@@ -167,7 +184,8 @@ def summarize(output_dir: Path, rows: list[str] | None = None) -> tuple[list[dic
             f"| {name} | {len(entry['seeds'])} | {_mean_sd(entry['bleu'])} | "
             f"{' / '.join(f'{b:.2f}' for b in entry['bleu'])} | {_mean_sd(entry['chrf'])} | "
             f"{_mean_sd(entry['validation_bleu'])} | {p} | {statistics.mean(entry['train_time_s']) / 60:.1f} | "
-            f"{' / '.join(f'{e:.1f}' for e in entry['epochs'])}{limit} |")
+            f"{statistics.mean(entry['ms_per_step']):.0f} | {' / '.join(f'{e:.1f}' for e in entry['epochs'])}{limit} |"
+            + (f" {_mean_sd(entry['validation_bleu_at_epoch'])} |" if at_epoch is not None else ""))
     lines.append(f"\nsacreBLEU {signature}; bootstrap: sacreBLEU paired bootstrap, 1000 resamples, seed 12345.")
     return summary, "\n".join(lines)
 
@@ -191,6 +209,7 @@ def main(argv=None) -> None:
     table.add_argument("--output_dir", type=Path, required=True)
     table.add_argument("--rows", nargs="+", help="rows in this order (default: every row found)")
     table.add_argument("--json", type=Path, help="also write the summary here")
+    table.add_argument("--at_epoch", type=float, help="add the validation BLEU after this many epochs")
     argv = sys.argv[1:] if argv is None else list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -199,7 +218,7 @@ def main(argv=None) -> None:
             raise ValueError(f"--parallel and --threads must be at least 1, got {args.parallel} and {args.threads}")
         launch(args, extra)
     else:
-        summary, markdown = summarize(args.output_dir, args.rows)
+        summary, markdown = summarize(args.output_dir, args.rows, args.at_epoch)
         print(markdown)
         if args.json:
             args.json.write_text(json.dumps(summary, indent=2) + "\n")

@@ -177,6 +177,10 @@ def test_reproduction_table_statistics_and_combination_chosen_on_validation(tmp_
     assert rows["c+d"]["p_values"] == [1.0, 1.0]  # identical predictions: no difference
     assert all(p < 0.05 for p in rows["a+b"]["p_values"])
     assert rows["baseline"]["p_values"] == []
+    at_two = {entry["row"]: entry for entry in reproduce_multi30k.summarize(tmp_path, at_epoch=2)[0]}
+    assert at_two["a+b"]["validation_bleu_at_epoch"] == [10, 10]
+    at_five = reproduce_multi30k.summarize(tmp_path, at_epoch=5)[0][0]["validation_bleu_at_epoch"]
+    assert all(value != value for value in at_five)  # nan: no run got there
     (tmp_path / "baseline" / "seed1" / "results.json").unlink()
     (tmp_path / "baseline" / "seed2" / "results.json").unlink()
     with pytest.raises(ValueError, match="no baseline runs"):
