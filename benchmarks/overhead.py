@@ -8,7 +8,9 @@ the JSON holds each one's median step time, peak memory (GPU only) and the ratio
     python benchmarks/overhead.py --shape mbart-large-8x512 --rows off eadra-finetune --device cuda --dtype bf16
 
 Rows name method settings (``ROWS``); ``naive`` rows time the direct port of the public EaDRA code (eager
-attention, every probability map materialised, an entropy term over all of them) as a second baseline.
+attention, every probability map materialised, an entropy term over all of them) as a second baseline. Each row
+also counts the ATen operators of one step (``operators``): on a GPU each is a kernel launch, and for small models
+launches, not arithmetic, set the step time, so the operator ratio predicts the GPU ratio there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MBartConfig, MBartForConditionalGeneration
 
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
@@ -40,8 +43,27 @@ ROWS = {
     "eadra-finetune": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}}},
     # num_heads default: three quarters of the heads, 6 of 8 at transformer-base (3 of 4 at tiny)
     "eadra-scratch": {"eadra": {c: {} for c in ("encoder", "decoder", "cross")}},
+    "dea-rhe": {"sea_type": "dea", "sea_heads": "redundant"},
     "lpea-rhe": {"sea_type": "lpea", "sea_heads": "redundant"},
 }
+
+
+class _CountOperators(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_operators(step) -> int:
+    """ATen operators one step dispatches (forward, backward, AdamW): on a GPU, kernel launches, which set the cost
+    of small models whose kernels are shorter than their launch."""
+    with _CountOperators() as counter:
+        step()
+    return counter.count
 
 
 def naive_entropy_loss(outputs) -> torch.Tensor:
@@ -125,13 +147,14 @@ def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warm
     runs.update({row: ("ours", ROWS[row]) for row in rows})
     if naive:
         runs["naive"] = ("naive", {})
-    steps, times, memory = {}, {name: [] for name in runs}, {}
+    steps, times, memory, operators = {}, {name: [] for name in runs}, {}, {}
     for name, (kind, settings) in runs.items():  # one model on the device at a time for the memory numbers
         model = build(kind, settings, shape_kwargs, device, dtype, attn_implementation)
         steps[name] = step_fn(kind, model, batch)
         for _ in range(warmup):
             steps[name]()
         memory[name] = peak_memory(steps[name], device)
+        operators[name] = count_operators(steps[name])
         if device.type == "cuda":
             del model, steps[name]
             torch.cuda.empty_cache()
@@ -156,6 +179,7 @@ def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warm
             "peak_gib": None if memory[name] is None else round(memory[name], 3),
             "memory_ratio": None if memory[name] is None else round(memory[name] / memory["stock"], 4),
             "spread_ms": [round(min(times[name]), 3), round(max(times[name]), 3)],
+            "operators": operators[name], "operator_ratio": round(operators[name] / operators["stock"], 4),
         }
     return result
 
