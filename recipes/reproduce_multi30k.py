@@ -76,7 +76,7 @@ def launch(args, extra: list[str]) -> None:
     tokenizer_dir, parses_dir = prepare(args, data_flags)
     jobs = [(row, seed) for seed in args.seeds for row in args.rows]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
-    running, start = {}, time.monotonic()
+    running, failed, start = {}, [], time.monotonic()
     print(f"{len(jobs)} runs, {args.parallel} at a time, into {args.output_dir}", flush=True)
     while jobs or running:
         while jobs and len(running) < args.parallel:
@@ -96,6 +96,10 @@ def launch(args, extra: list[str]) -> None:
             log.close()
             status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see train.log)"
             print(f"[{time.monotonic() - start:7.0f}s] {row} seed {seed}: {status}", flush=True)
+            if proc.returncode:
+                failed.append(str(run_dir(args.output_dir, row, seed) / "train.log"))
+    if failed:
+        raise RuntimeError(f"{len(failed)} run(s) failed; their logs: {failed}")
 
 
 def _load(output_dir: Path, row: str) -> dict[int, dict]:

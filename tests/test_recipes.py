@@ -135,6 +135,11 @@ def test_reproduction_trains_every_row_and_seed_then_tabulates(tmp_path, tokeniz
         assert "--learning_rate 1e-3" in (out / row / "seed1" / "command.txt").read_text()  # COMMON_FLAGS
     summary, markdown = reproduce_multi30k.summarize(out)
     assert [entry["row"] for entry in summary] == ["baseline", "lpea_rhe"]
+    with pytest.raises(RuntimeError, match=r"1 run\(s\) failed.*dhicm/seed1/train.log"):  # a flag the recipe refuses
+        reproduce_multi30k.main(["run", "--output_dir", str(out), "--rows", "dhicm", "--seeds", "1",
+                                 "--multi30k_dir", str(DATA), "--tokenizer_dir", str(tokenizer_dir), "--",
+                                 *TINY_RUN, "--model_shape", "huge"])
+    assert "unknown model shape 'huge'" in (out / "dhicm" / "seed1" / "train.log").read_text()
     assert len(summary[1]["p_values"]) == 1 and 0 < summary[1]["p_values"][0] <= 1
     assert "\n| baseline | 1 |" in markdown and "\n| lpea_rhe | 1 |" in markdown and "nrefs:1" in markdown
 
