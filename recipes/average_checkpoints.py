@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 import hf_headattn  # noqa: F401  (registers our models with the Auto classes)
-from hf_headattn.averaging import average_checkpoints, last_checkpoints
+from hf_headattn.experiment.averaging import average_checkpoints, last_checkpoints
 
 
 @dataclass

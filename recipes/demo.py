@@ -25,7 +25,7 @@ import train_translation  # noqa: E402
 from hf_headattn.analysis import (  # noqa: E402
     encoder_attention_entropy, plot_head_importance, sentence_head_importance, write_entropy_report,
 )
-from hf_headattn.training import write_json  # noqa: E402
+from hf_headattn.experiment.training import write_json  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 from hf_headattn.syntax import DEFAULT_SPACY_MODEL, Dependencies, SpacyParser, parse_corpus, write_conllu
-from hf_headattn.training import ParallelDataArguments, load_recipe_data, parses_file_name
+from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data, parses_file_name
 
 
 @dataclass

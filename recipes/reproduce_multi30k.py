@@ -51,8 +51,8 @@ def run_dir(output_dir: Path, row: str, seed: int) -> Path:
 
 def prepare(args, data_flags: list[str]) -> tuple[Path, Path | None]:
     """The shared tokenizer, and the parses when a row needs them (both reused when already there)."""
-    from hf_headattn.presets import method_settings, uses_syntax
-    from hf_headattn.training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
+    from hf_headattn.experiment.presets import method_settings, uses_syntax
+    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
 
     data = ParallelDataArguments(multi30k_dir=args.multi30k_dir, source_lang=args.source_lang,
                                  target_lang=args.target_lang)
@@ -139,8 +139,8 @@ def summarize(output_dir: Path, rows: list[str] | None = None, at_epoch: float |
     ``at_epoch`` adds each run's validation BLEU after that many epochs (equal training for every row)."""
     from dataclasses import fields
 
-    from hf_headattn.evaluation import paired_bootstrap
-    from hf_headattn.training import ParallelDataArguments, load_recipe_data
+    from hf_headattn.experiment.evaluation import paired_bootstrap
+    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data
 
     rows = rows or sorted((p.name for p in output_dir.iterdir() if any(p.glob("seed*/results.json"))),
                           key=lambda name: (name != "baseline", "+" in name, name))

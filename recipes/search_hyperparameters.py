@@ -2,7 +2,7 @@
 """Grid-search hyperparameters in stages by validation loss (DHICM §4.2), with ``Trainer.hyperparameter_search``.
 
 Takes ``train_translation.py``'s model, data and training flags (``--preset`` and ``--early_stopping_patience``
-included; they set each trial's base settings) plus ``--grid``, a JSON file of stages (see ``hf_headattn.search``):
+included; they set each trial's base settings) plus ``--grid``, a JSON file of stages (see ``hf_headattn.experiment.search``):
 
     # DHICM's two stages: architecture (heads, feed-forward size), then regularization at the best architecture
     python recipes/search_hyperparameters.py --grid recipes/grids/dhicm_two_stage.json --method dhicm \
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
-from hf_headattn.presets import early_stopping_callbacks, expand_argv, split_architecture
-from hf_headattn.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
-from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
-from hf_headattn.training import (
+from hf_headattn.experiment.presets import early_stopping_callbacks, expand_argv, split_architecture
+from hf_headattn.experiment.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
+from hf_headattn.experiment.training import (
     MODEL_CLASSES, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer,
     write_json,
 )

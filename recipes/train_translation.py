@@ -13,7 +13,7 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
         --dataset_config_name ro-en --source_lang en --target_lang ro --method dhicm+eadra \
         --method_settings '{"dhicm_mode": "scaled_out_proj"}' --output_dir outputs/mbart
 
-    # a paper's preset (hf_headattn.presets.PRESETS): DHICM Table 2's Be-En column and §4.3's training, early
+    # a paper's preset (hf_headattn.experiment.presets.PRESETS): DHICM Table 2's Be-En column and §4.3's training, early
     # stopping included; the flags you pass win over the preset's (here the shape and the epochs)
     python recipes/train_translation.py --preset dhicm_be_en --model_shape small --num_train_epochs 100 \
         --multi30k_dir ../shared/data/multi30k --output_dir outputs/dhicm_be_en
@@ -34,13 +34,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
-from hf_headattn.evaluation import make_compute_metrics
-from hf_headattn.presets import (
+from hf_headattn.experiment.evaluation import make_compute_metrics
+from hf_headattn.experiment.presets import (
     early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset, refuse_architecture,
     split_architecture,
 )
-from hf_headattn.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit
-from hf_headattn.training import (
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit
+from hf_headattn.experiment.training import (
     ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
     scratch_tokenizer, set_languages, translate_and_score, write_json,
 )

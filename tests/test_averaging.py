@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 import hf_headattn
-from hf_headattn.averaging import average_checkpoints, last_checkpoints
+from hf_headattn.experiment.averaging import average_checkpoints, last_checkpoints
 from conftest import TINY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))

@@ -1,4 +1,4 @@
-"""Tests for hf_headattn.data on real Multi30k lines and small local files."""
+"""Tests for hf_headattn.experiment.data on real Multi30k lines and small local files."""
 
 import gzip
 import json
@@ -7,8 +7,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-from hf_headattn import data
-from hf_headattn.data import load_parallel_dataset, read_parallel_file, tokenize_parallel
+from hf_headattn.experiment import data
+from hf_headattn.experiment.data import load_parallel_dataset, read_parallel_file, tokenize_parallel
 
 MULTI30K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
 

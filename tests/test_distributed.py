@@ -43,7 +43,7 @@ def test_two_process_ddp_equals_one_process(tmp_path):
 def test_resuming_with_another_world_size_is_refused(tmp_path):
     from types import SimpleNamespace
 
-    from hf_headattn.trainer import check_resume_world_size
+    from hf_headattn.experiment.trainer import check_resume_world_size
 
     checkpoint = tmp_path / "checkpoint-10"
     checkpoint.mkdir()

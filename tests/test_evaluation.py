@@ -1,4 +1,4 @@
-"""Tests for hf_headattn.evaluation against sacrebleu itself, on real Multi30k lines."""
+"""Tests for hf_headattn.experiment.evaluation against sacrebleu itself, on real Multi30k lines."""
 
 import gzip
 import os
@@ -12,8 +12,8 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 from transformers import EvalPrediction
 
-from hf_headattn.evaluation import compute_translation_metrics, make_compute_metrics, paired_bootstrap
-from hf_headattn.tokenization import train_joint_sentencepiece
+from hf_headattn.experiment.evaluation import compute_translation_metrics, make_compute_metrics, paired_bootstrap
+from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
 MULTI30K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
 

@@ -77,7 +77,7 @@ def test_missing_code_file_is_named(tmp_path):
 
 
 def test_model_card_records_methods_settings_and_scores(tmp_path):
-    from hf_headattn.model_card import write_model_card
+    from hf_headattn.experiment.model_card import write_model_card
 
     model, _ = saved(tmp_path)
     scores = {"test_2016_flickr": {"bleu": 35.123, "chrf": 60.0, "bleu_signature": "nrefs:1|tok:13a"}}

@@ -12,7 +12,7 @@ from transformers import MBartConfig, Seq2SeqTrainingArguments, TrainerCallback
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, label_smoothed_nll_loss
 from hf_headattn.losses import total_objective
-from hf_headattn.trainer import HeadAttnSeq2SeqTrainer
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 
 
 def numpy_label_smoothed(logits, labels, eps):

@@ -6,7 +6,7 @@ from peft import PeftModel, get_peft_model
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
-from hf_headattn.peft_utils import lora_config, method_modules_to_save
+from hf_headattn.experiment.peft_utils import lora_config, method_modules_to_save
 
 FAMILIES = {"mbart": (HeadAttnMBartForConditionalGeneration, HeadAttnMBartConfig),
             "marian": (HeadAttnMarianMTModel, HeadAttnMarianConfig)}

@@ -9,7 +9,7 @@ import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 import hf_headattn
-from hf_headattn.presets import (
+from hf_headattn.experiment.presets import (
     MODEL_SHAPES, PRESETS, expand_argv, model_shape, preset, split_architecture,
 )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_headattn.search import (
+from hf_headattn.experiment.search import (
     KNOWN_HYPERPARAMETERS, Stage, check_trials, config_fields, load_grid, meta_model_check, summary_table, train_flags,
 )
 
@@ -146,7 +146,7 @@ def test_grid_files_and_aliases():
 
 def test_impossible_trials_are_refused_before_training():
     import hf_headattn
-    from hf_headattn.presets import model_shape, split_architecture
+    from hf_headattn.experiment.presets import model_shape, split_architecture
 
     def build(fields):
         shape, rest = split_architecture("tiny", fields)

@@ -13,7 +13,7 @@ from hf_headattn.syntax import (
     dependency_phrase_tree,
     phrase_tree_features,
 )
-from hf_headattn.tokenization import train_joint_sentencepiece
+from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
 X = NOT_IN_PHRASE
 

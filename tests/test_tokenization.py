@@ -1,4 +1,4 @@
-"""Tests for hf_headattn.tokenization on real Multi30k sentences."""
+"""Tests for hf_headattn.experiment.tokenization on real Multi30k sentences."""
 
 import json
 import re
@@ -11,8 +11,8 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 from transformers import AutoTokenizer, MarianTokenizer
 
-from hf_headattn.data import load_parallel_dataset
-from hf_headattn.tokenization import train_joint_sentencepiece
+from hf_headattn.experiment.data import load_parallel_dataset
+from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
 MULTI30K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
 VOCAB = 700

@@ -10,7 +10,7 @@ Two batched ``datasets.map`` passes, both with a progress bar and the ``datasets
      pointers (words are nodes ``0..n-1``; see ``features``). Dependencies and phrases may come from different
      parsers with different word splits, so each keeps its own spans.
 
-2. :func:`align_syntax` (per tokenizer, fast) tokenizes like ``hf_headattn.data.tokenize_parallel`` (``input_ids``,
+2. :func:`align_syntax` (per tokenizer, fast) tokenizes like ``hf_headattn.experiment.data.tokenize_parallel`` (``input_ids``,
    ``attention_mask``, ``labels``) and replaces the word columns with one int per token (:data:`TOKEN_COLUMNS`),
    which the collator pads and expands to the (src, src) tensors:
 
@@ -48,7 +48,7 @@ _FORMAT_VERSION = 1  # bump when the stored columns change meaning, to invalidat
 
 def _check_source(dataset, source: str) -> None:
     """``source`` must be a text column or a language key of the ``translation`` column (the format of
-    ``hf_headattn.data.load_parallel_dataset``)."""
+    ``hf_headattn.experiment.data.load_parallel_dataset``)."""
     if source in dataset.column_names:
         return
     if "translation" not in dataset.column_names:
@@ -158,7 +158,7 @@ def align_syntax(dataset, tokenizer, source: str, target: str | None = None, max
                  desc: str | None = None, **map_kwargs):
     """Tokenize the source (and target) and turn the parse into per-token :data:`TOKEN_COLUMNS`.
 
-    Tokenizes like ``hf_headattn.data.tokenize_parallel`` (``tokenizer(sources, max_length=max_source_length,
+    Tokenizes like ``hf_headattn.experiment.data.tokenize_parallel`` (``tokenizer(sources, max_length=max_source_length,
     truncation=True)``, ``tokenizer(text_target=targets, ...)`` for ``labels``) and reads the token spans from that
     very encoding, so syntax and tokens are truncated together. Adds ``input_ids``, ``attention_mask``, ``labels``
     (with ``target``) and the token columns, and removes the word columns; other columns (the raw text) stay, for

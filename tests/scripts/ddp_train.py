@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import TINY  # noqa: E402
 
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration  # noqa: E402
-from hf_headattn.trainer import HeadAttnSeq2SeqTrainer  # noqa: E402
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer  # noqa: E402
 
 
 class Grads(TrainerCallback):

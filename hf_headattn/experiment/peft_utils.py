@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from .attention import AttentionMethod
+from ..attention import AttentionMethod
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from .configuration import HeadAttnSettings
+from ..configuration import HeadAttnSettings
 
 PAPERS = {
     "dhicm": "Goindani & Shrivastava 2021, dynamic head importance computation (DHICM)",
@@ -47,7 +47,7 @@ def method_settings_of(config) -> dict:
 
 def write_model_card(model, output_dir: str | Path, name: str, scores: dict | None = None) -> Path:
     """Write ``README.md`` for ``model`` into ``output_dir``; ``scores`` maps test sets to metric dicts
-    (e.g. :func:`hf_headattn.evaluation.compute_translation_metrics` results)."""
+    (e.g. :func:`hf_headattn.experiment.evaluation.compute_translation_metrics` results)."""
     settings = method_settings_of(model.config)
     active = [key for key in PAPERS if any(field.startswith(key) for field in settings)]
     if settings.get("rhe_prune") and "sea" not in active:

@@ -10,10 +10,10 @@ import datasets
 import torch
 from transformers import AutoConfig, AutoTokenizer, DataCollatorForSeq2Seq
 
-from .configuration import HeadAttnMarianConfig
+from ..configuration import HeadAttnMarianConfig
 from .data import load_parallel_dataset, tokenize_parallel
 from .evaluation import compute_translation_metrics
-from .modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
+from ..modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
 from .presets import model_shape, uses_syntax
 from .tokenization import train_joint_sentencepiece
 
@@ -116,7 +116,7 @@ def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, s
     from ``parses_dir/<split>.<src>.conllu`` (written by ``recipes/parse_sources.py``) where one is given."""
     if not uses_syntax(settings):
         return tokenize_parallel(raw, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc)
-    from .syntax import DEFAULT_SPACY_MODEL, ConlluFile, SpacyParser, add_syntax_features
+    from ..syntax import DEFAULT_SPACY_MODEL, ConlluFile, SpacyParser, add_syntax_features
 
     if parses_dir is not None:
         paths = {split: Path(parses_dir) / parses_file_name(split, src) for split in raw}
@@ -145,7 +145,7 @@ def parses_file_name(split: str, src: str) -> str:
 def collator(tokenizer, model, settings: dict):
     """The batch collator: the syntax collator when SEA/RHE needs its tensors, else ``DataCollatorForSeq2Seq``."""
     if uses_syntax(settings):
-        from .syntax import DataCollatorForSyntaxSeq2Seq
+        from ..syntax import DataCollatorForSyntaxSeq2Seq
 
         return DataCollatorForSyntaxSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
     return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
