@@ -39,12 +39,12 @@ SHAPES = {  # model shape, batch size, sequence length (source = target)
 
 ROWS = {
     "off": {},
-    "dhicm": {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1]},
+    "dhicm": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
     "eadra-finetune": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}}},
     # num_heads default: three quarters of the heads, 6 of 8 at transformer-base (3 of 4 at tiny)
     "eadra-scratch": {"eadra": {c: {} for c in ("encoder", "decoder", "cross")}},
-    "dea-rhe": {"sea_type": "dea", "sea_heads": "redundant"},
-    "lpea-rhe": {"sea_type": "lpea", "sea_heads": "redundant"},
+    "dea-rhe": {"sea": {"type": "dea", "heads": "redundant"}},
+    "lpea-rhe": {"sea": {"type": "lpea", "heads": "redundant"}},
 }
 
 
@@ -103,7 +103,7 @@ def build(kind, settings, shape_kwargs, device, dtype, attn_implementation):
 def step_fn(kind, model, batch):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     inputs = batch if kind == "ours" else {k: v for k, v in batch.items() if k not in ("dependency_mask", "phrase_positions")}
-    if kind == "ours" and not model.config.sea_type and not model.config.rhe_prune:
+    if kind == "ours" and model.config.sea is None:
         inputs = {k: v for k, v in inputs.items() if k not in ("dependency_mask", "phrase_positions")}
 
     def step():

@@ -5,10 +5,11 @@ function registered under ``config._attn_implementation`` and apply ``out_proj``
 hook in at the one place transformers 5 designed for it, the attention registry:
 
 * an attention module that carries a method gets a small stand-in for its ``config`` whose ``_attn_implementation`` is
-  ``"headattn"``; every other module is left exactly as HF built it (so with every method off, nothing changes);
-* the ``"headattn"`` function runs the methods attached to the module around the backend the *model* is configured
-  with (SDPA, eager, ...): ``before`` may change the mask (SEA), the backend computes the output, ``after`` may read
-  q/k (EaDRA recomputes probabilities only for its heads) and transform the per-head output (DHICM).
+  :data:`ATTENTION_NAME` (every other attribute reads through to the model config); every other module is left
+  exactly as HF built it (so with every method off, nothing changes);
+* that function runs the methods attached to the module around the backend the *model* is configured with (SDPA or
+  eager; others are refused): ``before`` may change the mask (SEA), the backend computes the output, ``after`` may
+  read q/k (EaDRA recomputes probabilities only for its heads) and transform the per-head output (DHICM).
 
 Per-forward state (loss terms, read-outs) travels in a :class:`HeadAttnContext` passed as the ``headattn_context``
 keyword, which transformers forwards from the model to every attention call.
@@ -17,9 +18,8 @@ keyword, which transformers forwards from the model to every attention call.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,7 +27,12 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.mbart.modeling_mbart import eager_attention_forward
 
-ATTENTION_NAME = "headattn"
+#: The registry name of our attention function, unique to this copy of the code: a checkpoint loaded with
+#: ``trust_remote_code`` brings its own copy of this module, which registers its own function under its own name, so
+#: loading it never changes the function that models built from another copy run.
+ATTENTION_NAME = f"headattn:{__name__}"
+#: The model backends the methods run around (tested); others are refused with an error naming these.
+SUPPORTED_BACKENDS = ("sdpa", "eager")
 
 
 @dataclass
@@ -118,14 +123,20 @@ def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.T
 class _HeadAttnDispatch:
     """Stands in for ``config`` inside an attention module that carries a method.
 
-    The HF forward reads only ``self.config._attn_implementation``; this object answers ``"headattn"`` and keeps the
-    model's config so the dispatcher can find the backend the user chose (which may change after construction).
+    ``_attn_implementation`` answers :data:`ATTENTION_NAME`; every other attribute is the model config's (read
+    through, so a later change of the model config is seen). The dispatcher finds the backend the user chose in
+    ``model_config._attn_implementation`` (which may change after construction, e.g. ``set_attn_implementation``).
     """
 
     _attn_implementation = ATTENTION_NAME
 
     def __init__(self, model_config):
         self.model_config = model_config
+
+    def __getattr__(self, name: str):
+        if name == "model_config":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.model_config, name)
 
 
 class HeadAttnAttentionMixin:
@@ -178,9 +189,14 @@ def headattn_attention_forward(
     **kwargs,
 ):
     """The ``"headattn"`` attention function: the model's backend, with the module's methods around it."""
-    backend = ALL_ATTENTION_FUNCTIONS.get_interface(
-        module.config.model_config._attn_implementation, eager_attention_forward
-    )
+    implementation = module.config.model_config._attn_implementation
+    if implementation not in SUPPORTED_BACKENDS:
+        raise ValueError(
+            f"attn_implementation={implementation!r} is not supported with hf-headattn's methods on (they need the "
+            f"backend's inputs and per-head outputs as {SUPPORTED_BACKENDS} give them); load or build the model with "
+            f"attn_implementation in {SUPPORTED_BACKENDS}, or switch the methods off"
+        )
+    backend = eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     call = AttentionCall(
         module, query, key, value, attention_mask, scaling, headattn_hidden_states, headattn_context, kwargs
@@ -209,21 +225,6 @@ class AttentionMethod(nn.Module):
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         """Runs after the backend on the per-head output (B, T, H, D); returns what ``out_proj`` receives."""
         return attn_output
-
-
-class MethodSpec(NamedTuple):
-    """What the model needs from a method module (each method module ends with ``METHOD = MethodSpec(...)``).
-
-    name: attribute (and parameter prefix) of the method on an attention module; check_settings(config) raises
-    ``ValueError``; placements(config) lists (side, layer, kind); build(config, attention_module) returns the
-    :class:`AttentionMethod`; collect(context, config) returns (output fields, weighted objective term or None).
-    """
-
-    name: str
-    check_settings: Callable
-    placements: Callable
-    build: Callable
-    collect: Callable
 
 
 AttentionInterface.register(ATTENTION_NAME, headattn_attention_forward)

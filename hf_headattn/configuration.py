@@ -1,8 +1,11 @@
-"""Configs: the HF mBART/Marian configs plus the settings of the three methods (all off by default).
+"""Configs: the HF mBART/Marian configs plus the settings of the registered methods (all off by default).
 
-Type errors are caught by the HF configs' strict dataclass validation; range and consistency errors raise
-``ValueError`` naming the field, the bad value and what was expected, when the config is built (and again when a
-model is built from a config that was changed afterwards).
+One convention for every method: its settings are one dict-valued field named after it (``config.dhicm``,
+``config.eadra``, ``config.sea``; ``None`` = off), validated by the method's settings dataclass
+(:mod:`hf_headattn.registry`). Every error is a ``ValueError`` naming the field, the bad value and what was expected,
+raised when the config is built and again when a model is built from it. Release 0.1's flat fields
+(``dhicm_encoder_layers``, ``sea_type``, ``rhe_prune``, ...) still load, as keyword arguments and in saved
+``config.json`` files, and still read and write as attributes: each maps to one key of its method's dict.
 """
 
 from __future__ import annotations
@@ -14,49 +17,32 @@ from huggingface_hub.dataclasses import strict
 from transformers import MarianConfig, MBartConfig
 from transformers.utils import logging
 
-from .dhicm import METHOD as DHICM
-from .eadra import METHOD as EADRA
-from .sea import METHOD as SEA
+from .methods import DHICM  # noqa: F401  (importing it registers the built-in methods)
+from .registry import readout_fields, registered_methods
 
 logger = logging.get_logger(__name__)
-
-#: Output fields that are training read-outs, not predictions: the Trainer leaves them out of ``logits``.
-READOUT_FIELDS = ["nll_loss", "dhicm_kl", "eadra_loss", "eadra_terms", "head_importances", "redundant_heads"]
 
 
 @dataclass(kw_only=True)
 class HeadAttnSettings:
-    """Settings of the methods, shared by the mBART and Marian configs. Every method is off by default.
+    """Settings shared by the mBART and Marian configs. Every method is off by default.
 
-    Loss:
-        label_smoothing: epsilon of label-smoothed cross-entropy, computed inside the model (so a Trainer never has
-            to recompute the loss from logits and drop the methods' terms).
-    DHICM (Goindani & Shrivastava 2021), see :mod:`hf_headattn.dhicm`:
-        dhicm_encoder_layers / dhicm_decoder_layers: layer indices (negative counts from the end) or None (off).
-        dhicm_dim: d_m of Eq. 2-3 (None: d_model). dhicm_dropout: dropout after Ux (Eq. 2).
-        dhicm_kl_weight: lambda of Eq. 4-5. dhicm_attention: which attention of a decoder layer ("self", "cross").
-        dhicm_mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
-    EaDRA (Araabi, Niculae & Monz), see :mod:`hf_headattn.eadra`:
-        eadra: mapping from "encoder", "decoder", "cross" to component settings, or None (off).
-    SEA + RHE (Zhang et al. 2021), see :mod:`hf_headattn.sea`:
-        sea_type: None, "dea" or "lpea". sea_heads: "all" or "redundant" (RHE). sea_layers: encoder layer indices.
-        rhe_prune: drop the redundant heads' outputs instead. lpea_max_relative_position: k of Eq. 7.
+    label_smoothing: epsilon of label-smoothed cross-entropy, computed inside the model (so a Trainer never has to
+        recompute the loss from logits and drop the methods' terms).
+    syntax_parser: the parser that made the syntax inputs in training (e.g. ``"spacy:en_core_web_sm"``), so that
+        translation parses raw text the same way.
+    dhicm: DHICM (Goindani & Shrivastava 2021), :class:`hf_headattn.dhicm.DHICMSettings` as a dict.
+    eadra: EaDRA (Araabi, Niculae & Monz), :class:`hf_headattn.eadra.EaDRASettings` as a dict.
+    sea: SEA + RHE (Zhang et al. 2021), :class:`hf_headattn.sea.SEASettings` as a dict.
+
+    (Annotated ``Any``: these fields are checked here, with ``ValueError``s, not by the strict dataclass.)
     """
 
-    label_smoothing: float = 0.0
-    dhicm_encoder_layers: list[int] | None = None
-    dhicm_decoder_layers: list[int] | None = None
-    dhicm_dim: int | None = None
-    dhicm_dropout: float = 0.2
-    dhicm_kl_weight: float = 0.1
-    dhicm_attention: list[str] | None = None
-    dhicm_mode: str = "paper"
-    eadra: dict[str, Any] | None = None
-    sea_type: str | None = None
-    sea_heads: str = "redundant"
-    sea_layers: list[int] | None = None
-    rhe_prune: bool = False
-    lpea_max_relative_position: int = 6
+    label_smoothing: Any = 0.0
+    syntax_parser: Any = None
+    dhicm: Any = None
+    eadra: Any = None
+    sea: Any = None
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -73,15 +59,71 @@ class HeadAttnSettings:
         return config_dict, kwargs
 
     def __post_init__(self, **kwargs):
+        for spec in registered_methods():
+            for legacy in spec.legacy_fields:
+                if legacy in kwargs:
+                    _set_legacy(self, spec, legacy, kwargs.pop(legacy))
         super().__post_init__(**kwargs)
         self.check_headattn_settings()
 
-    def check_headattn_settings(self) -> None:
-        """Raise ``ValueError`` for a setting out of range; normalise what has a canonical form."""
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        for method in (DHICM, EADRA, SEA):
-            method.check_settings(self)
+    @property
+    def keys_to_ignore_at_inference(self) -> list[str]:
+        """What the Trainer leaves out of ``logits`` at evaluation: the cache and every method read-out."""
+        return ["past_key_values", "nll_loss", *readout_fields()]
+
+    def check_headattn_settings(self) -> dict:
+        """Validate every setting; return ``{method name: resolved settings}`` of the methods switched on."""
+        smoothing = self.label_smoothing
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be a number in [0, 1), got {smoothing!r}")
+        if self.syntax_parser is not None and not isinstance(self.syntax_parser, str):
+            raise ValueError(f"syntax_parser must be a string such as 'spacy:en_core_web_sm' or None, got "
+                             f"{self.syntax_parser!r}")
+        resolved = {}
+        for spec in registered_methods():
+            settings = spec.resolve(self)
+            if settings is None:
+                continue
+            if not settings.switched_on():
+                logger.warning_once(f"{spec.name}={getattr(self, spec.name)!r} switches nothing on, so {spec.name} is off")
+                continue
+            if not spec.placements(settings, self):
+                raise ValueError(
+                    f"{spec.name}={getattr(self, spec.name)!r} places {spec.name} on no attention module (it would "
+                    f"be silently off): name some layers, or set {spec.name}=None for off"
+                )
+            resolved[spec.name] = settings
+        return resolved
+
+
+def _set_legacy(config, spec, legacy: str, value) -> None:
+    """Write a release-0.1 flat field into its method's dict (a default value leaves an off method off)."""
+    key = spec.legacy_fields[legacy]
+    current = getattr(config, spec.name, None)
+    if current is None and _default(spec, key) == value and type(_default(spec, key)) is type(value):
+        return
+    config.__setattr__(spec.name, {**(current or {}), key: value})
+
+
+def _default(spec, key: str):
+    return spec.settings.__dataclass_fields__[key].default
+
+
+def _legacy_property(spec, legacy: str) -> property:
+    key = spec.legacy_fields[legacy]
+
+    def get(config):
+        return (getattr(config, spec.name, None) or {}).get(key, _default(spec, key))
+
+    def set_(config, value):
+        _set_legacy(config, spec, legacy, value)
+
+    return property(get, set_, doc=f"Release 0.1 spelling of ``{spec.name}[{key!r}]``.")
+
+
+for _spec in registered_methods():
+    for _legacy in _spec.legacy_fields:
+        setattr(HeadAttnSettings, _legacy, _legacy_property(_spec, _legacy))
 
 
 @strict
@@ -90,7 +132,6 @@ class HeadAttnMBartConfig(HeadAttnSettings, MBartConfig):
 
     model_type = "headattn_mbart"
     stock_model_type = MBartConfig.model_type
-    keys_to_ignore_at_inference = ["past_key_values", *READOUT_FIELDS]
 
 
 @strict
@@ -99,4 +140,3 @@ class HeadAttnMarianConfig(HeadAttnSettings, MarianConfig):
 
     model_type = "headattn_marian"
     stock_model_type = MarianConfig.model_type
-    keys_to_ignore_at_inference = ["past_key_values", *READOUT_FIELDS]

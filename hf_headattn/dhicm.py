@@ -9,37 +9,62 @@ last decoder layer (§4.3).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 from transformers import initialization as init
 
-from .attention import AttentionCall, AttentionMethod, MethodSpec
-from .settings_checks import check_choice, check_range, resolve_layers
+from .attention import AttentionCall, AttentionMethod
+from .registry import MethodSettings, MethodSpec
+from .settings_checks import check_range, resolve_layers
 
 NAME = "dhicm"
 ATTENTIONS = ("self", "cross")
-MODES = ("paper", "scaled_out_proj")
 
 
-def check_settings(config) -> None:
-    resolve_layers(config.dhicm_encoder_layers, config.encoder_layers, "dhicm_encoder_layers")
-    resolve_layers(config.dhicm_decoder_layers, config.decoder_layers, "dhicm_decoder_layers")
-    if config.dhicm_dim is not None and config.dhicm_dim <= 0:
-        raise ValueError(f"dhicm_dim must be a positive integer (or None for d_model), got {config.dhicm_dim!r}")
-    check_range(config.dhicm_dropout, "dhicm_dropout", 0.0, 1.0, high_open=True)
-    check_range(config.dhicm_kl_weight, "dhicm_kl_weight", 0.0)
-    for kind in config.dhicm_attention or ():
-        check_choice(kind, "dhicm_attention entries", ATTENTIONS)
-    if config.dhicm_attention is not None and not config.dhicm_attention:
-        raise ValueError(f"dhicm_attention must name at least one of {ATTENTIONS} (or be None for both), got []")
-    check_choice(config.dhicm_mode, "dhicm_mode", MODES)
+@dataclass
+class DHICMSettings(MethodSettings):
+    """DHICM's settings (``config.dhicm``).
+
+    encoder_layers / decoder_layers: layer indices (negative counts from the end) or None (none on that side).
+    attention: which attention modules of a decoder layer ("self", "cross"); None = both.
+    dim: d_m of Eq. 2-3 (None: d_model). dropout: dropout after Ux (Eq. 2). kl_weight: lambda of Eq. 4-5.
+    kl_reduction: how the KL of Eq. 4 is reduced and weighted against the NLL, see :func:`collect`.
+    mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
+    """
+
+    encoder_layers: list[int] | None = None
+    decoder_layers: list[int] | None = None
+    attention: list[Literal["self", "cross"]] | None = None
+    dim: int | None = None
+    dropout: float = 0.2
+    kl_weight: float = 0.1
+    kl_reduction: Literal["per_token", "per_batch"] = "per_token"
+    mode: Literal["paper", "scaled_out_proj"] = "paper"
+
+    def validate(self, config, name: str) -> None:
+        resolve_layers(self.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
+        resolve_layers(self.decoder_layers, config.decoder_layers, f"{name}.decoder_layers")
+        if self.dim is not None and self.dim <= 0:
+            raise ValueError(f"{name}.dim must be a positive integer (or None for d_model), got {self.dim!r}")
+        check_range(self.dropout, f"{name}.dropout", 0.0, 1.0, high_open=True)
+        check_range(self.kl_weight, f"{name}.kl_weight", 0.0)
+        if self.attention is not None and (not self.attention or len(set(self.attention)) != len(self.attention)):
+            raise ValueError(
+                f"{name}.attention must name distinct entries of {ATTENTIONS} (or be None for both), got "
+                f"{self.attention!r}"
+            )
+
+    def switched_on(self) -> bool:
+        return self.encoder_layers is not None or self.decoder_layers is not None
 
 
-def placements(config) -> list[tuple[str, int, str]]:
-    kinds = config.dhicm_attention or ATTENTIONS
-    where = [("encoder", i, "self") for i in resolve_layers(config.dhicm_encoder_layers, config.encoder_layers, "")]
-    for i in resolve_layers(config.dhicm_decoder_layers, config.decoder_layers, ""):
+def placements(settings: DHICMSettings, config) -> list[tuple[str, int, str]]:
+    kinds = settings.attention or ATTENTIONS
+    where = [("encoder", i, "self") for i in resolve_layers(settings.encoder_layers, config.encoder_layers, "")]
+    for i in resolve_layers(settings.decoder_layers, config.decoder_layers, ""):
         where += [("decoder", i, kind) for kind in kinds]
     return where
 
@@ -142,15 +167,15 @@ class DHICM(AttentionMethod):
             call.context.record("head_importances", (call.module.headattn_name, readout))
 
 
-def build(config, module) -> DHICM:
-    d_m = config.dhicm_dim or config.d_model
-    method = DHICM(config.d_model, module.num_heads, d_m, config.dhicm_dropout, config.dhicm_mode)
-    if config.dhicm_mode == "paper" and d_m != config.d_model:
+def build(settings: DHICMSettings, config, module) -> DHICM:
+    d_m = settings.dim or config.d_model
+    method = DHICM(config.d_model, module.num_heads, d_m, settings.dropout, settings.mode)
+    if settings.mode == "paper" and d_m != config.d_model:
         module.out_proj = nn.Linear(d_m, config.d_model, bias=module.out_proj.bias is not None)  # W_s
     return method
 
 
-def collect(context, config) -> tuple[dict, torch.Tensor | None]:
+def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None]:
     """Mean KL over tokens and DHICM modules (Eq. 5), and the objective term -lambda * KL."""
     kls = context.records.get("dhicm_kl")
     if not kls:
@@ -159,7 +184,18 @@ def collect(context, config) -> tuple[dict, torch.Tensor | None]:
     fields = {"dhicm_kl": kl}
     if context.output_head_importance:
         fields["head_importances"] = dict(context.records["head_importances"])
-    return fields, -config.dhicm_kl_weight * kl
+    return fields, -settings.kl_weight * kl
 
 
-METHOD = MethodSpec(NAME, check_settings, placements, build, collect)
+METHOD = MethodSpec(
+    NAME, DHICMSettings, placements, build, collect, order=30,
+    outputs={
+        "dhicm_kl": "mean KL of the head-importance distributions from uniform (Eq. 5), unweighted",
+        "head_importances": "{module name: (batch, tokens, heads) importance G}, with output_head_importance=True",
+    },
+    logged=("dhicm_kl",),
+    paper="Goindani & Shrivastava 2021, dynamic head importance computation (DHICM)",
+    presets={"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
+    legacy_fields={f"dhicm_{key}": key for key in (
+        "encoder_layers", "decoder_layers", "attention", "dim", "dropout", "kl_weight", "kl_reduction", "mode")},
+)

@@ -27,10 +27,14 @@ matrix product does not run) and only the chosen heads are regularized.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Literal
+
 import torch
 
-from .attention import AttentionCall, AttentionMethod, HeadAttnContext, MethodSpec, key_allowed
+from .attention import AttentionCall, AttentionMethod, HeadAttnContext, key_allowed
 from .eadra_math import TERMS, eadra_regularizers
+from .registry import MethodSettings, MethodSpec
 from .settings_checks import check_range, resolve_layers
 
 NAME = "eadra"
@@ -38,10 +42,66 @@ COMPONENTS = ("encoder", "decoder", "cross")
 #: Table 6, WMT En-De (100k) rows; alpha_peak 0 because "alpha_dist appears to render alpha_peak redundant"
 #: (Appendix A). num_heads None = three quarters of the heads (6 of 8 from scratch, §5.3); layers None = all.
 DEFAULTS = {
-    "encoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 0.02, "num_heads": None, "layers": None},
-    "decoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 2.0, "num_heads": None, "layers": None},
-    "cross": {"alpha_peak": 0.0, "alpha_sent": 8.0, "alpha_dist": 0.1, "num_heads": None, "layers": None},
+    "encoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 0.02},
+    "decoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 2.0},
+    "cross": {"alpha_peak": 0.0, "alpha_sent": 8.0, "alpha_dist": 0.1},
 }
+
+
+@dataclass
+class ComponentSettings(MethodSettings):
+    """One component's settings (a dict under ``config.eadra["encoder" | "decoder" | "cross"]``; missing alphas take
+    :data:`DEFAULTS`). num_heads: how many heads are regularized, the first ones (None: three quarters, §5.3);
+    layers: layer indices (None: all)."""
+
+    alpha_peak: float | None = None
+    alpha_sent: float | None = None
+    alpha_dist: float | None = None
+    num_heads: int | None = None
+    layers: list[int] | None = None
+
+
+@dataclass
+class EaDRASettings(MethodSettings):
+    """EaDRA's settings (``config.eadra``): one dict per regularized component, absent or None = not regularized.
+
+    After validation each component is a :class:`ComponentSettings` with every field resolved (alphas filled in,
+    ``num_heads`` an integer, ``layers`` a sorted list of non-negative indices).
+    """
+
+    encoder: dict | None = None
+    decoder: dict | None = None
+    cross: dict | None = None
+    components: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def validate(self, config, name: str) -> None:
+        if all(getattr(self, component) is None for component in COMPONENTS):
+            raise ValueError(f"{name} must map some of {COMPONENTS} to settings (or be None for off), got "
+                             f"{self.to_dict()!r}")
+        for component in COMPONENTS:
+            values = getattr(self, component)
+            if values is None:
+                continue
+            where = f"{name}[{component!r}]"
+            settings = ComponentSettings.from_dict(values, where, config)
+            for key, default in DEFAULTS[component].items():
+                if getattr(settings, key) is None:
+                    setattr(settings, key, default)
+                check_range(getattr(settings, key), f"{where}[{key!r}]", 0.0)
+            num_layers, heads = _shape(config, component)
+            if settings.num_heads is None:
+                settings.num_heads = max(1, round(0.75 * heads))
+            if not 1 <= settings.num_heads <= heads:
+                raise ValueError(
+                    f"{where}['num_heads'] must be an integer in [1, {heads}] (the model's heads), got "
+                    f"{settings.num_heads!r}"
+                )
+            layers = range(num_layers) if settings.layers is None else settings.layers
+            settings.layers = resolve_layers(layers, num_layers, f"{where}['layers']")
+            self.components[component] = settings
+
+    def to_dict(self) -> dict:
+        return {component: getattr(self, component) for component in COMPONENTS}
 
 
 def _shape(config, component: str) -> tuple[int, int]:
@@ -50,49 +110,11 @@ def _shape(config, component: str) -> tuple[int, int]:
     return config.decoder_layers, config.decoder_attention_heads
 
 
-def component_settings(config, component: str) -> dict:
-    """The settings of one component with defaults filled in, ``num_heads`` and ``layers`` resolved."""
-    settings = {**DEFAULTS[component], **config.eadra[component]}
-    num_layers, heads = _shape(config, component)
-    if settings["num_heads"] is None:
-        settings["num_heads"] = max(1, round(0.75 * heads))
-    layers = range(num_layers) if settings["layers"] is None else settings["layers"]
-    settings["layers"] = resolve_layers(layers, num_layers, f"eadra[{component!r}]['layers']")
-    return settings
-
-
-def check_settings(config) -> None:
-    if config.eadra is None:
-        return
-    if not isinstance(config.eadra, dict) or not config.eadra:
-        raise ValueError(f"eadra must map some of {COMPONENTS} to settings (or be None), got {config.eadra!r}")
-    for component, settings in config.eadra.items():
-        if component not in COMPONENTS:
-            raise ValueError(f"eadra has unknown component {component!r}; expected some of {COMPONENTS}")
-        if not isinstance(settings, dict):
-            raise ValueError(f"eadra[{component!r}] must be a dict of settings, got {settings!r}")
-        unknown = set(settings) - set(DEFAULTS[component])
-        if unknown:
-            raise ValueError(
-                f"eadra[{component!r}] has unknown settings {sorted(unknown)}; expected some of {sorted(DEFAULTS[component])}"
-            )
-        resolved = component_settings(config, component)
-        for alpha in ("alpha_peak", "alpha_sent", "alpha_dist"):
-            check_range(resolved[alpha], f"eadra[{component!r}][{alpha!r}]", 0.0)
-        heads = _shape(config, component)[1]
-        num_heads = resolved["num_heads"]
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or not 1 <= num_heads <= heads:
-            raise ValueError(
-                f"eadra[{component!r}]['num_heads'] must be an integer in [1, {heads}] (the model's heads), "
-                f"got {num_heads!r}"
-            )
-
-
-def placements(config) -> list[tuple[str, int, str]]:
+def placements(settings: EaDRASettings, config) -> list[tuple[str, int, str]]:
     where = []
-    for component in config.eadra or {}:
+    for component, resolved in settings.components.items():
         side, kind = ("encoder", "self") if component == "encoder" else ("decoder", "cross" if component == "cross" else "self")
-        where += [(side, layer, kind) for layer in component_settings(config, component)["layers"]]
+        where += [(side, layer, kind) for layer in resolved.layers]
     return where
 
 
@@ -152,9 +174,9 @@ class EaDRA(AttentionMethod):
         return attn_output
 
 
-def build(config, module) -> EaDRA:
+def build(settings: EaDRASettings, config, module) -> EaDRA:
     component = component_of(module)
-    return EaDRA(component, component_settings(config, component)["num_heads"])
+    return EaDRA(component, settings.components[component].num_heads)
 
 
 def _target_tokens(context: HeadAttnContext, records: list) -> torch.Tensor | int:
@@ -165,7 +187,7 @@ def _target_tokens(context: HeadAttnContext, records: list) -> torch.Tensor | in
     return decoder_side[0] if decoder_side else records[0][2]
 
 
-def collect(context: HeadAttnContext, config) -> tuple[dict, torch.Tensor | None]:
+def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, torch.Tensor | None]:
     """``eadra_loss`` (Eq. 9's weighted sum, also returned as the objective term) and ``eadra_terms``.
 
     ``eadra_terms["<component>/<term>"]`` (term in peak, sent, dist) are the unweighted, detached terms: summed over
@@ -181,11 +203,11 @@ def collect(context: HeadAttnContext, config) -> tuple[dict, torch.Tensor | None
         totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
     loss, terms = None, {}
     for component, sums in totals.items():
-        settings = component_settings(config, component)
+        resolved = settings.components[component]
         for name, total in zip(TERMS, sums):
             value = total / tokens
             terms[f"{component}/{name}"] = value.detach()
-            alpha = settings[f"alpha_{name}"]
+            alpha = getattr(resolved, f"alpha_{name}")
             if alpha:  # a zero-weighted term stays out of the graph: its backward is skipped
                 loss = alpha * value if loss is None else loss + alpha * value
     if loss is None:
@@ -193,4 +215,17 @@ def collect(context: HeadAttnContext, config) -> tuple[dict, torch.Tensor | None
     return {"eadra_loss": loss, "eadra_terms": terms}, loss
 
 
-METHOD = MethodSpec(NAME, check_settings, placements, build, collect)
+METHOD = MethodSpec(
+    NAME, EaDRASettings, placements, build, collect, order=20,
+    outputs={
+        "eadra_loss": "the weighted EaDRA regularizer (Eq. 9), included in loss",
+        "eadra_terms": "{'<component>/<term>': unweighted term}, term in peak, sent, dist",
+    },
+    logged=("eadra_loss", "eadra_terms"),
+    paper="Araabi, Niculae & Monz, entropy- and distance-regularized attention (EaDRA)",
+    presets={
+        # encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas
+        "eadra": {"encoder": {}, "decoder": {}},
+        "eadra_all": {"encoder": {}, "decoder": {}, "cross": {}},
+    },
+)

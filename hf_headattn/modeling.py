@@ -10,6 +10,7 @@ Identical to the HF parents except:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -22,17 +23,14 @@ from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart
 from .attention import AttentionMethod, HeadAttnContext, attach_method
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
 from .losses import IGNORE_INDEX, label_smoothed_nll_loss, total_objective
-from .dhicm import METHOD as DHICM
-from .eadra import METHOD as EADRA
-from .sea import METHOD as SEA
-
-#: Order matters: SEA changes the mask before the backend, EaDRA reads the probabilities, DHICM reweights the heads.
-METHODS = (SEA, EADRA, DHICM)
+from .registry import registered_methods
 
 
 @dataclass
 class HeadAttnOutputMixin:
-    """The methods' terms and read-outs (each ``None`` when its method is off or it was not asked for).
+    """The built-in methods' output fields (each ``None`` when its method is off or it was not asked for); each
+    method's ``MethodSpec.outputs`` describes them. Fields of other registered methods are set as items (and so
+    attributes) of the output.
 
     dhicm_kl: mean KL of the head-importance distributions from uniform (DHICM Eq. 5), unweighted.
     eadra_loss: the weighted EaDRA regularizer (Eq. 9), included in ``loss``; eadra_terms: its unweighted terms.
@@ -66,25 +64,36 @@ def attention_module(base_model: nn.Module, side: str, layer: int, kind: str) ->
     return block.encoder_attn if kind == "cross" else block.self_attn
 
 
-def attach_methods(base_model: nn.Module, config) -> None:
-    """Attach every configured method to its attention modules (nothing when every method is off)."""
-    for method in METHODS:
-        for side, layer, kind in method.placements(config):
+def attach_methods(base_model: nn.Module, config, settings: dict) -> None:
+    """Attach every method switched on (``settings``: {name: resolved settings}) to its attention modules."""
+    for spec in registered_methods():
+        if spec.name not in settings:
+            continue
+        for side, layer, kind in spec.placements(settings[spec.name], config):
             module = attention_module(base_model, side, layer, kind)
             module.headattn_kind, module.headattn_side = kind, side
             module.headattn_name = f"{side}.layers.{layer}.{'encoder_attn' if kind == 'cross' else 'self_attn'}"
-            attach_method(module, method.name, method.build(config, module), config)
+            attach_method(module, spec.name, spec.build(settings[spec.name], config, module), config)
 
 
-def collect_method_outputs(context: HeadAttnContext, config) -> tuple[dict, torch.Tensor | None]:
+def collect_method_outputs(context: HeadAttnContext, settings: dict) -> tuple[dict, torch.Tensor | None]:
     """Reduce what the attention calls recorded into output fields and the methods' (weighted) objective term."""
     fields, objective = {}, None
-    for method in METHODS:
-        method_fields, term = method.collect(context, config)
+    for spec in registered_methods():
+        if spec.name not in settings:
+            continue
+        method_fields, term = spec.collect(context, settings[spec.name])
         fields.update(method_fields)
         if term is not None:
             objective = term if objective is None else objective + term
     return fields, objective
+
+
+def with_method_fields(output, fields: dict):
+    """``output`` with the methods' fields set (as items, so that fields no dataclass declares are kept too)."""
+    for name, value in fields.items():
+        output[name] = value
+    return output
 
 
 class HeadAttnPreTrainedMixin:
@@ -95,8 +104,11 @@ class HeadAttnPreTrainedMixin:
 
     def __init__(self, config):
         super().__init__(config)
-        config.check_headattn_settings()  # the config may have been changed after it was built
-        attach_methods(self.base_model, config)
+        # the config may have been changed after it was built: validate again, and keep what the methods are built with
+        self.headattn_settings = config.check_headattn_settings()
+        self._built_method_fields = {spec.name: copy.deepcopy(getattr(config, spec.name, None))
+                                     for spec in registered_methods()}
+        attach_methods(self.base_model, config, self.headattn_settings)
         self.post_init()  # initialises the new method parameters (HF skips what is already initialised)
 
     def initialize_weights(self):
@@ -110,6 +122,16 @@ class HeadAttnPreTrainedMixin:
         for module in self.modules():
             if isinstance(module, AttentionMethod):
                 module.init_weights(self.config.init_std)
+
+    def _check_settings_unchanged(self) -> None:
+        """Refuse to run with method settings changed after the model was built (they would be silently ignored)."""
+        for name, built in self._built_method_fields.items():
+            if getattr(self.config, name, None) != built:
+                raise ValueError(
+                    f"config.{name} was changed after the model was built (from {built!r} to "
+                    f"{getattr(self.config, name, None)!r}); the methods keep the settings they were built with. "
+                    f"Build a new model with the new settings, e.g. from_pretrained(path, {name}=...)"
+                )
 
     def _check_lengths(self, input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, past_key_values):
         """A clear error, instead of an IndexError deep in the position embeddings, for over-long inputs."""
@@ -129,6 +151,7 @@ class HeadAttnPreTrainedMixin:
         self, kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
         source_mask=None, target_mask=None,
     ):
+        self._check_settings_unchanged()
         context = HeadAttnContext(
             bool(output_head_importance), bool(output_redundant_heads),
             None if source_mask is None else source_mask.bool(), None if target_mask is None else target_mask.bool(),
@@ -172,8 +195,8 @@ class HeadAttnModelMixin(HeadAttnPreTrainedMixin):
             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs,
         )
-        fields, _ = collect_method_outputs(context, self.config)
-        return HeadAttnSeq2SeqModelOutput(**outputs, **fields)
+        fields, _ = collect_method_outputs(context, self.headattn_settings)
+        return with_method_fields(HeadAttnSeq2SeqModelOutput(**outputs), fields)
 
 
 class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
@@ -225,7 +248,7 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs,
         )
-        fields, method_term = collect_method_outputs(context, self.config)
+        fields, method_term = collect_method_outputs(context, self.headattn_settings)
         loss = nll_loss = None
         if labels is not None:
             loss_sum, nll_sum, num_tokens = label_smoothed_nll_loss(
@@ -233,9 +256,9 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
             )
             nll_loss = nll_sum / num_tokens.clamp(min=1)
             loss = total_objective(loss_sum, num_tokens, method_term, num_items_in_batch)
-        output = HeadAttnSeq2SeqLMOutput(
-            loss=loss, nll_loss=nll_loss, **{k: v for k, v in outputs.items() if k != "loss"}, **fields
-        )
+        output = with_method_fields(HeadAttnSeq2SeqLMOutput(
+            loss=loss, nll_loss=nll_loss, **{k: v for k, v in outputs.items() if k != "loss"}
+        ), fields)
         return output.to_tuple() if return_dict is False else output
 
 
@@ -249,7 +272,7 @@ class HeadAttnMBartForConditionalGeneration(HeadAttnLMMixin, MBartForConditional
     """``MBartForConditionalGeneration`` with the hf-headattn methods; identical to it with every method off.
 
     Loads stock mBART checkpoints: ``HeadAttnMBartForConditionalGeneration.from_pretrained(
-    "facebook/mbart-large-50", dhicm_decoder_layers=[-1])`` (method settings as keyword arguments).
+    "facebook/mbart-large-50", dhicm={"decoder_layers": [-1]})`` (method settings as keyword arguments).
     """
 
     config_class = HeadAttnMBartConfig

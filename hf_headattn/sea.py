@@ -16,11 +16,15 @@ to [-k, k] (Eq. 7); anything else raises. The math is in :mod:`hf_headattn.sea_m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 from torch import nn
 from transformers import initialization as init
 
-from .attention import AttentionCall, AttentionMethod, MethodSpec
+from .attention import AttentionCall, AttentionMethod
+from .registry import MethodSettings, MethodSpec
 from .sea_math import (
     NOT_IN_PHRASE,
     dependency_allowed,
@@ -34,39 +38,50 @@ from .sea_math import (
     redundant_heads,
     syntactic_attention,
 )
-from .settings_checks import check_choice, resolve_layers
-
+from .settings_checks import resolve_layers
 
 NAME = "sea"
-SEA_TYPES = (None, "dea", "lpea")
-SEA_HEADS = ("all", "redundant")
 
 
-def layers(config) -> list[int]:
-    """The enhanced encoder layers: ``sea_layers``, by default the first (Appendix A.2)."""
-    return resolve_layers([0] if config.sea_layers is None else config.sea_layers, config.encoder_layers, "sea_layers")
+@dataclass
+class SEASettings(MethodSettings):
+    """SEA + RHE's settings (``config.sea``).
+
+    type: None (RHE pruning only), "dea" or "lpea". heads: "all" or "redundant" (RHE). layers: encoder layer indices
+    (None: the first, Appendix A.2). prune: drop the redundant heads' outputs instead (RHE pruning, needs type None).
+    max_relative_position: k of Eq. 7. rule2: Rule 2 of the relative phrasal positions, "symmetric" (our reading) or
+    "literal" (as written, j < i); the syntax pipeline builds ``phrase_positions`` with it.
+    """
+
+    type: Literal["dea", "lpea"] | None = None
+    heads: Literal["all", "redundant"] = "redundant"
+    layers: list[int] | None = None
+    prune: bool = False
+    max_relative_position: int = 6
+    rule2: Literal["symmetric", "literal"] = "symmetric"
+
+    def validate(self, config, name: str) -> None:
+        layers(self, config, name)
+        if self.prune and self.type is not None:
+            raise ValueError(
+                f"{name}.prune=True drops the redundant heads, so it cannot also enhance them with {name}.type="
+                f"{self.type!r}; set type=None for RHE pruning"
+            )
+        if self.max_relative_position < 1:
+            raise ValueError(f"{name}.max_relative_position must be a positive integer, got "
+                             f"{self.max_relative_position!r}")
+
+    def switched_on(self) -> bool:
+        return self.type is not None or self.prune
 
 
-def check_settings(config) -> None:
-    check_choice(config.sea_type, "sea_type", SEA_TYPES)
-    check_choice(config.sea_heads, "sea_heads", SEA_HEADS)
-    layers(config)
-    if config.rhe_prune and config.sea_type is not None:
-        raise ValueError(
-            f"rhe_prune=True drops the redundant heads, so it cannot also enhance them with sea_type="
-            f"{config.sea_type!r}; set sea_type=None for RHE pruning"
-        )
-    k = config.lpea_max_relative_position
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"lpea_max_relative_position must be a positive integer, got {k!r}")
+def layers(settings: SEASettings, config, name: str = NAME) -> list[int]:
+    """The enhanced encoder layers: ``settings.layers``, by default the first (Appendix A.2)."""
+    return resolve_layers([0] if settings.layers is None else settings.layers, config.encoder_layers, f"{name}.layers")
 
 
-def enabled(config) -> bool:
-    return config.sea_type is not None or config.rhe_prune
-
-
-def placements(config) -> list[tuple[str, int, str]]:
-    return [("encoder", layer, "self") for layer in layers(config)] if enabled(config) else []
+def placements(settings: SEASettings, config) -> list[tuple[str, int, str]]:
+    return [("encoder", layer, "self") for layer in layers(settings, config)]
 
 
 # --- inputs ------------------------------------------------------------------------------------------------------
@@ -75,16 +90,16 @@ _HOW = ("build batches with hf_headattn.syntax.DataCollatorForSyntaxSeq2Seq (aft
         "it yourself: model(..., {name}=...) or model.generate(..., {name}=...)")
 
 
-def needed_inputs(config, readout: bool = False) -> tuple[str, ...]:
+def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ...]:
     """The forward arguments SEA needs with these settings (``readout``: ``output_redundant_heads=True``).
 
     RHE's Eq. 9 reads the dependency mask, so every RHE variant (``sea_heads="redundant"``, ``rhe_prune``, the
     read-out) needs ``dependency_mask``, LPEA+RHE included; LPEA needs ``phrase_positions``.
     """
     needed = []
-    if config.sea_type == "dea" or config.rhe_prune or config.sea_heads == "redundant" or readout:
+    if settings.type == "dea" or settings.prune or settings.heads == "redundant" or readout:
         needed.append("dependency_mask")
-    if config.sea_type == "lpea":
+    if settings.type == "lpea":
         needed.append("phrase_positions")
     return tuple(needed)
 
@@ -148,11 +163,13 @@ class SEA(AttentionMethod):
     ``lpea_projection`` U_P (d_h,) ~ N(0, std).
     """
 
-    def __init__(self, sea_type: str | None, sea_heads: str, rhe_prune: bool, head_dim: int, k: int):
+    def __init__(self, settings: SEASettings, head_dim: int):
         super().__init__()
-        self.sea_type, self.sea_heads, self.rhe_prune, self.k = sea_type, sea_heads, rhe_prune, k
-        if sea_type == "lpea":
-            self.lpea_embeddings = nn.Parameter(torch.empty(2 * k + 1, head_dim))
+        self.settings = settings
+        self.sea_type, self.sea_heads, self.rhe_prune = settings.type, settings.heads, settings.prune
+        self.k = settings.max_relative_position
+        if self.sea_type == "lpea":
+            self.lpea_embeddings = nn.Parameter(torch.empty(2 * self.k + 1, head_dim))
             self.lpea_weight = nn.Parameter(torch.empty(head_dim, head_dim))
             self.lpea_bias = nn.Parameter(torch.empty(head_dim))
             self.lpea_projection = nn.Parameter(torch.empty(head_dim))
@@ -172,7 +189,7 @@ class SEA(AttentionMethod):
         """Check the inputs, find the redundant heads when needed (kept in ``call.state`` for ``after``
         and recorded for ``output_redundant_heads``), and give the backend the SEA mask."""
         readout = call.context is not None and call.context.output_redundant_heads
-        inputs = {name: call.kwargs.get(name) for name in needed_inputs(self, readout)}
+        inputs = {name: call.kwargs.get(name) for name in needed_inputs(self.settings, readout)}
         for name, tensor in inputs.items():
             check_input(name, tensor, call.query, self.k)
         if self.rhe_prune or self.sea_heads == "redundant" or readout:
@@ -205,16 +222,31 @@ class SEA(AttentionMethod):
         return attn_output * keep[:, None, :, None].to(attn_output.dtype)  # (B, T, H, D)
 
 
-def build(config, module) -> SEA:
-    return SEA(config.sea_type, config.sea_heads, config.rhe_prune, module.head_dim,
-               config.lpea_max_relative_position)
+def build(settings: SEASettings, config, module) -> SEA:
+    return SEA(settings, module.head_dim)
 
 
-def collect(context, config) -> tuple[dict, None]:
+def collect(context, settings: SEASettings) -> tuple[dict, None]:
     """``redundant_heads``: {module name: (batch, heads) bool} when asked for; SEA adds no objective term."""
     if not context.output_redundant_heads or not context.records.get("redundant_heads"):
         return {}, None
     return {"redundant_heads": dict(context.records["redundant_heads"])}, None
 
 
-METHOD = MethodSpec(NAME, check_settings, placements, build, collect)
+METHOD = MethodSpec(
+    NAME, SEASettings, placements, build, collect, order=10,
+    inputs=("dependency_mask", "phrase_positions"),
+    outputs={"redundant_heads": "{module name: (batch, heads) bool}, with output_redundant_heads=True"},
+    paper="Zhang et al. 2021, syntax-enhanced attention on redundant heads (SEA + RHE)",
+    presets={
+        # SEA on the first encoder layer (Appendix A.2): on every head, or on the redundant ones (RHE)
+        "dea": {"type": "dea", "heads": "all"},
+        "lpea": {"type": "lpea", "heads": "all"},
+        "dea_rhe": {"type": "dea", "heads": "redundant"},
+        "lpea_rhe": {"type": "lpea", "heads": "redundant"},
+        "rhe_prune": {"prune": True},
+    },
+    legacy_fields={"sea_type": "type", "sea_heads": "heads", "sea_layers": "layers", "rhe_prune": "prune",
+                   "lpea_max_relative_position": "max_relative_position", "lpea_rule2": "rule2"},
+    uses_syntax=True,
+)

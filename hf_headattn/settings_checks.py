@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Iterable
 
 
@@ -37,3 +39,18 @@ def check_choice(value, name: str, choices: Iterable) -> None:
     choices = tuple(choices)
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def describe_type(annotation) -> str:
+    """A settings annotation in words, for error messages: ``list[int] | None`` -> "a list of integers or None"."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return "None"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe_type(arg) for arg in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(arg) for arg in args)
+    if origin is list:
+        return f"a list of ({describe_type(args[0])})"
+    names = {bool: "True or False", int: "an integer", float: "a finite number", str: "a string", dict: "a dict"}
+    return names.get(annotation, names.get(origin, str(annotation)))

@@ -60,7 +60,7 @@ def pictures(args, methods) -> list[Path]:
         batches = [tokenizer(sources[i:i + 50], return_tensors="pt", padding=True) for i in range(0, len(sources), 50)]
         result = encoder_attention_entropy(model, batches)
         paths += write_entropy_report(result, out, f"attention_entropy_{method}", f"encoder attention entropy, {method}")
-        if model.config.dhicm_encoder_layers:
+        if model.config.dhicm is not None and model.config.dhicm.get("encoder_layers"):
             source, target = sources[0], "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
             last = model.config.encoder_layers - 1
             for module in (f"encoder.layers.{last}.self_attn", f"decoder.layers.{last}.encoder_attn"):

@@ -50,7 +50,7 @@ def check_base(stages, model_args: ModelArguments, settings: dict, training_args
     if model_args.model_name_or_path and keys & set(ARCHITECTURE):
         raise ValueError(f"grid keys {sorted(keys & set(ARCHITECTURE))} change the architecture, which "
                          f"{model_args.model_name_or_path} fixes; search them from scratch (--model_shape)")
-    if "dhicm_dropout" in keys and not (settings.get("dhicm_encoder_layers") or settings.get("dhicm_decoder_layers")):
+    if "dhicm_dropout" in keys and settings.get("dhicm") is None:
         raise ValueError(f"the grid searches dhicm_dropout but DHICM is off (--method {model_args.method}); "
                          "expected --method dhicm (or DHICM layers in --method_settings)")
     if training_args.label_smoothing_factor > 0:

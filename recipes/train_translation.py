@@ -85,7 +85,7 @@ class DataArguments(ParallelDataArguments):
 def settings_from(args: ModelArguments) -> dict:
     settings = method_settings(args.method)
     if args.preset:
-        settings = merge_settings(settings, preset(args.preset).config)
+        settings = preset(args.preset).apply(settings)
     if args.method_settings:
         settings.update(json.loads(args.method_settings))
     if args.model_name_or_path:

@@ -55,11 +55,11 @@ def reference_terms(model, inputs):
     tokens = inputs["labels"].ne(-100).sum()
     terms = {}
     for component in model.config.eadra:
-        settings = eadra.component_settings(model.config, component)
+        settings = model.headattn_settings["eadra"].components[component]
         support, queries = supports(inputs)[component]
         total = sum(
-            loop_reference(maps[component][layer][:, : settings["num_heads"]].double(), support, queries)
-            for layer in settings["layers"]
+            loop_reference(maps[component][layer][:, : settings.num_heads].double(), support, queries)
+            for layer in settings.layers
         ).sum((0, 1))  # (3,): summed over sentences, heads and layers
         terms.update({f"{component}/{name}": value / tokens for name, value in zip(("peak", "sent", "dist"), total)})
     return terms
@@ -98,7 +98,7 @@ def test_loss_is_nll_plus_the_weighted_terms():
     stock.load_state_dict(model.state_dict())  # EaDRA has no parameters: the same weights
     out, off = model(**batch()), stock(**batch())
     weighted = sum(
-        eadra.component_settings(model.config, name.split("/")[0])[f"alpha_{name.split('/')[1]}"] * value
+        getattr(model.headattn_settings["eadra"].components[name.split("/")[0]], f"alpha_{name.split('/')[1]}") * value
         for name, value in out.eadra_terms.items()
     )
     assert out.eadra_loss.item() == pytest.approx(weighted.item(), rel=1e-6)

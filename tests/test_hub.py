@@ -83,7 +83,8 @@ def test_model_card_records_methods_settings_and_scores(tmp_path):
     scores = {"test_2016_flickr": {"bleu": 35.123, "chrf": 60.0, "bleu_signature": "nrefs:1|tok:13a"}}
     text = write_model_card(model, tmp_path, "me/dhicm-en-de", scores).read_text()
     assert "**dhicm**" in text and "**eadra**" in text and "**sea**" in text
-    assert '"dhicm_encoder_layers": [\n    -1\n  ]' in text and '"sea_type": "lpea"' in text
+    settings = json.loads(text.split("```json\n")[1].split("```")[0])
+    assert settings["dhicm"] == {"encoder_layers": [-1], "decoder_layers": [-1]} and settings["sea"]["type"] == "lpea"
     assert "| test_2016_flickr | 35.12 | 60.00 | `nrefs:1|tok:13a` |" in text
     plain = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY))
     assert "none (the stock architecture)" in write_model_card(plain, tmp_path / "p", "x").read_text()

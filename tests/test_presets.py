@@ -43,7 +43,8 @@ def test_dhicm_presets_are_table_2(name):
     config = preset(name).config
     assert (config["encoder_ffn_dim"], config["decoder_ffn_dim"]) == (ffn, ffn)
     assert (config["encoder_attention_heads"], config["decoder_attention_heads"]) == (heads, heads)
-    assert (config["activation_dropout"], config["dhicm_dropout"]) == (activation_dropout, dhicm_dropout)
+    assert (config["activation_dropout"], preset(name).method_overrides["dhicm"]["dropout"]) == (
+        activation_dropout, dhicm_dropout)
     assert (model_args.dropout, model_args.attention_dropout, model_args.label_smoothing) == (
         dropout, attention_dropout, smoothing)
     # §4.3: lr 5e-4, Adam (0.9, 0.98, 1e-6), inverse sqrt with 4000 warm-up steps, beam 5, early stopping 10
@@ -67,7 +68,7 @@ def test_rhe_preset_is_transformer_base_with_k_6():
     model_args, _, training_args = parse("--preset", "rhe_base")
     assert model_shape(model_args.model_shape) == MODEL_SHAPES["base"]
     assert MODEL_SHAPES["base"]["encoder_attention_heads"] == 8 and MODEL_SHAPES["base"]["encoder_ffn_dim"] == 2048
-    assert preset("rhe_base").config["lpea_max_relative_position"] == 6 and model_args.method == "lpea_rhe"
+    assert preset("rhe_base").method_overrides["sea"]["max_relative_position"] == 6 and model_args.method == "lpea_rhe"
     assert training_args.adam_beta2 == 0.98 and training_args.warmup_steps == 4000
     assert "Table 3" in PRESETS["rhe_base"].doc and "last 10" in PRESETS["rhe_base"].doc
 
@@ -135,8 +136,8 @@ def test_recipe_with_a_preset_builds_its_model(tmp_path):
     run(tmp_path, "--preset", "dhicm_be_en", "--model_shape", "tiny", "--max_steps", "1")
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["encoder_attention_heads"], config["decoder_ffn_dim"], config["d_model"]) == (2, 128, 128)
-    assert (config["label_smoothing"], config["dhicm_dropout"], config["dropout"]) == (0.4, 0.2, 0.1)
-    assert config["dhicm_encoder_layers"] == [-1]
+    assert (config["label_smoothing"], config["dhicm"]["dropout"], config["dropout"]) == (0.4, 0.2, 0.1)
+    assert config["dhicm"]["encoder_layers"] == [-1]
     assert (tmp_path / "checkpoint-1").is_dir()  # saved at the end of the (cut) epoch, as early stopping needs
 
 

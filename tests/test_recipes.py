@@ -48,7 +48,7 @@ def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     assert ("eadra_loss" in logged[0]) == ("eadra" in method)
     assert results["settings"]["label_smoothing"] == 0.1
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["sea_type"] == {"dea_rhe": "dea", "lpea_rhe": "lpea", "dhicm+lpea_rhe": "lpea"}.get(method)
+    assert (config["sea"] or {}).get("type") == {"dea_rhe": "dea", "lpea_rhe": "lpea", "dhicm+lpea_rhe": "lpea"}.get(method)
     assert saved["global_step"] == 1 and saved["stopped_at_time_limit"] is False
 
 
@@ -93,7 +93,7 @@ def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir):
     run(tmp_path, "--tokenizer_name", str(tokenizer_dir), "--test_splits", "test_2016_flickr", method="dhicm")
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
-    assert type(model).__name__ == "HeadAttnMarianMTModel" and model.config.dhicm_encoder_layers == [-1]
+    assert type(model).__name__ == "HeadAttnMarianMTModel" and model.config.dhicm["encoder_layers"] == [-1]
     out = model.generate(**tokenizer(["A dog runs."], return_tensors="pt"), max_new_tokens=5)
     assert out.shape[0] == 1
 

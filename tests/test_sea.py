@@ -242,7 +242,7 @@ def test_redundancy_report_counts_sentences(checkpoint, tmp_path):
     assert report["sentences"] == 3
     assert report["modules"][LAYER0]["redundant_count"] == [2] * 4
     assert report["modules"][LAYER0]["redundant_frequency"] == pytest.approx([2 / 3] * 4)
-    assert report["settings"]["sea_type"] == "lpea"
+    assert report["settings"]["type"] == "lpea"
     assert json.loads(json.dumps(report)) == report
     assert (tmp_path / "rhe.png").read_bytes()[:4] == b"\x89PNG"
     assert model.training

@@ -32,7 +32,7 @@ def mean_head_importance(model, batches: Iterable[dict]) -> dict[str, list[float
         batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
         out = model(**batch, output_head_importance=True)
         if not out.head_importances:
-            raise ValueError("the model returned no head importances: switch DHICM on (dhicm_*_layers)")
+            raise ValueError("the model returned no head importances: switch DHICM on (config.dhicm)")
         for name, G in out.head_importances.items():  # (B, T, H), zero at padding
             real = G.sum(-1) > 0
             sums[name] = sums.get(name, 0) + G.sum((0, 1)).double()

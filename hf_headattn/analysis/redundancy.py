@@ -26,7 +26,7 @@ def count_redundant_heads(readouts: Iterable[Mapping[str, torch.Tensor]]) -> dic
     sentences = 0
     for readout in readouts:
         if not readout:
-            raise ValueError("a batch gave no redundant-head labels: the model needs RHE on (sea_type or rhe_prune "
+            raise ValueError("a batch gave no redundant-head labels: the model needs RHE on (config.sea "
                              "set) and output_redundant_heads=True")
         batch_sizes = {labels.shape[0] for labels in readout.values()}
         if len(batch_sizes) != 1:
@@ -54,7 +54,7 @@ def redundancy_report(model, batches: Iterable[dict], plot_path: str | Path | No
 
     Parameters
     ----------
-    model : a HeadAttn model with SEA/RHE on (``sea_type`` or ``rhe_prune``).
+    model : a HeadAttn model with SEA/RHE on (``config.sea``).
     batches : dicts with ``input_ids``, ``attention_mask``, ``dependency_mask`` (and ``phrase_positions`` for
         LPEA), e.g. a ``DataLoader`` with :class:`hf_headattn.syntax.DataCollatorForSyntaxSeq2Seq`.
     plot_path : optional PNG path for :func:`plot_redundancy`.
@@ -79,7 +79,7 @@ def redundancy_report(model, batches: Iterable[dict], plot_path: str | Path | No
     finally:
         model.train(was_training)
     config = model.config
-    report["settings"] = {"sea_type": config.sea_type, "sea_heads": config.sea_heads, "rhe_prune": config.rhe_prune}
+    report["settings"] = config.sea
     if plot_path is not None:
         plot_redundancy(report, plot_path)
     return report

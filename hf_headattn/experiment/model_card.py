@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields
 from pathlib import Path
 
-from ..configuration import HeadAttnSettings
-
-PAPERS = {
-    "dhicm": "Goindani & Shrivastava 2021, dynamic head importance computation (DHICM)",
-    "eadra": "Araabi, Niculae & Monz, entropy- and distance-regularized attention (EaDRA)",
-    "sea": "Zhang et al. 2021, syntax-enhanced attention on redundant heads (SEA + RHE)",
-}
+from ..registry import active_methods
 
 TEMPLATE = """---
 library_name: transformers
@@ -41,23 +34,24 @@ runs the modeling code stored beside the weights; read it first.
 
 
 def method_settings_of(config) -> dict:
-    """The config's method settings that differ from the defaults (everything when all are off: ``{}``)."""
-    return {f.name: getattr(config, f.name) for f in fields(HeadAttnSettings) if getattr(config, f.name) != f.default}
+    """The config's method settings and loss settings that differ from the defaults (``{}``: the stock model)."""
+    settings = {spec.name: getattr(config, spec.name) for spec in active_methods(config)}
+    if config.label_smoothing:
+        settings["label_smoothing"] = config.label_smoothing
+    return settings
 
 
 def write_model_card(model, output_dir: str | Path, name: str, scores: dict | None = None) -> Path:
     """Write ``README.md`` for ``model`` into ``output_dir``; ``scores`` maps test sets to metric dicts
     (e.g. :func:`hf_headattn.experiment.evaluation.compute_translation_metrics` results)."""
     settings = method_settings_of(model.config)
-    active = [key for key in PAPERS if any(field.startswith(key) for field in settings)]
-    if settings.get("rhe_prune") and "sea" not in active:
-        active.append("sea")
-    methods = "\n".join(f"- **{key}**: {PAPERS[key]}" for key in active) or "- none (the stock architecture)"
+    active = active_methods(model.config)
+    methods = "\n".join(f"- **{spec.name}**: {spec.paper}" for spec in active) or "- none (the stock architecture)"
     rows = ["| test set | BLEU | chrF | signature |", "|---|---|---|---|"]
     for test_set, metrics in (scores or {}).items():
         rows.append(f"| {test_set} | {metrics['bleu']:.2f} | {metrics['chrf']:.2f} | `{metrics.get('bleu_signature', '')}` |")
     text = TEMPLATE.format(
-        name=name, model_type=model.config.model_type, tags="".join(f", {key}" for key in active), methods=methods,
+        name=name, model_type=model.config.model_type, tags="".join(f", {spec.name}" for spec in active), methods=methods,
         settings=json.dumps(settings, indent=2), scores="\n".join(rows) if scores else "not evaluated yet",
     )
     path = Path(output_dir) / "README.md"

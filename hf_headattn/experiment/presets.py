@@ -31,21 +31,15 @@ from typing import Any
 
 from transformers import EarlyStoppingCallback
 
-#: Method names -> config fields. Combine with "+", e.g. "dhicm+eadra".
-METHODS: dict[str, dict] = {
-    "baseline": {},
-    # DHICM on the last encoder and last decoder layer, self- and cross-attention (§4.3), lambda 0.1.
-    "dhicm": {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1]},
-    # EaDRA on encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas.
-    "eadra": {"eadra": {"encoder": {}, "decoder": {}}},
-    "eadra_all": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
-    # SEA on the first encoder layer (Appendix A.2): on every head, or on the redundant ones (RHE).
-    "dea": {"sea_type": "dea", "sea_heads": "all"},
-    "lpea": {"sea_type": "lpea", "sea_heads": "all"},
-    "dea_rhe": {"sea_type": "dea", "sea_heads": "redundant"},
-    "lpea_rhe": {"sea_type": "lpea", "sea_heads": "redundant"},
-    "rhe_prune": {"rhe_prune": True},
-}
+from ..registry import registered_methods, uses_syntax  # noqa: F401  (uses_syntax: re-exported for the recipes)
+
+def _method_names() -> dict[str, dict]:
+    """Recipe method names -> config fields, from the registered methods' presets (plus "baseline")."""
+    names = {"baseline": {}}
+    for spec in registered_methods():
+        names.update({name: {spec.name: settings} for name, settings in spec.presets.items()})
+    return names
+
 
 #: Model shapes for training from scratch (Marian-style, shared embeddings).
 MODEL_SHAPES: dict[str, dict] = {
@@ -62,16 +56,17 @@ MODEL_SHAPES: dict[str, dict] = {
 
 
 def method_settings(spec: str) -> dict:
-    """Config fields for a method name or a "+"-joined combination of names (later names win on conflicts).
+    """Config fields for a method name (``MethodSpec.presets`` of the registered methods, or "baseline") or a
+    "+"-joined combination of names.
 
-    >>> method_settings("dhicm+dea_rhe")["sea_type"]
+    >>> method_settings("dhicm+dea_rhe")["sea"]["type"]
     'dea'
     """
-    settings = {}
+    names, settings = _method_names(), {}
     for name in (part.strip() for part in spec.split("+")):
-        if name not in METHODS:
-            raise ValueError(f"unknown method {name!r} in {spec!r}; expected names from {sorted(METHODS)} joined by '+'")
-        settings.update(METHODS[name])
+        if name not in names:
+            raise ValueError(f"unknown method {name!r} in {spec!r}; expected names from {sorted(names)} joined by '+'")
+        settings = merge_settings(settings, names[name])
     return settings
 
 
@@ -120,21 +115,27 @@ def refuse_architecture(settings: dict, model_name_or_path: str) -> None:
         )
 
 
-def uses_syntax(settings: dict) -> bool:
-    """Whether the settings need the syntax inputs (SEA or RHE pruning)."""
-    return settings.get("sea_type") is not None or bool(settings.get("rhe_prune"))
-
-
 # --- the papers' presets ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A paper's setting. ``doc`` names its source table; ``flags`` and ``config`` as in the module docstring."""
+    """A paper's setting. ``doc`` names its source table; ``flags`` and ``config`` as in the module docstring;
+    ``method_overrides``: {method name: settings} merged into a method's settings only when the chosen methods switch
+    it on (e.g. DHICM Table 2's DHICM dropout, which means nothing for the T-base/T-optimal baselines)."""
 
     doc: str
     flags: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    method_overrides: dict[str, dict] = field(default_factory=dict)
+
+    def apply(self, settings: dict) -> dict:
+        """``settings`` (config fields) with this preset's ``config`` and ``method_overrides`` merged in."""
+        merged = merge_settings(settings, self.config)
+        for method, overrides in self.method_overrides.items():
+            if merged.get(method) is not None:
+                merged[method] = merge_settings(merged[method], overrides)
+        return merged
 
 
 #: Transformer-base training (Vaswani et al. 2017, §5.3-5.4), which EaDRA (§4.2) and RHE (Appendix A.1) follow:
@@ -185,15 +186,14 @@ def _dhicm_presets() -> dict[str, Preset]:
             DHICM_TABLE_2.items()):
         config = {"encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "encoder_attention_heads": heads,
                   "decoder_attention_heads": heads, "activation_dropout": activation_dropout}
-        if dhicm_dropout is not None:
-            config["dhicm_dropout"] = dhicm_dropout
+        overrides = {} if dhicm_dropout is None else {"dhicm": {"dropout": dhicm_dropout}}
         label = "default column (Transformer-base)" if column == "default" else f"optimal {column} column"
         presets[f"dhicm_{column}"] = Preset(
             doc=f"DHICM (Goindani & Shrivastava 2021) Table 2, {label}; training of §4.3. --method baseline gives "
                 f"the paper's {'T-base' if column == 'default' else 'T-optimal'}.",
             flags={**DHICM_TRAINING, "dropout": dropout, "attention_dropout": attention_dropout,
                    "label_smoothing": smoothing},
-            config=config,
+            config=config, method_overrides=overrides,
         )
     return presets
 
@@ -230,7 +230,7 @@ PRESETS: dict[str, Preset] = {
             "the last 10 checkpoints: recipes/average_checkpoints.py --last 10), Table 3 (k = 6), LPEA+RHE on the "
             "first encoder layer (Appendix A.2).",
         flags={**TRANSFORMER_BASE, "method": "lpea_rhe"},
-        config={"lpea_max_relative_position": 6, "sea_layers": [0]},
+        method_overrides={"sea": {"max_relative_position": 6, "layers": [0]}},
     ),
 }
 
@@ -251,7 +251,7 @@ def preset(spec: str) -> Preset:
     >>> sorted(preset("eadra_enc_vi_en+eadra_dec_vi_en").config["eadra"])
     ['decoder', 'encoder']
     """
-    docs, flags, config = [], {}, {}
+    docs, flags, config, overrides = [], {}, {}, {}
     for name in (part.strip() for part in spec.split("+")):
         if name not in PRESETS:
             raise ValueError(
@@ -260,7 +260,8 @@ def preset(spec: str) -> Preset:
         docs.append(f"{name}: {PRESETS[name].doc}")
         flags.update(PRESETS[name].flags)
         config = merge_settings(config, PRESETS[name].config)
-    return Preset(doc="\n".join(docs), flags=flags, config=config)
+        overrides = merge_settings(overrides, PRESETS[name].method_overrides)
+    return Preset(doc="\n".join(docs), flags=flags, config=config, method_overrides=overrides)
 
 
 # --- how presets and early stopping reach a recipe's command line ----------------------------------------------------

@@ -19,16 +19,15 @@ from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
+from ..registry import logged_fields
+
 logger = logging.get_logger(__name__)
 
-#: Output fields logged as loss components (dict fields are flattened as ``<field>/<key>``).
-COMPONENT_FIELDS = ("nll_loss", "dhicm_kl", "eadra_loss", "eadra_terms")
-
-
 def loss_components(outputs) -> dict[str, torch.Tensor]:
-    """The scalar loss components of a model output, detached, flattened into one dict."""
+    """The scalar loss components of a model output (``nll_loss`` and the registered methods' ``logged`` fields),
+    detached, flattened into one dict (dict fields as ``<field>/<key>``)."""
     components = {}
-    for name in COMPONENT_FIELDS:
+    for name in ("nll_loss", *logged_fields()):
         value = outputs.get(name) if hasattr(outputs, "get") else None
         if isinstance(value, dict):
             components.update({f"{name}/{key}": term.detach() for key, term in value.items()})

@@ -1,0 +1,185 @@
+"""The method registry: one :class:`MethodSpec` per method names everything the library needs from it.
+
+A method is one module that defines a settings dataclass (a :class:`MethodSettings`), an
+:class:`~hf_headattn.attention.AttentionMethod` and a ``MethodSpec``, and one line in :mod:`hf_headattn.methods`
+registers it. The config, the model, the Trainer's logging, the model card, the recipes' ``--method`` names and the
+analyses read the registry; nothing else lists the methods. (The peft tuners are the model: one config dataclass per
+method, validated when it is built, and one registration call.)
+
+Settings live on the model config under the method's name, as a plain dict (JSON in ``config.json``), e.g.
+``config.dhicm = {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.1, ...}``; ``None`` = off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .settings_checks import describe_type
+
+
+class MethodSettings:
+    """Base of the methods' settings dataclasses: built from a dict, type-checked, validated against the model config.
+
+    Subclasses are dataclasses; each field's annotation is checked (``int``, ``float``, ``bool``, ``str``,
+    ``Literal[...]``, ``list[...]``, ``dict``, ``X | None``), then :meth:`validate` checks ranges and consistency.
+    Every error is a ``ValueError`` naming ``<method>.<field>``, the bad value and what was expected.
+    """
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], name: str, model_config) -> MethodSettings:
+        if not isinstance(values, Mapping):
+            raise ValueError(f"{name} must be a dict of settings (or None for off), got {values!r}")
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{name} has unknown settings {unknown}; expected some of {sorted(known)}")
+        hints = typing.get_type_hints(cls)
+        for key, value in values.items():
+            check_type(value, hints[key], f"{name}.{key}")
+        settings = cls(**values)
+        settings.validate(model_config, name)
+        return settings
+
+    def validate(self, model_config, name: str) -> None:
+        """Range and consistency checks that need the model config (e.g. layer indices); raise ``ValueError``."""
+
+    def switched_on(self) -> bool:
+        """Whether these settings ask for anything (e.g. SEA needs a type or pruning); settings that do not are
+        off, with a warning. (Settings that ask for something but place it nowhere, e.g. empty layer lists, are
+        refused by the config.)"""
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_type(value, annotation, name: str) -> None:
+    """Raise ``ValueError`` unless ``value`` matches ``annotation`` (bools are not numbers; ints are floats)."""
+    if not _matches(value, annotation):
+        raise ValueError(f"{name} must be {describe_type(annotation)}, got {value!r}")
+
+
+def _matches(value, annotation) -> bool:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return True
+    if annotation is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in args)
+    if origin is Literal:
+        return any(value == arg and type(value) is type(arg) for arg in args)
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if annotation is str:
+        return isinstance(value, str)
+    if origin is list:
+        return isinstance(value, (list, tuple)) and all(_matches(item, args[0]) for item in value)
+    if annotation is dict or origin is dict:
+        return isinstance(value, Mapping)
+    raise TypeError(f"unsupported settings annotation {annotation!r}")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Everything a method contributes.
+
+    name: the config field holding its settings, the attribute of its module on an attention module, and the prefix
+        of its parameters (``...self_attn.<name>.*``).
+    settings: its :class:`MethodSettings` dataclass.
+    placements: ``placements(settings, model_config) -> [(side, layer, kind), ...]`` with side "encoder"/"decoder",
+        kind "self"/"cross"; an empty list means the settings place the method nowhere (refused: it would be off).
+    build: ``build(settings, model_config, attention_module) -> AttentionMethod``.
+    collect: ``collect(context, settings) -> (output fields, weighted objective term or None)`` after each forward.
+    order: methods run in increasing order in each attention call (SEA changes the mask before the backend, EaDRA
+        reads the probabilities, DHICM reweights the head outputs).
+    inputs: forward arguments (batch columns) it reads; the model's ``forward`` names them so that ``generate`` and
+        the Trainer pass them on.
+    outputs: output field -> description; fields that are training read-outs, never predictions (the Trainer keeps
+        them out of ``logits``).
+    logged: the output fields logged as loss components (dict fields flattened as ``<field>/<key>``).
+    paper: one line for the model card.
+    presets: recipe method names (``--method NAME``) -> this method's settings dict.
+    legacy_fields: flat config fields of release 0.1 -> settings field, so old saved configs still load.
+    uses_syntax: whether the method needs the syntax inputs (the recipes then parse and collate them).
+    """
+
+    name: str
+    settings: type[MethodSettings]
+    placements: Callable
+    build: Callable
+    collect: Callable
+    order: int = 50
+    inputs: tuple[str, ...] = ()
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    logged: tuple[str, ...] = ()
+    paper: str = ""
+    presets: Mapping[str, dict] = field(default_factory=dict)
+    legacy_fields: Mapping[str, str] = field(default_factory=dict)
+    uses_syntax: bool = False
+
+    def resolve(self, model_config) -> MethodSettings | None:
+        """The validated settings of this method on ``model_config`` (``None``: off)."""
+        values = getattr(model_config, self.name, None)
+        return None if values is None else self.settings.from_dict(values, self.name, model_config)
+
+
+_REGISTRY: dict[str, MethodSpec] = {}
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    """Register ``spec`` (re-registering a name replaces it). Returns it, so a module can end with
+    ``METHOD = register_method(MethodSpec(...))``."""
+    clash = {preset for other in _REGISTRY.values() if other.name != spec.name for preset in other.presets}
+    if clash & set(spec.presets):
+        raise ValueError(f"method {spec.name!r} reuses preset names {sorted(clash & set(spec.presets))}")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister_method(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def registered_methods() -> list[MethodSpec]:
+    """The registered methods in the order their hooks run."""
+    return sorted(_REGISTRY.values(), key=lambda spec: spec.order)
+
+
+def method_spec(name: str) -> MethodSpec:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown method {name!r}; registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def active_methods(model_config) -> list[MethodSpec]:
+    """The registered methods switched on in ``model_config``."""
+    return [spec for spec in registered_methods() if (settings := spec.resolve(model_config)) and settings.switched_on()]
+
+
+def readout_fields() -> list[str]:
+    """Every method output field (training read-outs, kept out of ``logits`` at evaluation)."""
+    return [name for spec in registered_methods() for name in spec.outputs]
+
+
+def logged_fields() -> list[str]:
+    return [name for spec in registered_methods() for name in spec.logged]
+
+
+def method_inputs() -> list[str]:
+    return [name for spec in registered_methods() for name in spec.inputs]
+
+
+def uses_syntax(settings: Mapping[str, Any]) -> bool:
+    """Whether config settings (a dict of config fields, e.g. a recipe's) switch on a method that needs syntax."""
+    return any(spec.uses_syntax and settings.get(spec.name) is not None for spec in registered_methods())
