@@ -87,6 +87,13 @@ def collect_method_outputs(context: HeadAttnContext, config) -> tuple[dict, torc
     return fields, objective
 
 
+def _token_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A (B, L) padding mask as bool; ``None`` for none, and for a 4-D (B, 1, T, S) attention mask (e.g. what
+    ``generate(..., cache_implementation="static")`` passes as ``decoder_attention_mask``), which is no per-token mask:
+    the methods then read the padding from the mask each attention call gets."""
+    return mask.bool() if mask is not None and mask.dim() == 2 else None
+
+
 class HeadAttnPreTrainedMixin:
     """What the base model and the LM model share: method attachment, weight init, context creation."""
 
@@ -131,7 +138,7 @@ class HeadAttnPreTrainedMixin:
     ):
         context = HeadAttnContext(
             bool(output_head_importance), bool(output_redundant_heads),
-            None if source_mask is None else source_mask.bool(), None if target_mask is None else target_mask.bool(),
+            _token_mask(source_mask), _token_mask(target_mask),
         )
         kwargs["headattn_context"] = context
         if dependency_mask is not None:
