@@ -36,8 +36,8 @@ from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArgumen
 
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.experiment.presets import (
-    early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset, refuse_architecture,
-    split_architecture,
+    check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset,
+    refuse_architecture, split_architecture,
 )
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit
 from hf_headattn.experiment.training import (
@@ -82,14 +82,29 @@ class DataArguments(ParallelDataArguments):
     preprocessing_num_workers: int | None = field(default=None)
 
 
+def parse_method_settings(text: str | None) -> dict:
+    """The ``--method_settings`` JSON object (``{}`` for None)."""
+    if not text:
+        return {}
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--method_settings {text!r} is not valid JSON ({error}); expected an object such as "
+                         "'{\"dhicm_dropout\": 0.3}'") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"--method_settings must be a JSON object of config fields, got {text!r}")
+    return settings
+
+
 def settings_from(args: ModelArguments) -> dict:
     settings = method_settings(args.method)
     if args.preset:
         settings = merge_settings(settings, preset(args.preset).config)
-    if args.method_settings:
-        settings.update(json.loads(args.method_settings))
+    settings.update(parse_method_settings(args.method_settings))
     if args.model_name_or_path:
-        refuse_architecture(settings, args.model_name_or_path)
+        refuse_architecture(settings, args.model_name_or_path)  # its keys are checked when it loads
+    else:
+        check_setting_keys(settings)
     return {"label_smoothing": args.label_smoothing, **settings}
 
 

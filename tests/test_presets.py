@@ -10,8 +10,9 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 import hf_headattn
 from hf_headattn.experiment.presets import (
-    MODEL_SHAPES, PRESETS, expand_argv, model_shape, preset, split_architecture,
+    MODEL_SHAPES, PRESETS, check_setting_keys, expand_argv, model_shape, preset, split_architecture,
 )
+from hf_headattn.experiment.training import pretrained_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -119,6 +120,34 @@ def test_bad_presets_and_pretrained_architecture_are_refused():
     assert train_translation.settings_from(model_args)["eadra"]["encoder"]["num_heads"] == 2
     with pytest.raises(ValueError, match=r"shape overrides \['dropout'\] are not architecture fields"):
         model_shape({"shape": "tiny", "dropout": 0.1})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method_settings", '{"dhicm_dropot": 0.3}'],
+     r"unknown settings \['dhicm_dropot'\] \(did you mean dhicm_dropout"),
+    (["--method_settings", "{dhicm_dropout: 0.3}"], r"--method_settings '\{dhicm_dropout: 0.3\}' is not valid JSON"),
+    (["--method_settings", "[1]"], r"must be a JSON object"),
+    (["--method", "dea_rhe+lpea_rhe"], r"'dea_rhe' and 'lpea_rhe' .* conflict: they set sea_type to 'dea' and 'lpea'"),
+    (["--method", "eadra+eadra_all"], r"'eadra' and 'eadra_all' .* conflict: they set eadra"),
+])
+def test_bad_method_settings_are_refused(argv, message):
+    # regression: a misspelled key was ignored, bad JSON gave a raw JSONDecodeError, dea_rhe+lpea_rhe kept LPEA
+    model_args, _, _ = parse(*argv)
+    with pytest.raises(ValueError, match=message):
+        train_translation.settings_from(model_args)
+
+
+def test_valid_keys_come_from_the_config_class(stock_checkpoint):
+    model_args, _, _ = parse("--method", "dhicm+dea_rhe+dhicm", "--method_settings",
+                             '{"activation_dropout": 0.2, "hidden_size": 64, "sea_layers": [0]}')
+    assert train_translation.settings_from(model_args)["sea_type"] == "dea"  # repeats agree; attribute_map aliases
+    check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMarianConfig)
+    with pytest.raises(ValueError, match=r"\['share_encoder_decoder_embeddings'\].*HeadAttnMBartConfig"):
+        check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMBartConfig)
+    family, path = stock_checkpoint  # a pretrained model checks against its own config class (was a raw TypeError)
+    config_name = {"mbart": "HeadAttnMBartConfig", "marian": "HeadAttnMarianConfig"}[family]
+    with pytest.raises(ValueError, match=rf"unknown settings \['dhicm_layers'\].*{config_name}"):
+        pretrained_model(str(path), {"dhicm_layers": [-1]})
 
 
 def run(tmp_path, *extra):
