@@ -18,6 +18,9 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
     python recipes/train_translation.py --preset dhicm_be_en --model_shape small --num_train_epochs 100 \
         --multi30k_dir ../shared/data/multi30k --output_dir outputs/dhicm_be_en
 
+An interrupted run continues with ``--resume_from_checkpoint true`` (the latest ``checkpoint-N`` in ``--output_dir``)
+or ``--resume_from_checkpoint <checkpoint folder>``.
+
 Writes ``results.json`` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
 ``predictions_<split>.txt`` per test split into ``--output_dir``. Loss components are logged beside ``loss``
 (``--report_to tensorboard`` for TensorBoard).
@@ -39,7 +42,7 @@ from hf_headattn.experiment.presets import (
     check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset,
     refuse_architecture, split_architecture,
 )
-from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit, last_checkpoint, resume_checkpoint
 from hf_headattn.experiment.training import (
     ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
     scratch_tokenizer, set_languages, translate_and_score, write_json,
@@ -114,6 +117,10 @@ def main(argv=None) -> dict:
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     settings = settings_from(model_args)
+    resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    if resume is None and last_checkpoint(training_args.output_dir):
+        logger.warning(f"{training_args.output_dir} holds checkpoints of an earlier run; this run starts at step 0 and "
+                       "may overwrite them (--resume_from_checkpoint true continues from the latest)")
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
     time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
     callbacks += [time_limit] if time_limit else []
@@ -154,7 +161,7 @@ def main(argv=None) -> dict:
         processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer), callbacks=callbacks,
     )
     start = time.perf_counter()
-    train_result = trainer.train()
+    train_result = trainer.train(resume_from_checkpoint=resume)
     train_time = time.perf_counter() - start
     trainer.save_model()
     tokenizer.save_pretrained(training_args.output_dir)
