@@ -262,7 +262,20 @@ class HeadAttnMBartForConditionalGeneration(HeadAttnLMMixin, MBartForConditional
     config_class = HeadAttnMBartConfig
 
     def _shift_labels(self, labels):
-        return mbart_shift_tokens_right(labels, self.config.pad_token_id)
+        """mBART's ``shift_tokens_right``, except that a row without any target token (all -100, e.g. a target
+        truncated away) becomes all padding instead of an IndexError (mBART indexes each row's last real token)."""
+        pad = self.config.pad_token_id
+        has_target = (labels.ne(IGNORE_INDEX) & labels.ne(pad)).any(-1)  # (B,)
+        if has_target.all():
+            return mbart_shift_tokens_right(labels, pad)
+        shifted = torch.full_like(labels, pad)
+        if has_target.any():
+            shifted[has_target] = mbart_shift_tokens_right(labels[has_target], pad)
+        return shifted
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """What ``DataCollatorForSeq2Seq`` calls: the same shift as the forward's."""
+        return self._shift_labels(labels)
 
 
 class HeadAttnMarianModel(HeadAttnModelMixin, MarianModel):
