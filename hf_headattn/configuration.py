@@ -17,6 +17,8 @@ from transformers.utils import logging
 from .dhicm import METHOD as DHICM
 from .eadra import METHOD as EADRA
 from .sea import METHOD as SEA
+from .sea_math import LPEA_RULE2
+from .settings_checks import check_choice
 
 logger = logging.get_logger(__name__)
 
@@ -41,6 +43,8 @@ class HeadAttnSettings:
     SEA + RHE (Zhang et al. 2021), see :mod:`hf_headattn.sea`:
         sea_type: None, "dea" or "lpea". sea_heads: "all" or "redundant" (RHE). sea_layers: encoder layer indices.
         rhe_prune: drop the redundant heads' outputs instead. lpea_max_relative_position: k of Eq. 7.
+        lpea_rule2: "symmetric" or "literal", the reading of Rule 2 the syntax collator builds the local phrases
+            with (:func:`hf_headattn.syntax.features.local_phrases`).
     """
 
     label_smoothing: float = 0.0
@@ -57,6 +61,7 @@ class HeadAttnSettings:
     sea_layers: list[int] | None = None
     rhe_prune: bool = False
     lpea_max_relative_position: int = 6
+    lpea_rule2: str = "symmetric"
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -80,6 +85,7 @@ class HeadAttnSettings:
         """Raise ``ValueError`` for a setting out of range; normalise what has a canonical form."""
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        check_choice(self.lpea_rule2, "lpea_rule2", LPEA_RULE2)
         for method in (DHICM, EADRA, SEA):
             method.check_settings(self)
 

@@ -63,6 +63,9 @@ class ModelArguments:
     dropout: float = field(default=0.1, metadata={"help": "From scratch: dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "From scratch: attention dropout"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+    lpea_rule2: str | None = field(default=None, metadata={
+        "help": "LPEA/SEA local phrases: Rule 2 of the RHE paper read as 'symmetric' (default) or 'literal' (j < i "
+                "only); stored in the config (lpea_rule2)", "choices": ["symmetric", "literal"]})
     preset: str | None = field(default=None, metadata={"help": "Paper preset(s) joined by '+', see presets.PRESETS; "
                                                               "flags you pass win over the preset's"})
     early_stopping_patience: int | None = field(default=None, metadata={
@@ -104,6 +107,8 @@ def settings_from(args: ModelArguments) -> dict:
     if args.preset:
         settings = merge_settings(settings, preset(args.preset).config)
     settings.update(parse_method_settings(args.method_settings))
+    if args.lpea_rule2 is not None:
+        settings["lpea_rule2"] = args.lpea_rule2
     if args.model_name_or_path:
         refuse_architecture(settings, args.model_name_or_path)  # its keys are checked when it loads
     else:

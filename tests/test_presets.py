@@ -12,7 +12,7 @@ import hf_headattn
 from hf_headattn.experiment.presets import (
     MODEL_SHAPES, PRESETS, check_setting_keys, expand_argv, model_shape, preset, split_architecture,
 )
-from hf_headattn.experiment.training import pretrained_model
+from hf_headattn.experiment.training import collator, pretrained_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -148,6 +148,21 @@ def test_valid_keys_come_from_the_config_class(stock_checkpoint):
     config_name = {"mbart": "HeadAttnMBartConfig", "marian": "HeadAttnMarianConfig"}[family]
     with pytest.raises(ValueError, match=rf"unknown settings \['dhicm_layers'\].*{config_name}"):
         pretrained_model(str(path), {"dhicm_layers": [-1]})
+
+
+def test_lpea_rule2_flag_reaches_the_config_and_the_collator():
+    from conftest import TINY
+
+    model_args, _, _ = parse("--method", "lpea_rhe", "--lpea_rule2", "literal")
+    settings = train_translation.settings_from(model_args)
+    assert settings["lpea_rule2"] == "literal"
+    model = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, **settings))
+    assert model.config.to_dict()["lpea_rule2"] == "literal"  # saved with the model, for inference
+    assert collator(None, model, settings).rule2 == "literal"
+    default = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, sea_type="lpea"))
+    assert collator(None, default, {"sea_type": "lpea"}).rule2 == "symmetric"
+    with pytest.raises(ValueError, match=r"lpea_rule2 must be one of \('symmetric', 'literal'\), got 'j<i'"):
+        hf_headattn.HeadAttnMarianConfig(**TINY, lpea_rule2="j<i")
 
 
 def run(tmp_path, *extra):

@@ -144,11 +144,13 @@ def parses_file_name(split: str, src: str) -> str:
 
 
 def collator(tokenizer, model, settings: dict):
-    """The batch collator: the syntax collator when SEA/RHE needs its tensors, else ``DataCollatorForSeq2Seq``."""
+    """The batch collator: the syntax collator when SEA/RHE needs its tensors (reading Rule 2 as the model's
+    ``config.lpea_rule2`` says), else ``DataCollatorForSeq2Seq``."""
     if uses_syntax(settings):
         from ..syntax import DataCollatorForSyntaxSeq2Seq
 
-        return DataCollatorForSyntaxSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
+        rule2 = getattr(model.config, "lpea_rule2", "symmetric")
+        return DataCollatorForSyntaxSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8, rule2=rule2)
     return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
 
 
