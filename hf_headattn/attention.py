@@ -41,7 +41,8 @@ class HeadAttnContext:
 
     ``records[key]`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
     the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
-    are True at real (non-padding) tokens; ``None`` means every token is real.
+    are True at real (non-padding) tokens; ``None`` means every token is real. ``grad_enabled``: whether the forward
+    that created the context records gradients (see :func:`check_loss_terms_get_gradients`).
     """
 
     output_head_importance: bool = False
@@ -49,6 +50,7 @@ class HeadAttnContext:
     source_mask: torch.Tensor | None = None
     target_mask: torch.Tensor | None = None
     records: dict[str, list] = field(default_factory=lambda: defaultdict(list))
+    grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
 
     def record(self, key: str, value: Any) -> None:
         self.records[key].append(value)
@@ -118,6 +120,23 @@ def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.T
     if attention_mask.dtype == torch.bool:
         return attention_mask
     return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+
+
+def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext | None, methods) -> None:
+    """Refuse an attention call that would record loss terms without gradients: the model's forward records
+    gradients but this layer runs without, as under reentrant gradient checkpointing
+    (``gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})``, and ``{}`` where torch
+    defaults to it). Its recomputation in the backward pass comes too late for the loss, so ``dhicm_kl`` and
+    ``eadra_loss`` would silently get no gradient."""
+    if context is None or not context.grad_enabled or torch.is_grad_enabled() or not module.training:
+        return
+    terms = [type(method).__name__ for method in methods if method.records_loss_terms]
+    if terms:
+        raise ValueError(
+            f"{getattr(module, 'headattn_name', type(module).__name__)} runs without gradients inside a forward that "
+            f"records them (reentrant gradient checkpointing), so the loss terms of {terms} would get none; expected "
+            "gradient_checkpointing_kwargs={'use_reentrant': False} (transformers' default when none are given)"
+        )
 
 
 class _HeadAttnDispatch:
@@ -202,6 +221,7 @@ def headattn_attention_forward(
         module, query, key, value, attention_mask, scaling, headattn_hidden_states, headattn_context, kwargs
     )
     methods = [getattr(module, name) for name in module.headattn_methods]
+    check_loss_terms_get_gradients(module, headattn_context, methods)
     for method in methods:
         method.before(call)
     attn_output, attn_weights = backend(
@@ -213,7 +233,12 @@ def headattn_attention_forward(
 
 
 class AttentionMethod(nn.Module):
-    """Base class of a method attached to an attention module: both hooks do nothing by default."""
+    """Base class of a method attached to an attention module: both hooks do nothing by default.
+
+    ``records_loss_terms``: whether the method records terms of the training objective (they need gradients).
+    """
+
+    records_loss_terms = False
 
     def init_weights(self, std: float) -> None:
         """Initialise the method's own ``nn.Parameter``s with ``transformers.initialization`` functions (which skip

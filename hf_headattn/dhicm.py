@@ -127,6 +127,8 @@ class DHICM(AttentionMethod):
     The parameters W (d_m x d_k), U (d_m x d), V (d_m x d_k) have no bias, as in Eq. 2-3.
     """
 
+    records_loss_terms = True
+
     def __init__(self, d_model: int, num_heads: int, d_m: int, dropout: float, mode: str):
         super().__init__()
         head_dim = d_model // num_heads

@@ -157,6 +157,8 @@ def head_scores(call: AttentionCall, num_heads: int) -> tuple[torch.Tensor, torc
 class EaDRA(AttentionMethod):
     """Computes R_peak, R_sent and R_dist of the first ``num_heads`` heads of its attention module; no parameters."""
 
+    records_loss_terms = True
+
     def __init__(self, component: str, num_heads: int):
         super().__init__()
         self.component, self.num_heads = component, num_heads

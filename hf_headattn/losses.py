@@ -58,9 +58,10 @@ def total_objective(
     it, so gradient accumulation and DDP give exactly the gradient of one big batch; each method term, a mean over its
     micro-batch, is weighted by the micro-batch's share of tokens, ``num_tokens / num_items_in_batch``, so the
     accumulated objective holds the token-weighted mean of the terms (equal to the full-batch term when the micro-
-    batches carry equal token counts).
+    batches carry equal token counts). A batch without label tokens gives 0, not NaN (the denominator is at least 1).
     """
-    denominator = num_tokens.clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+    denominator = num_tokens if num_items_in_batch is None else num_items_in_batch
+    denominator = denominator.clamp(min=1) if torch.is_tensor(denominator) else max(denominator, 1)
     loss = loss_sum / denominator
     if method_term is not None:
         loss = loss + method_term * (num_tokens / denominator)

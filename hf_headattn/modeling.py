@@ -96,6 +96,13 @@ def with_method_fields(output, fields: dict):
     return output
 
 
+def _token_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A (B, L) padding mask as bool; ``None`` for none, and for a 4-D (B, 1, T, S) attention mask (e.g. what
+    ``generate(..., cache_implementation="static")`` passes as ``decoder_attention_mask``), which is no per-token mask:
+    the methods then read the padding from the mask each attention call gets."""
+    return mask.bool() if mask is not None and mask.dim() == 2 else None
+
+
 class HeadAttnPreTrainedMixin:
     """What the base model and the LM model share: method attachment, weight init, context creation."""
 
@@ -154,7 +161,7 @@ class HeadAttnPreTrainedMixin:
         self._check_settings_unchanged()
         context = HeadAttnContext(
             bool(output_head_importance), bool(output_redundant_heads),
-            None if source_mask is None else source_mask.bool(), None if target_mask is None else target_mask.bool(),
+            _token_mask(source_mask), _token_mask(target_mask),
         )
         kwargs["headattn_context"] = context
         if dependency_mask is not None:
@@ -278,7 +285,20 @@ class HeadAttnMBartForConditionalGeneration(HeadAttnLMMixin, MBartForConditional
     config_class = HeadAttnMBartConfig
 
     def _shift_labels(self, labels):
-        return mbart_shift_tokens_right(labels, self.config.pad_token_id)
+        """mBART's ``shift_tokens_right``, except that a row without any target token (all -100, e.g. a target
+        truncated away) becomes all padding instead of an IndexError (mBART indexes each row's last real token)."""
+        pad = self.config.pad_token_id
+        has_target = (labels.ne(IGNORE_INDEX) & labels.ne(pad)).any(-1)  # (B,)
+        if has_target.all():
+            return mbart_shift_tokens_right(labels, pad)
+        shifted = torch.full_like(labels, pad)
+        if has_target.any():
+            shifted[has_target] = mbart_shift_tokens_right(labels[has_target], pad)
+        return shifted
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """What ``DataCollatorForSeq2Seq`` calls: the same shift as the forward's."""
+        return self._shift_labels(labels)
 
 
 class HeadAttnMarianModel(HeadAttnModelMixin, MarianModel):

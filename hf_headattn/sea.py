@@ -25,6 +25,7 @@ from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod
 from .registry import MethodSettings, MethodSpec
+from .losses import IGNORE_INDEX
 from .sea_math import (
     NOT_IN_PHRASE,
     dependency_allowed,
@@ -110,7 +111,8 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     Expected: shape (batch, src_len, src_len) of the batch being encoded, on the query's device; ``dependency_mask``
     torch.bool; ``phrase_positions`` an integer dtype whose values are ``NOT_IN_PHRASE`` or relative positions with
     ``|RP| < |NOT_IN_PHRASE|`` (clipped to [-k, k] by Eq. 7). Any other value (e.g. -10001, 10000) is a mix-up of
-    sentinels, not a phrase position, and raises.
+    sentinels, not a phrase position, and raises; so does -100, the label padding value (``IGNORE_INDEX``), which
+    would otherwise be clipped to -k silently (a layer difference of 100 needs a phrase tree over 100 levels deep).
     """
     if tensor is None:
         raise ValueError(f"SEA needs the forward argument {name} (batch, src_len, src_len); " + _HOW.format(name=name))
@@ -138,6 +140,12 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
         raise ValueError(
             f"phrase_positions contains {value}: expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} "
             f"(clipped to [-{k}, {k}]) or NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase"
+        )
+    if (tensor == IGNORE_INDEX).any():
+        raise ValueError(
+            f"phrase_positions contains {IGNORE_INDEX}, the label padding value (padded like labels?): expected "
+            f"NOT_IN_PHRASE = {NOT_IN_PHRASE} on padding and outside the local phrase, as "
+            "DataCollatorForSyntaxSeq2Seq writes it"
         )
 
 

@@ -199,7 +199,7 @@ def main(argv=None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train every row and seed")
     run.add_argument("--output_dir", type=Path, required=True)
-    run.add_argument("--rows", nargs="+", default=ROWS, help="method names (see presets.METHODS), '+' combines")
+    run.add_argument("--rows", nargs="+", default=ROWS, help="method names (see presets.method_settings), '+' combines")
     run.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     run.add_argument("--parallel", type=int, default=1, help="runs at a time")
     run.add_argument("--threads", type=int, default=1, help="CPU threads per run")

@@ -18,6 +18,9 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
     python recipes/train_translation.py --preset dhicm_be_en --model_shape small --num_train_epochs 100 \
         --multi30k_dir ../shared/data/multi30k --output_dir outputs/dhicm_be_en
 
+An interrupted run continues with ``--resume_from_checkpoint true`` (the latest ``checkpoint-N`` in ``--output_dir``)
+or ``--resume_from_checkpoint <checkpoint folder>``.
+
 Writes ``results.json`` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
 ``predictions_<split>.txt`` per test split into ``--output_dir``. Loss components are logged beside ``loss``
 (``--report_to tensorboard`` for TensorBoard).
@@ -36,10 +39,10 @@ from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArgumen
 
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.experiment.presets import (
-    early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset, refuse_architecture,
-    split_architecture,
+    check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset,
+    refuse_architecture, split_architecture,
 )
-from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit, last_checkpoint, resume_checkpoint
 from hf_headattn.experiment.training import (
     ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
     scratch_tokenizer, set_languages, translate_and_score, write_json,
@@ -54,12 +57,15 @@ class ModelArguments:
     model_shape: str = field(default="tiny", metadata={"help": "From scratch: tiny, small or base"})
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer; else the model's or a new one"})
     vocab_size: int = field(default=8000, metadata={"help": "From scratch: joint sentencepiece vocabulary size"})
-    method: str = field(default="baseline", metadata={"help": "Method names joined by '+', see presets.METHODS"})
+    method: str = field(default="baseline", metadata={"help": "Method names joined by '+', see presets.method_settings"})
     method_settings: str | None = field(default=None, metadata={"help": "JSON dict of extra config fields"})
     label_smoothing: float = field(default=0.1, metadata={"help": "Computed inside the model"})
     dropout: float = field(default=0.1, metadata={"help": "From scratch: dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "From scratch: attention dropout"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+    lpea_rule2: str | None = field(default=None, metadata={
+        "help": "LPEA/SEA local phrases: Rule 2 of the RHE paper read as 'symmetric' (default) or 'literal' (j < i "
+                "only); stored in the config (sea["rule2"])", "choices": ["symmetric", "literal"]})
     preset: str | None = field(default=None, metadata={"help": "Paper preset(s) joined by '+', see presets.PRESETS; "
                                                               "flags you pass win over the preset's"})
     early_stopping_patience: int | None = field(default=None, metadata={
@@ -82,14 +88,31 @@ class DataArguments(ParallelDataArguments):
     preprocessing_num_workers: int | None = field(default=None)
 
 
+def parse_method_settings(text: str | None) -> dict:
+    """The ``--method_settings`` JSON object (``{}`` for None)."""
+    if not text:
+        return {}
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--method_settings {text!r} is not valid JSON ({error}); expected an object such as "
+                         "'{\"dhicm_dropout\": 0.3}'") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"--method_settings must be a JSON object of config fields, got {text!r}")
+    return settings
+
+
 def settings_from(args: ModelArguments) -> dict:
     settings = method_settings(args.method)
     if args.preset:
         settings = preset(args.preset).apply(settings)
-    if args.method_settings:
-        settings.update(json.loads(args.method_settings))
+    settings.update(parse_method_settings(args.method_settings))
+    if args.lpea_rule2 is not None and settings.get("sea") is not None:
+        settings["sea"] = {**settings["sea"], "rule2": args.lpea_rule2}
     if args.model_name_or_path:
-        refuse_architecture(settings, args.model_name_or_path)
+        refuse_architecture(settings, args.model_name_or_path)  # its keys are checked when it loads
+    else:
+        check_setting_keys(settings)
     return {"label_smoothing": args.label_smoothing, **settings}
 
 
@@ -99,6 +122,10 @@ def main(argv=None) -> dict:
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     settings = settings_from(model_args)
+    resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    if resume is None and last_checkpoint(training_args.output_dir):
+        logger.warning(f"{training_args.output_dir} holds checkpoints of an earlier run; this run starts at step 0 and "
+                       "may overwrite them (--resume_from_checkpoint true continues from the latest)")
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
     time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
     callbacks += [time_limit] if time_limit else []
@@ -139,7 +166,7 @@ def main(argv=None) -> dict:
         processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer), callbacks=callbacks,
     )
     start = time.perf_counter()
-    train_result = trainer.train()
+    train_result = trainer.train(resume_from_checkpoint=resume)
     train_time = time.perf_counter() - start
     trainer.save_model()
     tokenizer.save_pretrained(training_args.output_dir)

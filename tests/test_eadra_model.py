@@ -176,6 +176,33 @@ def test_generation_with_cache_is_unchanged(num_beams):
     assert torch.equal(model.generate(**inputs, **kwargs), stock.generate(**inputs, **kwargs))
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generation_with_a_static_cache_equals_the_stock_model(num_beams):
+    # regression: generate passes a 4-D (B, 1, T, S) decoder_attention_mask with a static cache, which was taken for
+    # the (B, T) target mask and crashed the EaDRA terms
+    model, stock = model_of(ALL), model_of(None)
+    stock.load_state_dict(model.state_dict())
+    inputs = {k: v for k, v in batch().items() if k != "labels"}
+    kwargs = dict(max_new_tokens=6, num_beams=num_beams, do_sample=False, output_scores=True,
+                  return_dict_in_generate=True)
+    static = model.generate(**inputs, **kwargs, cache_implementation="static")
+    references = stock.generate(**inputs, **kwargs, cache_implementation="static"), model.generate(**inputs, **kwargs)
+    for reference in references:
+        assert torch.equal(static.sequences, reference.sequences)
+        torch.testing.assert_close(torch.stack(static.scores), torch.stack(reference.scores))
+
+
+def test_a_4d_decoder_attention_mask_is_not_taken_for_the_target_mask():
+    model = model_of({"decoder": {}})
+    inputs = {**batch(), "labels": torch.tensor([[13, 14, 15, 2], [16, 17, 18, 2]])}  # no target padding
+    B, T = inputs["labels"].shape
+    causal = torch.ones(T, T, dtype=torch.bool).tril().expand(B, 1, T, T)
+    with torch.no_grad():
+        out = model(**inputs, decoder_attention_mask=causal)  # its 10 True entries per sentence were "tokens"
+        reference = model(**inputs, decoder_attention_mask=torch.ones(B, T, dtype=torch.long))
+    assert out.eadra_loss.item() == pytest.approx(reference.eadra_loss.item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_autocast_gives_finite_terms_and_gradients(dtype):
     model = model_of(ALL).train()

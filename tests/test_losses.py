@@ -55,6 +55,29 @@ def test_total_objective_weights_method_terms_by_token_share():
     assert total_objective(loss_sum, n, term, num_items_in_batch=10).item() == pytest.approx(1.2 + 0.2)
 
 
+@pytest.mark.parametrize("num_items_in_batch", [0, torch.tensor(0)])
+def test_a_batch_without_label_tokens_gives_zero_not_nan(num_items_in_batch):
+    # regression: num_items_in_batch=0 (every label -100 in the accumulated batch) gave 0/0 = NaN
+    loss = total_objective(torch.tensor(0.0), torch.tensor(0), torch.tensor(0.5), num_items_in_batch)
+    assert loss.item() == 0.0
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm_decoder_layers=[-1]))
+    inputs = {**batch(), "labels": torch.full((2, 4), -100)}
+    assert model(**inputs, num_items_in_batch=num_items_in_batch).loss.item() == 0.0
+
+
+def test_mbart_row_without_targets_costs_nothing_and_does_not_crash():
+    # regression: mBART's shift_tokens_right indexed position -1 of a row of -100 only ("index -1 is out of bounds")
+    torch.manual_seed(0)
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, label_smoothing=0.1)).eval()
+    inputs = {**batch(), "labels": torch.tensor([[13, 14, 15, 2], [-100, -100, -100, -100]])}
+    first = {key: value[:1] for key, value in inputs.items()}
+    with torch.no_grad():
+        assert model(**inputs).loss.item() == pytest.approx(model(**first).loss.item(), rel=1e-6)
+    shifted = model.prepare_decoder_input_ids_from_labels(inputs["labels"])
+    assert shifted.tolist() == [[2, 13, 14, 15], [1, 1, 1, 1]]  # row 0 as mBART shifts it; row 1 all padding
+    assert model.prepare_decoder_input_ids_from_labels(inputs["labels"][1:]).tolist() == [[1, 1, 1, 1]]
+
+
 def test_model_applies_config_label_smoothing():
     torch.manual_seed(0)
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, label_smoothing=0.1)).eval()

@@ -10,8 +10,9 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 import hf_headattn
 from hf_headattn.experiment.presets import (
-    MODEL_SHAPES, PRESETS, expand_argv, model_shape, preset, split_architecture,
+    MODEL_SHAPES, PRESETS, check_setting_keys, expand_argv, model_shape, preset, split_architecture,
 )
+from hf_headattn.experiment.training import collator, pretrained_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -120,6 +121,49 @@ def test_bad_presets_and_pretrained_architecture_are_refused():
     assert train_translation.settings_from(model_args)["eadra"]["encoder"]["num_heads"] == 2
     with pytest.raises(ValueError, match=r"shape overrides \['dropout'\] are not architecture fields"):
         model_shape({"shape": "tiny", "dropout": 0.1})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method_settings", '{"dhicm_dropot": 0.3}'],
+     r"unknown settings \['dhicm_dropot'\] \(did you mean dhicm_dropout"),
+    (["--method_settings", "{dhicm_dropout: 0.3}"], r"--method_settings '\{dhicm_dropout: 0.3\}' is not valid JSON"),
+    (["--method_settings", "[1]"], r"must be a JSON object"),
+    (["--method", "dea_rhe+lpea_rhe"], r"'dea_rhe' and 'lpea_rhe' .* conflict: they set sea_type to 'dea' and 'lpea'"),
+    (["--method", "eadra+eadra_all"], r"'eadra' and 'eadra_all' .* conflict: they set eadra"),
+])
+def test_bad_method_settings_are_refused(argv, message):
+    # regression: a misspelled key was ignored, bad JSON gave a raw JSONDecodeError, dea_rhe+lpea_rhe kept LPEA
+    model_args, _, _ = parse(*argv)
+    with pytest.raises(ValueError, match=message):
+        train_translation.settings_from(model_args)
+
+
+def test_valid_keys_come_from_the_config_class(stock_checkpoint):
+    model_args, _, _ = parse("--method", "dhicm+dea_rhe+dhicm", "--method_settings",
+                             '{"activation_dropout": 0.2, "hidden_size": 64, "sea_layers": [0]}')
+    assert train_translation.settings_from(model_args)["sea_type"] == "dea"  # repeats agree; attribute_map aliases
+    check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMarianConfig)
+    with pytest.raises(ValueError, match=r"\['share_encoder_decoder_embeddings'\].*HeadAttnMBartConfig"):
+        check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMBartConfig)
+    family, path = stock_checkpoint  # a pretrained model checks against its own config class (was a raw TypeError)
+    config_name = {"mbart": "HeadAttnMBartConfig", "marian": "HeadAttnMarianConfig"}[family]
+    with pytest.raises(ValueError, match=rf"unknown settings \['dhicm_layers'\].*{config_name}"):
+        pretrained_model(str(path), {"dhicm_layers": [-1]})
+
+
+def test_lpea_rule2_flag_reaches_the_config_and_the_collator():
+    from conftest import TINY
+
+    model_args, _, _ = parse("--method", "lpea_rhe", "--lpea_rule2", "literal")
+    settings = train_translation.settings_from(model_args)
+    assert settings["lpea_rule2"] == "literal"
+    model = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, **settings))
+    assert model.config.to_dict()["lpea_rule2"] == "literal"  # saved with the model, for inference
+    assert collator(None, model, settings).rule2 == "literal"
+    default = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, sea_type="lpea"))
+    assert collator(None, default, {"sea_type": "lpea"}).rule2 == "symmetric"
+    with pytest.raises(ValueError, match=r"lpea_rule2 must be one of \('symmetric', 'literal'\), got 'j<i'"):
+        hf_headattn.HeadAttnMarianConfig(**TINY, lpea_rule2="j<i")
 
 
 def run(tmp_path, *extra):

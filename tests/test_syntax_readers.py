@@ -124,6 +124,15 @@ def test_conllu_errors_name_the_example_or_line(files):
         read_conllu(files / "bad.conllu")
 
 
+@pytest.mark.parametrize("reader, name", [(ConlluFile, "latin1.conllu"), (BracketedTreeFile, "latin1.txt")])
+def test_a_file_that_is_not_utf8_is_named(tmp_path, reader, name):
+    # regression: a bare UnicodeDecodeError that did not say which file
+    text = CONLLU.replace("dog", "caf\u00e9") if reader is ConlluFile else TREES[0].replace("dog", "caf\u00e9")
+    (tmp_path / name).write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"{name} is not UTF-8 \(byte 0xe9 at offset \d+\); expected a UTF-8 file"):
+        reader(tmp_path / name)
+
+
 def test_missing_parsers_say_what_to_install():
     with pytest.raises(MissingParserError, match=r"pip install en-core-web-nonexistent"):
         load_spacy("en_core_web_nonexistent")

@@ -24,6 +24,8 @@ apply to models trained from scratch, over ``--model_shape``; with a pretrained 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,17 +59,46 @@ MODEL_SHAPES: dict[str, dict] = {
 
 def method_settings(spec: str) -> dict:
     """Config fields for a method name (``MethodSpec.presets`` of the registered methods, or "baseline") or a
-    "+"-joined combination of names.
+    "+"-joined combination of names; names that set the same field to different values (e.g. ``dea_rhe+lpea_rhe``:
+    ``sea``) are refused.
 
     >>> method_settings("dhicm+dea_rhe")["sea"]["type"]
     'dea'
     """
-    names, settings = _method_names(), {}
+    names, settings, setters = _method_names(), {}, {}
     for name in (part.strip() for part in spec.split("+")):
         if name not in names:
             raise ValueError(f"unknown method {name!r} in {spec!r}; expected names from {sorted(names)} joined by '+'")
-        settings = merge_settings(settings, names[name])
+        for key, value in names[name].items():
+            if key in settings and settings[key] != value:
+                raise ValueError(
+                    f"methods {setters[key]!r} and {name!r} in {spec!r} conflict: they set {key} to {settings[key]!r} "
+                    f"and {value!r}; expected one of them"
+                )
+            settings[key], setters[key] = value, name
     return settings
+
+
+def check_setting_keys(settings: Mapping, config_class: type | None = None) -> None:
+    """Raise ``ValueError`` for keys of ``settings`` that are neither a field of ``config_class`` (default
+    :class:`~hf_headattn.HeadAttnMarianConfig`; the pretrained model's config class for a checkpoint), nor one of
+    its ``attribute_map`` aliases, nor a registered method's settings field (or its release-0.1 flat fields). A misspelled key would otherwise be
+    stored on the config and ignored.
+
+    >>> check_setting_keys({"dhicm_dropot": 0.1})
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown settings ['dhicm_dropot'] (did you mean dhicm_dropout?): expected fields of HeadAttnMarianConfig
+    """
+    if config_class is None:
+        from ..configuration import HeadAttnMarianConfig as config_class
+    valid = {f.name for f in dataclasses.fields(config_class)} | set(getattr(config_class, "attribute_map", {}))
+    valid |= {key for spec in registered_methods() for key in (spec.name, *spec.legacy_fields)}
+    unknown = sorted(set(settings) - valid)
+    if unknown:
+        hints = [match for key in unknown for match in difflib.get_close_matches(key, valid, n=1)]
+        hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+        raise ValueError(f"unknown settings {unknown}{hint}: expected fields of {config_class.__name__}")
 
 
 #: The config fields a model shape fixes; a search or a preset may override them (models trained from scratch only).

@@ -36,6 +36,28 @@ def loss_components(outputs) -> dict[str, torch.Tensor]:
     return components
 
 
+def last_checkpoint(output_dir: str | Path) -> str | None:
+    """The latest ``checkpoint-N`` folder in ``output_dir`` (None if there is none, or no such folder)."""
+    return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+
+
+def resume_checkpoint(value: str | bool | None, output_dir: str | Path) -> str | bool | None:
+    """What ``Trainer.train(resume_from_checkpoint=...)`` gets for ``--resume_from_checkpoint`` (as in HF's
+    ``run_translation.py``): None (start afresh) for None, "" or "false"; True (the latest ``checkpoint-N`` in
+    ``output_dir``) for "true"; else the checkpoint folder, which must exist. Raises ``ValueError`` otherwise."""
+    if value is None or value is False or str(value).strip().lower() in ("", "false"):
+        return None
+    if value is True or str(value).strip().lower() == "true":
+        if last_checkpoint(output_dir) is None:
+            raise ValueError(f"resume_from_checkpoint=true but {output_dir} holds no checkpoint-N folder; expected the "
+                             "output_dir of the interrupted run, or a checkpoint folder")
+        return True
+    if not Path(value).is_dir():
+        raise ValueError(f"resume_from_checkpoint={value!r} is not a folder; expected a checkpoint folder (e.g. "
+                         f"{Path(output_dir) / 'checkpoint-500'}) or 'true' for the latest in output_dir")
+    return str(value)
+
+
 def check_resume_world_size(checkpoint, args) -> None:
     """Refuse to resume a checkpoint written by a different number of processes.
 

@@ -14,7 +14,7 @@ from ..configuration import HeadAttnMarianConfig
 from .data import load_parallel_dataset, tokenize_parallel
 from .evaluation import compute_translation_metrics
 from ..modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
-from .presets import model_shape, uses_syntax
+from .presets import check_setting_keys, model_shape, uses_syntax
 from .tokenization import train_joint_sentencepiece
 
 #: Which of our classes loads a checkpoint of each model type.
@@ -86,6 +86,7 @@ def pretrained_model(name_or_path: str, settings: dict, **kwargs):
     model_type = AutoConfig.from_pretrained(name_or_path).model_type
     if model_type not in MODEL_CLASSES:
         raise ValueError(f"{name_or_path} is a {model_type!r} model; expected one of {sorted(MODEL_CLASSES)}")
+    check_setting_keys(settings, MODEL_CLASSES[model_type].config_class)
     return MODEL_CLASSES[model_type].from_pretrained(name_or_path, **settings, **kwargs)
 
 
@@ -143,11 +144,13 @@ def parses_file_name(split: str, src: str) -> str:
 
 
 def collator(tokenizer, model, settings: dict):
-    """The batch collator: the syntax collator when SEA/RHE needs its tensors, else ``DataCollatorForSeq2Seq``."""
+    """The batch collator: the syntax collator when SEA/RHE needs its tensors (reading Rule 2 as the model's
+    ``config.sea["rule2"]`` or the settings say), else ``DataCollatorForSeq2Seq``."""
     if uses_syntax(settings):
         from ..syntax import DataCollatorForSyntaxSeq2Seq
 
-        return DataCollatorForSyntaxSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
+        rule2 = (getattr(getattr(model, "config", None), "sea", None) or settings.get("sea") or {}).get("rule2", "symmetric")
+        return DataCollatorForSyntaxSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8, rule2=rule2)
     return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
 
 

@@ -14,6 +14,7 @@ from .dataset import (
     WORD_COLUMNS,
     add_syntax_features,
     align_syntax,
+    normalize_source,
     parse_corpus,
 )
 from .features import (
@@ -50,5 +51,5 @@ __all__ = [
     "match_words",
     "SyntaxInputError", "MissingParserError",
     "sentencepiece_spans", "token_char_spans", "token_words",
-    "parse_corpus", "align_syntax", "add_syntax_features", "DataCollatorForSyntaxSeq2Seq",
+    "parse_corpus", "align_syntax", "add_syntax_features", "normalize_source", "DataCollatorForSyntaxSeq2Seq",
 ]

@@ -52,9 +52,11 @@ def sentencepiece_spans(pieces: list[str], text: str, index: int) -> list[tuple[
             while pos < len(norm) and norm[pos] != char and _skippable(norm[pos]):
                 pos += 1
             if pos >= len(norm) or norm[pos] != char:
+                hint = ("" if unicodedata.is_normalized("NFC", text) else "; the text is not in Unicode NFC (e.g. "
+                        "decomposed accents): add_syntax_features(..., unicode_normalization='NFC') normalises it")
                 raise SyntaxInputError(index, f"sentencepiece piece {k} {piece!r} does not spell the text at "
                                               f"character {back[pos]} of {text!r}; expected the tokenizer's pieces "
-                                              "to spell the text in order")
+                                              f"to spell the text in order{hint}")
             begin = pos if begin is None else begin
             pos += 1
         if begin is None:  # bare "▁": empty span where the next word starts

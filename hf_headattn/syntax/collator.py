@@ -9,6 +9,8 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 from transformers.utils import PaddingStrategy
 
+from ..sea_math import LPEA_RULE2
+from ..settings_checks import check_choice
 from .dataset import SPECIAL_TOKEN_VALUES, TOKEN_COLUMNS
 from .features import token_dependency_mask, token_phrase_positions
 
@@ -31,13 +33,18 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
     ``src_len`` is the padded ``input_ids`` length (``padding``, ``max_length``, ``pad_to_multiple_of`` and the
     tokenizer's ``padding_side`` apply). Built with batched numpy ops, no per-token Python. The returned batch
     holds what the parent returns (``input_ids``, ``attention_mask``, ``labels``, ``decoder_input_ids`` given a
-    ``model``) plus these two tensors. Needs ``padding`` enabled.
+    ``model``) plus these two tensors. Needs ``padding`` enabled. ``rule2``: "symmetric" (default) or "literal", the
+    reading of the paper's Rule 2 (:func:`~hf_headattn.syntax.features.local_phrases`); take it from the model's
+    ``config.lpea_rule2`` so that inference reads the phrases as training did.
     """
+
+    rule2: str = "symmetric"
 
     def __call__(self, features, return_tensors=None):
         return_tensors = return_tensors or self.return_tensors
         if return_tensors not in ("pt", "np"):
             raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}")
+        check_choice(self.rule2, "rule2", LPEA_RULE2)
         if self.padding is False or self.padding == PaddingStrategy.DO_NOT_PAD:
             raise ValueError(f"{type(self).__name__} needs padded input_ids; got padding={self.padding!r}")
         lengths = np.array([len(f["input_ids"]) for f in features])
@@ -64,7 +71,7 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
         dependency_mask = token_dependency_mask(token["syntax_word"], token["syntax_head"])
         phrase_positions = token_phrase_positions(
             token["syntax_phrase_layer"], token["syntax_phrase_rank"], token["syntax_phrase_start"],
-            token["syntax_phrase_end"], present)
+            token["syntax_phrase_end"], present, self.rule2)
         if return_tensors == "pt":
             dependency_mask, phrase_positions = torch.from_numpy(dependency_mask), torch.from_numpy(phrase_positions)
         batch["dependency_mask"], batch["phrase_positions"] = dependency_mask, phrase_positions

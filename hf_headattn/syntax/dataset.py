@@ -28,6 +28,9 @@ the ``syntax_*`` columns before the collator sees them.
 
 from __future__ import annotations
 
+import unicodedata
+
+from ..settings_checks import check_choice
 from .alignment import token_char_spans, token_words
 from .features import phrase_tree_features
 from .parsing import Dependencies, PhraseTree, SpacyParser, SyntaxInputError, dependency_phrase_tree
@@ -43,6 +46,7 @@ DEPENDENCY_PHRASES = "dependency"
 """``phrases=`` value for the offline phrase structure derived from the dependency parse (not a constituency
 parse; see :func:`~hf_headattn.syntax.parsing.dependency_phrase_tree`)."""
 
+UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD")
 _FORMAT_VERSION = 1  # bump when the stored columns change meaning, to invalidate old caches
 
 
@@ -191,10 +195,34 @@ def align_syntax(dataset, tokenizer, source: str, target: str | None = None, max
                        desc=desc or f"Aligning {source!r} to the tokenizer", **map_kwargs)
 
 
+def normalize_source(dataset, source: str, form: str = "NFC", num_proc: int | None = None):
+    """The dataset with its ``source`` text (a column or a ``translation`` language) in Unicode normal form ``form``
+    ("NFC", "NFKC", "NFD", "NFKD"). E.g. NFC composes decomposed accents ("e" + U+0301 -> "é"), which a
+    sentencepiece tokenizer composes too, so its pieces spell the text again."""
+    check_choice(form, "unicode_normalization", UNICODE_FORMS)
+    _check_source(dataset, source)
+
+    def normalize(batch):
+        if source in batch:
+            return {source: [unicodedata.normalize(form, text) for text in batch[source]]}
+        return {"translation": [{**pair, source: unicodedata.normalize(form, pair[source])}
+                                for pair in batch["translation"]]}
+
+    return dataset.map(normalize, batched=True, num_proc=num_proc, desc=f"{form}-normalizing {source!r}")
+
+
 def add_syntax_features(dataset, tokenizer, source: str, target: str | None = None, max_source_length: int = 128,
                         max_target_length: int = 128, *, dependencies=None, phrases=DEPENDENCY_PHRASES,
-                        num_proc: int | None = None):
-    """:func:`parse_corpus` then :func:`align_syntax`: a dataset ready for the syntax collator."""
+                        num_proc: int | None = None, unicode_normalization: str | None = None):
+    """:func:`parse_corpus` then :func:`align_syntax`: a dataset ready for the syntax collator.
+
+    ``unicode_normalization`` ("NFC", ...; default None: the text as it is): first :func:`normalize_source`, for
+    sources whose characters the tokenizer would normalise differently (decomposed accents with a sentencepiece
+    tokenizer raise :class:`~hf_headattn.syntax.parsing.SyntaxInputError` otherwise). The model then reads the
+    normalised text, parsed and tokenized alike.
+    """
+    if unicode_normalization is not None:
+        dataset = normalize_source(dataset, source, unicode_normalization, num_proc=num_proc)
     parsed = parse_corpus(dataset, source, dependencies=dependencies, phrases=phrases, num_proc=num_proc)
     return align_syntax(parsed, tokenizer, source, target, max_source_length, max_target_length,
                         num_proc=num_proc)

@@ -20,7 +20,8 @@ import numpy as np
 
 # ``phrase_positions`` value for token pairs outside each other's local phrase, and for padding; Figure 3 writes this
 # entry as infinity. The model clips the other values to ``[-k, k]`` and masks this one. Defined once, model side.
-from ..sea_math import NOT_IN_PHRASE
+from ..sea_math import LPEA_RULE2, NOT_IN_PHRASE
+from ..settings_checks import check_choice
 
 
 def check_heads(heads) -> np.ndarray:
@@ -101,21 +102,39 @@ def _ancestors(parents: np.ndarray, node: int) -> list[int]:
     return chain
 
 
-def local_phrases(parents, n_words: int) -> np.ndarray:
+def apply_rule2(rule1: np.ndarray, rule2: str = "symmetric") -> np.ndarray:
+    """Rule 2 on Rule 1's relation ``rule1[..., i, j]`` (``x_j`` in ``local_phrase(x_i)``), indices in sentence order.
+
+    ``"symmetric"``: ``rule1 | rule1^T``. ``"literal"``: ``rule1[i, j] | (rule1[j, i] & (j < i))``, Rule 2 as the
+    paper prints it. (..., n, n) bool -> (..., n, n) bool.
+    """
+    check_choice(rule2, "rule2", LPEA_RULE2)
+    transposed = np.swapaxes(rule1, -1, -2)
+    if rule2 == "literal":
+        transposed = transposed & np.tri(rule1.shape[-1], k=-1, dtype=bool)  # j < i: below the diagonal
+    return rule1 | transposed
+
+
+def local_phrases(parents, n_words: int, rule2: str = "symmetric") -> np.ndarray:
     """Local phrases of Rules 1-2: ``L[i, j]`` is True when ``x_j`` is in ``local_phrase(x_i)``.
 
     Rule 1: ``local_phrase(x_i)`` holds the words under the lowest ancestor of ``x_i`` that has more than one word
-    below it (if none has, e.g. a one-word sentence, the ``m = 0`` case: ``x_i`` alone). Rule 2: if
-    ``x_i`` is in ``local_phrase(x_j)``, then ``x_j`` is in ``local_phrase(x_i)``. The paper writes Rule 2 for
-    ``j < i`` only, which would leave the relation asymmetric whenever a later word's phrase is the larger one; we
-    read it as the symmetric closure, so that RP is antisymmetric like the Figure 3 example (``RP_held,talk = 1``
-    and ``RP_talk,held = -1``).
+    below it (if none has, e.g. a one-word sentence, the ``m = 0`` case: ``x_i`` alone). Rule 2, as printed: if
+    ``x_i`` is in ``local_phrase(x_j)`` (``j < i``), then ``x_j`` is in ``local_phrase(x_i)``.
+
+    ``rule2="symmetric"`` (default) drops the ``j < i``: the symmetric closure, so that RP is antisymmetric like the
+    Figure 3 example (``RP_held,talk = 1`` and ``RP_talk,held = -1``). ``rule2="literal"`` applies Rule 2 exactly as
+    written, for ``j < i`` only: a later word ``x_j`` (``j > i``) is in ``local_phrase(x_i)`` only by Rule 1, and
+    otherwise is "not in the same local-phrase", whose RP entry the Figure 3 text sets to infinity (masked). The
+    relation is then asymmetric whenever a later word's Rule-1 phrase is the larger one. (Figure 3's sentence gives
+    the same matrix under both readings.)
 
     Parameters
     ----------
     parents : sequence of int
         Phrase tree (see the module docstring).
     n_words : int
+    rule2 : "symmetric" or "literal"
 
     Returns
     -------
@@ -130,13 +149,14 @@ def local_phrases(parents, n_words: int) -> np.ndarray:
     for w in range(n_words):
         anchor = next((a for a in _ancestors(parents, w) if len(below[a]) > 1), w)
         rule1[w, sorted(below[anchor])] = True
-    return rule1 | rule1.T
+    return apply_rule2(rule1, rule2)
 
 
-def relative_phrasal_positions(parents, n_words: int) -> np.ndarray:
+def relative_phrasal_positions(parents, n_words: int, rule2: str = "symmetric") -> np.ndarray:
     """Relative phrasal position matrix RP of Figure 3.
 
-    ``RP[i, j] = layer(x_j) - layer(x_i)`` when ``x_j`` is in ``local_phrase(x_i)`` (Rules 1-2), where
+    ``RP[i, j] = layer(x_j) - layer(x_i)`` when ``x_j`` is in ``local_phrase(x_i)`` (Rules 1-2, Rule 2 read as
+    ``rule2`` says, see :func:`local_phrases`), where
     ``layer`` is the depth of a word in the phrase tree (root 0); :data:`NOT_IN_PHRASE` (Figure 3's infinity)
     otherwise. Sign convention from the Figure 3 text: "held" is on layer 3 and "talk" on layer 4, and
     ``RP_held,talk = 1``.
@@ -150,7 +170,7 @@ def relative_phrasal_positions(parents, n_words: int) -> np.ndarray:
     """
     parents = check_tree(parents, n_words)
     layer = _depths(parents)[:n_words]
-    inside = local_phrases(parents, n_words)
+    inside = local_phrases(parents, n_words, rule2)
     return np.where(inside, layer[None, :] - layer[:, None], NOT_IN_PHRASE)
 
 
@@ -162,7 +182,8 @@ def phrase_tree_features(parents, n_words: int) -> tuple[list[int], list[int], l
     is the rank interval ``[start_i, end_i)`` of ``x_i``'s lowest multi-word ancestor. With ``layer`` the depth of
     each word:
 
-    * Rule 1: ``x_j`` in ``local_phrase(x_i)`` iff ``start_i <= rank_j < end_i``; Rule 2 adds the transpose;
+    * Rule 1: ``x_j`` in ``local_phrase(x_i)`` iff ``start_i <= rank_j < end_i``; Rule 2 adds the transpose (for
+      ``j < i`` only in its literal reading, :func:`apply_rule2`);
     * RP (Figure 3): ``layer_j - layer_i`` inside the local phrase.
 
     Returns
@@ -229,8 +250,11 @@ def token_dependency_mask(word: np.ndarray, head: np.ndarray) -> np.ndarray:
 
 
 def token_phrase_positions(layer: np.ndarray, rank: np.ndarray, start: np.ndarray, end: np.ndarray,
-                           present: np.ndarray) -> np.ndarray:
+                           present: np.ndarray, rule2: str = "symmetric") -> np.ndarray:
     """Token-level RP (Figure 3, Rules 1-2) for a padded batch, from :func:`phrase_tree_features` per token.
+
+    ``rule2``: the reading of Rule 2 (:func:`local_phrases`); "literal" compares token positions, which follow the
+    words' sentence order.
 
     Subwords of one word get that word's four integers, hence RP 0 among themselves. Special tokens carry
     ``rank = -1`` and an empty interval (``start = end = 0``): they are in no local phrase but their own, RP 0 on
@@ -247,7 +271,7 @@ def token_phrase_positions(layer: np.ndarray, rank: np.ndarray, start: np.ndarra
     int64 array, shape (B, T, T)
     """
     rule1 = (start[:, :, None] <= rank[:, None, :]) & (rank[:, None, :] < end[:, :, None])  # (B, T, T)
-    inside = rule1 | rule1.transpose(0, 2, 1)  # Rule 2
+    inside = apply_rule2(rule1, rule2)
     inside |= np.eye(layer.shape[1], dtype=bool) & present[:, :, None]
     rp = layer[:, None, :] - layer[:, :, None]  # (B, T, T): layer_j - layer_i
     return np.where(inside, rp, NOT_IN_PHRASE).astype(np.int64)

@@ -23,6 +23,15 @@ def _fingerprint(path: Path) -> str:
     return f"{path.name}:{hashlib.sha1(path.read_bytes()).hexdigest()}"
 
 
+def _read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file; a file in another encoding raises ``ValueError`` naming it and the byte."""
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 (byte {err.object[err.start]:#04x} at offset {err.start}); expected a "
+                         "UTF-8 file, e.g. converted with `iconv -f latin1 -t utf-8`") from None
+
+
 def _missing(index: int, path: Path, what: str, count: int) -> SyntaxInputError:
     return SyntaxInputError(index, f"{path} has only {count} {what}, expected one for every example "
                                    f"(line up one per example, in order)")
@@ -84,7 +93,7 @@ class BracketedTreeFile:
 
     def __init__(self, path):
         self.path = Path(path)
-        self.trees = self.path.read_text(encoding="utf-8").splitlines()
+        self.trees = _read_lines(self.path)
         self.fingerprint = _fingerprint(self.path)
 
     def parse(self, texts: list[str], indices: list[int]) -> list[PhraseTree]:
@@ -105,7 +114,7 @@ def read_conllu(path) -> list[tuple[list[tuple[str, int, int]], list[int]]]:
     """
     path = Path(path)
     sentences, surface, heads, span_end = [], [], [], -1
-    lines = path.read_text(encoding="utf-8").splitlines() + [""]
+    lines = _read_lines(path) + [""]
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             if heads:
