@@ -65,7 +65,7 @@ class ModelArguments:
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
     lpea_rule2: str | None = field(default=None, metadata={
         "help": "LPEA/SEA local phrases: Rule 2 of the RHE paper read as 'symmetric' (default) or 'literal' (j < i "
-                "only); stored in the config (sea["rule2"])", "choices": ["symmetric", "literal"]})
+                "only); stored in the config (sea['rule2'])", "choices": ["symmetric", "literal"]})
     preset: str | None = field(default=None, metadata={"help": "Paper preset(s) joined by '+', see presets.PRESETS; "
                                                               "flags you pass win over the preset's"})
     early_stopping_patience: int | None = field(default=None, metadata={

@@ -128,7 +128,7 @@ def test_bad_presets_and_pretrained_architecture_are_refused():
      r"unknown settings \['dhicm_dropot'\] \(did you mean dhicm_dropout"),
     (["--method_settings", "{dhicm_dropout: 0.3}"], r"--method_settings '\{dhicm_dropout: 0.3\}' is not valid JSON"),
     (["--method_settings", "[1]"], r"must be a JSON object"),
-    (["--method", "dea_rhe+lpea_rhe"], r"'dea_rhe' and 'lpea_rhe' .* conflict: they set sea_type to 'dea' and 'lpea'"),
+    (["--method", "dea_rhe+lpea_rhe"], r"'dea_rhe' and 'lpea_rhe' .* conflict: they set sea to \{'type': 'dea'.*\} and \{'type': 'lpea'"),
     (["--method", "eadra+eadra_all"], r"'eadra' and 'eadra_all' .* conflict: they set eadra"),
 ])
 def test_bad_method_settings_are_refused(argv, message):
@@ -141,7 +141,7 @@ def test_bad_method_settings_are_refused(argv, message):
 def test_valid_keys_come_from_the_config_class(stock_checkpoint):
     model_args, _, _ = parse("--method", "dhicm+dea_rhe+dhicm", "--method_settings",
                              '{"activation_dropout": 0.2, "hidden_size": 64, "sea_layers": [0]}')
-    assert train_translation.settings_from(model_args)["sea_type"] == "dea"  # repeats agree; attribute_map aliases
+    assert train_translation.settings_from(model_args)["sea"]["type"] == "dea"  # repeats agree; attribute_map aliases
     check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMarianConfig)
     with pytest.raises(ValueError, match=r"\['share_encoder_decoder_embeddings'\].*HeadAttnMBartConfig"):
         check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMBartConfig)
@@ -156,14 +156,14 @@ def test_lpea_rule2_flag_reaches_the_config_and_the_collator():
 
     model_args, _, _ = parse("--method", "lpea_rhe", "--lpea_rule2", "literal")
     settings = train_translation.settings_from(model_args)
-    assert settings["lpea_rule2"] == "literal"
+    assert settings["sea"]["rule2"] == "literal"
     model = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, **settings))
-    assert model.config.to_dict()["lpea_rule2"] == "literal"  # saved with the model, for inference
+    assert model.config.to_dict()["sea"]["rule2"] == "literal"  # saved with the model, for inference
     assert collator(None, model, settings).rule2 == "literal"
-    default = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, sea_type="lpea"))
-    assert collator(None, default, {"sea_type": "lpea"}).rule2 == "symmetric"
-    with pytest.raises(ValueError, match=r"lpea_rule2 must be one of \('symmetric', 'literal'\), got 'j<i'"):
-        hf_headattn.HeadAttnMarianConfig(**TINY, lpea_rule2="j<i")
+    default = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, sea={"type": "lpea"}))
+    assert collator(None, default, {"sea": {"type": "lpea"}}).rule2 == "symmetric"
+    with pytest.raises(ValueError, match=r"sea.rule2 must be one of 'symmetric', 'literal', got 'j<i'"):
+        hf_headattn.HeadAttnMarianConfig(**TINY, lpea_rule2="j<i", sea_type="lpea")
 
 
 def run(tmp_path, *extra):
