@@ -30,20 +30,23 @@ from transformers.models.mbart.modeling_mbart import eager_attention_forward
 ATTENTION_NAME = "headattn"
 
 
-@dataclass
 class HeadAttnContext:
     """State of one forward pass, shared by all attention modules that carry a method.
 
     ``records[key]`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
     the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
     are True at real (non-padding) tokens; ``None`` means every token is real.
+
+    Deliberately not a dataclass: FSDP2 (``fully_shard``) rebuilds the dataclasses, dicts and lists among a sharded
+    layer's arguments that hold tensors needing gradients, so a later layer would record into a copy (and a
+    ``defaultdict`` cannot even be rebuilt); a plain object is passed through as it is.
     """
 
-    output_head_importance: bool = False
-    output_redundant_heads: bool = False
-    source_mask: torch.Tensor | None = None
-    target_mask: torch.Tensor | None = None
-    records: dict[str, list] = field(default_factory=lambda: defaultdict(list))
+    def __init__(self, output_head_importance: bool = False, output_redundant_heads: bool = False,
+                 source_mask: torch.Tensor | None = None, target_mask: torch.Tensor | None = None):
+        self.output_head_importance, self.output_redundant_heads = output_head_importance, output_redundant_heads
+        self.source_mask, self.target_mask = source_mask, target_mask
+        self.records: dict[str, list] = defaultdict(list)
 
     def record(self, key: str, value: Any) -> None:
         self.records[key].append(value)
