@@ -2,6 +2,7 @@
 
 import json
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,11 @@ def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir):
     assert type(model).__name__ == "HeadAttnMarianMTModel" and model.config.dhicm_encoder_layers == [-1]
     out = model.generate(**tokenizer(["A dog runs."], return_tensors="pt"), max_new_tokens=5)
     assert out.shape[0] == 1
+    import demo  # the demo's pictures of this model: only pictures (the entropy JSON lies beside, unlisted)
+
+    pictures = demo.pictures(SimpleNamespace(output_dir=tmp_path.parent, data=DATA), [tmp_path.name])
+    assert len(pictures) == 3 and all(p.suffix == ".png" and p.is_file() for p in pictures)
+    assert (tmp_path.parent / f"attention_entropy_{tmp_path.name}.json").is_file()
 
 
 @pytest.mark.parametrize("extra,message", [
