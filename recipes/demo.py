@@ -60,7 +60,8 @@ def pictures(args, methods) -> list[Path]:
         tokenizer = AutoTokenizer.from_pretrained(out / method)
         batches = [tokenizer(sources[i:i + 50], return_tensors="pt", padding=True) for i in range(0, len(sources), 50)]
         result = encoder_attention_entropy(model, batches)
-        _, png = write_entropy_report(result, out, f"attention_entropy_{method}", f"encoder attention entropy, {method}")
+        _, png = write_entropy_report(result, out, f"attention_entropy_{method}",
+                                      f"encoder attention entropy, {method}")
         paths.append(png)
         if model.config.dhicm_encoder_layers:
             source, target = sources[0], "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."

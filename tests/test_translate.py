@@ -162,7 +162,8 @@ def test_cli_names_the_line_and_skips_on_request(tmp_path, tokenizer, monkeypatc
     monkeypatch.setattr("hf_headattn.experiment.translate.syntax_parser", lambda name: Picky())
     argv = ["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.en"), "--output",
             str(tmp_path / "out.de"), "--num_beams", "1", "--max_length", "5"]
-    with pytest.raises(SystemExit, match=r"(?s)line 2 of .*in\.en: cannot parse 'A dog # runs\.'.*--on_parse_error skip"):
+    message = r"(?s)line 2 of .*in\.en: cannot parse 'A dog # runs\.'.*--on_parse_error skip"
+    with pytest.raises(SystemExit, match=message):
         translate_recipe.main(argv)
     out = translate_recipe.main([*argv, "--on_parse_error", "skip"])
     assert "line 2: cannot parse 'A dog # runs.'; translated without syntax enhancement" in capsys.readouterr().err
