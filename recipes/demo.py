@@ -49,7 +49,8 @@ def train(method: str, args) -> dict:
 
 
 def pictures(args, methods) -> list[Path]:
-    """DHICM head importance (the paper's Figure 3) and per-head encoder attention entropy (EaDRA's Figure 1)."""
+    """DHICM head importance (the paper's Figure 3) and per-head encoder attention entropy (EaDRA's Figure 1): the
+    PNG files (the entropy numbers go to a JSON file beside each entropy picture)."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     out, paths = Path(args.output_dir), []
@@ -59,7 +60,9 @@ def pictures(args, methods) -> list[Path]:
         tokenizer = AutoTokenizer.from_pretrained(out / method)
         batches = [tokenizer(sources[i:i + 50], return_tensors="pt", padding=True) for i in range(0, len(sources), 50)]
         result = encoder_attention_entropy(model, batches)
-        paths += write_entropy_report(result, out, f"attention_entropy_{method}", f"encoder attention entropy, {method}")
+        _, png = write_entropy_report(result, out, f"attention_entropy_{method}",
+                                      f"encoder attention entropy, {method}")
+        paths.append(png)
         if model.config.dhicm is not None and model.config.dhicm.get("encoder_layers"):
             source, target = sources[0], "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
             last = model.config.encoder_layers - 1

@@ -11,7 +11,8 @@ SEA/RHE need dependency parses of the sources. Parsing needs spaCy; training may
         --syntax_parses_dir parses/multi30k_en ...
 
 Writes ``<output_dir>/<split>.<source_lang>.conllu`` per split (sentence ``k`` parses example ``k``); a line that
-spaCy would split into several sentences is parsed as one, as in training.
+spaCy would split into several sentences is parsed as one, as in training. ``parser.json`` names the spaCy pipeline;
+the training run records it in the model's config (``syntax_parser``), so the model translates raw text with it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 from hf_headattn.syntax import DEFAULT_SPACY_MODEL, Dependencies, SpacyParser, parse_corpus, write_conllu
-from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data, parses_file_name
+from hf_headattn.experiment.training import (
+    PARSER_FILE, ParallelDataArguments, load_recipe_data, parses_file_name, syntax_parser_name, write_json,
+)
 
 
 @dataclass
@@ -47,6 +50,8 @@ def main(argv=None) -> dict[str, str]:
         path = write_conllu(f"{parse_args.output_dir}/{parses_file_name(split, src)}", texts, parses)
         written[split] = str(path)
         print(f"{split}: {len(parses)} parses -> {path}", file=sys.stderr)
+    # train_translation.py records this in the model's config, for hf_headattn.translate
+    write_json(f"{parse_args.output_dir}/{PARSER_FILE}", {"syntax_parser": syntax_parser_name(parse_args.spacy_model)})
     return written
 
 

@@ -45,7 +45,7 @@ from hf_headattn.experiment.presets import (
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit, last_checkpoint, resume_checkpoint
 from hf_headattn.experiment.training import (
     ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
-    scratch_tokenizer, set_languages, translate_and_score, write_json,
+    scratch_tokenizer, set_languages, syntax_parser_name, translate_and_score, write_json,
 )
 
 logger = logging.getLogger("train_translation")
@@ -157,6 +157,8 @@ def main(argv=None) -> dict:
                                 data_args.spacy_model, data_args.syntax_parses_dir)
     if "syntax_word" in features["train"].column_names:
         training_args.remove_unused_columns = False  # the collator turns the syntax columns into model inputs
+        # saved with the model, so that hf_headattn.translate parses raw text with the same parser
+        model.config.syntax_parser = syntax_parser_name(data_args.spacy_model, data_args.syntax_parses_dir)
     training_args.predict_with_generate = True
     training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
     training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length

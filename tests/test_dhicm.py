@@ -172,8 +172,8 @@ def test_scaled_out_proj_mode_starts_as_the_pretrained_model(stock_checkpoint):
     assert u_grad is not None and u_grad.abs().sum() > 0  # it can move away from uniform
 
 
-def test_mean_head_importance_over_batches_and_heatmap(tmp_path):
-    from hf_headattn.analysis import mean_head_importance, plot_head_importance
+def test_mean_head_importance_over_batches_and_heatmap(tmp_path, monkeypatch):
+    from hf_headattn.analysis import head_importance, mean_head_importance, plot_head_importance
 
     model = tiny()
     means = mean_head_importance(model, [batch(), batch()])
@@ -182,8 +182,14 @@ def test_mean_head_importance_over_batches_and_heatmap(tmp_path):
     mask = batch()["attention_mask"].bool()
     np.testing.assert_allclose(means["encoder.layers.1.self_attn"], G[mask].mean(0).double().numpy(), rtol=1e-5)
     assert sum(means["decoder.layers.1.encoder_attn"]) == pytest.approx(1.0)
+    figures = []
+    save = head_importance.save_figure
+    monkeypatch.setattr(head_importance, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path))
     png = plot_head_importance(G[0], [f"t{i}" for i in range(6)], tmp_path / "fig3.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+    heatmap, colorbar = figures[0].axes
+    assert heatmap.images[0].get_clim() == (0.0, 1.0)  # the whole range of G, whatever this sentence's values
+    assert colorbar.get_ylabel() == "head importance G (rows sum to 1)"
     with pytest.raises(ValueError, match=r"importance must be \(tokens, heads\) with 5 tokens, got \(6, 4\)"):
         plot_head_importance(G[0], ["a"] * 5, tmp_path / "bad.png")
 

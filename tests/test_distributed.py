@@ -1,4 +1,4 @@
-"""2-process CPU DDP (torchrun, gloo) gives the loss, loss components and gradients of one process."""
+"""2-process CPU DDP and FSDP (torchrun, gloo) give the loss, loss components and gradients of one process."""
 
 import json
 import os
@@ -38,6 +38,25 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     for name, grad in single["grads"].items():
         torch.testing.assert_close(torch.tensor(ddp["grads"][name]), torch.tensor(grad), atol=1e-6, rtol=1e-4,
                                    msg=name)
+
+
+def test_two_process_fsdp_with_every_method_equals_one_process(tmp_path):
+    """FSDP2 shards on the CPU (gloo) with DHICM, EaDRA and LPEA+RHE on; regression test: the per-forward context
+    was a dataclass holding a defaultdict, which fully_shard tried to rebuild (TypeError) between layers."""
+    script = SCRIPT.with_name("fsdp_train.py")
+    single = launch([sys.executable, str(script), str(tmp_path / "single.json")], tmp_path / "single.json")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    fsdp = launch([str(torchrun), "--nproc_per_node", "2", "--master_port", str(free_port()), str(script),
+                   str(tmp_path / "fsdp.json")], tmp_path / "fsdp.json")
+    assert fsdp["world_size"] == 2 and single["world_size"] == 1 and fsdp["sharded"].startswith("FSDP")
+    for key in ("loss", "nll_loss", "dhicm_kl", "eadra_loss"):
+        assert fsdp["logged"][key] == pytest.approx(single["logged"][key], rel=1e-4, abs=1e-6), key
+    assert single["grads"].keys() == fsdp["grads"].keys()
+    assert any("lpea" in name for name in single["grads"]) and any("dhicm" in name for name in single["grads"])
+    for what in ("grads", "params"):
+        for name, value in single[what].items():
+            torch.testing.assert_close(torch.tensor(fsdp[what][name]), torch.tensor(value), atol=1e-6, rtol=1e-4,
+                                       msg=f"{what} {name}")
 
 
 def test_resuming_with_another_world_size_is_refused(tmp_path):

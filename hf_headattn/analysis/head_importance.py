@@ -63,17 +63,21 @@ def sentence_head_importance(model, tokenizer, source: str | None, target: str |
 
 
 def plot_head_importance(importance: torch.Tensor, tokens: list[str], path: str | Path, title: str = "") -> Path:
-    """A token-by-head heatmap (rows: tokens, columns: heads; brighter = more important), as in Figure 3."""
+    """A token-by-head heatmap (rows: tokens, columns: heads; brighter = more important), as in Figure 3.
+
+    The colour scale is the whole range of G, 0 to 1 (each row sums to 1), so pictures of different models and
+    modules compare; values above 1 (not importances) widen it."""
     plt = pyplot()
 
     importance = torch.as_tensor(importance).float()
     if importance.dim() != 2 or importance.shape[0] != len(tokens):
         raise ValueError(f"importance must be (tokens, heads) with {len(tokens)} tokens, got {tuple(importance.shape)}")
     fig, ax = plt.subplots(figsize=(max(4.0, 1.5 + 0.6 * importance.shape[1]), 1.0 + 0.35 * len(tokens)))
-    image = ax.imshow(importance.numpy(), cmap="viridis", aspect="auto", vmin=0)
+    image = ax.imshow(importance.numpy(), cmap="viridis", aspect="auto", vmin=0,
+                      vmax=max(1.0, float(importance.max())))
     ax.set_xticks(range(importance.shape[1]), [str(h) for h in range(importance.shape[1])])
     ax.set_xlabel("head")
     ax.set_yticks(range(len(tokens)), tokens)
     ax.set_title(title or "DHICM head importance", fontsize=8)
-    fig.colorbar(image, ax=ax)
+    fig.colorbar(image, ax=ax, label="head importance G (rows sum to 1)")
     return save_figure(fig, path)

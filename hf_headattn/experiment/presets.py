@@ -35,7 +35,7 @@ from transformers import EarlyStoppingCallback
 
 from ..registry import registered_methods, uses_syntax  # noqa: F401  (uses_syntax: re-exported for the recipes)
 
-def _method_names() -> dict[str, dict]:
+def method_names() -> dict[str, dict]:
     """Recipe method names -> config fields, from the registered methods' presets (plus "baseline")."""
     names = {"baseline": {}}
     for spec in registered_methods():
@@ -65,7 +65,7 @@ def method_settings(spec: str) -> dict:
     >>> method_settings("dhicm+dea_rhe")["sea"]["type"]
     'dea'
     """
-    names, settings, setters = _method_names(), {}, {}
+    names, settings, setters = method_names(), {}, {}
     for name in (part.strip() for part in spec.split("+")):
         if name not in names:
             raise ValueError(f"unknown method {name!r} in {spec!r}; expected names from {sorted(names)} joined by '+'")

