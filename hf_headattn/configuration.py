@@ -62,7 +62,7 @@ class HeadAttnSettings:
         for spec in registered_methods():
             for legacy in spec.legacy_fields:
                 if legacy in kwargs:
-                    _set_legacy(self, spec, legacy, kwargs.pop(legacy))
+                    _set_legacy(self, spec, legacy, kwargs.pop(legacy), keep_defaults=False)
         super().__post_init__(**kwargs)
         self.check_headattn_settings()
 
@@ -96,11 +96,13 @@ class HeadAttnSettings:
         return resolved
 
 
-def _set_legacy(config, spec, legacy: str, value) -> None:
-    """Write a release-0.1 flat field into its method's dict (a default value leaves an off method off)."""
+def _set_legacy(config, spec, legacy: str, value, keep_defaults: bool = True) -> None:
+    """Write a release-0.1 flat field into its method's dict. A default value leaves an off method off, and is left
+    out when ``keep_defaults`` is False (release 0.1 saved every field, defaults included)."""
     key = spec.legacy_fields[legacy]
     current = getattr(config, spec.name, None)
-    if current is None and _default(spec, key) == value and type(_default(spec, key)) is type(value):
+    default = _default(spec, key)
+    if (current is None or not keep_defaults) and default == value and type(default) is type(value):
         return
     config.__setattr__(spec.name, {**(current or {}), key: value})
 

@@ -38,8 +38,9 @@ from .parsing import (
     load_benepar,
     load_spacy,
     match_words,
+    parse_bracketed,
 )
-from .readers import BracketedTreeFile, ConlluFile, parse_bracketed, read_conllu, write_conllu
+from .readers import BracketedTreeFile, ConlluFile, read_conllu, write_conllu
 
 __all__ = [
     "NOT_IN_PHRASE", "DEFAULT_SPACY_MODEL", "DEPENDENCY_PHRASES", "SPECIAL_TOKEN_VALUES", "TOKEN_COLUMNS",

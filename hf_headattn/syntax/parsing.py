@@ -9,6 +9,7 @@ character span in the text, which is how words are later aligned to subword toke
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -268,8 +269,6 @@ class BeneparParser:
         return self._nlp
 
     def parse(self, texts: list[str], indices: list[int]) -> list[PhraseTree]:
-        from .readers import phrase_tree_from_bracketed
-
         trees = []
         for doc, index in zip(self.nlp.pipe(texts, batch_size=self.spacy.batch_size), indices):
             _doc_dependencies(doc, index)  # the same empty / multi-sentence checks
@@ -293,3 +292,60 @@ def load_benepar(model: str = "benepar_en3", spacy_model: str = DEFAULT_SPACY_MO
                                  f"benepar.download('{model}')\" (needs the internet)") from err
     return nlp
 
+
+# --- bracketed (Penn-Treebank) constituency trees, from benepar or from files (readers.BracketedTreeFile) ---
+
+PTB_ESCAPES = {"-LRB-": ("(",), "-RRB-": (")",), "-LSB-": ("[",), "-RSB-": ("]",), "-LCB-": ("{",),
+               "-RCB-": ("}",), "``": ('"',), "''": ('"',)}
+"""Spellings a Penn-Treebank leaf may have in the raw text."""
+
+
+def parse_bracketed(tree: str) -> tuple[list[str], list[int]]:
+    """Words and parent pointers of one bracketed tree, e.g. ``(S (NP (NNP Bush)) (VP (VBD held) ...))``.
+
+    Labels are dropped; preterminals are kept as nodes (they shift every word's layer by one, which RP, a
+    difference of layers, does not see). Nodes ``0..n-1`` are the words in order, then the phrases in the order
+    their brackets open. Raises ``ValueError`` for unbalanced brackets, words outside brackets or several trees.
+    """
+    tokens = re.findall(r"\(|\)|[^\s()]+", tree)
+    words, kinds, parents, stack = [], [], [], []  # kinds: True for a word
+    k = 0
+    while k < len(tokens):
+        token = tokens[k]
+        if token == "(":
+            if not stack and parents:
+                raise ValueError(f"more than one tree on the line {tree!r}")
+            kinds.append(False)
+            parents.append(stack[-1] if stack else -1)
+            stack.append(len(parents) - 1)
+            if k + 1 < len(tokens) and tokens[k + 1] not in ("(", ")"):
+                k += 1  # skip the label
+        elif token == ")":
+            if not stack:
+                raise ValueError(f"unbalanced ')' in {tree!r}")
+            stack.pop()
+        else:
+            if not stack:
+                raise ValueError(f"word {token!r} outside brackets in {tree!r}")
+            words.append(token)
+            kinds.append(True)
+            parents.append(stack[-1])
+        k += 1
+    if stack:
+        raise ValueError(f"{len(stack)} unclosed '(' in {tree!r}")
+    order = [i for i, word in enumerate(kinds) if word] + [i for i, word in enumerate(kinds) if not word]
+    new = {old: new for new, old in enumerate(order)}
+    return words, [new[parents[old]] if parents[old] >= 0 else -1 for old in order]
+
+
+def phrase_tree_from_bracketed(tree: str, text: str, index: int) -> PhraseTree:
+    """:class:`PhraseTree` of ``text`` from its bracketed tree; errors name example ``index``."""
+    try:
+        words, parents = parse_bracketed(tree)
+        if not words:
+            raise ValueError(f"the tree {tree!r} has no words")
+        check_tree(parents, len(words))
+    except ValueError as err:
+        raise SyntaxInputError(index, str(err)) from err
+    starts, ends = match_words(words, text, index, PTB_ESCAPES)
+    return PhraseTree(starts, ends, parents)

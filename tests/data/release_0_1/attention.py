@@ -1,0 +1,229 @@
+"""How the methods reach the attention modules of mBART and Marian.
+
+The HF attention modules (``MBartAttention``, ``MarianAttention``: the same code) compute q/k/v, call the attention
+function registered under ``config._attn_implementation`` and apply ``out_proj``. We keep that forward untouched and
+hook in at the one place transformers 5 designed for it, the attention registry:
+
+* an attention module that carries a method gets a small stand-in for its ``config`` whose ``_attn_implementation`` is
+  ``"headattn"``; every other module is left exactly as HF built it (so with every method off, nothing changes);
+* the ``"headattn"`` function runs the methods attached to the module around the backend the *model* is configured
+  with (SDPA, eager, ...): ``before`` may change the mask (SEA), the backend computes the output, ``after`` may read
+  q/k (EaDRA recomputes probabilities only for its heads) and transform the per-head output (DHICM).
+
+Per-forward state (loss terms, read-outs) travels in a :class:`HeadAttnContext` passed as the ``headattn_context``
+keyword, which transformers forwards from the model to every attention call.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.mbart.modeling_mbart import eager_attention_forward
+
+ATTENTION_NAME = "headattn"
+
+
+@dataclass
+class HeadAttnContext:
+    """State of one forward pass, shared by all attention modules that carry a method.
+
+    ``records[key]`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
+    the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
+    are True at real (non-padding) tokens; ``None`` means every token is real.
+    """
+
+    output_head_importance: bool = False
+    output_redundant_heads: bool = False
+    source_mask: torch.Tensor | None = None
+    target_mask: torch.Tensor | None = None
+    records: dict[str, list] = field(default_factory=lambda: defaultdict(list))
+
+    def record(self, key: str, value: Any) -> None:
+        self.records[key].append(value)
+
+
+@dataclass
+class AttentionCall:
+    """What a method sees of one attention call (shapes as transformers passes them).
+
+    query: (B, H, T, D); key, value: (B, H, S, D); attention_mask: None, bool (True = attend) or additive float,
+    broadcastable to (B, H, T, S); hidden_states: (B, T, d_model), the module's query-side input.
+    """
+
+    module: nn.Module
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attention_mask: torch.Tensor | None
+    scaling: float
+    hidden_states: torch.Tensor
+    context: HeadAttnContext | None
+    kwargs: dict[str, Any]
+    state: dict[str, Any] = field(default_factory=dict)  # what a method's ``before`` leaves for its ``after``
+
+    @property
+    def is_cross(self) -> bool:
+        return self.module.headattn_kind == "cross"
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.module.headattn_side == "decoder"
+
+    @property
+    def query_mask(self) -> torch.Tensor | None:
+        """(B, T) bool, True at real query tokens (``None``: all real, or no context)."""
+        if self.context is None:
+            return None
+        mask = self.context.target_mask if self.is_decoder else self.context.source_mask
+        return None if mask is None or mask.shape[1] != self.query.shape[2] else mask
+
+    @property
+    def key_mask(self) -> torch.Tensor | None:
+        """(B, S) bool, True at real key tokens (``None``: all real, or no context); causality is not included."""
+        if self.context is None:
+            return None
+        mask = self.context.target_mask if self.is_decoder and not self.is_cross else self.context.source_mask
+        return None if mask is None or mask.shape[1] != self.key.shape[2] else mask
+
+
+def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.Tensor | None:
+    """The keys a query may attend to by the mask transformers passes to the attention function, as bool.
+
+    Parameters
+    ----------
+    attention_mask : None, BoolTensor (True = attend) or additive float tensor, shape (B, 1 or H, T, >= S)
+        SDPA gets bool; eager gets ``finfo.min`` where masked.
+    key_length : int
+        S; longer masks are cut to it, as the HF backends do.
+
+    Returns
+    -------
+    None (every key allowed) or BoolTensor, shape (B, 1 or H, T, S)
+    """
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask[..., :key_length]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+
+
+class _HeadAttnDispatch:
+    """Stands in for ``config`` inside an attention module that carries a method.
+
+    The HF forward reads only ``self.config._attn_implementation``; this object answers ``"headattn"`` and keeps the
+    model's config so the dispatcher can find the backend the user chose (which may change after construction).
+    """
+
+    _attn_implementation = ATTENTION_NAME
+
+    def __init__(self, model_config):
+        self.model_config = model_config
+
+
+class HeadAttnAttentionMixin:
+    """Identical to the HF attention module except that the attention function also receives the query-side input.
+
+    Mixed into a subclass of the module's own class (see :func:`attach_method`) only for modules that carry a method.
+    """
+
+    def forward(self, hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
+        return super().forward(
+            hidden_states, key_value_states, past_key_values, attention_mask, headattn_hidden_states=hidden_states,
+            **kwargs,
+        )
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _headattn_class(cls: type) -> type:
+    if issubclass(cls, HeadAttnAttentionMixin):
+        return cls
+    if cls not in _SUBCLASSES:
+        _SUBCLASSES[cls] = type(f"HeadAttn{cls.__name__}", (HeadAttnAttentionMixin, cls), {"__module__": __name__})
+    return _SUBCLASSES[cls]
+
+
+def attach_method(module: nn.Module, name: str, method: nn.Module, model_config) -> None:
+    """Attach ``method`` (an ``nn.Module`` with ``before``/``after`` hooks) to an HF attention module as ``name``.
+
+    Its parameters appear under ``<module path>.<name>.*`` (e.g. ``...self_attn.dhicm.w``), so they are saved, loaded
+    and selected for optimizer groups or PEFT by name.
+    """
+    module.__class__ = _headattn_class(type(module))
+    module.config = _HeadAttnDispatch(model_config)
+    module.add_module(name, method)
+    names = getattr(module, "headattn_methods", ())
+    module.headattn_methods = (*names, name)
+
+
+def headattn_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    headattn_hidden_states: torch.Tensor | None = None,
+    headattn_context: HeadAttnContext | None = None,
+    **kwargs,
+):
+    """The ``"headattn"`` attention function: the model's backend, with the module's methods around it."""
+    backend = ALL_ATTENTION_FUNCTIONS.get_interface(
+        module.config.model_config._attn_implementation, eager_attention_forward
+    )
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    call = AttentionCall(
+        module, query, key, value, attention_mask, scaling, headattn_hidden_states, headattn_context, kwargs
+    )
+    methods = [getattr(module, name) for name in module.headattn_methods]
+    for method in methods:
+        method.before(call)
+    attn_output, attn_weights = backend(
+        module, call.query, call.key, call.value, call.attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )  # attn_output: (B, T, H, D)
+    for method in methods:
+        attn_output = method.after(call, attn_output)
+    return attn_output, attn_weights
+
+
+class AttentionMethod(nn.Module):
+    """Base class of a method attached to an attention module: both hooks do nothing by default."""
+
+    def init_weights(self, std: float) -> None:
+        """Initialise the method's own ``nn.Parameter``s with ``transformers.initialization`` functions (which skip
+        parameters loaded from a checkpoint); ``std`` is the model's ``init_std``."""
+
+    def before(self, call: AttentionCall) -> None:
+        """Runs before the backend; may replace ``call.attention_mask`` (or q/k/v)."""
+
+    def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
+        """Runs after the backend on the per-head output (B, T, H, D); returns what ``out_proj`` receives."""
+        return attn_output
+
+
+class MethodSpec(NamedTuple):
+    """What the model needs from a method module (each method module ends with ``METHOD = MethodSpec(...)``).
+
+    name: attribute (and parameter prefix) of the method on an attention module; check_settings(config) raises
+    ``ValueError``; placements(config) lists (side, layer, kind); build(config, attention_module) returns the
+    :class:`AttentionMethod`; collect(context, config) returns (output fields, weighted objective term or None).
+    """
+
+    name: str
+    check_settings: Callable
+    placements: Callable
+    build: Callable
+    collect: Callable
+
+
+AttentionInterface.register(ATTENTION_NAME, headattn_attention_forward)

@@ -1,0 +1,165 @@
+"""DHICM: dynamic head importance computation (Goindani & Shrivastava 2021, §3.1, Eq. 1-5).
+
+A second-level attention scores each head's output per token (Eq. 1-2) and mixes the heads by those importances
+(Eq. 3); the objective rewards importances far from uniform: L = L_c - lambda * L_KL (Eq. 4-5). Where: self- and
+cross-attention of the chosen layers; the paper's best, and our default in the recipes, is the last encoder and the
+last decoder layer (§4.3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .attention import AttentionCall, AttentionMethod, MethodSpec
+from .settings_checks import check_choice, check_range, resolve_layers
+
+NAME = "dhicm"
+ATTENTIONS = ("self", "cross")
+MODES = ("paper", "scaled_out_proj")
+
+
+def check_settings(config) -> None:
+    resolve_layers(config.dhicm_encoder_layers, config.encoder_layers, "dhicm_encoder_layers")
+    resolve_layers(config.dhicm_decoder_layers, config.decoder_layers, "dhicm_decoder_layers")
+    if config.dhicm_dim is not None and config.dhicm_dim <= 0:
+        raise ValueError(f"dhicm_dim must be a positive integer (or None for d_model), got {config.dhicm_dim!r}")
+    check_range(config.dhicm_dropout, "dhicm_dropout", 0.0, 1.0, high_open=True)
+    check_range(config.dhicm_kl_weight, "dhicm_kl_weight", 0.0)
+    for kind in config.dhicm_attention or ():
+        check_choice(kind, "dhicm_attention entries", ATTENTIONS)
+    if config.dhicm_attention is not None and not config.dhicm_attention:
+        raise ValueError(f"dhicm_attention must name at least one of {ATTENTIONS} (or be None for both), got []")
+    check_choice(config.dhicm_mode, "dhicm_mode", MODES)
+
+
+def placements(config) -> list[tuple[str, int, str]]:
+    kinds = config.dhicm_attention or ATTENTIONS
+    where = [("encoder", i, "self") for i in resolve_layers(config.dhicm_encoder_layers, config.encoder_layers, "")]
+    for i in resolve_layers(config.dhicm_decoder_layers, config.decoder_layers, ""):
+        where += [("decoder", i, kind) for kind in kinds]
+    return where
+
+
+# --- pure math -------------------------------------------------------------------------------------------------
+
+
+def importance_scores(head_outputs: torch.Tensor, ux: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Eq. 2: s(x, O^h) = O^hT W^T U x / sqrt(d_m), for every token and head.
+
+    Parameters
+    ----------
+    head_outputs : (B, T, H, d_k) per-head outputs O^h, before the output projection.
+    ux : (B, T, d_m) U x (after the dropout the paper applies to it).
+    w : (d_m, d_k) W.
+
+    Returns
+    -------
+    (B, T, H) scores. Computed as O^h . (W^T U x), so no (B, T, H, d_m) tensor is formed.
+    """
+    projected = ux @ w  # (B, T, d_k) = (W^T U x)^T
+    return torch.einsum("bthk,btk->bth", head_outputs, projected) / math.sqrt(w.shape[0])
+
+
+def head_importance(scores: torch.Tensor) -> torch.Tensor:
+    """Eq. 1: G(x, O^h), the softmax of the scores over the heads (last dimension)."""
+    return torch.softmax(scores, dim=-1)
+
+
+def combine_heads(head_outputs: torch.Tensor, importance: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Eq. 3 without W_s: sum_h G(x, O^h) V O^h, as V (sum_h G_h O^h) since V is shared by the heads.
+
+    head_outputs (B, T, H, d_k), importance (B, T, H), v (d_m, d_k) -> (B, T, d_m).
+    """
+    mixed = torch.einsum("bthk,bth->btk", head_outputs, importance)  # (B, T, d_k)
+    return mixed @ v.T
+
+
+def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:
+    """Eq. 4: KL(a || b) = sum_h a_h ln(a_h / b_h) with a = softmax(scores), b uniform over the H heads.
+
+    Computed from log-softmax (= ln H - entropy(a)), so one-hot importances give ln H without NaN. (..., H) -> (...).
+    """
+    log_a = torch.log_softmax(scores, dim=-1)
+    return (log_a.exp() * (log_a + math.log(scores.shape[-1]))).sum(-1)
+
+
+# --- the module attached to an attention module ---------------------------------------------------------------
+
+
+class DHICM(AttentionMethod):
+    """The second-level attention over the heads of one attention module (§3.1).
+
+    ``mode="paper"``: the module outputs W_s sum_h G V O^h (Eq. 3). W_s is the attention module's ``out_proj``
+    (d_m x d -> d; with d_m = d_model a pretrained ``out_proj`` initialises it, otherwise it is replaced by a new
+    ``Linear(d_m, d)``), so every parameter is used; its bias is kept, a harmless addition to Eq. 3.
+    ``mode="scaled_out_proj"`` (our fine-tuning variant, not in the paper): the pretrained ``out_proj`` is kept and
+    head h's block is weighted by H * G_h; U starts at zero, so G starts uniform and the model starts exactly as the
+    pretrained one.
+    The parameters W (d_m x d_k), U (d_m x d), V (d_m x d_k) have no bias, as in Eq. 2-3.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_m: int, dropout: float, mode: str):
+        super().__init__()
+        head_dim = d_model // num_heads
+        self.mode = mode
+        self.w = nn.Parameter(torch.empty(d_m, head_dim))
+        self.u = nn.Parameter(torch.empty(d_m, d_model))
+        self.v = nn.Parameter(torch.empty(d_m, head_dim)) if mode == "paper" else None
+        self.dropout = nn.Dropout(dropout)
+
+    def init_weights(self, std: float) -> None:
+        init.normal_(self.w, std=std)
+        if self.mode == "paper":
+            init.normal_(self.u, std=std)
+            init.normal_(self.v, std=std)
+        else:
+            init.zeros_(self.u)
+
+    def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
+        ux = self.dropout(call.hidden_states @ self.u.T)  # (B, T, d_m)
+        scores = importance_scores(attn_output, ux, self.w)  # (B, T, H)
+        importance = head_importance(scores)
+        if call.context is not None:
+            self._record(call, scores, importance)
+        if self.mode == "paper":
+            return combine_heads(attn_output, importance, self.v)  # (B, T, d_m), fed to out_proj = W_s
+        return attn_output * (importance.shape[-1] * importance).unsqueeze(-1).to(attn_output.dtype)
+
+    @staticmethod
+    def _record(call: AttentionCall, scores: torch.Tensor, importance: torch.Tensor) -> None:
+        kl = kl_from_uniform(scores.float())  # (B, T)
+        mask = call.query_mask
+        if mask is None:
+            call.context.record("dhicm_kl", kl.mean())
+        else:
+            call.context.record("dhicm_kl", (kl * mask).sum() / mask.sum().clamp(min=1))
+        if call.context.output_head_importance:
+            readout = importance.detach() if mask is None else importance.detach() * mask.unsqueeze(-1)
+            call.context.record("head_importances", (call.module.headattn_name, readout))
+
+
+def build(config, module) -> DHICM:
+    d_m = config.dhicm_dim or config.d_model
+    method = DHICM(config.d_model, module.num_heads, d_m, config.dhicm_dropout, config.dhicm_mode)
+    if config.dhicm_mode == "paper" and d_m != config.d_model:
+        module.out_proj = nn.Linear(d_m, config.d_model, bias=module.out_proj.bias is not None)  # W_s
+    return method
+
+
+def collect(context, config) -> tuple[dict, torch.Tensor | None]:
+    """Mean KL over tokens and DHICM modules (Eq. 5), and the objective term -lambda * KL."""
+    kls = context.records.get("dhicm_kl")
+    if not kls:
+        return {}, None
+    kl = torch.stack(kls).mean()
+    fields = {"dhicm_kl": kl}
+    if context.output_head_importance:
+        fields["head_importances"] = dict(context.records["head_importances"])
+    return fields, -config.dhicm_kl_weight * kl
+
+
+METHOD = MethodSpec(NAME, check_settings, placements, build, collect)

@@ -1,0 +1,196 @@
+"""EaDRA: entropy- and distance-regularized attention (Araabi, Niculae & Monz, §3, Eq. 1-9).
+
+Eq. 9 adds ``alpha_peak R_peak + alpha_sent R_sent + alpha_dist R_dist`` per component (encoder self-attention,
+decoder self-attention, cross-attention) to the translation loss. The math is in :mod:`.eadra_math`; this module
+holds the settings, the :class:`EaDRA` method attached to each regularized attention module, and the reduction.
+
+How it runs (fast by design): the backend (SDPA, eager, ...) computes the attention output as usual; ``after``
+recomputes ``softmax(q_h k_h^T * scaling + mask)`` in float32 for the regularized heads only (the *first*
+``num_heads`` heads of each regularized layer), and the regularizers' gradient flows through q and k. The support of
+each query: keys the model's mask lets it see (a bool mask, or an additive one above half its dtype's minimum), for
+decoder self-attention also its causal prefix (offset ``key_len - query_len`` with a cache; SDPA may get no mask and
+``is_causal``), and never padding keys (the context's masks). Nothing happens without a context (e.g. ``generate``
+running the encoder alone). Dropout is not applied to these probabilities.
+
+Reductions (the authors' fairseq code, ``aliaraabi/EaDRA``, where it works; see :mod:`.eadra_math` for per-query
+choices): per sentence and head, R_peak is the mean over real queries of H_N, R_sent = -H_N(query-averaged
+attention), R_dist the sum over consecutive real query pairs. These are **summed** over the regularized heads and
+layers of a component and over the sentences of the batch (the authors' code sums its stacked layer x batch x head
+tensor), then **divided by the number of real target tokens** of the batch, because fairseq divides the summed loss,
+penalties included, by ``sample_size`` = target tokens. So the terms sit next to the model's per-token NLL at the
+scale Table 6's alphas were tuned at, and with gradient accumulation (``losses.total_objective``) the accumulated term
+is the sum over sentences divided by all the batch's target tokens, as in fairseq. Without a target mask (no labels)
+every decoder position counts as a target token; an encoder-only setting without one counts source tokens instead.
+Unlike the authors' code, padding never counts (they normalise by the padded length), R_dist follows Eq. 8 (their
+matrix product does not run) and only the chosen heads are regularized.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import AttentionCall, AttentionMethod, HeadAttnContext, MethodSpec, key_allowed
+from .eadra_math import TERMS, eadra_regularizers
+from .settings_checks import check_range, resolve_layers
+
+NAME = "eadra"
+COMPONENTS = ("encoder", "decoder", "cross")
+#: Table 6, WMT En-De (100k) rows; alpha_peak 0 because "alpha_dist appears to render alpha_peak redundant"
+#: (Appendix A). num_heads None = three quarters of the heads (6 of 8 from scratch, §5.3); layers None = all.
+DEFAULTS = {
+    "encoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 0.02, "num_heads": None, "layers": None},
+    "decoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 2.0, "num_heads": None, "layers": None},
+    "cross": {"alpha_peak": 0.0, "alpha_sent": 8.0, "alpha_dist": 0.1, "num_heads": None, "layers": None},
+}
+
+
+def _shape(config, component: str) -> tuple[int, int]:
+    if component == "encoder":
+        return config.encoder_layers, config.encoder_attention_heads
+    return config.decoder_layers, config.decoder_attention_heads
+
+
+def component_settings(config, component: str) -> dict:
+    """The settings of one component with defaults filled in, ``num_heads`` and ``layers`` resolved."""
+    settings = {**DEFAULTS[component], **config.eadra[component]}
+    num_layers, heads = _shape(config, component)
+    if settings["num_heads"] is None:
+        settings["num_heads"] = max(1, round(0.75 * heads))
+    layers = range(num_layers) if settings["layers"] is None else settings["layers"]
+    settings["layers"] = resolve_layers(layers, num_layers, f"eadra[{component!r}]['layers']")
+    return settings
+
+
+def check_settings(config) -> None:
+    if config.eadra is None:
+        return
+    if not isinstance(config.eadra, dict) or not config.eadra:
+        raise ValueError(f"eadra must map some of {COMPONENTS} to settings (or be None), got {config.eadra!r}")
+    for component, settings in config.eadra.items():
+        if component not in COMPONENTS:
+            raise ValueError(f"eadra has unknown component {component!r}; expected some of {COMPONENTS}")
+        if not isinstance(settings, dict):
+            raise ValueError(f"eadra[{component!r}] must be a dict of settings, got {settings!r}")
+        unknown = set(settings) - set(DEFAULTS[component])
+        if unknown:
+            raise ValueError(
+                f"eadra[{component!r}] has unknown settings {sorted(unknown)}; expected some of {sorted(DEFAULTS[component])}"
+            )
+        resolved = component_settings(config, component)
+        for alpha in ("alpha_peak", "alpha_sent", "alpha_dist"):
+            check_range(resolved[alpha], f"eadra[{component!r}][{alpha!r}]", 0.0)
+        heads = _shape(config, component)[1]
+        num_heads = resolved["num_heads"]
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or not 1 <= num_heads <= heads:
+            raise ValueError(
+                f"eadra[{component!r}]['num_heads'] must be an integer in [1, {heads}] (the model's heads), "
+                f"got {num_heads!r}"
+            )
+
+
+def placements(config) -> list[tuple[str, int, str]]:
+    where = []
+    for component in config.eadra or {}:
+        side, kind = ("encoder", "self") if component == "encoder" else ("decoder", "cross" if component == "cross" else "self")
+        where += [(side, layer, kind) for layer in component_settings(config, component)["layers"]]
+    return where
+
+
+def component_of(module) -> str:
+    """"encoder", "decoder" or "cross" for an attention module tagged by ``modeling.attach_methods``."""
+    return "cross" if module.headattn_kind == "cross" else module.headattn_side
+
+
+def head_scores(call: AttentionCall, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 scores, support and real queries of the first ``num_heads`` heads of one attention call.
+
+    Returns
+    -------
+    scores : (B, h, T, S) ``q k^T * scaling`` plus the additive mask, if any.
+    support : (B or 1, 1 or h, T, S) bool, the keys each query can see that are not padding.
+    queries : (B or 1, 1, T) bool, real queries with a non-empty support.
+    """
+    query, key = call.query[:, :num_heads], call.key[:, :num_heads]  # (B, h, T, D), (B, h, S, D)
+    length, key_length = query.shape[2], key.shape[2]
+    with torch.autocast(query.device.type, enabled=False):
+        scores = torch.matmul(query.float() * call.scaling, key.float().transpose(-1, -2))  # (B, h, T, S)
+    support = torch.ones(1, 1, length, key_length, dtype=torch.bool, device=query.device)
+    mask = call.attention_mask
+    if mask is not None:
+        mask = mask[:, :num_heads] if mask.dim() == 4 and mask.shape[1] > 1 else mask
+        support = support & key_allowed(mask, key_length)
+        if mask.dtype != torch.bool:
+            scores.add_(mask[..., :key_length])  # scores is a fresh float32 tensor
+    if call.is_decoder and not call.is_cross:  # the causal prefix, also when SDPA ran with is_causal and no mask
+        support = support & torch.ones_like(support[0, 0]).tril(key_length - length)
+    if call.key_mask is not None:
+        support = support & call.key_mask[:, None, None, :]
+    queries = support.any(-1)  # (B or 1, 1 or h, T)
+    queries = queries.all(1, keepdim=True) if queries.shape[1] > 1 else queries
+    if call.query_mask is not None:
+        queries = queries & call.query_mask[:, None, :]
+    return scores, support, queries
+
+
+class EaDRA(AttentionMethod):
+    """Computes R_peak, R_sent and R_dist of the first ``num_heads`` heads of its attention module; no parameters."""
+
+    def __init__(self, component: str, num_heads: int):
+        super().__init__()
+        self.component, self.num_heads = component, num_heads
+
+    def extra_repr(self) -> str:
+        return f"component={self.component!r}, num_heads={self.num_heads}"
+
+    def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
+        if call.context is None:
+            return attn_output
+        scores, support, queries = head_scores(call, self.num_heads)
+        sums = [term.sum() for term in eadra_regularizers(scores, support, queries)]  # each term (B, h) -> ()
+        tokens = call.query_mask.sum() if call.query_mask is not None else call.query.shape[0] * call.query.shape[2]
+        call.context.record(NAME, (self.component, sums, tokens))
+        return attn_output
+
+
+def build(config, module) -> EaDRA:
+    component = component_of(module)
+    return EaDRA(component, component_settings(config, component)["num_heads"])
+
+
+def _target_tokens(context: HeadAttnContext, records: list) -> torch.Tensor | int:
+    """The batch's real target tokens (see the module docstring for the cases without a target mask)."""
+    if context.target_mask is not None:
+        return context.target_mask.sum()
+    decoder_side = [tokens for component, _, tokens in records if component != "encoder"]
+    return decoder_side[0] if decoder_side else records[0][2]
+
+
+def collect(context: HeadAttnContext, config) -> tuple[dict, torch.Tensor | None]:
+    """``eadra_loss`` (Eq. 9's weighted sum, also returned as the objective term) and ``eadra_terms``.
+
+    ``eadra_terms["<component>/<term>"]`` (term in peak, sent, dist) are the unweighted, detached terms: summed over
+    the component's regularized heads, layers and sentences, divided by the batch's target tokens.
+    """
+    records = context.records.get(NAME)
+    if not records:
+        return {}, None
+    tokens = _target_tokens(context, records)
+    tokens = tokens.clamp(min=1) if torch.is_tensor(tokens) else max(tokens, 1)
+    totals = {}  # component -> [R_peak, R_sent, R_dist] summed over its layers
+    for component, sums, _ in records:
+        totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
+    loss, terms = None, {}
+    for component, sums in totals.items():
+        settings = component_settings(config, component)
+        for name, total in zip(TERMS, sums):
+            value = total / tokens
+            terms[f"{component}/{name}"] = value.detach()
+            alpha = settings[f"alpha_{name}"]
+            if alpha:  # a zero-weighted term stays out of the graph: its backward is skipped
+                loss = alpha * value if loss is None else loss + alpha * value
+    if loss is None:
+        loss = value.new_zeros(())
+    return {"eadra_loss": loss, "eadra_terms": terms}, loss
+
+
+METHOD = MethodSpec(NAME, check_settings, placements, build, collect)

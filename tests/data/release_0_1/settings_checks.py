@@ -1,0 +1,39 @@
+"""Checks shared by the methods' settings: each error names the field, the bad value and what was expected."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def resolve_layers(indices: Iterable[int] | None, num_layers: int, name: str) -> list[int]:
+    """Layer indices (negative ones count from the end, as in Python) as a sorted list of distinct non-negative ones.
+
+    Raises ``ValueError`` for an index outside ``[-num_layers, num_layers)``; ``None`` gives ``[]``.
+    """
+    if indices is None:
+        return []
+    resolved = set()
+    for index in indices:
+        if isinstance(index, bool) or not isinstance(index, int) or not -num_layers <= index < num_layers:
+            raise ValueError(
+                f"{name} contains {index!r}, but the model has {num_layers} layers: expected integers in "
+                f"[{-num_layers}, {num_layers - 1}]"
+            )
+        resolved.add(index % num_layers)
+    return sorted(resolved)
+
+
+def check_range(value, name: str, low: float, high: float | None = None, *, high_open: bool = False) -> None:
+    """Raise ``ValueError`` unless ``low <= value`` (and ``value <= high``, or ``< high`` when ``high_open``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        upper = "" if high is None else f", {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be a number in [{low}{upper or ', inf)'}, got {value!r}")
+
+
+def check_choice(value, name: str, choices: Iterable) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")

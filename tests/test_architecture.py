@@ -1,0 +1,188 @@
+"""The architecture: one registration per method, two import layers without circles, the attention hook."""
+
+import ast
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_headattn
+from conftest import TINY, batch
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn.experiment.model_card import write_model_card
+from hf_headattn.experiment.presets import method_settings
+from hf_headattn.experiment.trainer import loss_components
+from hf_headattn.registry import register_method, registered_methods, unregister_method
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "hf_headattn"
+KIT = ("experiment", "syntax", "analysis")
+
+
+@pytest.fixture
+def toy():
+    import toy_method
+
+    register_method(toy_method.METHOD)
+    yield toy_method.METHOD
+    unregister_method("toy")
+
+
+def syntax_inputs():
+    ids = batch()["input_ids"]
+    dependency = torch.eye(ids.shape[1], dtype=torch.bool).expand(len(ids), -1, -1).clone()
+    dependency[:, 0, 1] = dependency[:, 1, 0] = True
+    positions = torch.zeros(len(ids), ids.shape[1], ids.shape[1], dtype=torch.long)
+    positions[:, 0, 1], positions[:, 1, 0] = 1, -1
+    return {"dependency_mask": dependency, "phrase_positions": positions}
+
+
+def run_method(spec):
+    settings = method_settings(next(iter(spec.presets)))
+    torch.manual_seed(0)
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **settings))
+    inputs = {**batch(), **(syntax_inputs() if spec.uses_syntax else {})}
+    return model, model(**inputs, output_head_importance=True, output_redundant_heads=True)
+
+
+def test_every_registered_method_is_wired(toy, tmp_path):
+    """Outputs, logged components, evaluation read-outs, model card and recipe names come from each MethodSpec."""
+    assert [spec.name for spec in registered_methods()] == ["sea", "eadra", "dhicm", "toy"]  # the hooks' order
+    for spec in registered_methods():
+        model, out = run_method(spec)
+        assert model.config.keys_to_ignore_at_inference[:2] == ["past_key_values", "nll_loss"]
+        for field in spec.outputs:
+            assert out[field] is not None, (spec.name, field)
+            assert field in model.config.keys_to_ignore_at_inference
+        logged = loss_components(out)
+        for field in spec.logged:
+            assert any(key == field or key.startswith(f"{field}/") for key in logged), (spec.name, field)
+        card = write_model_card(model, tmp_path / spec.name, "x").read_text()
+        assert spec.paper in card and f'"{spec.name}": {{' in card
+        other = [s.name for s in registered_methods() if s.name != spec.name]
+        assert not any(f"**{name}**" in card for name in other)
+
+
+def test_a_fourth_method_is_one_module_and_one_registration(toy, tmp_path):
+    torch.manual_seed(0)
+    config = HeadAttnMBartConfig(**TINY, toy={"encoder_layers": [-1], "weight": 2.0})
+    model = HeadAttnMBartForConditionalGeneration(config).eval()
+    assert [n for n, _ in model.named_parameters() if ".toy." in n] == ["model.encoder.layers.1.self_attn.toy.scale"]
+    with torch.no_grad():
+        model.model.encoder.layers[1].self_attn.toy.scale.copy_(torch.tensor([1.0, 2.0, 0.0, 1.0]))
+    out = model(**batch())
+    assert out.toy_penalty.item() == pytest.approx(1.5)
+    assert out.loss.item() == pytest.approx(out.nll_loss.item() + 2.0 * 1.5, rel=1e-5)  # label_smoothing 0
+    model.save_pretrained(tmp_path)
+    loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.config.toy == {"encoder_layers": [-1], "weight": 2.0}
+    torch.testing.assert_close(loaded(**batch()).logits, out.logits)
+    with pytest.raises(ValueError, match=r"toy.weight must be a finite number, got 'a lot'"):
+        HeadAttnMBartConfig(**TINY, toy={"encoder_layers": [-1], "weight": "a lot"})
+    assert method_settings("toy+dhicm")["toy"] == {"encoder_layers": [-1]}
+
+
+def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():
+    """tests/data/release_0_1: DHICM + EaDRA + DEA+RHE saved by release 0.1 (flat config fields, its remote code)."""
+    folder = ROOT / "tests" / "data" / "release_0_1"
+    expected = torch.load(folder / "expected.pt")
+    model = HeadAttnMBartForConditionalGeneration.from_pretrained(folder).eval()
+    assert model.config.dhicm == {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.05}
+    assert model.config.sea == {"type": "dea"} and model.config.eadra == {"decoder": {}, "encoder": {"num_heads": 2}}
+    out = model(**batch(), dependency_mask=expected["dependency_mask"])
+    for name in ("logits", "loss", "dhicm_kl", "eadra_loss"):
+        torch.testing.assert_close(out[name], expected[name], msg=name)
+
+
+def test_loading_remote_code_never_changes_an_already_loaded_model(tmp_path):
+    """Each copy of the code registers its attention function under its own name (issue: loading a second remote-code
+    checkpoint replaced the function that already-loaded models ran)."""
+    folder = ROOT / "tests" / "data" / "release_0_1"
+    expected = torch.load(folder / "expected.pt")
+    torch.manual_seed(0)
+    ours = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"decoder_layers": [-1]})).eval()
+    before = ours(**batch()).logits
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    # the checkpoint's own code, as trust_remote_code loads it where the package is not installed
+    remote_class = get_class_from_dynamic_module("modeling.HeadAttnMBartForConditionalGeneration", str(folder))
+    remote = remote_class.from_pretrained(folder).eval()
+    assert type(remote).__module__ != type(ours).__module__  # release 0.1's own code
+    torch.testing.assert_close(remote(**batch(), dependency_mask=expected["dependency_mask"]).logits,
+                               expected["logits"])
+    assert torch.equal(ours(**batch()).logits, before)
+
+
+def test_the_stand_in_config_reads_through_and_backends_are_checked():
+    torch.manual_seed(0)
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"decoder_layers": [-1]})).eval()
+    module = model.model.decoder.layers[1].self_attn
+    assert module.config._attn_implementation == hf_headattn.attention.ATTENTION_NAME
+    assert (module.config.d_model, module.config.dhicm) == (16, {"decoder_layers": [-1]})
+    assert copy.deepcopy(module).config.d_model == 16
+    sdpa = model(**batch()).logits
+    model.set_attn_implementation("eager")
+    torch.testing.assert_close(model(**batch()).logits, sdpa, atol=1e-5, rtol=1e-5)
+    model.config._attn_implementation = "flex_attention"
+    with torch.no_grad(), pytest.raises(ValueError, match=r"attn_implementation='flex_attention' is not supported .*\('sdpa', 'eager'\)"):
+        model(**batch())
+
+
+def _imports(path: Path) -> set[str]:
+    """Modules of the package that ``path`` imports (as dotted names below hf_headattn)."""
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[: len(package) - node.level + 1])
+                names = [".".join(base + ([node.module] if node.module else []))]
+                if not node.module:
+                    names = [f"{names[0]}.{alias.name}" for alias in node.names]
+            else:
+                names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {name for name in names if name.split(".")[0] == "hf_headattn"}
+    return found
+
+
+def test_import_graph_has_two_layers_and_no_circle():
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = _imports(path)
+    core = {name for name in modules if name.count(".") == 1 and name.split(".")[1] not in KIT}
+    for name in core:
+        kit = {imported for imported in modules[name] if imported.split(".")[1] in KIT}
+        assert not kit, f"the model core module {name} imports the experiment kit: {kit}"
+    # no circle: a depth-first search over the imports between modules (packages resolve to their __init__)
+    graph = {name: {i for i in imports if i in modules and i != name} for name, imports in modules.items()}
+    state = {}
+
+    def visit(name, path):
+        state[name] = "open"
+        for target in graph[name]:
+            assert state.get(target) != "open", f"import circle: {' -> '.join([*path, target])}"
+            if target not in state:
+                visit(target, [*path, target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_recipes_import_only_the_package():
+    for path in (ROOT / "recipes").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        siblings = {p.stem for p in (ROOT / "recipes").glob("*.py")}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not set(names) & siblings, f"{path.name} imports another recipe: {set(names) & siblings}"
+        assert "sys.path.insert" not in path.read_text(), path.name

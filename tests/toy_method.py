@@ -1,0 +1,64 @@
+"""A toy fourth method, written as the README's Design section says a new method is: one module and one
+registration line (here the test registers it; a built-in one gets its line in ``hf_headattn/methods.py``).
+
+"Head scaling": each head's output is multiplied by a learned scale; the objective adds ``weight * mean(scale^2)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from hf_headattn.attention import AttentionMethod
+from hf_headattn.registry import MethodSettings, MethodSpec
+from hf_headattn.settings_checks import check_range, resolve_layers
+
+
+@dataclass
+class ToySettings(MethodSettings):
+    encoder_layers: list[int] | None = None
+    weight: float = 0.5
+
+    def validate(self, config, name: str) -> None:
+        resolve_layers(self.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
+        check_range(self.weight, f"{name}.weight", 0.0)
+
+
+class HeadScale(AttentionMethod):
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.empty(num_heads))
+
+    def init_weights(self, std: float) -> None:
+        init.ones_(self.scale)
+
+    def after(self, call, attn_output):
+        if call.context is not None:
+            call.context.record("toy", self.scale.pow(2).mean())
+        return attn_output * self.scale[None, None, :, None]  # (B, T, H, D)
+
+
+def placements(settings, config):
+    return [("encoder", i, "self") for i in resolve_layers(settings.encoder_layers, config.encoder_layers, "")]
+
+
+def build(settings, config, module):
+    return HeadScale(module.num_heads)
+
+
+def collect(context, settings):
+    records = context.records.get("toy")
+    if not records:
+        return {}, None
+    penalty = torch.stack(records).mean()
+    return {"toy_penalty": penalty}, settings.weight * penalty
+
+
+METHOD = MethodSpec(
+    "toy", ToySettings, placements, build, collect, order=40,
+    outputs={"toy_penalty": "mean squared head scale"}, logged=("toy_penalty",),
+    paper="A toy head-scaling method (tests only)", presets={"toy": {"encoder_layers": [-1]}},
+)
