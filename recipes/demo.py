@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import train_translation  # noqa: E402
-
-from hf_headattn.analysis import (  # noqa: E402
+from hf_headattn.analysis import (
     encoder_attention_entropy, plot_head_importance, sentence_head_importance, write_entropy_report,
 )
-from hf_headattn.experiment.training import write_json  # noqa: E402
+from hf_headattn.experiment import recipe as train_translation
+from hf_headattn.experiment.training import write_json
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 

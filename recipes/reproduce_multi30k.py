@@ -63,9 +63,8 @@ def prepare(args, data_flags: list[str]) -> tuple[Path, Path | None]:
     if parses_dir is None and any(uses_syntax(method_settings(row)) for row in args.rows):
         parses_dir = args.output_dir / "parses"
         if not parses_dir.is_dir():
-            import parse_sources
-
-            parse_sources.main([*data_flags, "--output_dir", str(parses_dir)])
+            subprocess.run([sys.executable, str(HERE / "parse_sources.py"), *data_flags, "--output_dir",
+                            str(parses_dir)], check=True)
     return tokenizer_dir, parses_dir
 
 
@@ -229,5 +228,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
     main()

@@ -33,7 +33,7 @@ from hf_headattn.experiment.training import (
     MODEL_CLASSES, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer,
     write_json,
 )
-from train_translation import DataArguments, ModelArguments, settings_from
+from hf_headattn.experiment.recipe import DataArguments, ModelArguments, settings_from
 
 logger = logging.getLogger("search_hyperparameters")
 

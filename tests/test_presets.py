@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
-import train_translation  # noqa: E402
+from hf_headattn.experiment import recipe as train_translation  # noqa: E402
 
 
 def parse(*argv):

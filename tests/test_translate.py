@@ -25,7 +25,7 @@ DATA = Path(os.environ.get("MULTI30K_DIR", ROOT.parent / "shared" / "data" / "mu
 sys.path.insert(0, str(ROOT / "recipes"))
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="Multi30k is not at ../shared/data/multi30k")
 
-import train_translation  # noqa: E402
+from hf_headattn.experiment import recipe as train_translation  # noqa: E402
 import translate as translate_recipe  # noqa: E402
 
 SHAPE = {"shape": "tiny", "d_model": 16, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 32,
