@@ -5,8 +5,10 @@ The HF test files are vendored in tests/hf_common/ (see its README) from the tra
 with another version the module is skipped. The model tester is ours, modelled on HF's MBart/Marian testers (their
 test files are not in the sdist): HF's tiny sizes, the two model classes we provide per family.
 
-Every HF test that passes on the stock classes (``StockMBart``/``StockMarian`` below run them on MBartModel/
-MBartForConditionalGeneration and MarianModel/MarianMTModel) passes on ours or is skipped below with its reason.
+Every HF test that passes on the stock classes (``HF_COMMON_STOCK=1`` adds ``TestStockMBartOff``/
+``TestStockMarianOff``, HF's tests on MBartModel/MBartForConditionalGeneration and MarianModel/MarianMTModel) passes
+on ours or is skipped below with its reason (``SKIPS``); which tests run per class is ``selected`` (time budget).
+HF tests that skip themselves on stock too (GPU, flash attention, kernels, composite or multimodal models) skip here.
 """
 
 from __future__ import annotations
@@ -82,6 +84,15 @@ METHOD_TESTS = {
     "test_eager_matches_sdpa_inference_09_fp32_pad_left", "test_eager_matches_sdpa_inference_13_fp32_pad_right",
     "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions",
 }
+#: Marian's attention is a copy of mBART's, so the methods run the same code: Marian's method classes run this core.
+MARIAN_METHOD_TESTS = {
+    "test_config", "test_save_load", "test_training", "test_batching_equivalence", "test_attention_outputs",
+    "test_hidden_states_output", "test_model_outputs_equivalence", "test_all_tensors_are_parameter_or_buffer",
+    "test_can_init_all_missing_weights", "test_eager_matches_sdpa_inference_09_fp32_pad_left",
+    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions",
+}
+#: The slowest test: only where a method adds output fields (SEA adds none; the Off classes run it).
+FIELD_TESTS = {"test_model_outputs_equivalence"}
 HALF_PRECISION = ("_fp16_", "_bf16_")
 
 #: HF tests that pass on the stock classes but not with a method, by design.
@@ -99,9 +110,11 @@ def skipped(reason: str):
     return test
 
 
-def selected(name: str, method: str) -> bool:
+def selected(name: str, family: str, method: str) -> bool:
+    if method.startswith("SEA") and name in FIELD_TESTS:
+        return False
     if method != "Off":
-        return name in METHOD_TESTS
+        return name in (MARIAN_METHOD_TESTS if family == "Marian" else METHOD_TESTS)
     return not (name.startswith("test_eager_matches_sdpa_inference") and any(p in name for p in HALF_PRECISION))
 
 
@@ -185,7 +198,7 @@ def make_test_class(family: str, method: str) -> type:
     attributes = {"family": family, "method": method, "all_model_classes": (base, lm), "__module__": __name__}
     # a test set to None is not collected
     attributes.update({name: None for name in dir(HeadAttnModelTestBase)
-                       if name.startswith("test_") and not selected(name, method)})
+                       if name.startswith("test_") and not selected(name, family, method)})
     attributes.update({name: skipped(reason) for (skip_method, name), reason in SKIPS.items() if skip_method == method})
     return type(f"Test{family}{method}", (HeadAttnModelTestBase, unittest.TestCase), attributes)
 
