@@ -8,17 +8,24 @@ Identical to the HF parents except:
   read-outs; the LM heads compute label-smoothed cross-entropy themselves and add the methods' terms to ``loss``.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: HF's tooling reads `**kwargs: Unpack[TransformersKwargs]` from the
+# signature (e.g. to know that the models can output attentions), which needs evaluated annotations.
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 from transformers import MarianModel, MarianMTModel, MBartForConditionalGeneration, MBartModel
 from transformers.modeling_outputs import Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.models.marian.modeling_marian import MarianDecoder, MarianEncoder
 from transformers.models.marian.modeling_marian import shift_tokens_right as marian_shift_tokens_right
+from transformers.models.mbart.modeling_mbart import MBartDecoder, MBartEncoder
 from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart_shift_tokens_right
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
+from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 from .attention import AttentionMethod, HeadAttnContext, attach_method
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
@@ -45,13 +52,14 @@ class HeadAttnOutputMixin:
     redundant_heads: dict[str, torch.BoolTensor] | None = None
 
 
+# The HF class comes last in the bases so that its fields come first: `outputs[0]` and `to_tuple()` start as HF's.
 @dataclass
-class HeadAttnSeq2SeqModelOutput(Seq2SeqModelOutput, HeadAttnOutputMixin):
+class HeadAttnSeq2SeqModelOutput(HeadAttnOutputMixin, Seq2SeqModelOutput):
     """``Seq2SeqModelOutput`` plus the methods' fields."""
 
 
 @dataclass
-class HeadAttnSeq2SeqLMOutput(Seq2SeqLMOutput, HeadAttnOutputMixin):
+class HeadAttnSeq2SeqLMOutput(HeadAttnOutputMixin, Seq2SeqLMOutput):
     """``Seq2SeqLMOutput`` whose ``loss`` is the total objective, plus ``nll_loss`` (mean token NLL, unsmoothed)
     and the methods' fields."""
 
@@ -64,12 +72,14 @@ def attention_module(base_model: nn.Module, side: str, layer: int, kind: str) ->
     return block.encoder_attn if kind == "cross" else block.self_attn
 
 
-def attach_methods(base_model: nn.Module, config, settings: dict) -> None:
+def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encoder", "decoder")) -> None:
     """Attach every method switched on (``settings``: {name: resolved settings}) to its attention modules."""
     for spec in registered_methods():
         if spec.name not in settings:
             continue
         for side, layer, kind in spec.placements(settings[spec.name], config):
+            if side not in sides:
+                continue
             module = attention_module(base_model, side, layer, kind)
             module.headattn_kind, module.headattn_side = kind, side
             module.headattn_name = f"{side}.layers.{layer}.{'encoder_attn' if kind == 'cross' else 'self_attn'}"
@@ -103,6 +113,23 @@ def _token_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask.bool() if mask is not None and mask.dim() == 2 else None
 
 
+@contextmanager
+def hf_dict_outputs(config):
+    """Let the HF forward return output objects even when ``config.return_dict`` is False.
+
+    HF's bodies (and its encoders/decoders) read ``config.return_dict``; with False, MBart returns tuples we cannot
+    add fields to and Marian crashes. The flag is set for the call and restored; nothing changes when it is True.
+    """
+    if config.return_dict:
+        yield
+        return
+    config.return_dict = True
+    try:
+        yield
+    finally:
+        config.return_dict = False
+
+
 class HeadAttnPreTrainedMixin:
     """What the base model and the LM model share: method attachment, weight init, context creation."""
 
@@ -115,8 +142,19 @@ class HeadAttnPreTrainedMixin:
         self.headattn_settings = config.check_headattn_settings()
         self._built_method_fields = {spec.name: copy.deepcopy(getattr(config, spec.name, None))
                                      for spec in registered_methods()}
-        attach_methods(self.base_model, config, self.headattn_settings)
+        self._attach_methods(config)
         self.post_init()  # initialises the new method parameters (HF skips what is already initialised)
+
+    def _attach_methods(self, config) -> None:
+        attach_methods(self.base_model, config, self.headattn_settings)
+        # an encoder/decoder that carries methods becomes our stack class, so that `model.get_encoder()` (or
+        # `get_decoder()`) saved on its own reloads with its methods' weights (stock `MBartEncoder` would drop them)
+        for side in ("encoder", "decoder"):
+            stack = getattr(self.base_model, side)
+            if type(stack) in STACK_CLASSES and any(isinstance(m, AttentionMethod) for m in stack.modules()):
+                stack.__class__ = STACK_CLASSES[type(stack)]
+                # HF keys what a model can record (attentions, hidden states) on its class, in its __init__
+                _CAN_RECORD_REGISTRY[stack] = stack._can_record_outputs
 
     def initialize_weights(self):
         """HF's initialisation, then the methods' parameters.
@@ -187,23 +225,29 @@ class HeadAttnModelMixin(HeadAttnPreTrainedMixin):
         phrase_positions=None,
         output_head_importance=False,
         output_redundant_heads=False,
-        **kwargs,
-    ) -> HeadAttnSeq2SeqModelOutput:
-        """The HF forward, plus ``dependency_mask``/``phrase_positions`` (SEA inputs) and the read-out flags."""
-        kwargs.pop("return_dict", None)
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> HeadAttnSeq2SeqModelOutput | tuple:
+        """The HF forward, plus ``dependency_mask``/``phrase_positions`` (SEA inputs) and the read-out flags.
+
+        With ``return_dict=False`` (argument or config) a tuple, as from the HF model, followed by the methods'
+        fields that are set.
+        """
+        return_dict = kwargs.pop("return_dict", None)
         self._check_lengths(input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, past_key_values)
         context = self._headattn_kwargs(
             kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
             attention_mask, decoder_attention_mask,
         )
-        outputs = super().forward(
-            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs,
-        )
+        with hf_dict_outputs(self.config):
+            outputs = super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+                past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs,
+            )
         fields, _ = collect_method_outputs(context, self.headattn_settings)
-        return with_method_fields(HeadAttnSeq2SeqModelOutput(**outputs), fields)
+        output = with_method_fields(HeadAttnSeq2SeqModelOutput(**outputs), fields)
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
 class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
@@ -227,13 +271,14 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
         output_head_importance=False,
         output_redundant_heads=False,
         num_items_in_batch=None,
-        **kwargs,
-    ) -> HeadAttnSeq2SeqLMOutput:
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> HeadAttnSeq2SeqLMOutput | tuple:
         """The HF forward, plus the SEA inputs and read-out flags; ``loss`` is the total objective.
 
         ``loss = label-smoothed NLL (config.label_smoothing) + the methods' weighted terms``, normalised by
         ``num_items_in_batch`` when the Trainer passes it (exact gradient accumulation and DDP, see
-        :func:`hf_headattn.losses.total_objective`).
+        :func:`hf_headattn.losses.total_objective`). With ``return_dict=False`` (argument or config) a tuple, as
+        from the HF model, followed by the methods' fields and ``nll_loss`` that are set.
         """
         return_dict = kwargs.pop("return_dict", None)
         if labels is not None:
@@ -249,12 +294,13 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
             kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
             attention_mask, target_mask,
         )
-        outputs = super().forward(
-            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs,
-        )
+        with hf_dict_outputs(self.config):
+            outputs = super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+                past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs,
+            )
         fields, method_term = collect_method_outputs(context, self.headattn_settings)
         loss = nll_loss = None
         if labels is not None:
@@ -266,7 +312,7 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
         output = with_method_fields(HeadAttnSeq2SeqLMOutput(
             loss=loss, nll_loss=nll_loss, **{k: v for k, v in outputs.items() if k != "loss"}
         ), fields)
-        return output.to_tuple() if return_dict is False else output
+        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
 class HeadAttnMBartModel(HeadAttnModelMixin, MBartModel):
@@ -314,3 +360,37 @@ class HeadAttnMarianMTModel(HeadAttnLMMixin, MarianMTModel):
 
     def _shift_labels(self, labels):
         return marian_shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+class HeadAttnStackMixin(HeadAttnPreTrainedMixin):
+    """An encoder or decoder of our models on its own (what ``get_encoder()``/``get_decoder()`` return when it
+    carries methods): built with its side's methods, so ``type(encoder).from_pretrained`` of a saved one keeps them."""
+
+    headattn_side: str
+
+    def _attach_methods(self, config) -> None:
+        attach_methods(SimpleNamespace(**{self.headattn_side: self}), config, self.headattn_settings,
+                       sides=(self.headattn_side,))
+
+
+class HeadAttnMBartEncoder(HeadAttnStackMixin, MBartEncoder):
+    config_class, headattn_side = HeadAttnMBartConfig, "encoder"
+
+
+class HeadAttnMBartDecoder(HeadAttnStackMixin, MBartDecoder):
+    config_class, headattn_side = HeadAttnMBartConfig, "decoder"
+
+
+class HeadAttnMarianEncoder(HeadAttnStackMixin, MarianEncoder):
+    config_class, headattn_side = HeadAttnMarianConfig, "encoder"
+
+
+class HeadAttnMarianDecoder(HeadAttnStackMixin, MarianDecoder):
+    config_class, headattn_side = HeadAttnMarianConfig, "decoder"
+
+
+#: The stock stacks and the class each becomes when it carries methods.
+STACK_CLASSES = {
+    MBartEncoder: HeadAttnMBartEncoder, MBartDecoder: HeadAttnMBartDecoder,
+    MarianEncoder: HeadAttnMarianEncoder, MarianDecoder: HeadAttnMarianDecoder,
+}

@@ -1,0 +1,1 @@
+"""HF's own common model tests, vendored from the transformers sdist (see README.md)."""

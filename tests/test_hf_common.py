@@ -1,0 +1,211 @@
+"""HF's own common model tests (``ModelTesterMixin``, ``ConfigTester``) on our models, for both families, with every
+method off, with DHICM, with EaDRA and with SEA (DEA, LPEA) given syntax inputs.
+
+The HF test files are vendored in tests/hf_common/ (see its README) from the transformers version installed here;
+with another version the module is skipped. The model tester is ours, modelled on HF's MBart/Marian testers (their
+test files are not in the sdist): HF's tiny sizes, the two model classes we provide per family.
+
+Every HF test that passes on the stock classes (``HF_COMMON_STOCK=1`` adds ``TestStockMBartOff``/
+``TestStockMarianOff``, HF's tests on MBartModel/MBartForConditionalGeneration and MarianModel/MarianMTModel) passes
+on ours or is skipped below with its reason (``SKIPS``); which tests run per class is ``selected`` (time budget).
+HF tests that skip themselves on stock too (GPU, flash attention, kernels, composite or multimodal models) skip here.
+"""
+
+from __future__ import annotations
+
+import os
+import unittest
+from unittest import mock
+
+import pytest
+import torch
+import transformers
+
+VENDORED_TRANSFORMERS = "5.23.0"
+if transformers.__version__ != VENDORED_TRANSFORMERS:
+    pytest.skip(
+        f"tests/hf_common is HF's test code of transformers {VENDORED_TRANSFORMERS}, installed is "
+        f"{transformers.__version__}", allow_module_level=True,
+    )
+pytest.importorskip("parameterized", reason="HF's test_modeling_common needs `parameterized` (the dev extra)")
+
+from transformers import MarianConfig, MarianModel, MarianMTModel, MBartConfig, MBartForConditionalGeneration, MBartModel  # noqa: E402
+from transformers.models.auto.modeling_auto import (  # noqa: E402
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_MAPPING_NAMES,
+)
+from transformers.testing_utils import torch_device  # noqa: E402
+
+from hf_common.test_configuration_common import ConfigTester  # noqa: E402
+from hf_common.test_modeling_common import ModelTesterMixin, ids_tensor  # noqa: E402
+
+import hf_headattn  # noqa: E402
+from hf_headattn.sea_math import NOT_IN_PHRASE  # noqa: E402
+
+FAMILIES = {
+    # name: (config class, base model, LM model)
+    "MBart": (hf_headattn.HeadAttnMBartConfig, hf_headattn.HeadAttnMBartModel,
+              hf_headattn.HeadAttnMBartForConditionalGeneration),
+    "Marian": (hf_headattn.HeadAttnMarianConfig, hf_headattn.HeadAttnMarianModel, hf_headattn.HeadAttnMarianMTModel),
+}
+#: The stock classes, as reference (which HF tests pass there): HF_COMMON_STOCK=1 pytest tests/test_hf_common.py
+STOCK = {
+    "StockMBart": (MBartConfig, MBartModel, MBartForConditionalGeneration),
+    "StockMarian": (MarianConfig, MarianModel, MarianMTModel),
+}
+if os.environ.get("HF_COMMON_STOCK") == "1":
+    FAMILIES.update(STOCK)
+
+METHODS = {
+    "Off": {},
+    "DHICM": {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1]},
+    "EaDRA": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
+    "SEADEA": {"sea_type": "dea"},
+    "SEALPEA": {"sea_type": "lpea"},
+}
+
+
+#: Selection (time budget: the HF tests of every class here together run in about 4 minutes on 2 cores).
+#: The "Off" classes run every HF test except the fp16/bf16 eager-vs-SDPA variants (half precision on CPU is slow
+#: and the model is the stock one; the 7 fp32 variants run). The method classes run the tests below: forward,
+#: backward, outputs, attentions, save/load, init and attention dispatch, i.e. what the methods change. Not run there:
+#: embedding resizing, dtype/device/offload loading, FFN chunking, input-grad hooks for PEFT, and the reentrant
+#: gradient-checkpointing variants: code the methods do not touch (the Off classes run them).
+METHOD_TESTS = {
+    "test_config", "test_save_load", "test_torch_save_load", "test_can_use_safetensors", "test_determinism",
+    "test_batching_equivalence", "test_training", "test_training_gradient_checkpointing", "test_attention_outputs",
+    "test_hidden_states_output", "test_retain_grad_hidden_states_attentions", "test_model_outputs_equivalence",
+    "test_inputs_embeds", "test_inputs_embeds_matches_input_ids", "test_all_tensors_are_parameter_or_buffer",
+    "test_can_init_all_missing_weights", "test_init_weights_can_init_buffers", "test_load_save_without_tied_weights",
+    "test_model_weights_reload_no_missing_tied_weights", "test_tied_weights_keys",
+    "test_sdpa_can_dispatch_non_composite_models", "test_can_set_attention_dynamically",
+    "test_config_attn_implementation_setter", "test_capture_outputs_decorator",
+    "test_model_forward_default_config_values", "test_encoder_decoder_loss_no_double_shift",
+    "test_eager_matches_sdpa_inference_09_fp32_pad_left", "test_eager_matches_sdpa_inference_13_fp32_pad_right",
+    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions",
+}
+#: Marian's attention is a copy of mBART's, so the methods run the same code: Marian's method classes run this core
+#: (not test_model_outputs_equivalence, the slowest: the output classes are the same as mBART's).
+MARIAN_METHOD_TESTS = {
+    "test_config", "test_save_load", "test_training", "test_batching_equivalence", "test_attention_outputs",
+    "test_hidden_states_output", "test_all_tensors_are_parameter_or_buffer",
+    "test_can_init_all_missing_weights", "test_eager_matches_sdpa_inference_09_fp32_pad_left",
+    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions",
+}
+#: The slowest test: only where a method adds output fields (SEA adds none; the Off classes run it).
+FIELD_TESTS = {"test_model_outputs_equivalence"}
+HALF_PRECISION = ("_fp16_", "_bf16_")
+
+#: HF tests that pass on the stock classes but not with a method, by design.
+SKIPS = {
+    ("DHICM", "test_attention_outputs"): "DHICM adds the output field dhicm_kl: HF counts exactly 5 fields "
+                                         "(attention shapes: tests/test_model_outputs.py)",
+    ("EaDRA", "test_attention_outputs"): "EaDRA adds the output fields eadra_loss/eadra_terms: HF counts exactly 5 "
+                                         "fields (attention shapes: tests/test_model_outputs.py)",
+}
+
+
+def skipped(reason: str):
+    def test(self):
+        self.skipTest(reason)
+    return test
+
+
+def selected(name: str, family: str, method: str) -> bool:
+    if method.startswith("SEA") and name in FIELD_TESTS:
+        return False
+    if method != "Off":
+        return name in (MARIAN_METHOD_TESTS if family == "Marian" else METHOD_TESTS)
+    return not (name.startswith("test_eager_matches_sdpa_inference") and any(p in name for p in HALF_PRECISION))
+
+
+class HeadAttnModelTester:
+    """HF's MBart/Marian tester sizes (batch 13, length 7, vocab 99, d_model 16, 2+2 layers, 4 heads, ffn 4), the
+    method settings added to the config, and for SEA the syntax inputs added to the model inputs."""
+
+    def __init__(self, parent, config_class, settings, batch_size=13, seq_length=7, vocab_size=99, hidden_size=16,
+                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=4):
+        self.parent, self.config_class, self.settings = parent, config_class, settings
+        self.batch_size, self.seq_length, self.vocab_size = batch_size, seq_length, vocab_size
+        self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
+        self.num_attention_heads, self.intermediate_size = num_attention_heads, intermediate_size
+        self.is_training = True
+        self.encoder_seq_length = self.decoder_seq_length = seq_length
+
+    def get_config(self):
+        return self.config_class(
+            vocab_size=self.vocab_size, d_model=self.hidden_size, encoder_layers=self.num_hidden_layers,
+            decoder_layers=self.num_hidden_layers, encoder_attention_heads=self.num_attention_heads,
+            decoder_attention_heads=self.num_attention_heads, encoder_ffn_dim=self.intermediate_size,
+            decoder_ffn_dim=self.intermediate_size, dropout=0.1, attention_dropout=0.1, max_position_embeddings=100,
+            eos_token_id=2, pad_token_id=1, bos_token_id=0, decoder_start_token_id=3, forced_eos_token_id=None,
+            **self.settings,
+        )
+
+    def syntax_inputs(self):
+        """Random SEA inputs of HF's shapes: a dependency mask (diagonal set) and phrase positions."""
+        shape = (self.batch_size, self.seq_length, self.seq_length)
+        dependency_mask = (torch.rand(shape) < 0.4) | torch.eye(self.seq_length, dtype=torch.bool)
+        phrase_positions = torch.randint(-3, 4, shape)
+        phrase_positions[torch.rand(shape) < 0.3] = NOT_IN_PHRASE
+        return {"dependency_mask": dependency_mask.to(torch_device), "phrase_positions": phrase_positions.to(torch_device)}
+
+    def prepare_config_and_inputs(self):
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size).clamp(3)
+        input_ids[:, -1] = 2
+        decoder_input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size).clamp(3)
+        inputs = {
+            "input_ids": input_ids, "attention_mask": input_ids.ne(1), "decoder_input_ids": decoder_input_ids,
+            "decoder_attention_mask": decoder_input_ids.ne(1),
+        }
+        if self.settings.get("sea_type"):
+            inputs.update(self.syntax_inputs())
+        return self.get_config(), inputs
+
+    def prepare_config_and_inputs_for_common(self):
+        return self.prepare_config_and_inputs()
+
+
+class HeadAttnModelTestBase(ModelTesterMixin):
+    """Shared by every family x method test class (made by :func:`make_test_class`)."""
+
+    family = method = None
+    is_encoder_decoder = True
+    additional_model_inputs = ["dependency_mask", "phrase_positions"]  # HF's tests keep these (SEA) where present
+    test_missing_keys = False  # as HF's MBart/Marian tests
+    # HF's MBart/Marian tests also run the generate() tests of GenerationTesterMixin, not in the sdist
+
+    def setUp(self):
+        # HF's tests tell base models (no loss) and seq2seq LMs (given labels) by class name, from these tables
+        base, lm = self.all_model_classes
+        model_type = FAMILIES[self.family][0].model_type
+        for table, cls in ((MODEL_MAPPING_NAMES, base), (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, lm)):
+            patcher = mock.patch.dict(table, {model_type: cls.__name__})
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        config_class = FAMILIES[self.family][0]
+        self.model_tester = HeadAttnModelTester(self, config_class, METHODS[self.method])
+        self.config_tester = ConfigTester(self, config_class=config_class, d_model=16, **METHODS[self.method])
+
+    def test_config(self):
+        self.config_tester.run_common_tests()
+
+    def test_generation_tester_mixin_inheritance(self):
+        self.skipTest("GenerationTesterMixin (tests/generation/) is not in the sdist; generate() is tested in our files")
+
+
+def make_test_class(family: str, method: str) -> type:
+    _, base, lm = FAMILIES[family]
+    attributes = {"family": family, "method": method, "all_model_classes": (base, lm), "__module__": __name__}
+    # a test set to None is not collected
+    attributes.update({name: None for name in dir(HeadAttnModelTestBase)
+                       if name.startswith("test_") and not selected(name, family, method)})
+    attributes.update({name: skipped(reason) for (skip_method, name), reason in SKIPS.items() if skip_method == method})
+    return type(f"Test{family}{method}", (HeadAttnModelTestBase, unittest.TestCase), attributes)
+
+
+for _family in FAMILIES:
+    for _method in METHODS if not _family.startswith("Stock") else ["Off"]:
+        _cls = make_test_class(_family, _method)
+        globals()[_cls.__name__] = _cls
+del _cls
