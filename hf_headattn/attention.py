@@ -36,7 +36,8 @@ class HeadAttnContext:
 
     ``records[key]`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
     the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
-    are True at real (non-padding) tokens; ``None`` means every token is real.
+    are True at real (non-padding) tokens; ``None`` means every token is real. ``compute_losses``: False when no
+    loss is needed (``generate``, inference without labels): the regularizers then do no work.
     """
 
     output_head_importance: bool = False
@@ -44,6 +45,7 @@ class HeadAttnContext:
     source_mask: torch.Tensor | None = None
     target_mask: torch.Tensor | None = None
     records: dict[str, list] = field(default_factory=lambda: defaultdict(list))
+    compute_losses: bool = True
 
     def record(self, key: str, value: Any) -> None:
         self.records[key].append(value)

@@ -155,8 +155,10 @@ def test_cached_decoding_step_uses_the_causal_offset():
     decoder_ids = torch.tensor([[0, 13, 14, 15], [0, 16, 17, 18]])
     with torch.no_grad():
         first = model(**inputs, decoder_input_ids=decoder_ids[:, :3], use_cache=True)
-        step = model(encoder_outputs=(first.encoder_last_hidden_state,), attention_mask=inputs["attention_mask"],
-                     decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values, use_cache=True)
+    # without labels the terms are computed only with gradients on (no loss is needed otherwise)
+    step = model(encoder_outputs=(first.encoder_last_hidden_state,), attention_mask=inputs["attention_mask"],
+                 decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values, use_cache=True)
+    with torch.no_grad():
         model.set_attn_implementation("eager")
         full = model(**inputs, decoder_input_ids=decoder_ids, output_attentions=True)
     last_rows = torch.stack([a[:, :2, 3] for a in full.decoder_attentions])  # (layers, B, h, 4): query 3, 4 keys
