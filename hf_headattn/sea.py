@@ -40,6 +40,7 @@ from .settings_checks import check_choice, resolve_layers
 NAME = "sea"
 SEA_TYPES = (None, "dea", "lpea")
 SEA_HEADS = ("all", "redundant")
+CHECKED = "sea_inputs_checked"  # context record: the inputs of this forward were validated
 
 
 def layers(config) -> list[int]:
@@ -95,7 +96,8 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     Expected: shape (batch, src_len, src_len) of the batch being encoded, on the query's device; ``dependency_mask``
     torch.bool; ``phrase_positions`` an integer dtype whose values are ``NOT_IN_PHRASE`` or relative positions with
     ``|RP| < |NOT_IN_PHRASE|`` (clipped to [-k, k] by Eq. 7). Any other value (e.g. -10001, 10000) is a mix-up of
-    sentinels, not a phrase position, and raises.
+    sentinels, not a phrase position, and raises (on an accelerator, or compiled, as a device-side assertion, so that
+    no check ever synchronises the host with the device).
     """
     if tensor is None:
         raise ValueError(f"SEA needs the forward argument {name} (batch, src_len, src_len); " + _HOW.format(name=name))
@@ -118,12 +120,12 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
         raise ValueError(f"phrase_positions must be an integer tensor (torch.long), got {tensor.dtype}")
     bad = (tensor != NOT_IN_PHRASE) & (tensor.abs() >= abs(NOT_IN_PHRASE))
-    if bad.any():
-        value = tensor[bad][0].item()
-        raise ValueError(
-            f"phrase_positions contains {value}: expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} "
-            f"(clipped to [-{k}, {k}]) or NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase"
-        )
+    expected = (f"expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} (clipped to [-{k}, {k}]) or "
+                f"NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase")
+    if tensor.device.type != "cpu" or torch.compiler.is_compiling():  # no host-device synchronisation, no graph break
+        torch._assert_async(~bad.any(), f"phrase_positions contains an invalid value: {expected}")
+    elif bad.any():
+        raise ValueError(f"phrase_positions contains {tensor[bad][0].item()}: {expected}")
 
 
 # --- the module attached to the attention module ------------------------------------------------------------------
@@ -173,8 +175,12 @@ class SEA(AttentionMethod):
         and recorded for ``output_redundant_heads``), and give the backend the SEA mask."""
         readout = call.context is not None and call.context.output_redundant_heads
         inputs = {name: call.kwargs.get(name) for name in needed_inputs(self, readout)}
-        for name, tensor in inputs.items():
-            check_input(name, tensor, call.query, self.k)
+        context = call.context
+        if context is None or not context.records.get(CHECKED):  # once per forward, not once per SEA layer
+            for name, tensor in inputs.items():
+                check_input(name, tensor, call.query, self.k)
+            if context is not None:
+                context.record(CHECKED, True)
         if self.rhe_prune or self.sea_heads == "redundant" or readout:
             call.state["sea_redundant"] = self._redundant(call, inputs["dependency_mask"])
             if readout:
