@@ -234,6 +234,7 @@ class _LayerRegularizers(torch.autograd.Function):
             if bias is not None:
                 scores = scores.add_(bias)
             ctx.scaling, ctx.heads, ctx.dtype = scaling, first.shape[1], first.dtype
+            ctx.bias_shape = None if bias is None else bias.shape
             return _terms(ctx, scores, support, query_mask, query, key)
 
     @staticmethod
@@ -244,10 +245,11 @@ class _LayerRegularizers(torch.autograd.Function):
             grad = _scores_gradient(a, coefficients, g_peak, g_sent, g_dist)  # (L, B, h, T, S)
             if grad is None:
                 return (None,) * (5 + 2 * query.shape[0])
+            grad_bias = grad.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[4] else None  # e.g. LPEA's bias
             shape, grad = grad.shape, grad.flatten(0, 2)  # (L * B * h, T, S)
             grad_query = _unstack_heads(torch.bmm(grad, key).mul_(ctx.scaling), shape, ctx.heads, ctx.dtype)
             grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query), shape, ctx.heads, ctx.dtype)
-        return None, None, None, None, None, *grad_query, *grad_key
+        return None, None, None, None, grad_bias, *grad_query, *grad_key
 
 
 def _stack_heads(tensors, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
@@ -284,7 +286,8 @@ def layer_regularizers(
     num_heads : h, the regularized heads (the first h).
     scaling : the attention's scaling of q k^T.
     support : bool, broadcastable to (L, B, h, T, S); query_mask : bool, broadcastable to (L, B, h, T).
-    bias : None or float additive bias broadcastable to (L, B, h, T, S) (an additive attention mask).
+    bias : None or float additive bias broadcastable to (L, B, h, T, S) (an additive attention mask); it gets a
+        gradient when it requires one (SEA's LPEA bias).
 
     Returns
     -------

@@ -90,6 +90,11 @@ def needed_inputs(config, readout: bool = False) -> tuple[str, ...]:
     return tuple(needed)
 
 
+def _checks_on_host(tensor: torch.Tensor) -> bool:
+    """Whether a value check may read ``tensor`` on the host: on the CPU (free there), not when compiled."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     """Raise ``ValueError`` unless ``tensor`` is a valid ``dependency_mask``/``phrase_positions`` for this call.
 
@@ -122,7 +127,7 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     bad = (tensor != NOT_IN_PHRASE) & (tensor.abs() >= abs(NOT_IN_PHRASE))
     expected = (f"expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} (clipped to [-{k}, {k}]) or "
                 f"NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase")
-    if tensor.device.type != "cpu" or torch.compiler.is_compiling():  # no host-device synchronisation, no graph break
+    if not _checks_on_host(tensor):  # no host-device synchronisation, no graph break
         torch._assert_async(~bad.any(), f"phrase_positions contains an invalid value: {expected}")
     elif bad.any():
         raise ValueError(f"phrase_positions contains {tensor[bad][0].item()}: {expected}")
