@@ -4,13 +4,16 @@ Eq. 9 adds ``alpha_peak R_peak + alpha_sent R_sent + alpha_dist R_dist`` per com
 decoder self-attention, cross-attention) to the translation loss. The math is in :mod:`.eadra_math`; this module
 holds the settings, the :class:`EaDRA` method attached to each regularized attention module, and the reduction.
 
-How it runs (fast by design): the backend (SDPA, eager, ...) computes the attention output as usual; ``after``
-recomputes ``softmax(q_h k_h^T * scaling + mask)`` in float32 for the regularized heads only (the *first*
-``num_heads`` heads of each regularized layer), and the regularizers' gradient flows through q and k. The support of
-each query: keys the model's mask lets it see (a bool mask, or an additive one above half its dtype's minimum), for
-decoder self-attention also its causal prefix (offset ``key_len - query_len`` with a cache; SDPA may get no mask and
-``is_causal``), and never padding keys (the context's masks). Nothing happens without a context (e.g. ``generate``
-running the encoder alone). Dropout is not applied to these probabilities.
+How it runs (fast by design): the backend (SDPA, eager, ...) computes the attention output as usual; ``after`` only
+keeps the call's queries, keys and masks. When the model collects the terms, the layers of a component (which share
+their masks) go through one fused pass (:func:`~.eadra_math.layer_regularizers`): ``softmax(q_h k_h^T * scaling +
+mask)`` in float32 for the regularized heads only (the *first* ``num_heads`` heads of each regularized layer), the
+three terms, and a hand-written backward straight to q and k. The support of each query: keys the model's mask lets
+it see (a bool mask, or an additive one above half its dtype's minimum), for decoder self-attention also its causal
+prefix (offset ``key_len - query_len`` with a cache; SDPA may get no mask and ``is_causal``), and never padding keys
+(the context's masks). Nothing happens without a context (e.g. ``generate`` running the encoder alone) or when no
+loss is needed (``generate``, inference without labels under ``no_grad``). Dropout is not applied to these
+probabilities.
 
 Reductions (the authors' fairseq code, ``aliaraabi/EaDRA``, where it works; see :mod:`.eadra_math` for per-query
 choices): per sentence and head, R_peak is the mean over real queries of H_N, R_sent = -H_N(query-averaged
