@@ -3,6 +3,7 @@ tensor's value on the host (each one a synchronisation on a GPU)."""
 
 import pytest
 import torch
+import torch._dynamo
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hf_headattn.sea
@@ -67,3 +68,13 @@ def test_bad_phrase_positions_still_raise_once_per_forward():
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **SETTINGS["lpea-rhe"]))
     with pytest.raises(ValueError, match="phrase_positions contains 10000"):
         model(**inputs)
+
+
+def test_dhicm_and_eadra_compile_without_graph_breaks():
+    torch.manual_seed(0)
+    settings = {**SETTINGS["dhicm"], **SETTINGS["eadra"]}
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **settings)).train()
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(lambda **inputs: model(**inputs).loss)(**batch())
+    torch._dynamo.reset()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
