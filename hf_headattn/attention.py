@@ -41,7 +41,8 @@ class HeadAttnContext:
     ``records[key]`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
     the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
     are True at real (non-padding) tokens; ``None`` means every token is real. ``grad_enabled``: whether the forward
-    that created the context records gradients (see :func:`check_loss_terms_get_gradients`).
+    that created the context records gradients (see :func:`check_loss_terms_get_gradients`). ``compute_losses``: False when no
+    loss is needed (``generate``, inference without labels): the regularizers then do no work.
 
     Deliberately not a dataclass: FSDP2 (``fully_shard``) rebuilds the dataclasses, dicts and lists among a sharded
     layer's arguments that hold tensors needing gradients, so a later layer would record into a copy (and a
@@ -54,6 +55,7 @@ class HeadAttnContext:
         self.source_mask, self.target_mask = source_mask, target_mask
         self.records: dict[str, list] = defaultdict(list)
         self.grad_enabled = torch.is_grad_enabled()
+        self.compute_losses = True
 
     def record(self, key: str, value: Any) -> None:
         self.records[key].append(value)

@@ -4,13 +4,16 @@ Eq. 9 adds ``alpha_peak R_peak + alpha_sent R_sent + alpha_dist R_dist`` per com
 decoder self-attention, cross-attention) to the translation loss. The math is in :mod:`.eadra_math`; this module
 holds the settings, the :class:`EaDRA` method attached to each regularized attention module, and the reduction.
 
-How it runs (fast by design): the backend (SDPA, eager, ...) computes the attention output as usual; ``after``
-recomputes ``softmax(q_h k_h^T * scaling + mask)`` in float32 for the regularized heads only (the *first*
-``num_heads`` heads of each regularized layer), and the regularizers' gradient flows through q and k. The support of
-each query: keys the model's mask lets it see (a bool mask, or an additive one above half its dtype's minimum), for
-decoder self-attention also its causal prefix (offset ``key_len - query_len`` with a cache; SDPA may get no mask and
-``is_causal``), and never padding keys (the context's masks). Nothing happens without a context (e.g. ``generate``
-running the encoder alone). Dropout is not applied to these probabilities.
+How it runs (fast by design): the backend (SDPA, eager, ...) computes the attention output as usual; ``after`` only
+keeps the call's queries, keys and masks. When the model collects the terms, the layers of a component (which share
+their masks) go through one fused pass (:func:`~.eadra_math.layer_regularizers`): ``softmax(q_h k_h^T * scaling +
+mask)`` in float32 for the regularized heads only (the *first* ``num_heads`` heads of each regularized layer), the
+three terms, and a hand-written backward straight to q and k. The support of each query: keys the model's mask lets
+it see (a bool mask, or an additive one above half its dtype's minimum), for decoder self-attention also its causal
+prefix (offset ``key_len - query_len`` with a cache; SDPA may get no mask and ``is_causal``), and never padding keys
+(the context's masks). Nothing happens without a context (e.g. ``generate`` running the encoder alone) or when no
+loss is needed (``generate``, inference without labels under ``no_grad``). Dropout is not applied to these
+probabilities.
 
 Reductions (the authors' fairseq code, ``aliaraabi/EaDRA``, where it works; see :mod:`.eadra_math` for per-query
 choices): per sentence and head, R_peak is the mean over real queries of H_N, R_sent = -H_N(query-averaged
@@ -28,12 +31,12 @@ matrix product does not run) and only the chosen heads are regularized.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import NamedTuple
 
 import torch
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, key_allowed
-from .eadra_math import TERMS, eadra_regularizers
+from .eadra_math import TERMS, layer_regularizers
 from .registry import MethodSettings, MethodSpec
 from .settings_checks import check_range, resolve_layers
 
@@ -123,39 +126,108 @@ def component_of(module) -> str:
     return "cross" if module.headattn_kind == "cross" else module.headattn_side
 
 
+class _Call(NamedTuple):
+    """What EaDRA keeps of one attention call until the model collects the terms (no reference to the context)."""
+
+    component: str
+    num_heads: int
+    query: torch.Tensor  # (B, H, T, D)
+    key: torch.Tensor  # (B, H, S, D)
+    attention_mask: torch.Tensor | None
+    scaling: float
+    causal: bool
+    key_mask: torch.Tensor | None
+    query_mask: torch.Tensor | None
+
+    @classmethod
+    def of(cls, call: AttentionCall, component: str, num_heads: int) -> "_Call":
+        return cls(component, num_heads, call.query, call.key, call.attention_mask, call.scaling,
+                   call.is_decoder and not call.is_cross, call.key_mask, call.query_mask)
+
+    def same_masks(self, other: "_Call") -> bool:
+        """Whether the support is the same (the layers of one component share their masks)."""
+        return (self.component == other.component and self.attention_mask is other.attention_mask
+                and self.query.shape == other.query.shape and self.key.shape == other.key.shape)
+
+
+def head_support(call: _Call) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Additive bias, support and real queries of the first ``num_heads`` heads of an attention call.
+
+    Returns
+    -------
+    bias : None or (B, 1 or h, T, S) float, the additive mask (eager's, or SEA's per-head one), added to the scores.
+    support : (B or 1, 1 or h, T, S) bool, the keys each query can see that are not padding.
+    queries : (B or 1, 1, T) bool, real queries with a non-empty support.
+    """
+    length, key_length = call.query.shape[2], call.key.shape[2]
+    support = bias = None
+    mask = call.attention_mask
+    if mask is not None:
+        mask = mask[:, : call.num_heads] if mask.dim() == 4 and mask.shape[1] > 1 else mask
+        support = key_allowed(mask, key_length)
+        if mask.dtype != torch.bool:
+            bias = mask[..., :key_length]
+    if call.causal:  # the causal prefix, also when SDPA ran with is_causal and no mask
+        causal = torch.ones(1, 1, length, key_length, dtype=torch.bool, device=call.query.device)
+        causal = causal.tril_(key_length - length)
+        support = causal if support is None else support & causal
+    if call.key_mask is not None:
+        support = call.key_mask[:, None, None, :] if support is None else support & call.key_mask[:, None, None, :]
+    if support is None:
+        support = torch.ones(1, 1, length, key_length, dtype=torch.bool, device=call.query.device)
+    queries = support.any(-1)  # (B or 1, 1 or h, T)
+    queries = queries.all(1, keepdim=True) if queries.shape[1] > 1 else queries
+    if call.query_mask is not None:
+        queries = queries & call.query_mask[:, None, :]
+    return bias, support, queries
+
+
 def head_scores(call: AttentionCall, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Float32 scores, support and real queries of the first ``num_heads`` heads of one attention call.
 
     Returns
     -------
     scores : (B, h, T, S) ``q k^T * scaling`` plus the additive mask, if any.
-    support : (B or 1, 1 or h, T, S) bool, the keys each query can see that are not padding.
-    queries : (B or 1, 1, T) bool, real queries with a non-empty support.
+    support, queries : as :func:`head_support`.
     """
+    bias, support, queries = head_support(_Call.of(call, "", num_heads))
     query, key = call.query[:, :num_heads], call.key[:, :num_heads]  # (B, h, T, D), (B, h, S, D)
-    length, key_length = query.shape[2], key.shape[2]
     with torch.autocast(query.device.type, enabled=False):
         scores = torch.matmul(query.float() * call.scaling, key.float().transpose(-1, -2))  # (B, h, T, S)
-    support = torch.ones(1, 1, length, key_length, dtype=torch.bool, device=query.device)
-    mask = call.attention_mask
-    if mask is not None:
-        mask = mask[:, :num_heads] if mask.dim() == 4 and mask.shape[1] > 1 else mask
-        support = support & key_allowed(mask, key_length)
-        if mask.dtype != torch.bool:
-            scores.add_(mask[..., :key_length])  # scores is a fresh float32 tensor
-    if call.is_decoder and not call.is_cross:  # the causal prefix, also when SDPA ran with is_causal and no mask
-        support = support & torch.ones_like(support[0, 0]).tril(key_length - length)
-    if call.key_mask is not None:
-        support = support & call.key_mask[:, None, None, :]
-    queries = support.any(-1)  # (B or 1, 1 or h, T)
-    queries = queries.all(1, keepdim=True) if queries.shape[1] > 1 else queries
-    if call.query_mask is not None:
-        queries = queries & call.query_mask[:, None, :]
-    return scores, support, queries
+    return (scores if bias is None else scores + bias), support, queries
+
+
+def layer_terms(calls: list[_Call]) -> dict[str, list[torch.Tensor]]:
+    """Per component, [R_peak, R_sent, R_dist] summed over its regularized heads, layers and sentences.
+
+    The layers of a component that share their masks (all of them, unless SEA changed one layer's mask) go through
+    :func:`~.eadra_math.layer_regularizers` together: one pass for all of them.
+    """
+    groups: list[list[_Call]] = []
+    for call in calls:
+        group = next((g for g in groups if g[0].same_masks(call)), None)
+        if group is None:
+            groups.append([call])
+        else:
+            group.append(call)
+    totals = {}
+    for group in groups:
+        first = group[0]
+        bias, support, queries = head_support(first)
+        terms = layer_regularizers([c.query for c in group], [c.key for c in group], first.num_heads, first.scaling,
+                                   support, queries, bias)  # each (L, B, h)
+        sums = [term.sum() for term in terms]
+        component = first.component
+        totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
+    return totals
 
 
 class EaDRA(AttentionMethod):
-    """Computes R_peak, R_sent and R_dist of the first ``num_heads`` heads of its attention module; no parameters."""
+    """Computes R_peak, R_sent and R_dist of the first ``num_heads`` heads of its attention module; no parameters.
+
+    ``after`` only keeps the call's queries, keys and masks; the model's :func:`collect` computes the terms of all
+    layers at once, and nothing at all when no loss is needed (``generate``, inference without labels).
+    """
 
     records_loss_terms = True
 
@@ -167,12 +239,8 @@ class EaDRA(AttentionMethod):
         return f"component={self.component!r}, num_heads={self.num_heads}"
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
-        if call.context is None:
-            return attn_output
-        scores, support, queries = head_scores(call, self.num_heads)
-        sums = [term.sum() for term in eadra_regularizers(scores, support, queries)]  # each term (B, h) -> ()
-        tokens = call.query_mask.sum() if call.query_mask is not None else call.query.shape[0] * call.query.shape[2]
-        call.context.record(NAME, (self.component, sums, tokens))
+        if call.context is not None and call.context.compute_losses:
+            call.context.record(NAME, _Call.of(call, self.component, self.num_heads))
         return attn_output
 
 
@@ -181,12 +249,12 @@ def build(settings: EaDRASettings, config, module) -> EaDRA:
     return EaDRA(component, settings.components[component].num_heads)
 
 
-def _target_tokens(context: HeadAttnContext, records: list) -> torch.Tensor | int:
+def _target_tokens(context: HeadAttnContext, records: list[_Call]) -> torch.Tensor | int:
     """The batch's real target tokens (see the module docstring for the cases without a target mask)."""
     if context.target_mask is not None:
         return context.target_mask.sum()
-    decoder_side = [tokens for component, _, tokens in records if component != "encoder"]
-    return decoder_side[0] if decoder_side else records[0][2]
+    first = next((call for call in records if call.component != "encoder"), records[0])
+    return first.query_mask.sum() if first.query_mask is not None else first.query.shape[0] * first.query.shape[2]
 
 
 def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, torch.Tensor | None]:
@@ -200,20 +268,18 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
         return {}, None
     tokens = _target_tokens(context, records)
     tokens = tokens.clamp(min=1) if torch.is_tensor(tokens) else max(tokens, 1)
-    totals = {}  # component -> [R_peak, R_sent, R_dist] summed over its layers
-    for component, sums, _ in records:
-        totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
-    loss, terms = None, {}
+    totals = layer_terms(records)  # component -> [R_peak, R_sent, R_dist]
+    loss, names, values = None, [], []
     for component, sums in totals.items():
         resolved = settings.components[component]
         for name, total in zip(TERMS, sums):
-            value = total / tokens
-            terms[f"{component}/{name}"] = value.detach()
+            names.append(f"{component}/{name}")
+            values.append(total)
             alpha = getattr(resolved, f"alpha_{name}")
             if alpha:  # a zero-weighted term stays out of the graph: its backward is skipped
-                loss = alpha * value if loss is None else loss + alpha * value
-    if loss is None:
-        loss = value.new_zeros(())
+                loss = alpha * total if loss is None else loss.add(total, alpha=alpha)
+    terms = dict(zip(names, (torch.stack(values).detach() / tokens).unbind()))
+    loss = values[0].new_zeros(()) if loss is None else loss / tokens
     return {"eadra_loss": loss, "eadra_terms": terms}, loss
 
 

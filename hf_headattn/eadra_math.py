@@ -19,8 +19,9 @@ Choices (the paper leaves them open):
   cumulative sums: O(S) per pair of rows, never the S x S matrix D (Eq. 8 suggests an FFT; this is cheaper).
 
 :func:`eadra_regularizers` gives all three from attention scores with a hand-written backward that keeps only the
-probabilities and skips the terms outside the objective; the other functions are the definitions, differentiable by
-autograd (the tests check one against the other).
+probabilities and skips the terms outside the objective; :func:`layer_regularizers` does the same from the queries and
+keys of several layers at once (the model's path: one pass, few operations); the other functions are the
+definitions, differentiable by autograd (the tests check one against the other).
 """
 
 from __future__ import annotations
@@ -105,27 +106,35 @@ def distance_regularizer(a, query_mask=None) -> torch.Tensor:
     return (pair_distance * _pair_weights(query_mask, a)).sum(-1)
 
 
-def _coefficients(support, query_mask, a) -> tuple[torch.Tensor, ...]:
-    """What the masks contribute, computed once per call: the query weights w (..., T) of the mean over real queries,
-    the pair weights (..., T-1), 1 / log n_i per query (..., T) and 1 / log n_bar for the query-averaged attention."""
-    weights, pairs = _query_weights(query_mask, a), _pair_weights(query_mask, a)
-    row_norm = _inverse_log_count(support.sum(-1), a.dtype)
-    bar_norm = _inverse_log_count((support & query_mask.unsqueeze(-1)).any(-2).sum(-1), a.dtype)
-    return weights, pairs, row_norm, bar_norm
+def _inverse_log(n: torch.Tensor) -> torch.Tensor:
+    """1 / log n for float counts n >= 0, and 0 where n <= 1 (log 0 = -inf gives -0, log 1 = 0 gives inf -> 0)."""
+    return n.log().reciprocal_().nan_to_num_(posinf=0.0)
 
 
-def _forward(a, log_a, weights, pairs, row_norm, bar_norm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """R_peak, R_sent, R_dist as in the definitions above, sharing the mask coefficients."""
-    peak = torch.linalg.vecdot(-torch.linalg.vecdot(a, log_a), weights * row_norm)  # Eq. 4
-    a_bar = (weights.unsqueeze(-2) @ a).squeeze(-2)  # (..., 1, T) @ (..., T, S) -> (..., S): Eq. 5
-    sent = torch.linalg.vecdot(a_bar, _safe_log(a_bar)) * bar_norm  # Eq. 6: 0 log 0 = 0 outside the union
+def _coefficients(support, query_mask, dtype) -> tuple[torch.Tensor, ...]:
+    """What the masks contribute, computed once per call: ``-w_i / log n_i`` (..., T) for R_peak, the query weights
+    w (..., T) of the mean over real queries, the pairs of consecutive real queries (..., T-1) (bool) and
+    1 / log n_bar for the query-averaged attention."""
+    weights = query_mask / query_mask.sum(-1, keepdim=True, dtype=dtype).clamp_(min=1)
+    pairs = query_mask[..., :-1] & query_mask[..., 1:]
+    peak_coef = (_inverse_log(support.sum(-1, dtype=dtype)) * weights).neg_()
+    bar_norm = _inverse_log((support & query_mask.unsqueeze(-1)).any(-2).sum(-1, dtype=dtype))
+    return peak_coef, weights, pairs, bar_norm
+
+
+def _forward(a, log_a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Tensor, ...]:
+    """R_peak, R_sent, R_dist as in the definitions above, sharing the mask coefficients; and log a_bar."""
+    peak = torch.linalg.vecdot(torch.linalg.vecdot(a, log_a), peak_coef)  # Eq. 4
+    a_bar = (a * weights.unsqueeze(-1)).sum(-2)  # (..., S): Eq. 5
+    log_a_bar = _safe_log(a_bar)
+    sent = torch.linalg.vecdot(a_bar, log_a_bar) * bar_norm  # Eq. 6: 0 log 0 = 0 outside the union
     cdf = a.cumsum(-1)  # (..., T, S)
-    row = cdf.sum(-1)
-    pair_distance = row[..., :-1] + row[..., 1:] - 2 * torch.linalg.vecdot(cdf[..., :-1, :], cdf[..., 1:, :])
-    return peak, sent, torch.linalg.vecdot(pair_distance, pairs)  # Eq. 8
+    this, after = cdf[..., :-1, :], cdf[..., 1:, :]
+    pair_distance = torch.addcmul(this, after, torch.rsub(this, 1, alpha=2)).sum(-1)  # F_i + F_i+1 - 2 F_i F_i+1
+    return peak, sent, (pair_distance * pairs).sum(-1), log_a_bar  # Eq. 8
 
 
-def _gradient_wrt_probs(a, weights, pairs, row_norm, bar_norm, g_peak, g_sent, g_dist) -> torch.Tensor | None:
+def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_peak, g_sent, g_dist):
     """d(g_peak R_peak + g_sent R_sent + g_dist R_dist) / d a up to a constant per row (which the softmax Jacobian
     removes); each g is a.shape[:-2], or ``None`` for a term outside the objective (skipped)."""
     grad = None
@@ -133,19 +142,41 @@ def _gradient_wrt_probs(a, weights, pairs, row_norm, bar_norm, g_peak, g_sent, g
         # d R_dist / d F_i(k) = pair_i (1 - 2 F_{i+1}(k)) + pair_{i-1} (1 - 2 F_{i-1}(k)), and
         # d / d a_i(t) = sum_{k >= t} d / d F_i(k) = (row constant) - sum_{k < t} d / d F_i(k)
         one_minus_2cdf = torch.rsub(a.cumsum(-1), 1, alpha=2)  # (..., T, S)
-        pairs = (g_dist[..., None] * pairs).unsqueeze(-1)  # (..., T-1, 1)
+        pairs = (g_dist.unsqueeze(-1) * pairs).unsqueeze(-1)  # (..., T-1, 1)
         grad_cdf = torch.zeros_like(one_minus_2cdf)
         grad_cdf[..., :-1, :].addcmul_(pairs, one_minus_2cdf[..., 1:, :])
         grad_cdf[..., 1:, :].addcmul_(pairs, one_minus_2cdf[..., :-1, :])
         grad = grad_cdf.sub_(grad_cdf.cumsum(-1))
-    if g_peak is not None:  # d H_N(a_i) / d a_ij = -(log a_ij + 1) / log n_i
-        coef = (-g_peak[..., None] * weights * row_norm).unsqueeze(-1)  # (..., T, 1)
+    if g_peak is not None:  # d R_peak / d a_ij = -w_i (log a_ij + 1) / log n_i
+        coef = (g_peak.unsqueeze(-1) * peak_coef).unsqueeze(-1)  # (..., T, 1)
         grad = coef * _safe_log(a) if grad is None else grad.addcmul_(coef, _safe_log(a))
     if g_sent is not None:  # d R_sent / d a_ij = w_i (log abar_j + 1) / log n_bar
-        log_a_bar = _safe_log(weights.unsqueeze(-2) @ a)  # (..., 1, S)
-        coef = ((g_sent * bar_norm)[..., None] * weights).unsqueeze(-1)  # (..., T, 1)
+        coef = ((g_sent * bar_norm).unsqueeze(-1) * weights).unsqueeze(-1)  # (..., T, 1)
+        log_a_bar = log_a_bar.unsqueeze(-2)  # (..., 1, S)
         grad = coef * log_a_bar if grad is None else grad.addcmul_(coef, log_a_bar)
     return grad
+
+
+def _probabilities(scores, support) -> tuple[torch.Tensor, torch.Tensor]:
+    """log a and a = softmax(scores) over the support: a exactly 0 outside it, log a finite there."""
+    scores = scores.masked_fill(~support, torch.finfo(scores.dtype).min)
+    return torch.log_softmax(scores, dim=-1), torch.softmax(scores, dim=-1)  # (not exp: slow on CPU)
+
+
+def _terms(ctx, scores, support, query_mask, *saved) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward shared by both functions: the three terms; saves the probabilities, ``saved`` and the
+    coefficients for :func:`_scores_gradient`."""
+    log_a, a = _probabilities(scores, support)  # (..., T, S)
+    coefficients = _coefficients(support, query_mask, a.dtype)
+    peak, sent, dist, log_a_bar = _forward(a, log_a, *coefficients)
+    ctx.save_for_backward(a, *saved, *coefficients, log_a_bar)
+    return peak, sent, dist
+
+
+def _scores_gradient(a, coefficients, g_peak, g_sent, g_dist) -> torch.Tensor | None:
+    """d(objective) / d scores, through the softmax (``None`` when no term is in the objective)."""
+    grad = _gradient_wrt_probs(a, *coefficients, g_peak, g_sent, g_dist)
+    return None if grad is None else torch.ops.aten._softmax_backward_data(grad, a, -1, a.dtype)
 
 
 class _Regularizers(torch.autograd.Function):
@@ -156,22 +187,14 @@ class _Regularizers(torch.autograd.Function):
     def forward(ctx, scores, support, query_mask):
         ctx.set_materialize_grads(False)
         with torch.autocast(scores.device.type, enabled=False):  # in the scores' dtype, also under autocast
-            scores = scores.masked_fill(~support, torch.finfo(scores.dtype).min)
-            log_a, a = torch.log_softmax(scores, dim=-1), torch.softmax(scores, dim=-1)  # (not exp: slow on CPU)
-            # a: (..., T, S), exactly 0 outside the support; log_a finite there
-            coefficients = _coefficients(support, query_mask, a)
-            ctx.save_for_backward(a, *coefficients)
-            return _forward(a, log_a, *coefficients)
+            return _terms(ctx, scores, support, query_mask)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_peak, g_sent, g_dist):
         a, *coefficients = ctx.saved_tensors
         with torch.autocast(a.device.type, enabled=False):
-            grad = _gradient_wrt_probs(a, *coefficients, g_peak, g_sent, g_dist)
-            if grad is not None:
-                grad = grad.sub_(torch.linalg.vecdot(a, grad).unsqueeze(-1)).mul_(a)  # softmax backward
-        return grad, None, None
+            return _scores_gradient(a, coefficients, g_peak, g_sent, g_dist), None, None
 
 
 def eadra_regularizers(
@@ -192,3 +215,82 @@ def eadra_regularizers(
     with respect to ``scores``; the definitions above applied to ``softmax(scores)``.
     """
     return _Regularizers.apply(scores, support, query_mask)
+
+
+class _LayerRegularizers(torch.autograd.Function):
+    """:func:`layer_regularizers`: the scores are formed inside, so the backward needs only the probabilities and
+    the stacked heads, and returns each layer's query/key gradient directly (one operation for all layers)."""
+
+    @staticmethod
+    def forward(ctx, num_heads, scaling, support, query_mask, bias, *queries_and_keys):
+        ctx.set_materialize_grads(False)
+        layers, first = len(queries_and_keys) // 2, queries_and_keys[0]
+        dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
+        with torch.autocast(first.device.type, enabled=False):  # float32 (or float64), also under autocast
+            query = _stack_heads(queries_and_keys[:layers], num_heads, dtype).mul_(scaling)  # (L * B * h, T, D)
+            key = _stack_heads(queries_and_keys[layers:], num_heads, dtype)  # (L * B * h, S, D)
+            shape = (layers, first.shape[0], num_heads, query.shape[1], key.shape[1])
+            scores = torch.bmm(query, key.transpose(1, 2)).view(shape)  # (L, B, h, T, S)
+            if bias is not None:
+                scores = scores.add_(bias)
+            ctx.scaling, ctx.heads, ctx.dtype = scaling, first.shape[1], first.dtype
+            ctx.bias_shape = None if bias is None else bias.shape
+            return _terms(ctx, scores, support, query_mask, query, key)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_peak, g_sent, g_dist):
+        a, query, key, *coefficients = ctx.saved_tensors  # query: scaled by ``scaling``
+        with torch.autocast(a.device.type, enabled=False):
+            grad = _scores_gradient(a, coefficients, g_peak, g_sent, g_dist)  # (L, B, h, T, S)
+            if grad is None:
+                return (None,) * (5 + 2 * query.shape[0])
+            grad_bias = grad.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[4] else None  # e.g. LPEA's bias
+            shape, grad = grad.shape, grad.flatten(0, 2)  # (L * B * h, T, S)
+            grad_query = _unstack_heads(torch.bmm(grad, key).mul_(ctx.scaling), shape, ctx.heads, ctx.dtype)
+            grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query), shape, ctx.heads, ctx.dtype)
+        return None, None, None, None, grad_bias, *grad_query, *grad_key
+
+
+def _stack_heads(tensors, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """(L * B * h, ., D) contiguous copy in ``dtype`` of the first h heads of L tensors (B, H, ., D)."""
+    stacked = torch.stack(tensors)
+    if num_heads < stacked.shape[2]:
+        stacked = stacked[:, :, :num_heads]
+    return stacked.to(dtype).flatten(0, 2)  # a copy unless h = H and the dtype is kept (then a view)
+
+
+def _unstack_heads(grad: torch.Tensor, shape, heads: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The L gradients (B, H, ., D) in ``dtype`` of :func:`_stack_heads`'s inputs, zero on the heads it left out.
+
+    ``grad``: (L * B * h, ., D); ``shape``: (L, B, h, ...)."""
+    grad = grad.view(*shape[:3], *grad.shape[1:])
+    if grad.shape[2] < heads:
+        grad = torch.nn.functional.pad(grad, (0, 0, 0, 0, 0, heads - grad.shape[2]))
+    return grad.to(dtype).unbind(0)
+
+
+def layer_regularizers(
+    queries, keys, num_heads: int, scaling: float, support: torch.Tensor, query_mask: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`eadra_regularizers` of the first ``num_heads`` heads of several layers, fused into one pass.
+
+    Equal to ``eadra_regularizers(stack([q[:, :h] @ k[:, :h]^T * scaling for q, k in zip(queries, keys)]) + bias,
+    support, query_mask)``, computed in float32 (float64 for float64 inputs) whatever the inputs' dtype, with each
+    operation run once for all layers and gradients returned straight to each layer's queries and keys.
+
+    Parameters
+    ----------
+    queries, keys : sequences of L tensors (B, H, T, D) and (B, H, S, D), the layers' heads (same shapes).
+    num_heads : h, the regularized heads (the first h).
+    scaling : the attention's scaling of q k^T.
+    support : bool, broadcastable to (L, B, h, T, S); query_mask : bool, broadcastable to (L, B, h, T).
+    bias : None or float additive bias broadcastable to (L, B, h, T, S) (an additive attention mask); it gets a
+        gradient when it requires one (SEA's LPEA bias).
+
+    Returns
+    -------
+    ``(R_peak, R_sent, R_dist)``, each (L, B, h): per layer, sentence and head.
+    """
+    return _LayerRegularizers.apply(num_heads, scaling, support, query_mask, bias, *queries, *keys)

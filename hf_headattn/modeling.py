@@ -294,6 +294,7 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
             kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
             attention_mask, target_mask,
         )
+        context.compute_losses = labels is not None or torch.is_grad_enabled()  # not in generate, nor inference
         with hf_dict_outputs(self.config):
             outputs = super().forward(
                 input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,

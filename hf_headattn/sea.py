@@ -42,6 +42,7 @@ from .sea_math import (
 from .settings_checks import resolve_layers
 
 NAME = "sea"
+CHECKED = "sea_inputs_checked"  # context record: the inputs of this forward were validated
 
 
 @dataclass
@@ -105,6 +106,11 @@ def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ..
     return tuple(needed)
 
 
+def _checks_on_host(tensor: torch.Tensor) -> bool:
+    """Whether a value check may read ``tensor`` on the host: on the CPU (free there), not when compiled."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     """Raise ``ValueError`` unless ``tensor`` is a valid ``dependency_mask``/``phrase_positions`` for this call.
 
@@ -112,7 +118,8 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     torch.bool; ``phrase_positions`` an integer dtype whose values are ``NOT_IN_PHRASE`` or relative positions with
     ``|RP| < |NOT_IN_PHRASE|`` (clipped to [-k, k] by Eq. 7). Any other value (e.g. -10001, 10000) is a mix-up of
     sentinels, not a phrase position, and raises; so does -100, the label padding value (``IGNORE_INDEX``), which
-    would otherwise be clipped to -k silently (a layer difference of 100 needs a phrase tree over 100 levels deep).
+    would otherwise be clipped to -k silently (a layer difference of 100 needs a phrase tree over 100 levels deep). On an accelerator, or compiled,
+    the value checks are device-side assertions, so that no check ever synchronises the host with the device.
     """
     if tensor is None:
         raise ValueError(f"SEA needs the forward argument {name} (batch, src_len, src_len); " + _HOW.format(name=name))
@@ -135,18 +142,16 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
         raise ValueError(f"phrase_positions must be an integer tensor (torch.long), got {tensor.dtype}")
     bad = (tensor != NOT_IN_PHRASE) & (tensor.abs() >= abs(NOT_IN_PHRASE))
-    if bad.any():
+    bad = bad | (tensor == IGNORE_INDEX)
+    expected = (f"expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} (clipped to [-{k}, {k}]) or "
+                f"NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase and on padding, as "
+                "DataCollatorForSyntaxSeq2Seq writes it")
+    if not _checks_on_host(tensor):  # no host-device synchronisation, no graph break
+        torch._assert_async(~bad.any(), f"phrase_positions contains an invalid value: {expected}")
+    elif bad.any():
         value = tensor[bad][0].item()
-        raise ValueError(
-            f"phrase_positions contains {value}: expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} "
-            f"(clipped to [-{k}, {k}]) or NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase"
-        )
-    if (tensor == IGNORE_INDEX).any():
-        raise ValueError(
-            f"phrase_positions contains {IGNORE_INDEX}, the label padding value (padded like labels?): expected "
-            f"NOT_IN_PHRASE = {NOT_IN_PHRASE} on padding and outside the local phrase, as "
-            "DataCollatorForSyntaxSeq2Seq writes it"
-        )
+        padding = f" (the label padding value {IGNORE_INDEX}: padded like labels?)" if value == IGNORE_INDEX else ""
+        raise ValueError(f"phrase_positions contains {value}{padding}: {expected}")
 
 
 # --- the module attached to the attention module ------------------------------------------------------------------
@@ -198,8 +203,12 @@ class SEA(AttentionMethod):
         and recorded for ``output_redundant_heads``), and give the backend the SEA mask."""
         readout = call.context is not None and call.context.output_redundant_heads
         inputs = {name: call.kwargs.get(name) for name in needed_inputs(self.settings, readout)}
-        for name, tensor in inputs.items():
-            check_input(name, tensor, call.query, self.k)
+        context = call.context
+        if context is None or not context.records.get(CHECKED):  # once per forward, not once per SEA layer
+            for name, tensor in inputs.items():
+                check_input(name, tensor, call.query, self.k)
+            if context is not None:
+                context.record(CHECKED, True)
         if self.rhe_prune or self.sea_heads == "redundant" or readout:
             call.state["sea_redundant"] = self._redundant(call, inputs["dependency_mask"])
             if readout:

@@ -199,3 +199,19 @@ def test_mean_head_importance_needs_dhicm():
 
     with pytest.raises(ValueError, match="switch DHICM on"):
         mean_head_importance(tiny(dhicm_encoder_layers=None, dhicm_decoder_layers=None), [batch()])
+
+
+def test_mean_kl_is_the_masked_token_mean_of_eq_4():
+    from hf_headattn.dhicm import mean_kl_from_uniform
+
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(2, 5, 4, generator=g, dtype=torch.float64) * 3
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    log_g = torch.log_softmax(scores, -1)
+    kl = kl_from_uniform(scores)
+    torch.testing.assert_close(mean_kl_from_uniform(log_g.exp(), log_g, mask), kl[mask].mean())
+    torch.testing.assert_close(mean_kl_from_uniform(log_g.exp(), log_g, None), kl.mean())
+    nearly = 1e-2 * torch.arange(4.0).expand(1, 3, 4)  # KL ~ 6e-5: float32 keeps it (no cancellation with ln H)
+    log_g = torch.log_softmax(nearly, -1)
+    expected = kl_from_uniform(nearly.double()).mean().float()
+    torch.testing.assert_close(mean_kl_from_uniform(log_g.exp(), log_g, None), expected, rtol=1e-3, atol=0)

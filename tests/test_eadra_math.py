@@ -9,6 +9,7 @@ import torch
 from hf_headattn.eadra_math import (
     distance_regularizer,
     eadra_regularizers,
+    layer_regularizers,
     expected_distance,
     normalized_entropy,
     peak_regularizer,
@@ -184,3 +185,63 @@ def test_half_precision_scores_under_autocast_give_no_nan(dtype):
         out = torch.stack(eadra_regularizers(half.float(), support[:, None], queries[:, None]), -1)
     out.sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+
+
+def layer_case(kind, layers=3, heads=4, D=3, seed=7, dtype=torch.float64):
+    """Queries and keys of several layers (B, H, T|S, D) with one support, as the model passes them."""
+    _, support, queries, _ = case(kind, seed=seed, dtype=dtype)
+    B, T, S = support.shape
+    g = torch.Generator().manual_seed(seed)
+    qs = [torch.randn(B, heads, T, D, generator=g, dtype=dtype, requires_grad=True) for _ in range(layers)]
+    ks = [torch.randn(B, heads, S, D, generator=g, dtype=dtype, requires_grad=True) for _ in range(layers)]
+    return qs, ks, support[:, None], queries[:, None]
+
+
+@pytest.mark.parametrize("num_heads", [2, 4])
+@pytest.mark.parametrize("kind", KINDS)
+def test_layer_regularizers_equal_the_definitions_layer_by_layer(kind, num_heads):
+    qs, ks, support, queries = layer_case(kind)
+    bias = torch.randn(support.shape[0], 1, *support.shape[2:], dtype=torch.float64, requires_grad=True)  # LPEA's
+    weights = (0.7, -1.3, 0.05)
+    fused = layer_regularizers(qs, ks, num_heads, 0.4, support, queries, bias)
+    sum(w * t.sum() for w, t in zip(weights, fused)).backward()
+    fused_grads = [x.grad.clone() for x in (*qs, *ks, bias)]
+    for x in (*qs, *ks, bias):
+        x.grad = None
+    total = 0
+    for layer, (q, k) in enumerate(zip(qs, ks)):  # the definitions, by autograd, one layer at a time
+        scores = q[:, :num_heads] @ k[:, :num_heads].transpose(-1, -2) * 0.4 + bias
+        a = torch.softmax(scores.masked_fill(~support, float("-inf")), -1)
+        expected = loop_reference(a.detach(), support[:, 0], queries[:, 0])
+        terms = [peak_regularizer(a, support, queries), sentence_regularizer(a, support, queries),
+                 distance_regularizer(a, queries)]
+        torch.testing.assert_close(torch.stack([t[layer] for t in fused], -1), expected)
+        total = total + sum(w * t.sum() for w, t in zip(weights, terms))
+    total.backward()
+    for got, x in zip(fused_grads, (*qs, *ks, bias)):
+        torch.testing.assert_close(got, x.grad)
+    assert all(got[:, num_heads:].eq(0).all() for got in fused_grads[:-1])  # the other heads get nothing
+
+
+def test_layer_regularizers_gradcheck_float64():
+    qs, ks, support, queries = layer_case("causal", layers=2, heads=3, D=2)
+    qs, ks = [q[:1, :, :4, :].detach().requires_grad_() for q in qs], [k[:1, :, :4].detach().requires_grad_() for k in ks]
+    support, queries = support[:1, :, :4, :4], queries[:1, :, :4]
+
+    def f(*x):
+        return layer_regularizers(x[:2], x[2:], 2, 0.7, support, queries)
+
+    assert torch.autograd.gradcheck(f, (*qs, *ks))
+
+
+def test_layer_regularizers_keep_the_inputs_dtype_and_compute_in_float32():
+    qs, ks, support, queries = layer_case("cross", dtype=torch.float32)
+    half = [x.detach().bfloat16().requires_grad_() for x in (*qs, *ks)]
+    terms = layer_regularizers(half[:3], half[3:], 2, 0.5, support, queries)
+    assert all(t.dtype == torch.float32 for t in terms)
+    reference = layer_regularizers([x.detach().float() for x in half[:3]], [x.detach().float() for x in half[3:]], 2,
+                                   0.5, support, queries)
+    for got, expected in zip(terms, reference):
+        torch.testing.assert_close(got, expected)
+    sum(t.sum() for t in terms).backward()
+    assert all(x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all() for x in half)

@@ -143,7 +143,7 @@ def test_no_context_means_no_work(monkeypatch):
     def fail(*args):
         raise AssertionError("EaDRA ran without a context")
 
-    monkeypatch.setattr(eadra, "head_scores", fail)
+    monkeypatch.setattr(eadra, "layer_regularizers", fail)
     inputs = batch()
     encoder_out = model.get_encoder()(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
     assert torch.isfinite(encoder_out.last_hidden_state).all()
@@ -155,8 +155,10 @@ def test_cached_decoding_step_uses_the_causal_offset():
     decoder_ids = torch.tensor([[0, 13, 14, 15], [0, 16, 17, 18]])
     with torch.no_grad():
         first = model(**inputs, decoder_input_ids=decoder_ids[:, :3], use_cache=True)
-        step = model(encoder_outputs=(first.encoder_last_hidden_state,), attention_mask=inputs["attention_mask"],
-                     decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values, use_cache=True)
+    # without labels the terms are computed only with gradients on (no loss is needed otherwise)
+    step = model(encoder_outputs=(first.encoder_last_hidden_state,), attention_mask=inputs["attention_mask"],
+                 decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values, use_cache=True)
+    with torch.no_grad():
         model.set_attn_implementation("eager")
         full = model(**inputs, decoder_input_ids=decoder_ids, output_attentions=True)
     last_rows = torch.stack([a[:, :2, 3] for a in full.decoder_attentions])  # (layers, B, h, 4): query 3, 4 keys
@@ -165,6 +167,34 @@ def test_cached_decoding_step_uses_the_causal_offset():
     assert step.eadra_terms["decoder/peak"].item() == pytest.approx(entropy.sum().item() / 2, rel=1e-5)
     assert step.eadra_terms["decoder/sent"].item() == pytest.approx(-entropy.sum().item() / 2, rel=1e-5)
     assert step.eadra_terms["decoder/dist"].item() == 0  # no pair of consecutive queries in one step
+
+
+class CountOperators(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_loss_needed_means_no_work(monkeypatch):
+    """Issue #15: generate and inference without labels compute no regularizer (no operator over methods off)."""
+    model = model_of(ALL)
+    inputs = {k: v for k, v in batch().items() if k != "labels"}
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, num_beams=1, do_sample=False)
+    counts = []
+    for m in (model, model_of(None)):
+        with CountOperators() as counter, torch.no_grad():
+            m.generate(**inputs, **kwargs)
+        counts.append(counter.count)
+    assert counts[0] == counts[1]
+    monkeypatch.setattr(eadra, "layer_regularizers", lambda *a: pytest.fail("EaDRA ran without a loss"))
+    with torch.no_grad():
+        out = model(**inputs, decoder_input_ids=batch()["labels"].clamp(min=0))
+        model.generate(**inputs, **kwargs)
+    assert out.eadra_loss is None and out.eadra_terms is None
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
