@@ -22,7 +22,6 @@ from transformers.modeling_outputs import Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.models.marian.modeling_marian import MarianDecoder, MarianEncoder
 from transformers.models.marian.modeling_marian import shift_tokens_right as marian_shift_tokens_right
 from transformers.models.mbart.modeling_mbart import MBartDecoder, MBartEncoder
-from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart_shift_tokens_right
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
@@ -335,12 +334,10 @@ class HeadAttnMBartForConditionalGeneration(HeadAttnLMMixin, MBartForConditional
         """mBART's ``shift_tokens_right``, except that a row without any target token (all -100, e.g. a target
         truncated away) becomes all padding instead of an IndexError (mBART indexes each row's last real token)."""
         pad = self.config.pad_token_id
-        has_target = (labels.ne(IGNORE_INDEX) & labels.ne(pad)).any(-1)  # (B,)
-        if has_target.all():
-            return mbart_shift_tokens_right(labels, pad)
-        shifted = torch.full_like(labels, pad)
-        if has_target.any():
-            shifted[has_target] = mbart_shift_tokens_right(labels[has_target], pad)
+        tokens = labels.masked_fill(labels == IGNORE_INDEX, pad)
+        last = (tokens.ne(pad).sum(-1) - 1).clamp(min=0)  # (B,) the last real token (0 in a row without any)
+        shifted = tokens.roll(1, dims=-1)  # no data-dependent branch: no host sync, no graph break
+        shifted[:, 0] = tokens.gather(1, last[:, None]).squeeze(1)
         return shifted
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

@@ -189,7 +189,7 @@ ERRORS = [
     ({"sea_type": "lpea", "sea_heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), 10000)},
      r"phrase_positions contains 10000"),
     ({"sea_type": "lpea", "sea_heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), -100)},  # was clipped
-     r"phrase_positions contains -100, the label padding value .*expected NOT_IN_PHRASE = -10000 on padding"),
+     r"phrase_positions contains -100 \(the label padding value -100.*NOT_IN_PHRASE = -10000 outside the local phrase and on padding"),
     ({"sea_type": "dea"}, {"dependency_mask": torch.ones(2, 6, 6, dtype=torch.bool, device="meta")},
      r"dependency_mask is on meta but the model runs on cpu; move it with dependency_mask.to\(model.device\)"),
 ]
