@@ -34,6 +34,7 @@ from hf_headattn.experiment.training import (
     write_json,
 )
 from hf_headattn.experiment.recipe import DataArguments, ModelArguments, settings_from
+from hf_headattn.registry import registered_methods
 
 logger = logging.getLogger("search_hyperparameters")
 
@@ -50,9 +51,12 @@ def check_base(stages, model_args: ModelArguments, settings: dict, training_args
     if model_args.model_name_or_path and keys & set(ARCHITECTURE):
         raise ValueError(f"grid keys {sorted(keys & set(ARCHITECTURE))} change the architecture, which "
                          f"{model_args.model_name_or_path} fixes; search them from scratch (--model_shape)")
-    if "dhicm_dropout" in keys and settings.get("dhicm") is None:
-        raise ValueError(f"the grid searches dhicm_dropout but DHICM is off (--method {model_args.method}); "
-                         "expected --method dhicm (or DHICM layers in --method_settings)")
+    for spec in registered_methods():  # a method's (release-0.1 flat) setting searched with the method off
+        searched = sorted(keys & set(spec.legacy_fields))
+        if searched and settings.get(spec.name) is None:
+            raise ValueError(f"the grid searches {', '.join(searched)} but {spec.name} is off (--method "
+                             f"{model_args.method}); expected a --method that switches it on, e.g. "
+                             f"--method {next(iter(spec.presets))}")
     if training_args.label_smoothing_factor > 0:
         raise ValueError(f"label_smoothing_factor={training_args.label_smoothing_factor}: use --label_smoothing "
                          "(computed inside the model) or the grid key label_smoothing")

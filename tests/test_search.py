@@ -163,7 +163,7 @@ def test_impossible_trials_are_refused_before_training():
 
 
 @pytest.mark.parametrize("extra,grid,message", [
-    ([], {"stages": [{"name": "a", "grid": {"dhicm_dropout": [0.2]}}]}, "dhicm_dropout but DHICM is off"),
+    ([], {"stages": [{"name": "a", "grid": {"dhicm_dropout": [0.2]}}]}, "dhicm_dropout but dhicm is off"),
     (["--model_name_or_path", "facebook/mbart-large-50"], {"stages": [{"name": "a", "grid": {"ffn_dim": [8]}}]},
      r"\['ffn_dim'\] change the architecture, which facebook/mbart-large-50 fixes"),
     (["--label_smoothing_factor", "0.1"], {"stages": [{"name": "a", "grid": {"dropout": [0.1]}}]},
