@@ -21,7 +21,7 @@ from .sea import METHOD as SEA
 logger = logging.get_logger(__name__)
 
 #: Output fields that are training read-outs, not predictions: the Trainer leaves them out of ``logits``.
-READOUT_FIELDS = ["nll_loss", "dhicm_kl", "eadra_loss", "eadra_terms", "head_importances", "redundant_heads"]
+READOUT_FIELDS = ["nll_loss", "dhicm_kl", "dhicm_stats", "eadra_loss", "eadra_terms", "head_importances", "redundant_heads"]
 
 
 @dataclass(kw_only=True)
@@ -34,7 +34,9 @@ class HeadAttnSettings:
     DHICM (Goindani & Shrivastava 2021), see :mod:`hf_headattn.dhicm`:
         dhicm_encoder_layers / dhicm_decoder_layers: layer indices (negative counts from the end) or None (off).
         dhicm_dim: d_m of Eq. 2-3 (None: d_model). dhicm_dropout: dropout after Ux (Eq. 2).
-        dhicm_kl_weight: lambda of Eq. 4-5. dhicm_attention: which attention of a decoder layer ("self", "cross").
+        dhicm_kl_weight: lambda of Eq. 4-5. dhicm_kl_reduction: how the KL joins the per-token NLL, "per_batch"
+            (lambda * KL / target tokens, fairseq's token-summed loss) or "per_token" (lambda * KL), see
+            :func:`hf_headattn.dhicm.kl_objective_term`. dhicm_attention: which attention of a decoder layer ("self", "cross").
         dhicm_mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
     EaDRA (Araabi, Niculae & Monz), see :mod:`hf_headattn.eadra`:
         eadra: mapping from "encoder", "decoder", "cross" to component settings, or None (off).
@@ -49,6 +51,7 @@ class HeadAttnSettings:
     dhicm_dim: int | None = None
     dhicm_dropout: float = 0.2
     dhicm_kl_weight: float = 0.1
+    dhicm_kl_reduction: str = "per_token"
     dhicm_attention: list[str] | None = None
     dhicm_mode: str = "paper"
     eadra: dict[str, Any] | None = None

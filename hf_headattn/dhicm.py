@@ -20,6 +20,10 @@ from .settings_checks import check_choice, check_range, resolve_layers
 NAME = "dhicm"
 ATTENTIONS = ("self", "cross")
 MODES = ("paper", "scaled_out_proj")
+#: How Eq. 5's KL joins the per-token NLL (the paper does not say; see :func:`kl_objective_term`).
+KL_REDUCTIONS = ("per_batch", "per_token")
+#: An importance above this counts as a "top head" in ``dhicm_stats["top_head_share"]``.
+TOP_HEAD_THRESHOLD = 0.9
 
 
 def check_settings(config) -> None:
@@ -34,6 +38,7 @@ def check_settings(config) -> None:
     if config.dhicm_attention is not None and not config.dhicm_attention:
         raise ValueError(f"dhicm_attention must name at least one of {ATTENTIONS} (or be None for both), got []")
     check_choice(config.dhicm_mode, "dhicm_mode", MODES)
+    check_choice(config.dhicm_kl_reduction, "dhicm_kl_reduction", KL_REDUCTIONS)
 
 
 def placements(config) -> list[tuple[str, int, str]]:
@@ -87,6 +92,42 @@ def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:
     return (log_a.exp() * (log_a + math.log(scores.shape[-1]))).sum(-1)
 
 
+def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target_tokens) -> torch.Tensor:
+    """The objective term of Eq. 5, -lambda * L_KL, added to the model's mean per-token NLL.
+
+    ``kl`` is KL-bar, the mean over the DHICM modules of each module's mean over real tokens of KL(G || uniform)
+    (Eq. 4). The paper writes L = L_c - lambda L_KL without saying how either side is reduced:
+
+    * ``"per_token"``: ``-lambda * KL-bar``. Both sides are per-token means, so lambda weighs one token's KL against
+      one token's NLL (lambda 0.1 collapses every module to one head within ~50 steps on Multi30k).
+    * ``"per_batch"``: ``-lambda * KL-bar / N`` with N the batch's real target tokens. This is the objective
+      ``(sum_t NLL_t - lambda * KL-bar) / N``: fairseq's token-summed loss, divided by its ``sample_size`` = N, with
+      one batch-level KL, i.e. an effective lambda of lambda / N per token (about 1e-4 for lambda 0.1 and batches
+      of ~1000 target tokens). With gradient accumulation each micro-batch's term is weighted by its share of the
+      tokens (:func:`hf_headattn.losses.total_objective`), so the accumulated term is -lambda * sum(KL-bar) / N_all.
+    """
+    if reduction == "per_token":
+        return -kl_weight * kl
+    if reduction == "per_batch":
+        return -kl_weight * kl / target_tokens
+    raise ValueError(f"dhicm_kl_reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
+
+
+def collapse_statistics(importance: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """How close the importances are to one-hot: (mean normalised entropy, share of tokens with a top head > 0.9).
+
+    importance (B, T, H) rows of G (Eq. 1); mask (B, T) bool, the real tokens (None: all). The normalised entropy
+    H(G) / ln H is 1 for uniform and 0 for one-hot importances. Both are means over the real tokens, detached.
+    """
+    g = importance.detach().float()
+    entropy = -(g * g.clamp_min(torch.finfo(g.dtype).tiny).log()).sum(-1) / math.log(g.shape[-1])  # (B, T)
+    top = (g.amax(-1) > TOP_HEAD_THRESHOLD).float()
+    if mask is None:
+        return entropy.mean(), top.mean()
+    weights = mask.float() / mask.sum().clamp(min=1)
+    return (entropy * weights).sum(), (top * weights).sum()
+
+
 # --- the module attached to an attention module ---------------------------------------------------------------
 
 
@@ -137,6 +178,7 @@ class DHICM(AttentionMethod):
             call.context.record("dhicm_kl", kl.mean())
         else:
             call.context.record("dhicm_kl", (kl * mask).sum() / mask.sum().clamp(min=1))
+        call.context.record("dhicm_stats", collapse_statistics(importance, mask))
         if call.context.output_head_importance:
             readout = importance.detach() if mask is None else importance.detach() * mask.unsqueeze(-1)
             call.context.record("head_importances", (call.module.headattn_name, readout))
@@ -151,15 +193,22 @@ def build(config, module) -> DHICM:
 
 
 def collect(context, config) -> tuple[dict, torch.Tensor | None]:
-    """Mean KL over tokens and DHICM modules (Eq. 5), and the objective term -lambda * KL."""
+    """Mean KL over tokens and DHICM modules (Eq. 5), the objective term (:func:`kl_objective_term` with
+    ``config.dhicm_kl_reduction``), and ``dhicm_stats`` (:func:`collapse_statistics` averaged over the modules).
+
+    For ``"per_batch"`` N is the batch's real target tokens (the context's target mask; the model always has one
+    when it computes a loss, and without one the term is not used, so N = 1 there).
+    """
     kls = context.records.get("dhicm_kl")
     if not kls:
         return {}, None
     kl = torch.stack(kls).mean()
-    fields = {"dhicm_kl": kl}
+    entropy, top_share = (torch.stack(values).mean() for values in zip(*context.records["dhicm_stats"]))
+    fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share}}
     if context.output_head_importance:
         fields["head_importances"] = dict(context.records["head_importances"])
-    return fields, -config.dhicm_kl_weight * kl
+    tokens = context.target_mask.sum().clamp(min=1) if context.target_mask is not None else 1
+    return fields, kl_objective_term(kl, config.dhicm_kl_weight, config.dhicm_kl_reduction, tokens)
 
 
 METHOD = MethodSpec(NAME, check_settings, placements, build, collect)

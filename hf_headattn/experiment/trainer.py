@@ -22,7 +22,7 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 #: Output fields logged as loss components (dict fields are flattened as ``<field>/<key>``).
-COMPONENT_FIELDS = ("nll_loss", "dhicm_kl", "eadra_loss", "eadra_terms")
+COMPONENT_FIELDS = ("nll_loss", "dhicm_kl", "dhicm_stats", "eadra_loss", "eadra_terms")
 
 
 def loss_components(outputs) -> dict[str, torch.Tensor]:
