@@ -100,6 +100,10 @@ def check_settings(config) -> None:
         return
     if not isinstance(config.eadra, dict) or not config.eadra:
         raise ValueError(f"eadra must map some of {COMPONENTS} to settings (or be None), got {config.eadra!r}")
+    unknown = [key for key in config.eadra if key not in COMPONENTS and key not in OPTION_DEFAULTS]
+    if unknown:
+        raise ValueError(f"eadra has unknown component {unknown[0]!r}; expected some of {COMPONENTS} (and the "
+                         f"options {tuple(OPTION_DEFAULTS)})")
     if not components(config):
         raise ValueError(f"eadra must name at least one of {COMPONENTS}, got {config.eadra!r}")
     chosen = options(config)
@@ -111,9 +115,6 @@ def check_settings(config) -> None:
     for component, settings in config.eadra.items():
         if component in OPTION_DEFAULTS:
             continue
-        if component not in COMPONENTS:
-            raise ValueError(f"eadra has unknown key {component!r}; expected some of {COMPONENTS} (components) and "
-                             f"{tuple(OPTION_DEFAULTS)} (options)")
         if not isinstance(settings, dict):
             raise ValueError(f"eadra[{component!r}] must be a dict of settings, got {settings!r}")
         unknown = set(settings) - set(DEFAULTS[component])
