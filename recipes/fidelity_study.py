@@ -16,6 +16,7 @@ inverse_sqrt, seed 1) the study
     # CPU (2 cores: 2 runs at a time, one thread each; ~6 min a run on an idle machine)
     python recipes/fidelity_study.py screen --output_dir runs/fidelity --parallel 2
     python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2   # uses the screen's choice
+    python recipes/fidelity_study.py test --output_dir runs/fidelity        # once, after the choice: test set, beam 5
     python recipes/fidelity_study.py table --output_dir runs/fidelity --json benchmarks/results/fidelity_study.json
     # a GPU: --device cuda --parallel 16 (the runs share it)
 
@@ -212,9 +213,41 @@ def confirm_table(confirm, multi30k_dir) -> tuple[list[dict], str]:
     return summary, "\n".join(lines)
 
 
+def score_test(args, rows: list[str], stage: str = "screen", seed: int = 1) -> dict:
+    """Translate test_2016_flickr (beam 5) with the saved models of ``rows`` and score them, each against the
+    baseline (paired bootstrap). Run once, after the choice: the choice never sees these numbers."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from hf_headattn.experiment.evaluation import compute_translation_metrics, paired_bootstrap
+    from hf_headattn.experiment.training import MODEL_CLASSES, ParallelDataArguments, load_recipe_data
+
+    raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(args.multi30k_dir)))["test_2016_flickr"]
+    sources, references = [p["en"] for p in raw["translation"]], [p["de"] for p in raw["translation"]]
+    predictions, scores = {}, {}
+    for row in ["baseline", *[r for r in rows if r != "baseline"]]:
+        path = run_dir(args.output_dir, stage, row, seed)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = MODEL_CLASSES["headattn_marian"].from_pretrained(path).eval()
+        hypotheses = []
+        with torch.no_grad():
+            for i in range(0, len(sources), 100):
+                inputs = tokenizer(sources[i:i + 100], return_tensors="pt", padding=True, truncation=True,
+                                   max_length=128)
+                ids = model.generate(**inputs, num_beams=5, max_length=128)
+                hypotheses += [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        (path / "predictions_test_2016_flickr.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+        predictions[row], scores[row] = hypotheses, compute_translation_metrics(hypotheses, references)
+        print(f"{row}: test BLEU {scores[row]['bleu']:.2f} chrF {scores[row]['chrf']:.2f}", flush=True)
+    others = {row: predictions[row] for row in predictions if row != "baseline"}
+    test = paired_bootstrap(predictions["baseline"], others, references, metrics=("bleu", "chrf")) if others else {}
+    return {"seed": seed, "num_beams": 5, "scores": scores,
+            "p_values": {row: {m: test["systems"][row][m]["p_value"] for m in ("bleu", "chrf")} for row in others}}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["screen", "confirm", "table"])
+    parser.add_argument("command", choices=["screen", "confirm", "table", "test"])
     parser.add_argument("--output_dir", type=Path, default=Path("runs/fidelity"))
     parser.add_argument("--multi30k_dir", type=Path, default=HERE.parent.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--rows", nargs="+", help="screen: these rows only (default: all of SCREEN)")
@@ -234,6 +267,11 @@ def main(argv=None) -> None:
         rows = ["baseline", *dict.fromkeys([*chosen.values(), *PAPER_LITERAL.values()])]
         print(f"chosen on validation: {chosen}; confirming {rows} with seeds {CONFIRM_SEEDS}", flush=True)
         launch(args, "confirm", rows, CONFIRM_SEEDS)
+    elif args.command == "test":
+        rows = args.rows or list(choose(load(args.output_dir, "screen")).values())
+        print(f"scoring test_2016_flickr once for {rows} and the baseline (screen, seed 1)", flush=True)
+        result = score_test(args, rows)
+        (args.output_dir / "test_scores.json").write_text(json.dumps(result, indent=2) + "\n")
     else:
         screen = load(args.output_dir, "screen")
         summary, markdown = screen_table(screen)
@@ -241,6 +279,14 @@ def main(argv=None) -> None:
         payload = {"schedule": SCHEDULE, "screen_flags": SCREEN_FLAGS, "confirm_flags": CONFIRM_FLAGS,
                    "screen": summary, "chosen": choose(screen)}
         print(f"\nchosen on validation: {payload['chosen']}")
+        if (args.output_dir / "test_scores.json").is_file():
+            test = json.loads((args.output_dir / "test_scores.json").read_text())
+            payload["test"] = test
+            print("\n## test_2016_flickr, scored once after the choice (seed 1, beam 5)\n\n| row | BLEU | chrF | "
+                  "p vs baseline (BLEU) |\n|---|---|---|---|")
+            for row, score in test["scores"].items():
+                p = test["p_values"].get(row, {}).get("bleu")
+                print(f"| {row} | {score['bleu']:.2f} | {score['chrf']:.2f} | {'-' if p is None else f'{p:.3f}'} |")
         confirm = load(args.output_dir, "confirm")
         if "baseline" in confirm:
             payload["confirm"], markdown = confirm_table(confirm, args.multi30k_dir)
