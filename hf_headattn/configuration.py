@@ -35,7 +35,8 @@ class HeadAttnSettings:
         dhicm_encoder_layers / dhicm_decoder_layers: layer indices (negative counts from the end) or None (off).
         dhicm_dim: d_m of Eq. 2-3 (None: d_model). dhicm_dropout: dropout after Ux (Eq. 2).
         dhicm_kl_weight: lambda of Eq. 4-5. dhicm_kl_reduction: how the KL joins the per-token NLL, "per_batch"
-            (lambda * KL / target tokens, fairseq's token-summed loss) or "per_token" (lambda * KL), see
+            (lambda * KL / target tokens, fairseq's token-summed loss; the default, chosen by the fidelity study)
+            or "per_token" (lambda * KL, release 0.1), see
             :func:`hf_headattn.dhicm.kl_objective_term`. dhicm_attention: which attention of a decoder layer ("self", "cross").
         dhicm_mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
     EaDRA (Araabi, Niculae & Monz), see :mod:`hf_headattn.eadra`:
@@ -51,7 +52,7 @@ class HeadAttnSettings:
     dhicm_dim: int | None = None
     dhicm_dropout: float = 0.2
     dhicm_kl_weight: float = 0.1
-    dhicm_kl_reduction: str = "per_token"
+    dhicm_kl_reduction: str = "per_batch"
     dhicm_attention: list[str] | None = None
     dhicm_mode: str = "paper"
     eadra: dict[str, Any] | None = None

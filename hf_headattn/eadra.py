@@ -14,7 +14,9 @@ running the encoder alone). Dropout is not applied to these probabilities.
 
 Reductions (the authors' fairseq code, ``aliaraabi/EaDRA``, where it works; see :mod:`.eadra_math` for per-query
 choices): per sentence and head, R_peak is the mean over real queries of H_N, R_sent = -H_N(query-averaged
-attention), R_dist the sum over consecutive real query pairs. These are **summed** over the regularized heads and
+attention), R_dist the sum over consecutive real query pairs; the options ``dist_reduction``, ``peak_reduction``
+(:func:`rescale_terms`; by default R_dist becomes the *mean* over the pairs, the fidelity study's choice) and
+``warmup_steps`` (:func:`_warmup`) are top-level keys of the ``eadra`` dict. These are **summed** over the regularized heads and
 layers of a component and over the sentences of the batch (the authors' code sums its stacked layer x batch x head
 tensor), then **divided by the number of real target tokens** of the batch, because fairseq divides the summed loss,
 penalties included, by ``sample_size`` = target tokens. So the terms sit next to the model's per-token NLL at the
@@ -50,7 +52,8 @@ DEFAULTS = {
 #: The readings of the paper's open choices: top-level keys of the ``eadra`` dict, beside the components.
 #: dist_reduction: how R_dist (Eq. 8) is reduced per (sentence, head), see :func:`rescale_terms`; peak_reduction: the
 #: same for R_peak (Eq. 4); warmup_steps: the alphas grow linearly from 0 over this many training steps (0: off).
-OPTION_DEFAULTS = {"dist_reduction": "sum", "peak_reduction": "mean", "warmup_steps": 0}
+#: The defaults are the fidelity study's choice (README "The papers' open choices"); release 0.1 used "sum".
+OPTION_DEFAULTS = {"dist_reduction": "pair_mean", "peak_reduction": "mean", "warmup_steps": 0}
 DIST_REDUCTIONS = ("sum", "pair_mean", "normalized_positions")
 PEAK_REDUCTIONS = ("mean", "sum")
 

@@ -210,7 +210,8 @@ def test_warmup_step_survives_save_and_load(tmp_path):
 
 def test_explicit_heads_regularize_those_heads():
     """heads=[1, 3] gives the terms of heads 1 and 3, from the eager attention maps by the hand computation."""
-    net = model(dropout=0.0, attention_dropout=0.0, eadra={"encoder": {"heads": [3, 1], "layers": [0]}}).eval()
+    net = model(dropout=0.0, attention_dropout=0.0, eadra={"encoder": {"heads": [3, 1], "layers": [0]},
+                                                               "dist_reduction": "sum"}).eval()
     net.set_attn_implementation("eager")
     inputs = batch()
     with torch.no_grad():
