@@ -56,6 +56,7 @@ class HeadAttnSettings:
                 f"{pretrained_model_name_or_path} holds a {config_dict['model_type']!r} model; {cls.__name__} loads "
                 f"{cls.stock_model_type!r} and {cls.model_type!r} checkpoints"
             )
+        _keep_release_0_1_behaviour(config_dict)
         return config_dict, kwargs
 
     def __post_init__(self, **kwargs):
@@ -94,6 +95,27 @@ class HeadAttnSettings:
                 )
             resolved[spec.name] = settings
         return resolved
+
+
+def _keep_release_0_1_behaviour(config_dict: dict) -> None:
+    """A config saved by release 0.1 (it holds the flat fields) keeps release 0.1's values of the settings whose
+    default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on."""
+    specs = registered_methods()
+    if not any(legacy in config_dict for spec in specs for legacy in spec.legacy_fields):
+        return
+    for spec in specs:
+        if not spec.legacy_defaults:
+            continue
+        values = config_dict.get(spec.name)
+        if values is None:  # its settings are flat fields: the method is on if they switch it on
+            values = {spec.legacy_fields[name]: value for name, value in config_dict.items()
+                      if name in spec.legacy_fields and value != _default(spec, spec.legacy_fields[name])}
+            if not values or not spec.settings(**values).switched_on():
+                continue
+            for name in spec.legacy_fields:
+                config_dict.pop(name, None)
+        if isinstance(values, dict):
+            config_dict[spec.name] = {**spec.legacy_defaults, **values}
 
 
 def _set_legacy(config, spec, legacy: str, value, keep_defaults: bool = True) -> None:

@@ -22,6 +22,10 @@ from .settings_checks import check_range, resolve_layers
 
 NAME = "dhicm"
 ATTENTIONS = ("self", "cross")
+#: How Eq. 5's KL joins the per-token NLL (the paper does not say; see :func:`kl_objective_term`).
+KL_REDUCTIONS = ("per_batch", "per_token")
+#: An importance above this counts as a "top head" in ``dhicm_stats["top_head_share"]``.
+TOP_HEAD_THRESHOLD = 0.9
 
 
 @dataclass
@@ -31,7 +35,8 @@ class DHICMSettings(MethodSettings):
     encoder_layers / decoder_layers: layer indices (negative counts from the end) or None (none on that side).
     attention: which attention modules of a decoder layer ("self", "cross"); None = both.
     dim: d_m of Eq. 2-3 (None: d_model). dropout: dropout after Ux (Eq. 2). kl_weight: lambda of Eq. 4-5.
-    kl_reduction: how the KL of Eq. 4 is reduced and weighted against the NLL, see :func:`collect`.
+    kl_reduction: how the KL of Eq. 5 joins the per-token NLL, see :func:`kl_objective_term` ("per_batch", the
+        fidelity study's choice; "per_token" is release 0.1's reading).
     mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
     """
 
@@ -41,7 +46,7 @@ class DHICMSettings(MethodSettings):
     dim: int | None = None
     dropout: float = 0.2
     kl_weight: float = 0.1
-    kl_reduction: Literal["per_token", "per_batch"] = "per_token"
+    kl_reduction: Literal["per_token", "per_batch"] = "per_batch"
     mode: Literal["paper", "scaled_out_proj"] = "paper"
 
     def validate(self, config, name: str) -> None:
@@ -126,6 +131,42 @@ def mean_kl_from_uniform(importance: torch.Tensor, log_importance: torch.Tensor,
     return (kl * query_mask.unsqueeze(-1)).sum() / query_mask.sum().clamp(min=1)
 
 
+def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target_tokens) -> torch.Tensor:
+    """The objective term of Eq. 5, -lambda * L_KL, added to the model's mean per-token NLL.
+
+    ``kl`` is KL-bar, the mean over the DHICM modules of each module's mean over real tokens of KL(G || uniform)
+    (Eq. 4). The paper writes L = L_c - lambda L_KL without saying how either side is reduced:
+
+    * ``"per_token"``: ``-lambda * KL-bar``. Both sides are per-token means, so lambda weighs one token's KL against
+      one token's NLL (lambda 0.1 collapses every module to one head within ~50 steps on Multi30k).
+    * ``"per_batch"``: ``-lambda * KL-bar / N`` with N the batch's real target tokens. This is the objective
+      ``(sum_t NLL_t - lambda * KL-bar) / N``: fairseq's token-summed loss, divided by its ``sample_size`` = N, with
+      one batch-level KL, i.e. an effective lambda of lambda / N per token (about 1e-4 for lambda 0.1 and batches
+      of ~1000 target tokens). With gradient accumulation each micro-batch's term is weighted by its share of the
+      tokens (:func:`hf_headattn.losses.total_objective`), so the accumulated term is -lambda * sum(KL-bar) / N_all.
+    """
+    if reduction == "per_token":
+        return -kl_weight * kl
+    if reduction == "per_batch":
+        return -kl_weight * kl / target_tokens
+    raise ValueError(f"dhicm.kl_reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
+
+
+def collapse_statistics(importance: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """How close the importances are to one-hot: (mean normalised entropy, share of tokens with a top head > 0.9).
+
+    importance (B, T, H) rows of G (Eq. 1); mask (B, T) bool, the real tokens (None: all). The normalised entropy
+    H(G) / ln H is 1 for uniform and 0 for one-hot importances. Both are means over the real tokens, detached.
+    """
+    g = importance.detach().float()
+    entropy = -(g * g.clamp_min(torch.finfo(g.dtype).tiny).log()).sum(-1) / math.log(g.shape[-1])  # (B, T)
+    top = (g.amax(-1) > TOP_HEAD_THRESHOLD).float()
+    if mask is None:
+        return entropy.mean(), top.mean()
+    weights = mask.float() / mask.sum().clamp(min=1)
+    return (entropy * weights).sum(), (top * weights).sum()
+
+
 # --- the module attached to an attention module ---------------------------------------------------------------
 
 
@@ -168,6 +209,7 @@ class DHICM(AttentionMethod):
             log_importance = torch.log_softmax(scores.float(), dim=-1)
             importance = log_importance.exp()
             context.record("dhicm_kl", mean_kl_from_uniform(importance, log_importance, call.query_mask))
+            context.record("dhicm_stats", collapse_statistics(importance, call.query_mask))
         else:
             importance = head_importance(scores)
         if context is not None and context.output_head_importance:
@@ -192,26 +234,43 @@ def build(settings: DHICMSettings, config, module) -> DHICM:
 
 
 def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None]:
-    """Mean KL over tokens and DHICM modules (Eq. 5), and the objective term -lambda * KL."""
+    """Mean KL over tokens and DHICM modules (Eq. 5), the objective term (:func:`kl_objective_term` with
+    ``settings.kl_reduction``), and ``dhicm_stats`` (:func:`collapse_statistics` averaged over the modules).
+
+    For ``"per_batch"`` N is the batch's real target tokens (the context's target mask; the model always has one
+    when it computes a loss, and without one the term is not used, so N = 1 there).
+    """
     kls = context.records.get("dhicm_kl")
     if not kls:
         return {}, None
     kl = torch.stack(kls).mean()
-    fields = {"dhicm_kl": kl}
+    entropy, top_share = (torch.stack(values).mean() for values in zip(*context.records["dhicm_stats"]))
+    fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share}}
     if context.output_head_importance:
         fields["head_importances"] = dict(context.records["head_importances"])
-    return fields, -settings.kl_weight * kl
+    tokens = context.target_mask.sum().clamp(min=1) if context.target_mask is not None else 1
+    return fields, kl_objective_term(kl, settings.kl_weight, settings.kl_reduction, tokens)
 
 
 METHOD = MethodSpec(
     NAME, DHICMSettings, placements, build, collect, order=30,
     outputs={
         "dhicm_kl": "mean KL of the head-importance distributions from uniform (Eq. 5), unweighted",
+        "dhicm_stats": "{'importance_entropy': mean H(G) / ln H, 'top_head_share': share of tokens whose top head "
+                       "carries > 0.9}: how close the importances are to one-hot",
         "head_importances": "{module name: (batch, tokens, heads) importance G}, with output_head_importance=True",
     },
-    logged=("dhicm_kl",),
+    logged=("dhicm_kl", "dhicm_stats"),
     paper="Goindani & Shrivastava 2021, dynamic head importance computation (DHICM)",
-    presets={"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
+    presets={
+        # the last encoder and last decoder layer, self- and cross-attention (§4.3), lambda 0.1, the KL reduced as the
+        # fidelity study chose (README "The papers' open choices")
+        "dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
+        # the same with the per-token reading of Eq. 5 released in 0.1 (lambda 0.1 against the per-token NLL)
+        "dhicm_paper_literal": {"encoder_layers": [-1], "decoder_layers": [-1], "kl_reduction": "per_token",
+                                "kl_weight": 0.1},
+    },
     legacy_fields={f"dhicm_{key}": key for key in (
         "encoder_layers", "decoder_layers", "attention", "dim", "dropout", "kl_weight", "kl_reduction", "mode")},
+    legacy_defaults={"kl_reduction": "per_token"},
 )

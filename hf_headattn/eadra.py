@@ -17,7 +17,10 @@ probabilities.
 
 Reductions (the authors' fairseq code, ``aliaraabi/EaDRA``, where it works; see :mod:`.eadra_math` for per-query
 choices): per sentence and head, R_peak is the mean over real queries of H_N, R_sent = -H_N(query-averaged
-attention), R_dist the sum over consecutive real query pairs. These are **summed** over the regularized heads and
+attention), R_dist the sum over consecutive real query pairs; the settings ``dist_reduction`` and ``peak_reduction``
+rescale them per sentence and head (:func:`rescale_terms`; by default R_dist becomes the *mean* over the pairs, the
+fidelity study's choice) and ``warmup_steps`` scales the alphas (:func:`_warmup`). These are **summed** over the
+regularized heads and
 layers of a component and over the sentences of the batch (the authors' code sums its stacked layer x batch x head
 tensor), then **divided by the number of real target tokens** of the batch, because fairseq divides the summed loss,
 penalties included, by ``sample_size`` = target tokens. So the terms sit next to the model's per-token NLL at the
@@ -30,10 +33,12 @@ matrix product does not run) and only the chosen heads are regularized.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
+from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, key_allowed
 from .eadra_math import TERMS, layer_regularizers
@@ -55,12 +60,14 @@ DEFAULTS = {
 class ComponentSettings(MethodSettings):
     """One component's settings (a dict under ``config.eadra["encoder" | "decoder" | "cross"]``; missing alphas take
     :data:`DEFAULTS`). num_heads: how many heads are regularized, the first ones (None: three quarters, §5.3);
-    layers: layer indices (None: all)."""
+    heads: which heads instead, a list of head indices (the paper does not say which heads); layers: layer indices
+    (None: all)."""
 
     alpha_peak: float | None = None
     alpha_sent: float | None = None
     alpha_dist: float | None = None
     num_heads: int | None = None
+    heads: list[int] | None = None
     layers: list[int] | None = None
 
 
@@ -68,13 +75,22 @@ class ComponentSettings(MethodSettings):
 class EaDRASettings(MethodSettings):
     """EaDRA's settings (``config.eadra``): one dict per regularized component, absent or None = not regularized.
 
+    The readings of the paper's open choices (README "The papers' open choices"; defaults: the fidelity study's):
+    ``dist_reduction`` and ``peak_reduction`` (how R_dist, Eq. 8, and R_peak, Eq. 4, are reduced per sentence and
+    head, :func:`rescale_terms`; "sum" and "sum" read the equations literally) and ``warmup_steps`` (the alphas grow
+    linearly from 0 over that many training steps, :func:`_warmup`; 0: off).
+
     After validation each component is a :class:`ComponentSettings` with every field resolved (alphas filled in,
-    ``num_heads`` an integer, ``layers`` a sorted list of non-negative indices).
+    ``num_heads`` an integer, ``heads`` None (the first ``num_heads``) or sorted indices, ``layers`` a sorted list of
+    non-negative indices).
     """
 
     encoder: dict | None = None
     decoder: dict | None = None
     cross: dict | None = None
+    dist_reduction: Literal["sum", "pair_mean", "normalized_positions"] = "pair_mean"
+    peak_reduction: Literal["mean", "sum"] = "mean"
+    warmup_steps: int = 0
     components: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def validate(self, config, name: str) -> None:
@@ -92,6 +108,16 @@ class EaDRASettings(MethodSettings):
                     setattr(settings, key, default)
                 check_range(getattr(settings, key), f"{where}[{key!r}]", 0.0)
             num_layers, heads = _shape(config, component)
+            if settings.heads is not None:
+                if not settings.heads or any(not -heads <= h < heads for h in settings.heads):
+                    raise ValueError(f"{where}['heads'] must be a non-empty list of head indices in [{-heads}, "
+                                     f"{heads - 1}] (or None for the first num_heads), got {settings.heads!r}")
+                chosen = sorted({h % heads for h in settings.heads})
+                if settings.num_heads is not None and settings.num_heads != len(chosen):
+                    raise ValueError(f"{where} sets num_heads={settings.num_heads!r} and {len(chosen)} heads {chosen}; "
+                                     "expected one of them")
+                settings.heads, settings.num_heads = (None if chosen == list(range(len(chosen))) else chosen,
+                                                      len(chosen))
             if settings.num_heads is None:
                 settings.num_heads = max(1, round(0.75 * heads))
             if not 1 <= settings.num_heads <= heads:
@@ -102,9 +128,11 @@ class EaDRASettings(MethodSettings):
             layers = range(num_layers) if settings.layers is None else settings.layers
             settings.layers = resolve_layers(layers, num_layers, f"{where}['layers']")
             self.components[component] = settings
+        if self.warmup_steps < 0:
+            raise ValueError(f"{name}.warmup_steps must be an integer >= 0 (0: no warm-up), got {self.warmup_steps!r}")
 
     def to_dict(self) -> dict:
-        return {component: getattr(self, component) for component in COMPONENTS}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
 
 
 def _shape(config, component: str) -> tuple[int, int]:
@@ -140,9 +168,15 @@ class _Call(NamedTuple):
     query_mask: torch.Tensor | None
 
     @classmethod
-    def of(cls, call: AttentionCall, component: str, num_heads: int) -> "_Call":
-        return cls(component, num_heads, call.query, call.key, call.attention_mask, call.scaling,
-                   call.is_decoder and not call.is_cross, call.key_mask, call.query_mask)
+    def of(cls, call: AttentionCall, component: str, num_heads: int, heads: torch.Tensor | None = None) -> "_Call":
+        """``heads``: the regularized head indices (None: the first ``num_heads``), gathered here."""
+        query, key, mask = call.query, call.key, call.attention_mask
+        if heads is not None:
+            query, key = query.index_select(1, heads), key.index_select(1, heads)
+            if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
+                mask = mask.index_select(1, heads)
+        return cls(component, num_heads, query, key, mask, call.scaling, call.is_decoder and not call.is_cross,
+                   call.key_mask, call.query_mask)
 
     def same_masks(self, other: "_Call") -> bool:
         """Whether the support is the same (the layers of one component share their masks)."""
@@ -197,8 +231,41 @@ def head_scores(call: AttentionCall, num_heads: int) -> tuple[torch.Tensor, torc
     return (scores if bias is None else scores + bias), support, queries
 
 
-def layer_terms(calls: list[_Call]) -> dict[str, list[torch.Tensor]]:
-    """Per component, [R_peak, R_sent, R_dist] summed over its regularized heads, layers and sentences.
+def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, queries: torch.Tensor,
+                  dist_reduction: str = "sum", peak_reduction: str = "mean") -> tuple[torch.Tensor, ...]:
+    """The readings of Eq. 4 and Eq. 8 as per-(sentence, head) rescalings of ``eadra_regularizers``' values.
+
+    ``terms`` = (R_peak, R_sent, R_dist), each (..., B, h): R_peak the mean over real queries of H_N, R_dist the sum
+    over consecutive real query pairs (:mod:`.eadra_math`); ``support`` (B or 1, 1 or h, T, S) and ``queries``
+    (B or 1, 1, T) as :func:`head_support` returns them.
+
+    * ``peak_reduction="mean"`` keeps R_peak; ``"sum"`` (Eq. 4 literally: a sum over queries) multiplies it by the
+      number of real queries n_q.
+    * ``dist_reduction="sum"`` (Eq. 8 literally) keeps R_dist; ``"pair_mean"`` divides it by the number of pairs of
+      consecutive real queries (the mean expected distance of a pair, in positions); ``"normalized_positions"``
+      divides it by n_k - 1, n_k the real keys any real query sees, i.e. positions s / (n_k - 1) in [0, 1] in D of
+      Eq. 7 (D is linear in the positions), still summed over pairs.
+    """
+    peak, sent, dist = terms
+    if peak_reduction == "sum":
+        peak = peak * queries.sum(-1)
+    elif peak_reduction != "mean":
+        raise ValueError(f"peak_reduction must be one of ('mean', 'sum'), got {peak_reduction!r}")
+    if dist_reduction == "pair_mean":
+        dist = dist / (queries[..., :-1] & queries[..., 1:]).sum(-1).clamp(min=1)
+    elif dist_reduction == "normalized_positions":
+        keys = (support & queries.unsqueeze(-1)).any(-2).sum(-1)  # (B or 1, 1 or h)
+        dist = dist / (keys - 1).clamp(min=1)
+    elif dist_reduction != "sum":
+        raise ValueError(f"dist_reduction must be one of ('sum', 'pair_mean', 'normalized_positions'), got "
+                         f"{dist_reduction!r}")
+    return peak, sent, dist
+
+
+def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
+                peak_reduction: str = "mean") -> dict[str, list[torch.Tensor]]:
+    """Per component, [R_peak, R_sent, R_dist] (after :func:`rescale_terms`) summed over its regularized heads,
+    layers and sentences.
 
     The layers of a component that share their masks (all of them, unless SEA changed one layer's mask) go through
     :func:`~.eadra_math.layer_regularizers` together: one pass for all of them.
@@ -216,6 +283,7 @@ def layer_terms(calls: list[_Call]) -> dict[str, list[torch.Tensor]]:
         bias, support, queries = head_support(first)
         terms = layer_regularizers([c.query for c in group], [c.key for c in group], first.num_heads, first.scaling,
                                    support, queries, bias)  # each (L, B, h)
+        terms = rescale_terms(terms, support, queries, dist_reduction, peak_reduction)
         sums = [term.sum() for term in terms]
         component = first.component
         totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
@@ -231,22 +299,33 @@ class EaDRA(AttentionMethod):
 
     records_loss_terms = True
 
-    def __init__(self, component: str, num_heads: int):
+    def __init__(self, component: str, num_heads: int, heads: list[int] | None = None, warmup_steps: int = 0):
         super().__init__()
         self.component, self.num_heads = component, num_heads
+        self.register_buffer("heads", None if heads is None else torch.tensor(heads), persistent=False)
+        if warmup_steps:  # training forward passes so far, saved with the weights (see _warmup)
+            self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def init_weights(self, std: float) -> None:
+        if hasattr(self, "step"):
+            init.zeros_(self.step)
 
     def extra_repr(self) -> str:
-        return f"component={self.component!r}, num_heads={self.num_heads}"
+        heads = self.num_heads if self.heads is None else self.heads.tolist()
+        return f"component={self.component!r}, heads={heads}"
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         if call.context is not None and call.context.compute_losses:
-            call.context.record(NAME, _Call.of(call, self.component, self.num_heads))
+            call.context.record(NAME, _Call.of(call, self.component, self.num_heads, self.heads))
+            if hasattr(self, "step"):
+                call.context.record("eadra_modules", self)
         return attn_output
 
 
 def build(settings: EaDRASettings, config, module) -> EaDRA:
     component = component_of(module)
-    return EaDRA(component, settings.components[component].num_heads)
+    resolved = settings.components[component]
+    return EaDRA(component, resolved.num_heads, resolved.heads, settings.warmup_steps)
 
 
 def _target_tokens(context: HeadAttnContext, records: list[_Call]) -> torch.Tensor | int:
@@ -257,18 +336,45 @@ def _target_tokens(context: HeadAttnContext, records: list[_Call]) -> torch.Tens
     return first.query_mask.sum() if first.query_mask is not None else first.query.shape[0] * first.query.shape[2]
 
 
+def warmup_scale(step: torch.Tensor, warmup_steps: int) -> torch.Tensor | float:
+    """min(1, step / warmup_steps), the alphas' factor during the warm-up (1.0 without one)."""
+    if not warmup_steps:
+        return 1.0
+    return (step.float() / warmup_steps).clamp(max=1.0)
+
+
+def _warmup(context: HeadAttnContext, warmup_steps: int) -> torch.Tensor | float:
+    """The alphas' warm-up factor for this forward, min(1, step / warmup_steps), where step is the number of earlier
+    training forward passes (modules in training mode, with a loss) of the model. The count is kept in each EaDRA
+    module's ``step`` buffer and advanced here, once per forward (so not again when gradient checkpointing recomputes
+    a layer); it is saved with the weights, so a resumed run continues where it stopped. With gradient accumulation a
+    step is a micro-batch: set ``warmup_steps`` = optimizer steps x accumulation steps."""
+    modules = {id(module): module for module in context.records.get("eadra_modules", [])}
+    if not warmup_steps or not modules:
+        return 1.0
+    first = next(iter(modules.values()))
+    scale = warmup_scale(first.step, warmup_steps)
+    if first.training:
+        with torch.no_grad():
+            for module in modules.values():
+                module.step.add_(1)
+    return scale
+
+
 def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, torch.Tensor | None]:
     """``eadra_loss`` (Eq. 9's weighted sum, also returned as the objective term) and ``eadra_terms``.
 
     ``eadra_terms["<component>/<term>"]`` (term in peak, sent, dist) are the unweighted, detached terms: summed over
-    the component's regularized heads, layers and sentences, divided by the batch's target tokens.
+    the component's regularized heads, layers and sentences (after :func:`rescale_terms`), divided by the batch's
+    target tokens. With ``warmup_steps`` the alphas are multiplied by :func:`_warmup`'s factor (also logged as
+    ``eadra_terms["warmup"]``).
     """
     records = context.records.get(NAME)
     if not records:
         return {}, None
     tokens = _target_tokens(context, records)
     tokens = tokens.clamp(min=1) if torch.is_tensor(tokens) else max(tokens, 1)
-    totals = layer_terms(records)  # component -> [R_peak, R_sent, R_dist]
+    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction)  # component -> [peak, sent, dist]
     loss, names, values = None, [], []
     for component, sums in totals.items():
         resolved = settings.components[component]
@@ -280,6 +386,10 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
                 loss = alpha * total if loss is None else loss.add(total, alpha=alpha)
     terms = dict(zip(names, (torch.stack(values).detach() / tokens).unbind()))
     loss = values[0].new_zeros(()) if loss is None else loss / tokens
+    if settings.warmup_steps:
+        scale = _warmup(context, settings.warmup_steps)
+        loss = loss * scale
+        terms["warmup"] = torch.as_tensor(scale, dtype=loss.dtype, device=loss.device)
     return {"eadra_loss": loss, "eadra_terms": terms}, loss
 
 
@@ -290,10 +400,14 @@ METHOD = MethodSpec(
         "eadra_terms": "{'<component>/<term>': unweighted term}, term in peak, sent, dist",
     },
     logged=("eadra_loss", "eadra_terms"),
+    legacy_defaults={"dist_reduction": "sum"},
     paper="Araabi, Niculae & Monz, entropy- and distance-regularized attention (EaDRA)",
     presets={
         # encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas
         "eadra": {"encoder": {}, "decoder": {}},
         "eadra_all": {"encoder": {}, "decoder": {}, "cross": {}},
+        # the same as "eadra" with Eq. 4 and Eq. 8 read literally (sums over queries and query pairs), no warm-up
+        "eadra_paper_literal": {"encoder": {}, "decoder": {}, "dist_reduction": "sum", "peak_reduction": "sum",
+                                "warmup_steps": 0},
     },
 )

@@ -39,12 +39,14 @@ class HeadAttnOutputMixin:
     attributes) of the output.
 
     dhicm_kl: mean KL of the head-importance distributions from uniform (DHICM Eq. 5), unweighted.
+    dhicm_stats: {"importance_entropy", "top_head_share"}, how close the importances are to one-hot (detached).
     eadra_loss: the weighted EaDRA regularizer (Eq. 9), included in ``loss``; eadra_terms: its unweighted terms.
     head_importances: {module name: (batch, tokens, heads) importance G}, with ``output_head_importance=True``.
     redundant_heads: {module name: (batch, heads) bool}, with ``output_redundant_heads=True``.
     """
 
     dhicm_kl: torch.FloatTensor | None = None
+    dhicm_stats: dict[str, torch.FloatTensor] | None = None
     eadra_loss: torch.FloatTensor | None = None
     eadra_terms: dict[str, torch.FloatTensor] | None = None
     head_importances: dict[str, torch.FloatTensor] | None = None

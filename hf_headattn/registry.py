@@ -111,6 +111,8 @@ class MethodSpec:
     paper: one line for the model card.
     presets: recipe method names (``--method NAME``) -> this method's settings dict.
     legacy_fields: flat config fields of release 0.1 -> settings field, so old saved configs still load.
+    legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
+        by release 0.1 keeps the behaviour it was trained with.
     uses_syntax: whether the method needs the syntax inputs (the recipes then parse and collate them).
     """
 
@@ -126,6 +128,7 @@ class MethodSpec:
     paper: str = ""
     presets: Mapping[str, dict] = field(default_factory=dict)
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
+    legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
     uses_syntax: bool = False
 
     def resolve(self, model_config) -> MethodSettings | None:

@@ -18,8 +18,9 @@ from test_eadra_math import loop_reference
 
 MODELS = {"mbart": (HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration),
           "marian": (HeadAttnMarianConfig, HeadAttnMarianMTModel)}
-ALL = {"encoder": {}, "decoder": {}, "cross": {}}
+ALL = {"encoder": {}, "decoder": {}, "cross": {}, "dist_reduction": "sum"}  # the loop reference sums Eq. 8
 MIXED = {  # vary every setting: heads, layers, alphas
+    "dist_reduction": "sum",
     "encoder": {"num_heads": 3, "layers": [-1], "alpha_peak": 0.5},
     "decoder": {"num_heads": 1, "alpha_dist": 0.3},
     "cross": {"num_heads": 4, "layers": [0], "alpha_sent": 2.0, "alpha_dist": 0.0},
@@ -54,7 +55,7 @@ def reference_terms(model, inputs):
     maps = {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions, "cross": out.cross_attentions}
     tokens = inputs["labels"].ne(-100).sum()
     terms = {}
-    for component in model.config.eadra:
+    for component in model.headattn_settings["eadra"].components:
         settings = model.headattn_settings["eadra"].components[component]
         support, queries = supports(inputs)[component]
         total = sum(
@@ -108,7 +109,7 @@ def test_loss_is_nll_plus_the_weighted_terms():
 
 
 def test_gradient_flows_through_queries_and_keys_of_the_regularized_layer_only():
-    model = model_of({"encoder": {"layers": [0], "num_heads": 2}})
+    model = model_of({"encoder": {"layers": [0], "num_heads": 2}, "dist_reduction": "sum"})
     inputs = batch()
     model(**inputs).eadra_loss.backward()
     attn = [layer.self_attn for layer in model.model.encoder.layers]

@@ -1,0 +1,299 @@
+#!/usr/bin/env python
+"""The fidelity study (issue #14): which reading of the papers' open choices to use, chosen on validation BLEU only.
+
+DHICM leaves open how Eq. 5's KL joins the NLL (``dhicm_kl_reduction``) and EaDRA how Eq. 4/8 are reduced
+(``eadra["dist_reduction"]``, ``["peak_reduction"]``) and whether the alphas warm up (``["warmup_steps"]``). On
+Multi30k En-De with ``make demo``'s schedule (tiny shape, 500 steps, batch 64, lr 2e-3, 100 warm-up steps,
+inverse_sqrt, seed 1) the study
+
+1. ``screen``s every reading and a small lambda/alpha grid (``SCREEN``): one seed, validation BLEU with greedy decoding;
+2. ``confirm``s the best DHICM and the best EaDRA reading (highest screening validation BLEU among the rows marked
+   eligible; lambda 0 and sentence-only EaDRA are diagnostics, not candidates), the paper-literal readings and the
+   baseline with 3 fresh seeds at equal steps: validation BLEU (beam 5) with a paired bootstrap against the baseline
+   of the same seed, and test_2016_flickr scored once, after the choice;
+3. writes the ``table``s (markdown) and the raw results (JSON).
+
+    # CPU (2 cores: 2 runs at a time, one thread each; ~6 min a run on an idle machine)
+    python recipes/fidelity_study.py screen --output_dir runs/fidelity --parallel 2
+    python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2   # uses the screen's choice
+    python recipes/fidelity_study.py test --output_dir runs/fidelity        # once, after the choice: test set, beam 5
+    python recipes/fidelity_study.py table --output_dir runs/fidelity --json benchmarks/results/fidelity_study.json
+    # a GPU: --device cuda --parallel 16 (the runs share it)
+
+Runs already finished (``results.json`` present) are kept, so an interrupted study resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+#: make demo's schedule (recipes/demo.py), scored on validation.
+SCHEDULE = [
+    "--source_lang", "en", "--target_lang", "de", "--model_shape", "tiny", "--vocab_size", "6000",
+    "--max_steps", "500", "--per_device_train_batch_size", "64", "--learning_rate", "2e-3", "--warmup_steps", "100",
+    "--lr_scheduler_type", "inverse_sqrt", "--adam_beta2", "0.98", "--weight_decay", "0.0001",
+    "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "50", "--report_to", "none",
+    "--per_device_eval_batch_size", "100",
+]
+SCREEN_FLAGS = ["--num_beams", "1", "--test_splits", "validation"]
+CONFIRM_FLAGS = ["--num_beams", "5", "--test_splits", "validation,test_2016_flickr"]
+CONFIRM_SEEDS = (1, 2, 3)
+
+DHICM_LAYERS = {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1]}
+TABLE6 = {"encoder": {"alpha_sent": 0.8, "alpha_dist": 0.02}, "decoder": {"alpha_sent": 0.8, "alpha_dist": 2.0}}
+
+
+def _dhicm(reduction: str, weight: float) -> dict:
+    return {**DHICM_LAYERS, "dhicm_kl_reduction": reduction, "dhicm_kl_weight": weight}
+
+
+def _eadra(dist: str, warmup: int = 0, scale: float = 1.0, sent_only: bool = False) -> dict:
+    components = {name: {"alpha_peak": 0.0, "alpha_sent": alphas["alpha_sent"] * scale,
+                         "alpha_dist": 0.0 if sent_only else alphas["alpha_dist"] * scale}
+                  for name, alphas in TABLE6.items()}
+    return {"eadra": {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup}}
+
+
+#: name -> (settings, eligible as the method's default). Every setting is explicit, so later default changes do not
+#: change a row. EaDRA: encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas (times ``a``).
+SCREEN: dict[str, tuple[dict, bool]] = {
+    "baseline": ({}, False),
+    "dhicm_per_token_l0.1": (_dhicm("per_token", 0.1), True),  # paper literal as released (0.1)
+    "dhicm_per_token_l1e-3": (_dhicm("per_token", 1e-3), True),
+    "dhicm_per_token_l1e-4": (_dhicm("per_token", 1e-4), True),
+    "dhicm_per_token_l0": (_dhicm("per_token", 0.0), False),  # diagnostic: no KL term at all
+    "dhicm_per_batch_l0.1": (_dhicm("per_batch", 0.1), True),
+    "dhicm_per_batch_l1": (_dhicm("per_batch", 1.0), True),
+    "eadra_sum": (_eadra("sum"), True),  # Eq. 8 literal, as released
+    "eadra_sum_warmup": (_eadra("sum", warmup=250), True),
+    "eadra_sum_a0.1": (_eadra("sum", scale=0.1), True),
+    "eadra_pair_mean": (_eadra("pair_mean"), True),
+    "eadra_pair_mean_warmup": (_eadra("pair_mean", warmup=250), True),
+    "eadra_pair_mean_a0.1": (_eadra("pair_mean", scale=0.1), True),
+    "eadra_pair_mean_a0.3": (_eadra("pair_mean", scale=0.3), True),
+    "eadra_sum_a0.01": (_eadra("sum", scale=0.01), True),
+    # no "normalized_positions" row: on self-attention n_keys - 1 = the number of query pairs, so it equals pair_mean
+    "eadra_sent_only": (_eadra("sum", sent_only=True), False),  # diagnostic: R_dist off
+}
+PAPER_LITERAL = {"dhicm": "dhicm_per_token_l0.1", "eadra": "eadra_sum"}
+
+
+def method_of(row: str) -> str:
+    return row.split("_")[0]
+
+
+def run_dir(output_dir: Path, stage: str, row: str, seed: int) -> Path:
+    return output_dir / stage / row / f"seed{seed}"
+
+
+def command(args, stage: str, row: str, seed: int) -> list[str]:
+    out = run_dir(args.output_dir, stage, row, seed)
+    settings = SCREEN[row][0]
+    return [
+        sys.executable, str(HERE / "train_translation.py"), "--multi30k_dir", str(args.multi30k_dir), *SCHEDULE,
+        *(SCREEN_FLAGS if stage == "screen" else CONFIRM_FLAGS), "--method", "baseline",
+        "--method_settings", json.dumps(settings), "--tokenizer_name", str(args.output_dir / "tokenizer"),
+        "--seed", str(seed), "--output_dir", str(out), *(["--use_cpu", "true"] if args.device == "cpu" else []),
+    ]
+
+
+def prepare_tokenizer(args) -> None:
+    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
+
+    data = ParallelDataArguments(multi30k_dir=str(args.multi30k_dir))
+    scratch_tokenizer(load_recipe_data(data)["train"], 6000, args.output_dir / "tokenizer", "en", "de")
+
+
+def launch(args, stage: str, rows: list[str], seeds) -> None:
+    from hf_headattn.experiment.jobs import run_jobs
+
+    prepare_tokenizer(args)
+    jobs = [(f"{row} seed {seed}", command(args, stage, row, seed), run_dir(args.output_dir, stage, row, seed) /
+             "train.log") for seed in seeds for row in rows
+            if not (run_dir(args.output_dir, stage, row, seed) / "results.json").is_file()]
+    failed = run_jobs(jobs, args.parallel, args.threads)
+    if failed:
+        raise SystemExit(f"{len(failed)} run(s) failed: {failed}; see their train.log")
+
+
+def load(output_dir: Path, stage: str) -> dict[str, dict[int, dict]]:
+    runs = {}
+    for path in sorted((output_dir / stage).glob("*/seed*/results.json")):
+        result = json.loads(path.read_text())
+        for split in result["scores"]:
+            result.setdefault("predictions", {})[split] = (path.parent / f"predictions_{split}.txt").read_text(
+                encoding="utf-8").splitlines()
+        runs.setdefault(path.parent.parent.name, {})[int(path.parent.name.removeprefix("seed"))] = result
+    return runs
+
+
+def last_logged(result: dict, key: str) -> float | None:
+    values = [entry[key] for entry in result["log_history"] if key in entry]
+    return values[-1] if values else None
+
+
+def choose(screen: dict[str, dict[int, dict]]) -> dict[str, str]:
+    """Per method, the eligible row with the highest seed-1 validation BLEU of the screen."""
+    chosen = {}
+    for method in ("dhicm", "eadra"):
+        rows = [row for row in screen if method_of(row) == method and SCREEN[row][1] and 1 in screen[row]]
+        if rows:
+            chosen[method] = max(rows, key=lambda row: screen[row][1]["scores"]["validation"]["bleu"])
+    return chosen
+
+
+def screen_table(screen) -> tuple[list[dict], str]:
+    lines = ["| row | valid BLEU (greedy) | chrF | train loss (last 50 steps) | NLL | DHICM KL | top-head share | "
+             "importance entropy | EaDRA loss | s/step |", "|---" * 10 + "|"]
+    summary = []
+    order = sorted(screen, key=lambda row: (row != "baseline", list(SCREEN).index(row) if row in SCREEN else 99))
+    for row in order:
+        result = screen[row].get(1)
+        if result is None:
+            continue
+        entry = {"row": row, "settings": SCREEN[row][0] if row in SCREEN else result["settings"],
+                 "eligible": SCREEN.get(row, (None, False))[1],
+                 "validation_bleu": result["scores"]["validation"]["bleu"],
+                 "validation_chrf": result["scores"]["validation"]["chrf"],
+                 "s_per_step": result["train_time_s"] / max(1, result["global_step"]), "device": result["device"]}
+        for key in ("loss", "nll_loss", "dhicm_kl", "dhicm_stats/top_head_share", "dhicm_stats/importance_entropy",
+                    "eadra_loss"):
+            entry[key] = last_logged(result, key)
+        summary.append(entry)
+        cell = lambda key: "-" if entry[key] is None else f"{entry[key]:.3f}"  # noqa: E731
+        lines.append(f"| {row} | {entry['validation_bleu']:.2f} | {entry['validation_chrf']:.2f} | {cell('loss')} | "
+                     f"{cell('nll_loss')} | {cell('dhicm_kl')} | {cell('dhicm_stats/top_head_share')} | "
+                     f"{cell('dhicm_stats/importance_entropy')} | {cell('eadra_loss')} | {entry['s_per_step']:.2f} |")
+    return summary, "\n".join(lines)
+
+
+def _mean_sd(values) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+
+
+def confirm_table(confirm, multi30k_dir) -> tuple[list[dict], str]:
+    from hf_headattn.experiment.evaluation import paired_bootstrap
+    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data
+
+    raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir)))
+    references = {split: [pair["de"] for pair in raw[split]["translation"]]
+                  for split in ("validation", "test_2016_flickr")}
+    base = confirm["baseline"]
+    lines = ["| row | seeds | valid BLEU (beam 5) | p vs baseline (valid, per seed) | test BLEU | "
+             "p vs baseline (test, per seed) | test chrF | top-head share |", "|---" * 8 + "|"]
+    summary = []
+    for row in sorted(confirm, key=lambda r: (r != "baseline", r)):
+        seeds = sorted(confirm[row])
+        entry = {"row": row, "seeds": seeds, "settings": SCREEN[row][0] if row in SCREEN else None}
+        for split in references:
+            entry[f"{split}_bleu"] = [confirm[row][s]["scores"][split]["bleu"] for s in seeds]
+            entry[f"{split}_chrf"] = [confirm[row][s]["scores"][split]["chrf"] for s in seeds]
+            entry[f"{split}_p_values"] = [] if row == "baseline" else [
+                paired_bootstrap(base[s]["predictions"][split], {row: confirm[row][s]["predictions"][split]},
+                                 references[split], metrics=("bleu",))["systems"][row]["bleu"]["p_value"]
+                for s in seeds if s in base]
+        entry["top_head_share"] = [last_logged(confirm[row][s], "dhicm_stats/top_head_share") for s in seeds]
+        summary.append(entry)
+        p = lambda split: " / ".join(f"{v:.3f}" for v in entry[f"{split}_p_values"]) or "-"  # noqa: E731
+        share = [v for v in entry["top_head_share"] if v is not None]
+        lines.append(f"| {row} | {len(seeds)} | {_mean_sd(entry['validation_bleu'])} | {p('validation')} | "
+                     f"{_mean_sd(entry['test_2016_flickr_bleu'])} | {p('test_2016_flickr')} | "
+                     f"{_mean_sd(entry['test_2016_flickr_chrf'])} | "
+                     f"{_mean_sd(share) if share else '-'} |")
+    lines.append("\nBLEU: sacreBLEU 13a, mixed case; p: sacreBLEU's paired bootstrap (1000 resamples, seed 12345) "
+                 "of each seed against the baseline of the same seed.")
+    return summary, "\n".join(lines)
+
+
+def score_test(args, rows: list[str], stage: str = "screen", seed: int = 1) -> dict:
+    """Translate test_2016_flickr (beam 5) with the saved models of ``rows`` and score them, each against the
+    baseline (paired bootstrap). Run once, after the choice: the choice never sees these numbers."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from hf_headattn.experiment.evaluation import compute_translation_metrics, paired_bootstrap
+    from hf_headattn.experiment.training import MODEL_CLASSES, ParallelDataArguments, load_recipe_data
+
+    raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(args.multi30k_dir)))["test_2016_flickr"]
+    sources, references = [p["en"] for p in raw["translation"]], [p["de"] for p in raw["translation"]]
+    predictions, scores = {}, {}
+    for row in ["baseline", *[r for r in rows if r != "baseline"]]:
+        path = run_dir(args.output_dir, stage, row, seed)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = MODEL_CLASSES["headattn_marian"].from_pretrained(path).eval()
+        hypotheses = []
+        with torch.no_grad():
+            for i in range(0, len(sources), 100):
+                inputs = tokenizer(sources[i:i + 100], return_tensors="pt", padding=True, truncation=True,
+                                   max_length=128)
+                ids = model.generate(**inputs, num_beams=5, max_length=128)
+                hypotheses += [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        (path / "predictions_test_2016_flickr.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+        predictions[row], scores[row] = hypotheses, compute_translation_metrics(hypotheses, references)
+        print(f"{row}: test BLEU {scores[row]['bleu']:.2f} chrF {scores[row]['chrf']:.2f}", flush=True)
+    others = {row: predictions[row] for row in predictions if row != "baseline"}
+    test = paired_bootstrap(predictions["baseline"], others, references, metrics=("bleu", "chrf")) if others else {}
+    return {"seed": seed, "num_beams": 5, "scores": scores,
+            "p_values": {row: {m: test["systems"][row][m]["p_value"] for m in ("bleu", "chrf")} for row in others}}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["screen", "confirm", "table", "test"])
+    parser.add_argument("--output_dir", type=Path, default=Path("runs/fidelity"))
+    parser.add_argument("--multi30k_dir", type=Path, default=HERE.parent.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--rows", nargs="+", help="screen: these rows only (default: all of SCREEN)")
+    parser.add_argument("--choose", nargs="+", default=[], help="confirm: override the choice (rows of SCREEN)")
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--json", type=Path, help="table: write the raw summary here")
+    args = parser.parse_args(argv)
+    unknown = sorted(set((args.rows or []) + args.choose) - set(SCREEN))
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; expected names from {list(SCREEN)}")
+    if args.command == "screen":
+        launch(args, "screen", args.rows or list(SCREEN), [1])
+    elif args.command == "confirm":
+        chosen = {**choose(load(args.output_dir, "screen")), **{method_of(row): row for row in args.choose}}
+        rows = ["baseline", *dict.fromkeys([*chosen.values(), *PAPER_LITERAL.values()])]
+        print(f"chosen on validation: {chosen}; confirming {rows} with seeds {CONFIRM_SEEDS}", flush=True)
+        launch(args, "confirm", rows, CONFIRM_SEEDS)
+    elif args.command == "test":
+        rows = args.rows or list(choose(load(args.output_dir, "screen")).values())
+        print(f"scoring test_2016_flickr once for {rows} and the baseline (screen, seed 1)", flush=True)
+        result = score_test(args, rows)
+        (args.output_dir / "test_scores.json").write_text(json.dumps(result, indent=2) + "\n")
+    else:
+        screen = load(args.output_dir, "screen")
+        summary, markdown = screen_table(screen)
+        print("## Screening (seed 1, validation)\n\n" + markdown)
+        payload = {"schedule": SCHEDULE, "screen_flags": SCREEN_FLAGS, "confirm_flags": CONFIRM_FLAGS,
+                   "screen": summary, "chosen": choose(screen)}
+        print(f"\nchosen on validation: {payload['chosen']}")
+        if (args.output_dir / "test_scores.json").is_file():
+            test = json.loads((args.output_dir / "test_scores.json").read_text())
+            payload["test"] = test
+            print("\n## test_2016_flickr, scored once after the choice (seed 1, beam 5)\n\n| row | BLEU | chrF | "
+                  "p vs baseline (BLEU) |\n|---|---|---|---|")
+            for row, score in test["scores"].items():
+                p = test["p_values"].get(row, {}).get("bleu")
+                print(f"| {row} | {score['bleu']:.2f} | {score['chrf']:.2f} | {'-' if p is None else f'{p:.3f}'} |")
+        confirm = load(args.output_dir, "confirm")
+        if "baseline" in confirm:
+            payload["confirm"], markdown = confirm_table(confirm, args.multi30k_dir)
+            print("\n## Confirmation (seeds 1-3)\n\n" + markdown)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
