@@ -99,7 +99,7 @@ def count_syncs(forward_backward) -> int:
 def generate_operators(kind, model, batch) -> int:
     """Operators of a greedy ``generate`` of exactly ``GENERATE_TOKENS`` tokens (no labels, eval mode, no grad)."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    if kind != "ours" or not model.config.sea_type and not model.config.rhe_prune:
+    if kind != "ours" or model.config.sea is None:
         inputs = {k: v for k, v in inputs.items() if k not in ("dependency_mask", "phrase_positions")}
     kwargs = dict(max_new_tokens=GENERATE_TOKENS, min_new_tokens=GENERATE_TOKENS, num_beams=1, do_sample=False)
     model.eval()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
@@ -109,6 +110,24 @@ def combine_heads(head_outputs: torch.Tensor, importance: torch.Tensor, v: torch
     return mixed @ v.T
 
 
+def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Eq. 1-3 without W_s as one attention call, for when G itself is not needed (no loss, no read-out).
+
+    Eq. 1-3 are an attention over the heads: the query is W^T U x, the keys and values are the head outputs O^h and
+    the scale is 1 / sqrt(d_m), so ``scaled_dot_product_attention`` gives sum_h G_h O^h in one fused operation; V is
+    applied after. Equal to ``combine_heads(head_outputs, head_importance(importance_scores(head_outputs, ux, w)), v)``
+    with ``projected = ux @ w``.
+
+    head_outputs (B, T, H, d_k), projected (B, T, d_k) or (B * T, d_k), v (d_m, d_k) -> (B, T, d_m).
+    """
+    batch, length, heads, head_dim = head_outputs.shape
+    tokens = batch * length
+    keys = head_outputs.view(tokens, 1, heads, head_dim)  # (N, 1, H, d_k): one "sequence" of H heads per token
+    query = projected.reshape(tokens, 1, 1, head_dim)  # (N, 1, 1, d_k)
+    mixed = F.scaled_dot_product_attention(query, keys, keys, scale=v.shape[0] ** -0.5)  # (N, 1, 1, d_k)
+    return (mixed.view(tokens, head_dim) @ v.T).view(batch, length, -1)
+
+
 def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:
     """Eq. 4: KL(a || b) = sum_h a_h ln(a_h / b_h) with a = softmax(scores), b uniform over the H heads.
 
@@ -202,17 +221,22 @@ class DHICM(AttentionMethod):
             init.zeros_(self.u)
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
-        ux = self.dropout(call.hidden_states @ self.u.T)  # (B, T, d_m)
-        scores = importance_scores(attn_output, ux, self.w)  # (B, T, H)
+        hidden = call.hidden_states
+        ux = self.dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T)  # (B * T, d_m)
         context = call.context
-        if context is not None and context.compute_losses:  # KL (Eq. 4-5) only when a loss is needed
+        losses = context is not None and context.compute_losses  # KL (Eq. 4-5) only when a loss is needed
+        readout = context is not None and context.output_head_importance
+        if self.mode == "paper" and not losses and not readout:  # e.g. generate: G is not needed, one fused call
+            return attend_over_heads(attn_output, ux @ self.w, self.v)  # (B, T, d_m), to out_proj = W_s
+        scores = importance_scores(attn_output, ux.view(*hidden.shape[:-1], -1), self.w)  # (B, T, H)
+        if losses:
             log_importance = torch.log_softmax(scores.float(), dim=-1)
             importance = log_importance.exp()
             context.record("dhicm_kl", mean_kl_from_uniform(importance, log_importance, call.query_mask))
             context.record("dhicm_stats", collapse_statistics(importance, call.query_mask))
         else:
             importance = head_importance(scores)
-        if context is not None and context.output_head_importance:
+        if readout:
             self._read_out(call, importance)
         if self.mode == "paper":
             return combine_heads(attn_output, importance.to(attn_output.dtype), self.v)  # (B, T, d_m), to out_proj = W_s

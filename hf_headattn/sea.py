@@ -1,10 +1,10 @@
 """SEA + RHE: syntax-enhanced attention on redundant heads (Zhang et al. 2021, §3.0.2, §4, Eq. 3-10).
 
-Variants (Tables 1-2), on the encoder self-attention of ``sea_layers`` (default the first layer, Appendix A.2):
+Variants (Tables 1-2), on the encoder self-attention of ``sea["layers"]`` (default the first layer, Appendix A.2):
 
-* ``sea_type="dea"`` / ``"lpea"``, ``sea_heads="all"``: +DEA (Eq. 4-5) / +LPEA (Eq. 6-8) on every head;
-* ``sea_heads="redundant"`` (default): +DEA+RHE / +LPEA+RHE, only on the heads Eq. 10 finds redundant, per sentence;
-* ``sea_type=None, rhe_prune=True``: RHE pruning, the redundant heads' outputs are zeroed.
+* ``sea={"type": "dea" | "lpea", "heads": "all"}``: +DEA (Eq. 4-5) / +LPEA (Eq. 6-8) on every head;
+* ``"heads": "redundant"`` (default): +DEA+RHE / +LPEA+RHE, only on the heads Eq. 10 finds redundant, per sentence;
+* ``sea={"type": None, "prune": True}``: RHE pruning, the redundant heads' outputs are zeroed.
 
 Inputs (named forward arguments, from :class:`hf_headattn.syntax.DataCollatorForSyntaxSeq2Seq`; only the SEA
 module reads them, so the decoder and cross-attention ignore them; ``generate()`` passes them to the encoder and

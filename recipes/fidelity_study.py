@@ -8,15 +8,14 @@ inverse_sqrt, seed 1) the study
 
 1. ``screen``s every reading and a small lambda/alpha grid (``SCREEN``): one seed, validation BLEU with greedy decoding;
 2. ``confirm``s the best DHICM and the best EaDRA reading (highest screening validation BLEU among the rows marked
-   eligible; lambda 0 and sentence-only EaDRA are diagnostics, not candidates), the paper-literal readings and the
-   baseline with 3 fresh seeds at equal steps: validation BLEU (beam 5) with a paired bootstrap against the baseline
-   of the same seed, and test_2016_flickr scored once, after the choice;
+   eligible) and the baseline with 3 seeds at equal steps: validation BLEU (beam 5) with a paired bootstrap against
+   the baseline of the same seed, and test_2016_flickr, read here only, after the choice (``--with_paper_literal``
+   adds the paper-literal readings, which the screen reports otherwise: 2 CPU cores);
 3. writes the ``table``s (markdown) and the raw results (JSON).
 
     # CPU (2 cores: 2 runs at a time, one thread each; ~6 min a run on an idle machine)
     python recipes/fidelity_study.py screen --output_dir runs/fidelity --parallel 2
-    python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2   # uses the screen's choice
-    python recipes/fidelity_study.py test --output_dir runs/fidelity        # once, after the choice: test set, beam 5
+    python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2   # the screen's choice; reads test
     python recipes/fidelity_study.py table --output_dir runs/fidelity --json benchmarks/results/fidelity_study.json
     # a GPU: --device cuda --parallel 16 (the runs share it)
 
@@ -45,12 +44,12 @@ SCREEN_FLAGS = ["--num_beams", "1", "--test_splits", "validation"]
 CONFIRM_FLAGS = ["--num_beams", "5", "--test_splits", "validation,test_2016_flickr"]
 CONFIRM_SEEDS = (1, 2, 3)
 
-DHICM_LAYERS = {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1]}
+DHICM_LAYERS = {"encoder_layers": [-1], "decoder_layers": [-1]}
 TABLE6 = {"encoder": {"alpha_sent": 0.8, "alpha_dist": 0.02}, "decoder": {"alpha_sent": 0.8, "alpha_dist": 2.0}}
 
 
 def _dhicm(reduction: str, weight: float) -> dict:
-    return {**DHICM_LAYERS, "dhicm_kl_reduction": reduction, "dhicm_kl_weight": weight}
+    return {"dhicm": {**DHICM_LAYERS, "kl_reduction": reduction, "kl_weight": weight}}
 
 
 def _eadra(dist: str, warmup: int = 0, scale: float = 1.0, sent_only: bool = False) -> dict:
@@ -67,19 +66,17 @@ SCREEN: dict[str, tuple[dict, bool]] = {
     "dhicm_per_token_l0.1": (_dhicm("per_token", 0.1), True),  # paper literal as released (0.1)
     "dhicm_per_token_l1e-3": (_dhicm("per_token", 1e-3), True),
     "dhicm_per_token_l1e-4": (_dhicm("per_token", 1e-4), True),
-    "dhicm_per_token_l0": (_dhicm("per_token", 0.0), False),  # diagnostic: no KL term at all
     "dhicm_per_batch_l0.1": (_dhicm("per_batch", 0.1), True),
     "dhicm_per_batch_l1": (_dhicm("per_batch", 1.0), True),
     "eadra_sum": (_eadra("sum"), True),  # Eq. 8 literal, as released
     "eadra_sum_warmup": (_eadra("sum", warmup=250), True),
-    "eadra_sum_a0.1": (_eadra("sum", scale=0.1), True),
+    "eadra_sum_a0.01": (_eadra("sum", scale=0.01), True),
     "eadra_pair_mean": (_eadra("pair_mean"), True),
     "eadra_pair_mean_warmup": (_eadra("pair_mean", warmup=250), True),
-    "eadra_pair_mean_a0.1": (_eadra("pair_mean", scale=0.1), True),
     "eadra_pair_mean_a0.3": (_eadra("pair_mean", scale=0.3), True),
-    "eadra_sum_a0.01": (_eadra("sum", scale=0.01), True),
-    # no "normalized_positions" row: on self-attention n_keys - 1 = the number of query pairs, so it equals pair_mean
-    "eadra_sent_only": (_eadra("sum", sent_only=True), False),  # diagnostic: R_dist off
+    # Not screened (2 CPU cores): lambda 0 and sentence-only EaDRA (diagnostics, no candidates); a
+    # "normalized_positions" row: on self-attention n_keys - 1 = the number of query pairs, so it equals pair_mean;
+    # R_peak's reduction: alpha_peak is 0 in every Table 6 row, so "mean" and "sum" train the same model.
 }
 PAPER_LITERAL = {"dhicm": "dhicm_per_token_l0.1", "eadra": "eadra_sum"}
 
@@ -212,45 +209,15 @@ def confirm_table(confirm, multi30k_dir) -> tuple[list[dict], str]:
     return summary, "\n".join(lines)
 
 
-def score_test(args, rows: list[str], stage: str = "screen", seed: int = 1) -> dict:
-    """Translate test_2016_flickr (beam 5) with the saved models of ``rows`` and score them, each against the
-    baseline (paired bootstrap). Run once, after the choice: the choice never sees these numbers."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from hf_headattn.experiment.evaluation import compute_translation_metrics, paired_bootstrap
-    from hf_headattn.experiment.training import MODEL_CLASSES, ParallelDataArguments, load_recipe_data
-
-    raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(args.multi30k_dir)))["test_2016_flickr"]
-    sources, references = [p["en"] for p in raw["translation"]], [p["de"] for p in raw["translation"]]
-    predictions, scores = {}, {}
-    for row in ["baseline", *[r for r in rows if r != "baseline"]]:
-        path = run_dir(args.output_dir, stage, row, seed)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = MODEL_CLASSES["headattn_marian"].from_pretrained(path).eval()
-        hypotheses = []
-        with torch.no_grad():
-            for i in range(0, len(sources), 100):
-                inputs = tokenizer(sources[i:i + 100], return_tensors="pt", padding=True, truncation=True,
-                                   max_length=128)
-                ids = model.generate(**inputs, num_beams=5, max_length=128)
-                hypotheses += [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
-        (path / "predictions_test_2016_flickr.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-        predictions[row], scores[row] = hypotheses, compute_translation_metrics(hypotheses, references)
-        print(f"{row}: test BLEU {scores[row]['bleu']:.2f} chrF {scores[row]['chrf']:.2f}", flush=True)
-    others = {row: predictions[row] for row in predictions if row != "baseline"}
-    test = paired_bootstrap(predictions["baseline"], others, references, metrics=("bleu", "chrf")) if others else {}
-    return {"seed": seed, "num_beams": 5, "scores": scores,
-            "p_values": {row: {m: test["systems"][row][m]["p_value"] for m in ("bleu", "chrf")} for row in others}}
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["screen", "confirm", "table", "test"])
+    parser.add_argument("command", choices=["screen", "confirm", "table"])
     parser.add_argument("--output_dir", type=Path, default=Path("runs/fidelity"))
     parser.add_argument("--multi30k_dir", type=Path, default=HERE.parent.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--rows", nargs="+", help="screen: these rows only (default: all of SCREEN)")
     parser.add_argument("--choose", nargs="+", default=[], help="confirm: override the choice (rows of SCREEN)")
+    parser.add_argument("--with_paper_literal", action="store_true",
+                        help="confirm: also the paper-literal readings (PAPER_LITERAL) with 3 seeds")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -263,14 +230,10 @@ def main(argv=None) -> None:
         launch(args, "screen", args.rows or list(SCREEN), [1])
     elif args.command == "confirm":
         chosen = {**choose(load(args.output_dir, "screen")), **{method_of(row): row for row in args.choose}}
-        rows = ["baseline", *dict.fromkeys([*chosen.values(), *PAPER_LITERAL.values()])]
+        literal = PAPER_LITERAL.values() if args.with_paper_literal else ()
+        rows = ["baseline", *dict.fromkeys([*chosen.values(), *literal])]
         print(f"chosen on validation: {chosen}; confirming {rows} with seeds {CONFIRM_SEEDS}", flush=True)
         launch(args, "confirm", rows, CONFIRM_SEEDS)
-    elif args.command == "test":
-        rows = args.rows or list(choose(load(args.output_dir, "screen")).values())
-        print(f"scoring test_2016_flickr once for {rows} and the baseline (screen, seed 1)", flush=True)
-        result = score_test(args, rows)
-        (args.output_dir / "test_scores.json").write_text(json.dumps(result, indent=2) + "\n")
     else:
         screen = load(args.output_dir, "screen")
         summary, markdown = screen_table(screen)
@@ -278,14 +241,6 @@ def main(argv=None) -> None:
         payload = {"schedule": SCHEDULE, "screen_flags": SCREEN_FLAGS, "confirm_flags": CONFIRM_FLAGS,
                    "screen": summary, "chosen": choose(screen)}
         print(f"\nchosen on validation: {payload['chosen']}")
-        if (args.output_dir / "test_scores.json").is_file():
-            test = json.loads((args.output_dir / "test_scores.json").read_text())
-            payload["test"] = test
-            print("\n## test_2016_flickr, scored once after the choice (seed 1, beam 5)\n\n| row | BLEU | chrF | "
-                  "p vs baseline (BLEU) |\n|---|---|---|---|")
-            for row, score in test["scores"].items():
-                p = test["p_values"].get(row, {}).get("bleu")
-                print(f"| {row} | {score['bleu']:.2f} | {score['chrf']:.2f} | {'-' if p is None else f'{p:.3f}'} |")
         confirm = load(args.output_dir, "confirm")
         if "baseline" in confirm:
             payload["confirm"], markdown = confirm_table(confirm, args.multi30k_dir)

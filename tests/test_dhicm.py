@@ -8,7 +8,7 @@ import torch
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
-from hf_headattn.dhicm import combine_heads, head_importance, importance_scores, kl_from_uniform
+from hf_headattn.dhicm import attend_over_heads, combine_heads, head_importance, importance_scores, kl_from_uniform
 
 DHICM = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], dropout=0.0, attention_dropout=0.0)
 
@@ -44,6 +44,15 @@ def test_equations_1_to_4_match_numpy():
     np.testing.assert_allclose(G.numpy(), ref_G, rtol=1e-10)
     np.testing.assert_allclose(combine_heads(O, G, V).numpy(), ref_out, rtol=1e-10)
     np.testing.assert_allclose(kl_from_uniform(scores).numpy(), ref_kl, rtol=1e-8, atol=1e-12)
+
+
+def test_fused_attention_over_heads_matches_numpy_and_its_gradients_check():
+    """The path without G (no loss, no read-out: generate) is Eq. 1-3 as one SDPA call over the heads."""
+    O, x, W, U, V = random_inputs()
+    _, ref_out, _ = numpy_dhicm(*(t.numpy() for t in (O, x, W, U, V)))
+    np.testing.assert_allclose(attend_over_heads(O, x @ U.T @ W, V).numpy(), ref_out, rtol=1e-10)
+    O, x, W, U, V = (t.requires_grad_() for t in random_inputs(B=1, T=2, H=3, d_k=2, d=3, d_m=2))
+    assert torch.autograd.gradcheck(lambda O, x, W, U, V: attend_over_heads(O, x @ U.T @ W, V), (O, x, W, U, V))
 
 
 def test_gradcheck_float64():
@@ -84,6 +93,18 @@ def test_module_output_is_equation_3_with_out_proj_as_w_s():
     expected = attn.out_proj(combine_heads(O, G, d.v))
     got, _ = attn(x)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_logits_without_a_loss_equal_those_with_one():
+    """Without labels under no_grad DHICM takes the fused path (no G); the logits are those of the path with G."""
+    model = tiny()
+    inputs = batch()
+    with torch.no_grad():
+        with_loss = model(**inputs)
+        without = model(**{k: v for k, v in inputs.items() if k != "labels"},
+                        decoder_input_ids=model._shift_labels(inputs["labels"]))
+    assert with_loss.dhicm_kl is not None and without.dhicm_kl is None
+    torch.testing.assert_close(without.logits, with_loss.logits, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["mbart", "marian"])

@@ -58,10 +58,10 @@ if os.environ.get("HF_COMMON_STOCK") == "1":
 
 METHODS = {
     "Off": {},
-    "DHICM": {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1]},
+    "DHICM": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
     "EaDRA": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
-    "SEADEA": {"sea_type": "dea"},
-    "SEALPEA": {"sea_type": "lpea"},
+    "SEADEA": {"sea": {"type": "dea"}},
+    "SEALPEA": {"sea": {"type": "lpea"}},
 }
 
 
@@ -158,7 +158,7 @@ class HeadAttnModelTester:
             "input_ids": input_ids, "attention_mask": input_ids.ne(1), "decoder_input_ids": decoder_input_ids,
             "decoder_attention_mask": decoder_input_ids.ne(1),
         }
-        if self.settings.get("sea_type"):
+        if self.settings.get("sea"):
             inputs.update(self.syntax_inputs())
         return self.get_config(), inputs
 
