@@ -84,7 +84,7 @@ def importance_scores(head_outputs: torch.Tensor, ux: torch.Tensor, w: torch.Ten
     Parameters
     ----------
     head_outputs : (B, T, H, d_k) per-head outputs O^h, before the output projection.
-    ux : (B, T, d_m) U x (after the dropout the paper applies to it).
+    ux : (B, T, d_m) or (B * T, d_m) U x (after the dropout the paper applies to it).
     w : (d_m, d_k) W.
 
     Returns
@@ -92,8 +92,8 @@ def importance_scores(head_outputs: torch.Tensor, ux: torch.Tensor, w: torch.Ten
     (B, T, H) scores. Computed as O^h . (W^T U x), so no (B, T, H, d_m) tensor is formed, with one batched product
     for all heads (elementwise and a sum: fewer operations than a matmul over (B, T) batches of H x d_k).
     """
-    projected = ux @ w  # (B, T, d_k) = (W^T U x)^T
-    return (head_outputs * projected.unsqueeze(2)).sum(-1) / math.sqrt(w.shape[0])
+    projected = (ux @ w).view(*head_outputs.shape[:2], 1, -1)  # (B, T, 1, d_k) = (W^T U x)^T
+    return (head_outputs * projected).sum(-1) / math.sqrt(w.shape[0])
 
 
 def head_importance(scores: torch.Tensor) -> torch.Tensor:
@@ -137,17 +137,21 @@ def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:
     return (log_a.exp() * (log_a + math.log(scores.shape[-1]))).sum(-1)
 
 
-def mean_kl_from_uniform(importance: torch.Tensor, log_importance: torch.Tensor,
-                         query_mask: torch.Tensor | None) -> torch.Tensor:
-    """Eq. 4-5 for one module: the mean over real tokens (``query_mask`` (B, T), None: all) of
-    :func:`kl_from_uniform`, from G and log G (B, T, H) -> ().
+def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor,
+                          query_mask: torch.Tensor | None) -> torch.Tensor:
+    """Eq. 4-5 for one module and its collapse statistic, in one masked reduction: (2,) = [the mean over real tokens
+    (``query_mask`` (B, T), None: all) of :func:`kl_from_uniform`, the share of real tokens whose top head carries
+    more than ``TOP_HEAD_THRESHOLD`` (no gradient)], from G and log G (B, T, H).
 
-    KL = sum_h G_h (log G_h + ln H), as :func:`kl_from_uniform` (precise for nearly uniform G).
+    KL = sum_h G_h (log G_h + ln H), as :func:`kl_from_uniform` (precise for nearly uniform G). The mean normalised
+    entropy of :func:`collapse_statistics` is 1 - KL / ln H, so it needs nothing more.
     """
-    kl = importance * (log_importance + math.log(importance.shape[-1]))  # (B, T, H), summed below
+    kl = (importance * (log_importance + math.log(importance.shape[-1]))).sum(-1)  # (B, T)
+    top = importance.amax(-1) > TOP_HEAD_THRESHOLD  # (B, T), bool: no gradient
+    per_token = torch.stack([kl, top.to(kl.dtype)])  # (2, B, T)
     if query_mask is None:
-        return kl.sum() / (kl.shape[0] * kl.shape[1])
-    return (kl * query_mask.unsqueeze(-1)).sum() / query_mask.sum().clamp(min=1)
+        return per_token.mean((1, 2))
+    return (per_token * query_mask).sum((1, 2)) / query_mask.sum().clamp(min=1)
 
 
 def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target_tokens) -> torch.Tensor:
@@ -228,12 +232,12 @@ class DHICM(AttentionMethod):
         readout = context is not None and context.output_head_importance
         if self.mode == "paper" and not losses and not readout:  # e.g. generate: G is not needed, one fused call
             return attend_over_heads(attn_output, ux @ self.w, self.v)  # (B, T, d_m), to out_proj = W_s
-        scores = importance_scores(attn_output, ux.view(*hidden.shape[:-1], -1), self.w)  # (B, T, H)
+        scores = importance_scores(attn_output, ux, self.w)  # (B, T, H)
         if losses:
             log_importance = torch.log_softmax(scores.float(), dim=-1)
             importance = log_importance.exp()
-            context.record("dhicm_kl", mean_kl_from_uniform(importance, log_importance, call.query_mask))
-            context.record("dhicm_stats", collapse_statistics(importance, call.query_mask))
+            context.record(NAME, (importance_statistics(importance, log_importance, call.query_mask),
+                                  math.log(importance.shape[-1])))
         else:
             importance = head_importance(scores)
         if readout:
@@ -259,17 +263,22 @@ def build(settings: DHICMSettings, config, module) -> DHICM:
 
 def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None]:
     """Mean KL over tokens and DHICM modules (Eq. 5), the objective term (:func:`kl_objective_term` with
-    ``settings.kl_reduction``), and ``dhicm_stats`` (:func:`collapse_statistics` averaged over the modules).
+    ``settings.kl_reduction``), and ``dhicm_stats`` (:func:`collapse_statistics` averaged over the modules, from
+    :func:`importance_statistics`).
 
     For ``"per_batch"`` N is the batch's real target tokens (the context's target mask; the model always has one
     when it computes a loss, and without one the term is not used, so N = 1 there).
     """
-    kls = context.records.get("dhicm_kl")
-    if not kls:
+    records = context.records.get(NAME)
+    if not records:
         return {}, None
-    kl = torch.stack(kls).mean()
-    entropy, top_share = (torch.stack(values).mean() for values in zip(*context.records["dhicm_stats"]))
-    fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share}}
+    kl, top_share = torch.stack([stats for stats, _ in records]).mean(0).unbind()  # means over the modules
+    log_heads = {log_h for _, log_h in records}
+    if len(log_heads) == 1:  # H(G) / ln H = 1 - KL / ln H, averaged over tokens and modules
+        entropy = 1 - kl.detach() / log_heads.pop()
+    else:
+        entropy = 1 - torch.stack([stats[0].detach() / log_h for stats, log_h in records]).mean()
+    fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share.detach()}}
     if context.output_head_importance:
         fields["head_importances"] = dict(context.records["head_importances"])
     tokens = context.target_mask.sum().clamp(min=1) if context.target_mask is not None else 1

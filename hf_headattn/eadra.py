@@ -5,8 +5,9 @@ decoder self-attention, cross-attention) to the translation loss. The math is in
 holds the settings, the :class:`EaDRA` method attached to each regularized attention module, and the reduction.
 
 How it runs (fast by design): the backend (SDPA, eager, ...) computes the attention output as usual; ``after`` only
-keeps the call's queries, keys and masks. When the model collects the terms, the layers of a component (which share
-their masks) go through one fused pass (:func:`~.eadra_math.layer_regularizers`): ``softmax(q_h k_h^T * scaling +
+keeps the call's queries, keys and masks. When the model collects the terms, the layers of all components go through
+one fused pass (:func:`~.eadra_math.layer_regularizers`; lengths padded to the longest, see :func:`layer_terms`):
+``softmax(q_h k_h^T * scaling +
 mask)`` in float32 for the regularized heads only (the *first* ``num_heads`` heads of each regularized layer), the
 three terms, and a hand-written backward straight to q and k. The support of each query: keys the model's mask lets
 it see (a bool mask, or an additive one above half its dtype's minimum), for decoder self-attention also its causal
@@ -262,13 +263,22 @@ def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, querie
     return peak, sent, dist
 
 
+#: Groups of layers with different lengths (encoder self-, decoder self-, cross-attention) share one fused pass while
+#: padding them to a common length adds at most this share of score entries (more entries cost more than the
+#: operations saved); see :func:`layer_terms`.
+MAX_PADDING = 0.5
+
+
 def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
                 peak_reduction: str = "mean") -> dict[str, list[torch.Tensor]]:
     """Per component, [R_peak, R_sent, R_dist] (after :func:`rescale_terms`) summed over its regularized heads,
     layers and sentences.
 
-    The layers of a component that share their masks (all of them, unless SEA changed one layer's mask) go through
-    :func:`~.eadra_math.layer_regularizers` together: one pass for all of them.
+    The layers of a component that share their masks (all of them, unless SEA changed one layer's mask) form a group;
+    groups with the same number of regularized heads go through :func:`~.eadra_math.layer_regularizers` together,
+    zero-padded to the longest query and key lengths (the padding is in no support and no query, so it counts
+    nowhere), unless that padding would add more than :data:`MAX_PADDING` of the score entries: one pass for all the
+    components in the usual case.
     """
     groups: list[list[_Call]] = []
     for call in calls:
@@ -278,16 +288,65 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
         else:
             group.append(call)
     totals = {}
-    for group in groups:
-        first = group[0]
-        bias, support, queries = head_support(first)
-        terms = layer_regularizers([c.query for c in group], [c.key for c in group], first.num_heads, first.scaling,
-                                   support, queries, bias)  # each (L, B, h)
+    for fused in _fusions(groups):
+        first, members = fused[0][0], [call for group in fused for call in group]
+        supports = [head_support(group[0]) for group in fused]
+        bias, support, queries = supports[0] if len(fused) == 1 else _padded_supports(fused, supports)
+        terms = layer_regularizers([c.query for c in members], [c.key for c in members], first.num_heads,
+                                   first.scaling, support, queries, bias)  # each (L, B, h)
         terms = rescale_terms(terms, support, queries, dist_reduction, peak_reduction)
-        sums = [term.sum() for term in terms]
-        component = first.component
-        totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
+        start = 0
+        for group in fused:
+            end = start + len(group)
+            sums = [(term if len(fused) == 1 else term[start:end]).sum() for term in terms]
+            component, start = group[0].component, end
+            totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
     return totals
+
+
+def _fusions(groups: list[list[_Call]]) -> list[list[list[_Call]]]:
+    """The groups, partitioned into those that share a fused pass: same regularized heads, scaling, dtype and kind of
+    mask (additive or not), and padding within :data:`MAX_PADDING`."""
+    def area(fused):
+        real = sum(len(g) * g[0].query.shape[2] * g[0].key.shape[2] for g in fused)
+        padded = sum(len(g) for g in fused) * max(g[0].query.shape[2] for g in fused) * max(
+            g[0].key.shape[2] for g in fused)
+        return padded <= (1 + MAX_PADDING) * real
+
+    def kind(call: _Call):
+        additive = call.attention_mask is not None and call.attention_mask.dtype != torch.bool
+        return call.num_heads, call.scaling, call.query.dtype, call.query.device, additive
+
+    fusions: list[list[list[_Call]]] = []
+    for group in groups:
+        fused = next((f for f in fusions if kind(f[0][0]) == kind(group[0]) and area([*f, group])), None)
+        if fused is None:
+            fusions.append([group])
+        else:
+            fused.append(group)
+    return fusions
+
+
+def _padded_supports(fused: list[list[_Call]], supports) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The groups' :func:`head_support` results padded to the longest lengths (T, S) and stacked over their layers:
+    bias (L, B, 1 or h, T, S) or None, support (L, B, 1 or h, T, S), queries (L, B, 1, T)."""
+    length = max(g[0].query.shape[2] for g in fused)
+    key_length = max(g[0].key.shape[2] for g in fused)
+    batch = fused[0][0].query.shape[0]
+    heads = max(support.shape[1] for _, support, _ in supports)
+    pad = torch.nn.functional.pad
+    biases, masks, rows = [], [], []
+    for group, (bias, support, queries) in zip(fused, supports):
+        t, s = group[0].query.shape[2], group[0].key.shape[2]  # (a support may broadcast over the queries)
+        support = support.expand(*support.shape[:2], t, s)
+        masks.append(pad(support, (0, key_length - s, 0, length - t), value=False).expand(
+            len(group), batch, heads, length, key_length))
+        rows.append(pad(queries.expand(*queries.shape[:2], t), (0, length - t), value=False).expand(
+            len(group), batch, 1, length))
+        if bias is not None:
+            biases.append(pad(bias.expand(*bias.shape[:2], t, s), (0, key_length - s, 0, length - t)).expand(
+                len(group), batch, heads, length, key_length))
+    return (torch.cat(biases) if biases else None), torch.cat(masks), torch.cat(rows)
 
 
 class EaDRA(AttentionMethod):

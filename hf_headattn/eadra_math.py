@@ -225,15 +225,18 @@ class _LayerRegularizers(torch.autograd.Function):
     def forward(ctx, num_heads, scaling, support, query_mask, bias, *queries_and_keys):
         ctx.set_materialize_grads(False)
         layers, first = len(queries_and_keys) // 2, queries_and_keys[0]
+        queries, keys = queries_and_keys[:layers], queries_and_keys[layers:]
         dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
         with torch.autocast(first.device.type, enabled=False):  # float32 (or float64), also under autocast
-            query = _stack_heads(queries_and_keys[:layers], num_heads, dtype).mul_(scaling)  # (L * B * h, T, D)
-            key = _stack_heads(queries_and_keys[layers:], num_heads, dtype)  # (L * B * h, S, D)
-            shape = (layers, first.shape[0], num_heads, query.shape[1], key.shape[1])
+            length, key_length = max(q.shape[2] for q in queries), max(k.shape[2] for k in keys)
+            query = _stack_heads(queries, num_heads, dtype, length).mul_(scaling)  # (L * B * h, T, D)
+            key = _stack_heads(keys, num_heads, dtype, key_length)  # (L * B * h, S, D)
+            shape = (layers, first.shape[0], num_heads, length, key_length)
             scores = torch.bmm(query, key.transpose(1, 2)).view(shape)  # (L, B, h, T, S)
             if bias is not None:
                 scores = scores.add_(bias)
             ctx.scaling, ctx.heads, ctx.dtype = scaling, first.shape[1], first.dtype
+            ctx.lengths = ([q.shape[2] for q in queries], [k.shape[2] for k in keys])
             ctx.bias_shape = None if bias is None else bias.shape
             return _terms(ctx, scores, support, query_mask, query, key)
 
@@ -244,30 +247,48 @@ class _LayerRegularizers(torch.autograd.Function):
         with torch.autocast(a.device.type, enabled=False):
             grad = _scores_gradient(a, coefficients, g_peak, g_sent, g_dist)  # (L, B, h, T, S)
             if grad is None:
-                return (None,) * (5 + 2 * query.shape[0])
+                return (None,) * (5 + 2 * len(ctx.lengths[0]))
             grad_bias = grad.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[4] else None  # e.g. LPEA's bias
             shape, grad = grad.shape, grad.flatten(0, 2)  # (L * B * h, T, S)
-            grad_query = _unstack_heads(torch.bmm(grad, key).mul_(ctx.scaling), shape, ctx.heads, ctx.dtype)
-            grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query), shape, ctx.heads, ctx.dtype)
+            grad_query = _unstack_heads(torch.bmm(grad, key).mul_(ctx.scaling), shape, ctx.heads, ctx.dtype,
+                                        ctx.lengths[0])
+            grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query), shape, ctx.heads, ctx.dtype,
+                                      ctx.lengths[1])
         return None, None, None, None, grad_bias, *grad_query, *grad_key
 
 
-def _stack_heads(tensors, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
-    """(L * B * h, ., D) contiguous copy in ``dtype`` of the first h heads of L tensors (B, H, ., D)."""
-    stacked = torch.stack(tensors)
-    if num_heads < stacked.shape[2]:
-        stacked = stacked[:, :, :num_heads]
-    return stacked.to(dtype).flatten(0, 2)  # a copy unless h = H and the dtype is kept (then a view)
+def _runs(lengths: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of the runs of equal consecutive ``lengths``."""
+    starts = [i for i in range(len(lengths)) if i == 0 or lengths[i] != lengths[i - 1]]
+    return list(zip(starts, starts[1:] + [len(lengths)]))
 
 
-def _unstack_heads(grad: torch.Tensor, shape, heads: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """The L gradients (B, H, ., D) in ``dtype`` of :func:`_stack_heads`'s inputs, zero on the heads it left out.
+def _stack_heads(tensors, num_heads: int, dtype: torch.dtype, length: int) -> torch.Tensor:
+    """(L * B * h, length, D) contiguous copy in ``dtype`` of the first h heads of L tensors (B, H, n_l, D),
+    zero-padded to ``length`` (each run of equal lengths is stacked, cut to h heads and padded at once)."""
+    parts = []
+    for start, end in _runs([t.shape[2] for t in tensors]):
+        stacked = torch.stack(tensors[start:end])  # (l, B, H, n, D)
+        if num_heads < stacked.shape[2]:
+            stacked = stacked[:, :, :num_heads]
+        if stacked.shape[3] < length:
+            stacked = torch.nn.functional.pad(stacked, (0, 0, 0, length - stacked.shape[3]))
+        parts.append(stacked)
+    stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return stacked.to(dtype).flatten(0, 2)  # a copy unless h = H, no padding and the dtype is kept (then a view)
 
-    ``grad``: (L * B * h, ., D); ``shape``: (L, B, h, ...)."""
+
+def _unstack_heads(grad: torch.Tensor, shape, heads: int, dtype: torch.dtype, lengths: list[int]):
+    """The L gradients (B, H, n_l, D) in ``dtype`` of :func:`_stack_heads`'s inputs, zero on the heads it left out.
+
+    ``grad``: (L * B * h, ., D); ``shape``: (L, B, h, ...); ``lengths``: n_l of each input."""
     grad = grad.view(*shape[:3], *grad.shape[1:])
     if grad.shape[2] < heads:
         grad = torch.nn.functional.pad(grad, (0, 0, 0, 0, 0, heads - grad.shape[2]))
-    return grad.to(dtype).unbind(0)
+    runs = _runs(lengths)
+    if len(runs) == 1 and lengths[0] == grad.shape[3]:
+        return grad.to(dtype).unbind(0)
+    return tuple(layer for start, end in runs for layer in grad[start:end, :, :, :lengths[start]].to(dtype).unbind(0))
 
 
 def layer_regularizers(
@@ -278,11 +299,13 @@ def layer_regularizers(
 
     Equal to ``eadra_regularizers(stack([q[:, :h] @ k[:, :h]^T * scaling for q, k in zip(queries, keys)]) + bias,
     support, query_mask)``, computed in float32 (float64 for float64 inputs) whatever the inputs' dtype, with each
-    operation run once for all layers and gradients returned straight to each layer's queries and keys.
+    operation run once for all layers and gradients returned straight to each layer's queries and keys. Layers of
+    different lengths (e.g. encoder self-, decoder self- and cross-attention together) are zero-padded to the longest
+    query and key lengths T and S; ``support`` and ``query_mask`` must then leave the padding out.
 
     Parameters
     ----------
-    queries, keys : sequences of L tensors (B, H, T, D) and (B, H, S, D), the layers' heads (same shapes).
+    queries, keys : sequences of L tensors (B, H, T_l, D) and (B, H, S_l, D), the layers' heads.
     num_heads : h, the regularized heads (the first h).
     scaling : the attention's scaling of q k^T.
     support : bool, broadcastable to (L, B, h, T, S); query_mask : bool, broadcastable to (L, B, h, T).

@@ -222,9 +222,13 @@ def test_mean_head_importance_needs_dhicm():
         mean_head_importance(tiny(dhicm_encoder_layers=None, dhicm_decoder_layers=None), [batch()])
 
 
-def test_mean_kl_is_the_masked_token_mean_of_eq_4():
-    from hf_headattn.dhicm import mean_kl_from_uniform
+def mean_kl_from_uniform(g, log_g, mask):
+    from hf_headattn.dhicm import importance_statistics
 
+    return importance_statistics(g, log_g, mask)[0]
+
+
+def test_mean_kl_is_the_masked_token_mean_of_eq_4():
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(2, 5, 4, generator=g, dtype=torch.float64) * 3
     mask = torch.tensor([[True] * 5, [True, True, False, False, False]])

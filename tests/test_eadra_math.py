@@ -245,3 +245,36 @@ def test_layer_regularizers_keep_the_inputs_dtype_and_compute_in_float32():
         torch.testing.assert_close(got, expected)
     sum(t.sum() for t in terms).backward()
     assert all(x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all() for x in half)
+
+
+def test_layers_of_different_lengths_padded_together_equal_separate_passes():
+    """Encoder-, decoder- and cross-like layers in one pass: zero-padded to the longest lengths, the padding in no
+    support and no query; each layer's terms and its query/key gradients are those of its own pass."""
+    groups = [layer_case(kind, layers=layers, seed=seed) for kind, layers, seed in
+              (("encoder", 2, 11), ("causal", 1, 12), ("cross", 2, 13))]
+    length = max(qs[0].shape[2] for qs, *_ in groups)
+    key_length = max(ks[0].shape[2] for _, ks, *_ in groups)
+    batch = groups[0][2].shape[0]
+    weights = (0.7, -1.3, 0.05)
+    separate, grads = [], []
+    for qs, ks, support, queries in groups:
+        terms = layer_regularizers(qs, ks, 3, 0.4, support, queries)
+        sum(w * t.sum() for w, t in zip(weights, terms)).backward()
+        separate.append(torch.stack(terms, -1))
+        grads += [x.grad.clone() for x in (*qs, *ks)]
+        for x in (*qs, *ks):
+            x.grad = None
+    pad = torch.nn.functional.pad
+    support = torch.cat([pad(s.expand(batch, 1, *s.shape[2:]), (0, key_length - s.shape[3], 0, length - s.shape[2]))
+                         .expand(len(qs), -1, -1, -1, -1) for qs, _, s, _ in groups])
+    queries = torch.cat([pad(q.expand(batch, 1, q.shape[2]), (0, length - q.shape[2])).expand(len(qs), -1, -1, -1)
+                         for qs, _, _, q in groups])
+    qs = [q for group in groups for q in group[0]]
+    ks = [k for group in groups for k in group[1]]
+    fused = layer_regularizers(qs, ks, 3, 0.4, support, queries)
+    sum(w * t.sum() for w, t in zip(weights, fused)).backward()
+    torch.testing.assert_close(torch.stack(fused, -1), torch.cat(separate))
+    fused_grads = [x.grad for group in groups for x in (*group[0], *group[1])]
+    for got, expected in zip(fused_grads, grads):
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected)

@@ -296,3 +296,29 @@ def test_padding_queries_and_empty_rows_do_not_count():
 
     out = torch.stack(eadra_regularizers(scores, support, queries), -1)
     assert torch.isfinite(out).all() and out[1].eq(0).all()
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_components_in_one_fused_pass_equal_separate_passes(monkeypatch, impl):
+    """Encoder (6 x 6), decoder (4 x 4) and cross-attention (4 x 6) go through one padded pass; their terms, loss and
+    gradients equal those of one pass per component (MAX_PADDING < 0: no fusion)."""
+    passes = []
+    fused_pass = eadra.layer_regularizers
+    monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: passes.append(1) or fused_pass(*args))
+    results = []
+    for max_padding in (eadra.MAX_PADDING, -1.0):
+        monkeypatch.setattr(eadra, "MAX_PADDING", max_padding)
+        model = model_of(ALL, impl=impl)
+        passes.clear()
+        out = model(**batch())
+        out.eadra_loss.backward()
+        grads = [p.grad for name, p in model.named_parameters() if "self_attn.q_proj.weight" in name or
+                 "encoder_attn.k_proj.weight" in name]
+        results.append((out.eadra_terms, out.eadra_loss, grads, len(passes)))
+    (fused, fused_loss, fused_grads, fused_passes), (apart, apart_loss, apart_grads, apart_passes) = results
+    assert (fused_passes, apart_passes) == (1, 3)
+    for name, value in apart.items():
+        torch.testing.assert_close(fused[name], value, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(fused_loss, apart_loss)
+    for got, expected in zip(fused_grads, apart_grads):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)

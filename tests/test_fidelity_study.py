@@ -1,0 +1,56 @@
+"""recipes/fidelity_study.py: the choice is made on the screen's validation BLEU only (never on test, never a
+diagnostic row), the confirmation reads test, and the tables hold what the runs logged. Fabricated runs, no training."""
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+sys.path.insert(0, str(ROOT / "recipes"))
+
+import fidelity_study  # noqa: E402
+
+
+def references(split: str) -> list[str]:
+    with gzip.open(DATA / f"{'val' if split == 'validation' else split}.de.gz", "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def fake_run(root: Path, stage: str, row: str, seed: int, scores: dict, predictions: dict, log: list) -> None:
+    folder = fidelity_study.run_dir(root, stage, row, seed)
+    folder.mkdir(parents=True)
+    results = {"scores": {split: {"bleu": bleu, "chrf": 2 * bleu} for split, bleu in scores.items()},
+               "log_history": log, "train_time_s": 100.0, "global_step": 500, "device": "cpu"}
+    (folder / "results.json").write_text(json.dumps(results))
+    for split, lines in predictions.items():
+        (folder / f"predictions_{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_choice_on_validation_then_confirmation_tables(tmp_path):
+    valid, test = references("validation"), references("test_2016_flickr")
+    worse = {"validation": [" ".join(line.split()[:-3]) for line in valid]}
+    same = {"validation": valid}
+    log = [{"loss": 3.0, "nll_loss": 3.1, "dhicm_kl": 0.2, "dhicm_stats/top_head_share": 0.1}]
+    # the best validation BLEU is "baseline" (not a candidate) and dhicm_per_token_l1e-3; the others are lower
+    for row, bleu in (("baseline", 40.0), ("dhicm_per_token_l0.1", 10.0), ("dhicm_per_token_l1e-3", 30.0),
+                      ("dhicm_per_batch_l0.1", 29.0), ("eadra_sum", 1.0), ("eadra_pair_mean", 20.0)):
+        fake_run(tmp_path, "screen", row, 1, {"validation": bleu}, same if bleu > 25 else worse, log)
+    chosen = fidelity_study.choose(fidelity_study.load(tmp_path, "screen"))
+    assert chosen == {"dhicm": "dhicm_per_token_l1e-3", "eadra": "eadra_pair_mean"}
+    summary, markdown = fidelity_study.screen_table(fidelity_study.load(tmp_path, "screen"))
+    assert [entry["row"] for entry in summary][0] == "baseline" and len(summary) == 6
+    assert summary[1]["dhicm_stats/top_head_share"] == 0.1 and "| dhicm_per_token_l0.1 | 10.00 |" in markdown
+    for seed in fidelity_study.CONFIRM_SEEDS:  # test: the chosen row is better there; validation: identical
+        both = {"validation": valid, "test_2016_flickr": test}
+        fake_run(tmp_path, "confirm", "baseline", seed, {"validation": 40.0, "test_2016_flickr": 30.0},
+                 {"validation": valid, "test_2016_flickr": [" ".join(t.split()[:-3]) for t in test]}, log)
+        fake_run(tmp_path, "confirm", "dhicm_per_token_l1e-3", seed, {"validation": 40.0, "test_2016_flickr": 35.0},
+                 both, log)
+    summary, markdown = fidelity_study.confirm_table(fidelity_study.load(tmp_path, "confirm"), DATA)
+    rows = {entry["row"]: entry for entry in summary}
+    seeds = len(fidelity_study.CONFIRM_SEEDS)
+    assert rows["dhicm_per_token_l1e-3"]["validation_p_values"] == [1.0] * seeds  # identical predictions
+    assert all(p < 0.05 for p in rows["dhicm_per_token_l1e-3"]["test_2016_flickr_p_values"])
+    assert rows["baseline"]["validation_p_values"] == [] and "| baseline |" in markdown
