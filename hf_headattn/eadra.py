@@ -305,8 +305,8 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
 
 
 def _fusions(groups: list[list[_Call]]) -> list[list[list[_Call]]]:
-    """The groups, partitioned into those that share a fused pass: same regularized heads, scaling, dtype and kind of
-    mask (additive or not), and padding within :data:`MAX_PADDING`."""
+    """The groups, partitioned into those that share a fused pass: same heads (all and regularized), head size,
+    scaling, dtype and kind of mask (additive or not), and padding within :data:`MAX_PADDING`."""
     def area(fused):
         real = sum(len(g) * g[0].query.shape[2] * g[0].key.shape[2] for g in fused)
         padded = sum(len(g) for g in fused) * max(g[0].query.shape[2] for g in fused) * max(
@@ -315,7 +315,8 @@ def _fusions(groups: list[list[_Call]]) -> list[list[list[_Call]]]:
 
     def kind(call: _Call):
         additive = call.attention_mask is not None and call.attention_mask.dtype != torch.bool
-        return call.num_heads, call.scaling, call.query.dtype, call.query.device, additive
+        shape = call.query.shape  # (B, H, T, D)
+        return call.num_heads, shape[0], shape[1], shape[3], call.scaling, call.query.dtype, call.query.device, additive
 
     fusions: list[list[list[_Call]]] = []
     for group in groups:

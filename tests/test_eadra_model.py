@@ -322,3 +322,18 @@ def test_components_in_one_fused_pass_equal_separate_passes(monkeypatch, impl):
     torch.testing.assert_close(fused_loss, apart_loss)
     for got, expected in zip(fused_grads, apart_grads):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_components_with_other_head_shapes_get_their_own_pass(monkeypatch):
+    """Encoder 4 heads of 4, decoder 2 heads of 8: one regularized head each, but no shared pass (other shapes)."""
+    passes = []
+    fused_pass = eadra.layer_regularizers
+    monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: passes.append(1) or fused_pass(*args))
+    torch.manual_seed(0)
+    config = HeadAttnMBartConfig(**{**TINY, "decoder_attention_heads": 2}, dropout=0.0, attention_dropout=0.0,
+                                 eadra={c: {"num_heads": 1} for c in ("encoder", "decoder", "cross")})
+    model = HeadAttnMBartForConditionalGeneration(config)
+    out = model(**batch())
+    out.loss.backward()
+    assert len(passes) == 2 and torch.isfinite(out.eadra_loss)
+    assert model.model.decoder.layers[0].self_attn.q_proj.weight.grad is not None
