@@ -7,16 +7,18 @@ Multi30k En-De with ``make demo``'s schedule (tiny shape, 500 steps, batch 64, l
 inverse_sqrt, seed 1) the study
 
 1. ``screen``s every reading and a small lambda/alpha grid (``SCREEN``): one seed, validation BLEU with greedy decoding;
-2. ``confirm``s the best DHICM and the best EaDRA reading (highest screening validation BLEU among the rows marked
-   eligible) and the baseline with 3 fresh seeds at equal steps (``CONFIRM_SEEDS``, ``--seeds``): validation BLEU
-   with a paired bootstrap against the baseline of the same seed, and test_2016_flickr, read here only, after the
-   choice (``--with_paper_literal`` adds the paper-literal readings, which the screen reports otherwise;
-   ``--methods`` confirms one method's choice, e.g. while the other's rows are still being screened);
+2. ``confirm``s the best DHICM and the best EaDRA readings (the ``--top`` highest screening validation BLEUs among
+   the rows marked eligible) and the baseline with 3 fresh seeds at equal steps (``CONFIRM_SEEDS``, ``--seeds``):
+   validation BLEU with a paired bootstrap against the baseline of the same seed, and test_2016_flickr, read here
+   only; with several candidates the confirmation's mean validation BLEU chooses (``--with_paper_literal`` adds the
+   paper-literal readings, which the screen reports otherwise; ``--methods`` confirms one method's candidates, e.g.
+   while the other's rows are still being screened);
 3. writes the ``table``s (markdown) and the raw results (JSON).
 
     # CPU (2 cores: 2 runs at a time, one thread each; ~7 min a run on an idle machine; 2.5 h in all)
     python recipes/fidelity_study.py screen --output_dir runs/fidelity --parallel 2
-    python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2   # the screen's choice; reads test
+    python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2 --methods dhicm --top 2  # reads test
+    python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2 --methods eadra
     python recipes/fidelity_study.py table --output_dir runs/fidelity --json benchmarks/results/fidelity_study.json
     # a GPU: --device cuda --parallel 16 (the runs share it)
 
@@ -79,6 +81,7 @@ SCREEN: dict[str, tuple[dict, bool]] = {
     "eadra_pair_mean": (_eadra("pair_mean"), True),
     "eadra_pair_mean_warmup": (_eadra("pair_mean", warmup=250), True),
     "eadra_pair_mean_a0.3": (_eadra("pair_mean", scale=0.3), True),
+    "eadra_pair_mean_a0.1": (_eadra("pair_mean", scale=0.1), True),
     # Not screened (2 CPU cores): lambda 0 and sentence-only EaDRA (diagnostics, no candidates); a
     # "normalized_positions" row: on self-attention n_keys - 1 = the number of query pairs, so it equals pair_mean;
     # R_peak's reduction: alpha_peak is 0 in every Table 6 row, so "mean" and "sum" train the same model.
@@ -140,13 +143,26 @@ def last_logged(result: dict, key: str) -> float | None:
     return values[-1] if values else None
 
 
-def choose(screen: dict[str, dict[int, dict]]) -> dict[str, str]:
-    """Per method, the eligible row with the highest seed-1 validation BLEU of the screen."""
+def choose(screen: dict[str, dict[int, dict]], top: int = 1) -> dict[str, list[str]]:
+    """Per method, the ``top`` eligible rows with the highest seed-1 validation BLEU of the screen, best first."""
     chosen = {}
     for method in ("dhicm", "eadra"):
         rows = [row for row in screen if method_of(row) == method and SCREEN[row][1] and 1 in screen[row]]
         if rows:
-            chosen[method] = max(rows, key=lambda row: screen[row][1]["scores"]["validation"]["bleu"])
+            chosen[method] = sorted(rows, key=lambda row: -screen[row][1]["scores"]["validation"]["bleu"])[:top]
+    return chosen
+
+
+def confirmed_choice(confirm: dict[str, dict[int, dict]]) -> dict[str, str]:
+    """Per method, the confirmed row with the highest mean validation BLEU over the confirmation's seeds."""
+    def mean_bleu(row):
+        return statistics.mean(run["scores"]["validation"]["bleu"] for run in confirm[row].values())
+
+    chosen = {}
+    for method in ("dhicm", "eadra"):
+        rows = [row for row in confirm if method_of(row) == method]
+        if rows:
+            chosen[method] = max(rows, key=mean_bleu)
     return chosen
 
 
@@ -224,6 +240,8 @@ def main(argv=None) -> None:
     parser.add_argument("--methods", nargs="*", choices=["dhicm", "eadra"], default=["dhicm", "eadra"],
                         help="confirm: the methods whose choice is confirmed (the baseline always runs)")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(CONFIRM_SEEDS), help="confirm: the seeds")
+    parser.add_argument("--top", type=int, default=1,
+                        help="confirm: the N best screened rows per method (the confirmation's validation decides)")
     parser.add_argument("--with_paper_literal", action="store_true",
                         help="confirm: also the paper-literal readings (PAPER_LITERAL)")
     parser.add_argument("--parallel", type=int, default=2)
@@ -237,10 +255,11 @@ def main(argv=None) -> None:
     if args.command == "screen":
         launch(args, "screen", args.rows or list(SCREEN), [1])
     elif args.command == "confirm":
-        chosen = {**choose(load(args.output_dir, "screen")), **{method_of(row): row for row in args.choose}}
-        chosen = {method: row for method, row in chosen.items() if method in args.methods}
+        chosen = {**choose(load(args.output_dir, "screen"), args.top),
+                  **{method_of(row): [row] for row in args.choose}}
+        chosen = {method: rows for method, rows in chosen.items() if method in args.methods}
         literal = PAPER_LITERAL.values() if args.with_paper_literal else ()
-        rows = ["baseline", *dict.fromkeys([*chosen.values(), *literal])]
+        rows = ["baseline", *dict.fromkeys([*(row for rows in chosen.values() for row in rows), *literal])]
         print(f"chosen on validation: {chosen}; confirming {rows} with seeds {args.seeds}", flush=True)
         launch(args, "confirm", rows, args.seeds)
     else:
@@ -253,7 +272,9 @@ def main(argv=None) -> None:
         confirm = load(args.output_dir, "confirm")
         if "baseline" in confirm:
             payload["confirm"], markdown = confirm_table(confirm, args.multi30k_dir)
-            print("\n## Confirmation (seeds 1-3)\n\n" + markdown)
+            payload["confirmed_choice"] = confirmed_choice(confirm)
+            print(f"\n## Confirmation (fresh seeds {list(args.seeds)})\n\n" + markdown)
+            print(f"\nchosen on the confirmation's validation: {payload['confirmed_choice']}")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(payload, indent=2) + "\n")

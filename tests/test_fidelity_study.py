@@ -38,7 +38,9 @@ def test_choice_on_validation_then_confirmation_tables(tmp_path):
                       ("dhicm_per_batch_l0.1", 29.0), ("eadra_sum", 1.0), ("eadra_pair_mean", 20.0)):
         fake_run(tmp_path, "screen", row, 1, {"validation": bleu}, same if bleu > 25 else worse, log)
     chosen = fidelity_study.choose(fidelity_study.load(tmp_path, "screen"))
-    assert chosen == {"dhicm": "dhicm_per_token_l1e-3", "eadra": "eadra_pair_mean"}
+    assert chosen == {"dhicm": ["dhicm_per_token_l1e-3"], "eadra": ["eadra_pair_mean"]}
+    top = fidelity_study.choose(fidelity_study.load(tmp_path, "screen"), top=2)
+    assert top["dhicm"] == ["dhicm_per_token_l1e-3", "dhicm_per_batch_l0.1"]
     summary, markdown = fidelity_study.screen_table(fidelity_study.load(tmp_path, "screen"))
     assert [entry["row"] for entry in summary][0] == "baseline" and len(summary) == 6
     assert summary[1]["dhicm_stats/top_head_share"] == 0.1 and "| dhicm_per_token_l0.1 | 10.00 |" in markdown
@@ -48,7 +50,11 @@ def test_choice_on_validation_then_confirmation_tables(tmp_path):
                  {"validation": valid, "test_2016_flickr": [" ".join(t.split()[:-3]) for t in test]}, log)
         fake_run(tmp_path, "confirm", "dhicm_per_token_l1e-3", seed, {"validation": 40.0, "test_2016_flickr": 35.0},
                  both, log)
-    summary, markdown = fidelity_study.confirm_table(fidelity_study.load(tmp_path, "confirm"), DATA)
+        fake_run(tmp_path, "confirm", "dhicm_per_batch_l0.1", seed, {"validation": 38.0 + seed, "test_2016_flickr": 20.0},
+                 both, log)
+    confirm = fidelity_study.load(tmp_path, "confirm")
+    assert fidelity_study.confirmed_choice(confirm) == {"dhicm": "dhicm_per_batch_l0.1"}  # validation, not test
+    summary, markdown = fidelity_study.confirm_table(confirm, DATA)
     rows = {entry["row"]: entry for entry in summary}
     seeds = len(fidelity_study.CONFIRM_SEEDS)
     assert rows["dhicm_per_token_l1e-3"]["validation_p_values"] == [1.0] * seeds  # identical predictions
