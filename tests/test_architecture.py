@@ -92,7 +92,7 @@ def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():
     # release 0.1's readings of the open choices are kept (today's defaults differ)
     assert model.config.dhicm == {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.05,
                                   "kl_reduction": "per_token"}
-    assert model.config.eadra == {"decoder": {}, "encoder": {"num_heads": 2}, "dist_reduction": "sum"}
+    assert model.config.eadra == {"decoder": {}, "encoder": {"num_heads": 2}, "dist_reduction": "sum", "alpha_scale": 1.0}
     assert model.config.sea == {"type": "dea"}
     out = model(**batch(), dependency_mask=expected["dependency_mask"])
     for name in ("logits", "loss", "dhicm_kl", "eadra_loss"):

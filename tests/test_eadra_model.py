@@ -20,7 +20,7 @@ MODELS = {"mbart": (HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration),
           "marian": (HeadAttnMarianConfig, HeadAttnMarianMTModel)}
 ALL = {"encoder": {}, "decoder": {}, "cross": {}, "dist_reduction": "sum"}  # the loop reference sums Eq. 8
 MIXED = {  # vary every setting: heads, layers, alphas
-    "dist_reduction": "sum",
+    "dist_reduction": "sum", "alpha_scale": 0.5,
     "encoder": {"num_heads": 3, "layers": [-1], "alpha_peak": 0.5},
     "decoder": {"num_heads": 1, "alpha_dist": 0.3},
     "cross": {"num_heads": 4, "layers": [0], "alpha_sent": 2.0, "alpha_dist": 0.0},
@@ -98,7 +98,7 @@ def test_loss_is_nll_plus_the_weighted_terms():
     model, stock = model_of(MIXED), model_of(None)
     stock.load_state_dict(model.state_dict())  # EaDRA has no parameters: the same weights
     out, off = model(**batch()), stock(**batch())
-    weighted = sum(
+    weighted = 0.5 * sum(  # alpha_scale 0.5
         getattr(model.headattn_settings["eadra"].components[name.split("/")[0]], f"alpha_{name.split('/')[1]}") * value
         for name, value in out.eadra_terms.items()
     )
@@ -109,7 +109,7 @@ def test_loss_is_nll_plus_the_weighted_terms():
 
 
 def test_gradient_flows_through_queries_and_keys_of_the_regularized_layer_only():
-    model = model_of({"encoder": {"layers": [0], "num_heads": 2}, "dist_reduction": "sum"})
+    model = model_of({"encoder": {"layers": [0], "num_heads": 2}, "dist_reduction": "sum", "alpha_scale": 1.0})
     inputs = batch()
     model(**inputs).eadra_loss.backward()
     attn = [layer.self_attn for layer in model.model.encoder.layers]

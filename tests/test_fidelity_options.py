@@ -169,6 +169,19 @@ def test_model_terms_under_each_reading_of_one_unpadded_sentence():
         torch.testing.assert_close(other[f"{component}/sent"], literal[f"{component}/sent"])
 
 
+def test_alpha_scale_multiplies_every_alpha_and_defaults_to_the_study_choice():
+    with torch.no_grad():
+        full = eadra_model(alpha_scale=1.0).eval()(**batch())
+        scaled = eadra_model(alpha_scale=0.25).eval()(**batch())
+        default = eadra_model().eval()(**batch())
+    torch.testing.assert_close(scaled.eadra_loss, 0.25 * full.eadra_loss)
+    torch.testing.assert_close(default.eadra_loss, eadra.ALPHA_SCALE * full.eadra_loss)
+    for name, value in full.eadra_terms.items():  # the logged terms are unweighted
+        torch.testing.assert_close(scaled.eadra_terms[name], value)
+    with pytest.raises(ValueError, match=r"eadra.alpha_scale must be a number in \[0.0, inf\), got -1"):
+        eadra_model(alpha_scale=-1.0)
+
+
 # --- EaDRA: warm-up -----------------------------------------------------------------------------------------------
 
 

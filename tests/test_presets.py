@@ -61,7 +61,8 @@ def test_dhicm_presets_are_table_2(name):
 def test_eadra_presets_are_table_6(name):
     component, alpha_dist, alpha_sent = EADRA_TABLE_6[name]
     assert preset(name).config == {"eadra": {component: {"alpha_peak": 0.0, "alpha_dist": alpha_dist,
-                                                         "alpha_sent": alpha_sent}}}
+                                                         "alpha_sent": alpha_sent},
+                                             "dist_reduction": "sum", "alpha_scale": 1.0}}  # Eq. 8 as written
     assert "Table 6" in PRESETS[name].doc and preset(name).flags["model_shape"] == "base"
 
 
