@@ -83,7 +83,7 @@ class EaDRASettings(MethodSettings):
     ``dist_reduction`` and ``peak_reduction`` (how R_dist, Eq. 8, and R_peak, Eq. 4, are reduced per sentence and
     head, :func:`rescale_terms`; "sum" and "sum" read the equations literally), ``warmup_steps`` (the alphas grow
     linearly from 0 over that many training steps, :func:`_warmup`; 0: off) and ``alpha_scale`` (every alpha is
-    multiplied by it: the paper tunes its alphas per data set, §5.3, and Table 6's, the per-component defaults, were
+    multiplied by it: the paper tunes its alphas per component, §5.3, and Table 6's, the per-component defaults, were
     tuned for Transformer-base on 100k WMT sentences; 1.0 uses them as they are).
 
     After validation each component is a :class:`ComponentSettings` with every field resolved (alphas filled in,
