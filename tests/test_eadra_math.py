@@ -278,3 +278,30 @@ def test_layers_of_different_lengths_padded_together_equal_separate_passes():
     for got, expected in zip(fused_grads, grads):
         assert got.shape == expected.shape
         torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("num_heads", [3, 4])
+def test_token_major_inputs_get_gradients_with_their_own_layout(num_heads):
+    """Queries and keys laid out as the attention modules make them, proj(x).view(B, T, H, D).transpose(1, 2): the
+    fused backward returns gradients with the inputs' strides (autograd then adds them to the attention's own and
+    reshapes the sum to proj(x)'s shape without a copy), equal to those of contiguous copies; the layers have
+    different lengths (padded together), and the heads left out get zero."""
+    groups = [layer_case("cross", layers=2, heads=4), layer_case("causal", layers=1, heads=4, seed=3)]
+    length = max(qs[0].shape[2] for qs, *_ in groups)
+    key_length = max(ks[0].shape[2] for _, ks, *_ in groups)
+    pad = torch.nn.functional.pad
+    support = torch.cat([pad(s, (0, key_length - s.shape[3], 0, length - s.shape[2])).expand(len(qs), -1, -1, -1, -1)
+                         for qs, _, s, _ in groups])
+    queries = torch.cat([pad(q, (0, length - q.shape[2])).expand(len(qs), -1, -1, -1) for qs, _, _, q in groups])
+    qs = [q for group in groups for q in group[0]]
+    ks = [k for group in groups for k in group[1]]
+    head_major = [x.detach().contiguous().requires_grad_() for x in (*qs, *ks)]
+    token_major = [x.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in head_major]
+    weights = (0.7, -1.3, 0.05)
+    for inputs in (head_major, token_major):
+        terms = layer_regularizers(inputs[:3], inputs[3:], num_heads, 0.4, support, queries)
+        sum(w * t.sum() for w, t in zip(weights, terms)).backward()
+    for contiguous, strided in zip(head_major, token_major):
+        assert strided.grad.stride() == strided.stride()
+        torch.testing.assert_close(strided.grad, contiguous.grad)
+        assert strided.grad[:, num_heads:].eq(0).all()
