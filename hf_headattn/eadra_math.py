@@ -300,13 +300,11 @@ def _unstack_heads(grad: torch.Tensor, shape, heads: int, dtype: torch.dtype, le
     the gradients out as (B, n, H, D) in memory, like inputs for which :func:`_token_major` holds: autograd then adds
     them to the attention's own gradients, and reshapes the sum back to the projection's output, without a copy."""
     grad = grad.view(*shape[:3], *grad.shape[1:])  # (L, B, h, n, D)
-    layers, batch, regularized, length, size = grad.shape
-    if token_major:
-        full = grad.new_empty((layers, batch, length, heads, size), dtype=dtype)  # (L, B, n, H, D)
-        if regularized < heads:
-            full[:, :, :, regularized:].zero_()
-        (full if regularized == heads else full[:, :, :, :regularized]).copy_(grad.transpose(2, 3))
-        grad = full.transpose(2, 3)  # (L, B, H, n, D)
+    regularized, length = grad.shape[2], grad.shape[3]
+    if token_major:  # one copy into (L, B, n, H, D), the left-out heads zero
+        rows = grad.transpose(2, 3).to(dtype)  # (L, B, n, h, D)
+        rows = torch.nn.functional.pad(rows, (0, 0, 0, heads - regularized)) if regularized < heads else rows.contiguous()
+        grad = rows.transpose(2, 3)  # (L, B, H, n, D)
     else:
         if regularized < heads:
             grad = torch.nn.functional.pad(grad, (0, 0, 0, 0, 0, heads - regularized))
