@@ -54,6 +54,7 @@ class HeadAttnContext:
         self.output_head_importance, self.output_redundant_heads = output_head_importance, output_redundant_heads
         self.source_mask, self.target_mask = source_mask, target_mask
         self.records: dict[str, list] = defaultdict(list)
+        self.cache: dict[Any, Any] = {}  # what the methods compute once per forward (e.g. DHICM's token weights)
         self.grad_enabled = torch.is_grad_enabled()
         self.compute_losses = True
 

@@ -147,21 +147,26 @@ def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:
     return (log_a.exp() * (log_a + math.log(scores.shape[-1]))).sum(-1)
 
 
+def token_weights(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) weights of a mean over the real tokens (``mask`` True): 1 / their number there, 0 elsewhere (None for
+    None: every token counts)."""
+    return None if mask is None else mask / mask.sum().clamp(min=1)
+
+
 def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor,
-                          query_mask: torch.Tensor | None) -> torch.Tensor:
-    """Eq. 4-5 for one module and its collapse statistic, in one masked reduction: (2,) = [the mean over real tokens
-    (``query_mask`` (B, T), None: all) of :func:`kl_from_uniform`, the share of real tokens whose top head carries
-    more than ``TOP_HEAD_THRESHOLD`` (no gradient)], from G and log G (B, T, H).
+                          weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 4-5 for one module and its collapse statistic: the mean over real tokens (``weights`` from
+    :func:`token_weights`, None: all) of :func:`kl_from_uniform`, and the share of real tokens whose top head carries
+    more than ``TOP_HEAD_THRESHOLD`` (no gradient), from G and log G (B, T, H).
 
     KL = sum_h G_h (log G_h + ln H), as :func:`kl_from_uniform` (precise for nearly uniform G). The mean normalised
     entropy of :func:`collapse_statistics` is 1 - KL / ln H, so it needs nothing more.
     """
     kl = (importance * (log_importance + math.log(importance.shape[-1]))).sum(-1)  # (B, T)
-    top = importance.amax(-1) > TOP_HEAD_THRESHOLD  # (B, T), bool: no gradient
-    per_token = torch.stack([kl, top.to(kl.dtype)])  # (2, B, T)
-    if query_mask is None:
-        return per_token.mean((1, 2))
-    return (per_token * query_mask).sum((1, 2)) / query_mask.sum().clamp(min=1)
+    with torch.no_grad():
+        top = importance.amax(-1) > TOP_HEAD_THRESHOLD  # (B, T)
+        share = top.float().mean() if weights is None else (top * weights).sum()
+    return (kl.mean() if weights is None else (kl * weights).sum()), share
 
 
 def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target_tokens) -> torch.Tensor:
@@ -246,7 +251,11 @@ class DHICM(AttentionMethod):
         if losses:
             log_importance = torch.log_softmax(scores.float(), dim=-1)
             importance = log_importance.exp()
-            context.record(NAME, (importance_statistics(importance, log_importance, call.query_mask),
+            mask = call.query_mask  # its token weights are shared by the modules on one side; the cache keeps
+            if id(mask) not in context.cache:  # the mask alive, so its id cannot be reused within this forward
+                context.cache[id(mask)] = (mask, token_weights(mask))
+            weights = context.cache[id(mask)][1]
+            context.record(NAME, (*importance_statistics(importance, log_importance, weights),
                                   math.log(importance.shape[-1])))
         else:
             importance = head_importance(scores)
@@ -282,12 +291,12 @@ def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None
     records = context.records.get(NAME)
     if not records:
         return {}, None
-    kl, top_share = torch.stack([stats for stats, _ in records]).mean(0).unbind()  # means over the modules
-    log_heads = {log_h for _, log_h in records}
-    if len(log_heads) == 1:  # H(G) / ln H = 1 - KL / ln H, averaged over tokens and modules
-        entropy = 1 - kl.detach() / log_heads.pop()
+    kls, shares, log_heads = zip(*records)
+    kl, top_share = torch.stack(kls).mean(), torch.stack(shares).mean()  # means over the modules
+    if len(set(log_heads)) == 1:  # H(G) / ln H = 1 - KL / ln H, averaged over tokens and modules
+        entropy = 1 - kl.detach() / log_heads[0]
     else:
-        entropy = 1 - torch.stack([stats[0].detach() / log_h for stats, log_h in records]).mean()
+        entropy = 1 - torch.stack([module_kl.detach() / log_h for module_kl, log_h in zip(kls, log_heads)]).mean()
     fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share.detach()}}
     if context.output_head_importance:
         fields["head_importances"] = dict(context.records["head_importances"])

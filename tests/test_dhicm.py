@@ -243,9 +243,9 @@ def test_mean_head_importance_needs_dhicm():
 
 
 def mean_kl_from_uniform(g, log_g, mask):
-    from hf_headattn.dhicm import importance_statistics
+    from hf_headattn.dhicm import importance_statistics, token_weights
 
-    return importance_statistics(g, log_g, mask)[0]
+    return importance_statistics(g, log_g, token_weights(mask))[0]
 
 
 def test_mean_kl_is_the_masked_token_mean_of_eq_4():
