@@ -27,6 +27,8 @@ ATTENTIONS = ("self", "cross")
 KL_REDUCTIONS = ("per_batch", "per_token")
 #: An importance above this counts as a "top head" in ``dhicm_stats["top_head_share"]``.
 TOP_HEAD_THRESHOLD = 0.9
+#: Equally likely values of one 16-bit lane of the CPU dropout's random integers (:func:`dropout`).
+LANE_VALUES = 2**16
 
 
 @dataclass
@@ -129,13 +131,24 @@ def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: to
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Inverted dropout, as ``F.dropout``; on the CPU the mask comes from ``rand_like``, which takes less than half
-    the time of the ``bernoulli_`` that ``F.dropout`` draws there (0.19 vs 0.49 ms for 512 x 128 on 2 cores). Another
-    random stream than ``F.dropout``, the same distribution."""
-    if not training or not 0 < p < 1 or x.device.type != "cpu":
-        return F.dropout(x, p, training)
-    keep = torch.rand(x.shape, device=x.device).ge_(p)  # float32 samples also for bfloat16 x
-    return x * keep.mul_(1 / (1 - p)).to(x.dtype)
+    """Inverted dropout, as ``F.dropout``, with a cheaper random draw on the CPU.
+
+    There the mask compares 16-bit lanes of 64-bit random integers (four lanes per draw of the generator) with a
+    threshold: 58 us for 512 x 128 on 2 cores, against 187 us for ``rand`` and 489 us for the ``bernoulli_`` that
+    ``F.dropout`` draws. p is rounded to a multiple of 2^-16 (by less than 8e-6) and the kept values are scaled by
+    the exact inverse of the rounded keep probability, so E[output] = x exactly. Another random stream than
+    ``F.dropout``, which it uses elsewhere and under ``torch.compile``."""
+    dropped = round(p * LANE_VALUES)  # of the LANE_VALUES equally likely values of a lane
+    if not training or x.device.type != "cpu" or not 0 < dropped < LANE_VALUES or torch.compiler.is_compiling():
+        return F.dropout(x, p, training)  # (torch.compile makes its own random numbers)
+    if x.shape[-1] % 4 == 0:  # the lanes in x's shape at once
+        lanes = torch.empty(*x.shape[:-1], x.shape[-1] // 4, dtype=torch.int64).random_(-(2**63), None)
+        lanes = lanes.view(torch.int16)
+    else:
+        lanes = torch.empty(-(-x.numel() // 4), dtype=torch.int64).random_(-(2**63), None).view(torch.int16)
+        lanes = lanes[: x.numel()].view(x.shape)
+    keep = lanes >= dropped - LANE_VALUES // 2  # lanes: -32768 ... 32767
+    return x * keep.to(x.dtype).mul_(LANE_VALUES / (LANE_VALUES - dropped))
 
 
 def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:

@@ -69,20 +69,29 @@ def test_gradcheck_float64():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_keeps_1_minus_p_scaled_by_its_inverse_and_passes_gradients_through_the_kept(dtype):
-    """DHICM's dropout of Ux (Eq. 2) draws its CPU mask from rand_like: the distribution of F.dropout."""
+    """DHICM's dropout of Ux (Eq. 2) draws its CPU mask from 16-bit lanes of random integers: the distribution of
+    F.dropout with p rounded to a multiple of 2^-16, the kept values scaled by the inverse of the rounded keep rate."""
     torch.manual_seed(0)
-    x = torch.rand(400, 250, dtype=dtype) + 1
+    x = torch.rand(401, 250, dtype=dtype) + 1  # 100250 entries: not a multiple of the 4 lanes per draw
     x.requires_grad_()
     p = 0.2
+    keep_rate = 1 - round(p * 2**16) / 2**16
+    assert abs(keep_rate - (1 - p)) < 8e-6
     out = dropout(x, p, training=True)
     kept = out != 0
     assert out.dtype == dtype
     assert abs(kept.float().mean().item() - (1 - p)) < 0.005  # 100k draws: sd 0.0013
-    torch.testing.assert_close(out[kept], (x[kept].float() / (1 - p)).to(dtype))
+    per_lane = kept.flatten()[:100248].view(-1, 4).float().mean(0)  # each of the 4 lanes of a draw: sd 0.0025
+    torch.testing.assert_close(per_lane, torch.full((4,), 1 - p), atol=0.01, rtol=0)
+    torch.testing.assert_close(out[kept], (x[kept].float() / keep_rate).to(dtype))
     out.sum().backward()
-    torch.testing.assert_close(x.grad, (kept.float() / (1 - p)).to(dtype))
+    torch.testing.assert_close(x.grad, (kept.float() / keep_rate).to(dtype))
     assert dropout(x, p, training=False) is x
     assert torch.equal(dropout(x, 0.0, training=True), x)
+    torch.manual_seed(0)  # a last dimension divisible by 4 draws the lanes in x's shape: the same law per lane
+    kept = dropout(torch.ones(250, 400, dtype=dtype), p, training=True) != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.005
+    torch.testing.assert_close(kept.view(-1, 4).float().mean(0), torch.full((4,), 1 - p), atol=0.01, rtol=0)
 
 
 def test_kl_bounds_and_extremes():
