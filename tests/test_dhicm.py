@@ -75,8 +75,7 @@ def test_dropout_keeps_1_minus_p_scaled_by_its_inverse_and_passes_gradients_thro
     x = torch.rand(401, 250, dtype=dtype) + 1  # 100250 entries: not a multiple of the 4 lanes per draw
     x.requires_grad_()
     p = 0.2
-    keep_rate = 1 - round(p * 2**16) / 2**16
-    assert abs(keep_rate - (1 - p)) < 8e-6
+    keep_rate = 1 - round(p * 2**16) / 2**16  # 0.8000030...
     out = dropout(x, p, training=True)
     kept = out != 0
     assert out.dtype == dtype
