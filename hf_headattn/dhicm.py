@@ -166,6 +166,14 @@ def token_weights(mask: torch.Tensor | None) -> torch.Tensor | None:
     return None if mask is None else mask / mask.sum().clamp(min=1)
 
 
+def token_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The mean of (B, T) ``values`` (float or bool) over the real tokens, with ``weights`` from
+    :func:`token_weights`."""
+    if weights is not None:
+        return (values * weights).sum()
+    return values.mean() if values.is_floating_point() else values.float().mean()
+
+
 def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor,
                           weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 4-5 for one module and its collapse statistic: the mean over real tokens (``weights`` from
@@ -177,9 +185,8 @@ def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor
     """
     kl = (importance * (log_importance + math.log(importance.shape[-1]))).sum(-1)  # (B, T)
     with torch.no_grad():
-        top = importance.amax(-1) > TOP_HEAD_THRESHOLD  # (B, T)
-        share = top.float().mean() if weights is None else (top * weights).sum()
-    return (kl.mean() if weights is None else (kl * weights).sum()), share
+        share = token_mean(importance.amax(-1) > TOP_HEAD_THRESHOLD, weights)
+    return token_mean(kl, weights), share
 
 
 def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target_tokens) -> torch.Tensor:
@@ -211,11 +218,9 @@ def collapse_statistics(importance: torch.Tensor, mask: torch.Tensor | None = No
     """
     g = importance.detach().float()
     entropy = -(g * g.clamp_min(torch.finfo(g.dtype).tiny).log()).sum(-1) / math.log(g.shape[-1])  # (B, T)
-    top = (g.amax(-1) > TOP_HEAD_THRESHOLD).float()
-    if mask is None:
-        return entropy.mean(), top.mean()
-    weights = mask.float() / mask.sum().clamp(min=1)
-    return (entropy * weights).sum(), (top * weights).sum()
+    top = g.amax(-1) > TOP_HEAD_THRESHOLD
+    weights = token_weights(mask)
+    return token_mean(entropy, weights), token_mean(top, weights)
 
 
 # --- the module attached to an attention module ---------------------------------------------------------------

@@ -163,18 +163,11 @@ def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_pea
 OUTSIDE_SUPPORT = -1e9
 
 
-def _probabilities(scores, support) -> tuple[torch.Tensor, torch.Tensor]:
-    """log a and a = softmax(scores) over the support (None: the scores are masked already): a exactly 0 outside
-    it, log a finite there."""
-    if support is not None:
-        scores = scores.masked_fill(~support, torch.finfo(scores.dtype).min)
-    return torch.log_softmax(scores, dim=-1), torch.softmax(scores, dim=-1)  # (not exp: slow on CPU)
-
-
-def _terms(ctx, scores, support, query_mask, *saved, masked: bool = False) -> tuple[torch.Tensor, ...]:
-    """The forward shared by both functions: the three terms; saves the probabilities, ``saved`` and the
-    coefficients for :func:`_scores_gradient`. ``masked``: the scores are already masked outside the support."""
-    log_a, a = _probabilities(scores, None if masked else support)  # (..., T, S)
+def _terms(ctx, scores, support, query_mask, *saved) -> tuple[torch.Tensor, ...]:
+    """The forward shared by both functions, from scores already masked outside the support (so that a is exactly 0
+    there and log a finite): the three terms; saves the probabilities, ``saved`` and the coefficients for
+    :func:`_scores_gradient`."""
+    log_a, a = torch.log_softmax(scores, dim=-1), torch.softmax(scores, dim=-1)  # (..., T, S) (not exp: slow on CPU)
     coefficients = _coefficients(support, query_mask, a.dtype)
     peak, sent, dist, log_a_bar = _forward(a, log_a, *coefficients)
     ctx.save_for_backward(a, *saved, *coefficients, log_a_bar)
@@ -195,7 +188,7 @@ class _Regularizers(torch.autograd.Function):
     def forward(ctx, scores, support, query_mask):
         ctx.set_materialize_grads(False)
         with torch.autocast(scores.device.type, enabled=False):  # in the scores' dtype, also under autocast
-            return _terms(ctx, scores, support, query_mask)
+            return _terms(ctx, scores.masked_fill(~support, torch.finfo(scores.dtype).min), support, query_mask)
 
     @staticmethod
     @once_differentiable
@@ -246,7 +239,7 @@ class _LayerRegularizers(torch.autograd.Function):
             ctx.lengths = ([q.shape[2] for q in queries], [k.shape[2] for k in keys])
             ctx.token_major = (_token_major(queries), _token_major(keys))
             ctx.bias_shape = None if bias is None else bias.shape
-            return _terms(ctx, scores, support, query_mask, query, key, masked=True)
+            return _terms(ctx, scores, support, query_mask, query, key)
 
     @staticmethod
     @once_differentiable
