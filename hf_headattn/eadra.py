@@ -276,10 +276,10 @@ def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, querie
 MAX_PADDING = 0.5
 
 
-def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
-                peak_reduction: str = "mean") -> dict[str, list[torch.Tensor]]:
+def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction: str = "mean",
+                keep_cdf: bool = False) -> dict[str, list[torch.Tensor]]:
     """Per component, [R_peak, R_sent, R_dist] (after :func:`rescale_terms`) summed over its regularized heads,
-    layers and sentences.
+    layers and sentences (``keep_cdf``: see :func:`~.eadra_math.layer_regularizers`; set when R_dist is weighted).
 
     The layers of a component that share their masks (all of them, unless SEA changed one layer's mask) form a group;
     groups with the same number of regularized heads go through :func:`~.eadra_math.layer_regularizers` together,
@@ -300,7 +300,7 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
         supports = [head_support(group[0]) for group in fused]
         bias, support, queries = supports[0] if len(fused) == 1 else _padded_supports(fused, supports)
         terms = layer_regularizers([c.query for c in members], [c.key for c in members], first.num_heads,
-                                   first.scaling, support, queries, bias)  # each (L, B, h)
+                                   first.scaling, support, queries, bias, keep_cdf)  # each (L, B, h)
         terms = rescale_terms(terms, support, queries, dist_reduction, peak_reduction)
         start = 0
         for group in fused:
@@ -445,7 +445,8 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
         return {}, None
     tokens = _target_tokens(context, records)
     tokens = tokens.clamp(min=1) if torch.is_tensor(tokens) else max(tokens, 1)
-    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction)  # component -> [peak, sent, dist]
+    weighted_dist = settings.alpha_scale > 0 and any(c.alpha_dist for c in settings.components.values())
+    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction, weighted_dist)
     loss, names, values = None, [], []
     for component, sums in totals.items():
         resolved = settings.components[component]

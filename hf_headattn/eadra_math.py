@@ -114,34 +114,40 @@ def _inverse_log(n: torch.Tensor) -> torch.Tensor:
 def _coefficients(support, query_mask, dtype) -> tuple[torch.Tensor, ...]:
     """What the masks contribute, computed once per call: ``-w_i / log n_i`` (..., T) for R_peak, the query weights
     w (..., T) of the mean over real queries, the pairs of consecutive real queries (..., T-1) (bool) and
-    1 / log n_bar for the query-averaged attention."""
-    weights = query_mask / query_mask.sum(-1, keepdim=True, dtype=dtype).clamp_(min=1)
+    1 / log n_bar for the query-averaged attention. (Counted on uint8 views: bool reductions are slow on CPU.)"""
+    real = query_mask.to(dtype)
+    weights = real / real.sum(-1, keepdim=True).clamp_(min=1)
     pairs = query_mask[..., :-1] & query_mask[..., 1:]
-    peak_coef = (_inverse_log(support.sum(-1, dtype=dtype)) * weights).neg_()
-    bar_norm = _inverse_log((support & query_mask.unsqueeze(-1)).any(-2).sum(-1, dtype=dtype))
+    keys = support.view(torch.uint8)
+    peak_coef = (_inverse_log(keys.sum(-1).to(dtype)) * weights).neg_()
+    union = (keys * query_mask.view(torch.uint8).unsqueeze(-1)).sum(-2) > 0  # keys some real query sees
+    bar_norm = _inverse_log(union.sum(-1).to(dtype))
     return peak_coef, weights, pairs, bar_norm
 
 
 def _forward(a, log_a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Tensor, ...]:
-    """R_peak, R_sent, R_dist as in the definitions above, sharing the mask coefficients; and log a_bar."""
+    """R_peak, R_sent, R_dist as in the definitions above, sharing the mask coefficients; log a_bar and 1 - 2 F
+    (F = cumsum(a), which R_dist's gradient needs)."""
     peak = torch.linalg.vecdot(torch.linalg.vecdot(a, log_a), peak_coef)  # Eq. 4
     a_bar = (a * weights.unsqueeze(-1)).sum(-2)  # (..., S): Eq. 5
     log_a_bar = _safe_log(a_bar)
     sent = torch.linalg.vecdot(a_bar, log_a_bar) * bar_norm  # Eq. 6: 0 log 0 = 0 outside the union
     cdf = a.cumsum(-1)  # (..., T, S)
-    this, after = cdf[..., :-1, :], cdf[..., 1:, :]
-    pair_distance = torch.addcmul(this, after, torch.rsub(this, 1, alpha=2)).sum(-1)  # F_i + F_i+1 - 2 F_i F_i+1
-    return peak, sent, (pair_distance * pairs).sum(-1), log_a_bar  # Eq. 8
+    one_minus_2cdf = torch.rsub(cdf, 1, alpha=2)
+    pair_distance = torch.addcmul(cdf[..., :-1, :], cdf[..., 1:, :], one_minus_2cdf[..., :-1, :])  # F_i+F_i+1(1-2F_i)
+    return peak, sent, (pair_distance.sum(-1) * pairs).sum(-1), log_a_bar, one_minus_2cdf  # Eq. 8
 
 
-def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_peak, g_sent, g_dist):
+def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, one_minus_2cdf, g_peak, g_sent, g_dist):
     """d(g_peak R_peak + g_sent R_sent + g_dist R_dist) / d a up to a constant per row (which the softmax Jacobian
-    removes); each g is a.shape[:-2], or ``None`` for a term outside the objective (skipped)."""
+    removes); each g is a.shape[:-2], or ``None`` for a term outside the objective (skipped); ``one_minus_2cdf``:
+    1 - 2 cumsum(a) as the forward pass kept it, or ``None`` (recomputed)."""
     grad = None
     if g_dist is not None:
         # d R_dist / d F_i(k) = pair_i (1 - 2 F_{i+1}(k)) + pair_{i-1} (1 - 2 F_{i-1}(k)), and
         # d / d a_i(t) = sum_{k >= t} d / d F_i(k) = (row constant) - sum_{k < t} d / d F_i(k)
-        one_minus_2cdf = torch.rsub(a.cumsum(-1), 1, alpha=2)  # (..., T, S)
+        if one_minus_2cdf is None:
+            one_minus_2cdf = torch.rsub(a.cumsum(-1), 1, alpha=2)  # (..., T, S)
         pairs = (g_dist.unsqueeze(-1) * pairs).unsqueeze(-1)  # (..., T-1, 1)
         grad_cdf = torch.zeros_like(one_minus_2cdf)
         grad_cdf[..., :-1, :].addcmul_(pairs, one_minus_2cdf[..., 1:, :])
@@ -163,14 +169,15 @@ def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_pea
 OUTSIDE_SUPPORT = -1e9
 
 
-def _terms(ctx, scores, support, query_mask, *saved) -> tuple[torch.Tensor, ...]:
+def _terms(ctx, scores, support, query_mask, *saved, keep_cdf: bool = False) -> tuple[torch.Tensor, ...]:
     """The forward shared by both functions, from scores already masked outside the support (so that a is exactly 0
     there and log a finite): the three terms; saves the probabilities, ``saved`` and the coefficients for
-    :func:`_scores_gradient`."""
+    :func:`_scores_gradient`, and with ``keep_cdf`` 1 - 2 cumsum(a) (one more map kept, two passes fewer when R_dist
+    is in the objective)."""
     log_a, a = torch.log_softmax(scores, dim=-1), torch.softmax(scores, dim=-1)  # (..., T, S) (not exp: slow on CPU)
     coefficients = _coefficients(support, query_mask, a.dtype)
-    peak, sent, dist, log_a_bar = _forward(a, log_a, *coefficients)
-    ctx.save_for_backward(a, *saved, *coefficients, log_a_bar)
+    peak, sent, dist, log_a_bar, one_minus_2cdf = _forward(a, log_a, *coefficients)
+    ctx.save_for_backward(a, *saved, *coefficients, log_a_bar, one_minus_2cdf if keep_cdf else None)
     return peak, sent, dist
 
 
@@ -223,7 +230,7 @@ class _LayerRegularizers(torch.autograd.Function):
     the stacked heads, and returns each layer's query/key gradient directly (one operation for all layers)."""
 
     @staticmethod
-    def forward(ctx, num_heads, scaling, support, query_mask, bias, *queries_and_keys):
+    def forward(ctx, num_heads, scaling, keep_cdf, support, query_mask, bias, *queries_and_keys):
         ctx.set_materialize_grads(False)
         layers, first = len(queries_and_keys) // 2, queries_and_keys[0]
         queries, keys = queries_and_keys[:layers], queries_and_keys[layers:]
@@ -239,7 +246,7 @@ class _LayerRegularizers(torch.autograd.Function):
             ctx.lengths = ([q.shape[2] for q in queries], [k.shape[2] for k in keys])
             ctx.token_major = (_token_major(queries), _token_major(keys))
             ctx.bias_shape = None if bias is None else bias.shape
-            return _terms(ctx, scores, support, query_mask, query, key)
+            return _terms(ctx, scores, support, query_mask, query, key, keep_cdf=keep_cdf)
 
     @staticmethod
     @once_differentiable
@@ -248,14 +255,14 @@ class _LayerRegularizers(torch.autograd.Function):
         with torch.autocast(a.device.type, enabled=False):
             grad = _scores_gradient(a, coefficients, g_peak, g_sent, g_dist)  # (L, B, h, T, S)
             if grad is None:
-                return (None,) * (5 + 2 * len(ctx.lengths[0]))
-            grad_bias = grad.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[4] else None  # e.g. LPEA's bias
+                return (None,) * (6 + 2 * len(ctx.lengths[0]))
+            grad_bias = grad.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[5] else None  # e.g. LPEA's bias
             shape, grad = grad.shape, grad.flatten(0, 2)  # (L * B * h, T, S)
             grad_query = _unstack_heads(torch.bmm(grad, key).mul_(ctx.scaling), shape, ctx.heads, ctx.dtype,
                                         ctx.lengths[0], ctx.token_major[0])
             grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query), shape, ctx.heads, ctx.dtype,
                                       ctx.lengths[1], ctx.token_major[1])
-        return None, None, None, None, grad_bias, *grad_query, *grad_key
+        return None, None, None, None, None, grad_bias, *grad_query, *grad_key
 
 
 def _runs(lengths: list[int]) -> list[tuple[int, int]]:
@@ -310,7 +317,7 @@ def _unstack_heads(grad: torch.Tensor, shape, heads: int, dtype: torch.dtype, le
 
 def layer_regularizers(
     queries, keys, num_heads: int, scaling: float, support: torch.Tensor, query_mask: torch.Tensor,
-    bias: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None, keep_cdf: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`eadra_regularizers` of the first ``num_heads`` heads of several layers, fused into one pass.
 
@@ -328,9 +335,11 @@ def layer_regularizers(
     support : bool, broadcastable to (L, B, h, T, S); query_mask : bool, broadcastable to (L, B, h, T).
     bias : None or float additive bias broadcastable to (L, B, h, T, S) (an additive attention mask); it gets a
         gradient when it requires one (SEA's LPEA bias).
+    keep_cdf : keep 1 - 2 cumsum(a) from the forward pass for the backward (set it when R_dist is in the objective:
+        one more (L, B, h, T, S) map kept, two passes over the maps fewer).
 
     Returns
     -------
     ``(R_peak, R_sent, R_dist)``, each (L, B, h): per layer, sentence and head.
     """
-    return _LayerRegularizers.apply(num_heads, scaling, support, query_mask, bias, *queries, *keys)
+    return _LayerRegularizers.apply(num_heads, scaling, keep_cdf, support, query_mask, bias, *queries, *keys)

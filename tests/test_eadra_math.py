@@ -197,13 +197,16 @@ def layer_case(kind, layers=3, heads=4, D=3, seed=7, dtype=torch.float64):
     return qs, ks, support[:, None], queries[:, None]
 
 
+@pytest.mark.parametrize("keep_cdf", [False, True])
 @pytest.mark.parametrize("num_heads", [2, 4])
 @pytest.mark.parametrize("kind", KINDS)
-def test_layer_regularizers_equal_the_definitions_layer_by_layer(kind, num_heads):
+def test_layer_regularizers_equal_the_definitions_layer_by_layer(kind, num_heads, keep_cdf):
+    """Terms and gradients (queries, keys, LPEA's bias), whether the backward recomputes the CDF or takes the
+    forward's (``keep_cdf``)."""
     qs, ks, support, queries = layer_case(kind)
     bias = torch.randn(support.shape[0], 1, *support.shape[2:], dtype=torch.float64, requires_grad=True)  # LPEA's
     weights = (0.7, -1.3, 0.05)
-    fused = layer_regularizers(qs, ks, num_heads, 0.4, support, queries, bias)
+    fused = layer_regularizers(qs, ks, num_heads, 0.4, support, queries, bias, keep_cdf)
     sum(w * t.sum() for w, t in zip(weights, fused)).backward()
     fused_grads = [x.grad.clone() for x in (*qs, *ks, bias)]
     for x in (*qs, *ks, bias):
@@ -228,10 +231,11 @@ def test_layer_regularizers_gradcheck_float64():
     qs, ks = [q[:1, :, :4, :].detach().requires_grad_() for q in qs], [k[:1, :, :4].detach().requires_grad_() for k in ks]
     support, queries = support[:1, :, :4, :4], queries[:1, :, :4]
 
-    def f(*x):
-        return layer_regularizers(x[:2], x[2:], 2, 0.7, support, queries)
+    for keep_cdf in (False, True):
+        def f(*x):
+            return layer_regularizers(x[:2], x[2:], 2, 0.7, support, queries, None, keep_cdf)
 
-    assert torch.autograd.gradcheck(f, (*qs, *ks))
+        assert torch.autograd.gradcheck(f, (*qs, *ks))
 
 
 def test_layer_regularizers_keep_the_inputs_dtype_and_compute_in_float32():

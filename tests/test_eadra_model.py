@@ -337,3 +337,25 @@ def test_components_with_other_head_shapes_get_their_own_pass(monkeypatch):
     out.loss.backward()
     assert len(passes) == 2 and torch.isfinite(out.eadra_loss)
     assert model.model.decoder.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("alpha_dist, kept", [(0.5, True), (0.0, False)])
+def test_the_cdf_is_kept_for_the_backward_only_when_r_dist_is_weighted(monkeypatch, alpha_dist, kept):
+    """The forward's 1 - 2 cumsum(a) is kept (one more map in memory, two passes fewer) only when R_dist is in the
+    objective; the gradients are the same either way."""
+    flags = []
+    fused_pass = eadra.layer_regularizers
+    monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: flags.append(args[7]) or fused_pass(*args))
+    grads = []
+    for keep in (kept, not kept):
+        torch.manual_seed(0)
+        config = HeadAttnMBartConfig(**TINY, dropout=0.0, attention_dropout=0.0, eadra={
+            c: {"alpha_dist": alpha_dist, "alpha_sent": 0.3} for c in ("encoder", "decoder")})
+        model = HeadAttnMBartForConditionalGeneration(config)
+        if keep != kept:
+            monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: fused_pass(*args[:7], keep))
+        model(**batch()).eadra_loss.backward()
+        grads.append([p.grad for p in model.parameters() if p.grad is not None])
+    assert flags == [kept]
+    for got, expected in zip(*grads):
+        torch.testing.assert_close(got, expected)
