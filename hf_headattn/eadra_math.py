@@ -125,10 +125,10 @@ def _coefficients(support, query_mask, dtype) -> tuple[torch.Tensor, ...]:
     return peak_coef, weights, pairs, bar_norm
 
 
-def _forward(a, log_a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Tensor, ...]:
-    """R_peak, R_sent, R_dist as in the definitions above, sharing the mask coefficients; log a_bar and 1 - 2 F
-    (F = cumsum(a), which R_dist's gradient needs)."""
-    peak = torch.linalg.vecdot(torch.linalg.vecdot(a, log_a), peak_coef)  # Eq. 4
+def _forward(a, a_log_a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Tensor, ...]:
+    """R_peak, R_sent, R_dist as in the definitions above, from a and sum_j a_j log a_j (..., T), sharing the mask
+    coefficients; log a_bar and 1 - 2 F (F = cumsum(a), which R_dist's gradient needs)."""
+    peak = torch.linalg.vecdot(a_log_a, peak_coef)  # Eq. 4
     a_bar = (a * weights.unsqueeze(-1)).sum(-2)  # (..., S): Eq. 5
     log_a_bar = _safe_log(a_bar)
     sent = torch.linalg.vecdot(a_bar, log_a_bar) * bar_norm  # Eq. 6: 0 log 0 = 0 outside the union
@@ -174,9 +174,11 @@ def _terms(ctx, scores, support, query_mask, *saved, keep_cdf: bool = False) -> 
     there and log a finite): the three terms; saves the probabilities, ``saved`` and the coefficients for
     :func:`_scores_gradient`, and with ``keep_cdf`` 1 - 2 cumsum(a) (one more map kept, two passes fewer when R_dist
     is in the objective)."""
-    log_a, a = torch.log_softmax(scores, dim=-1), torch.softmax(scores, dim=-1)  # (..., T, S) (not exp: slow on CPU)
+    a = torch.softmax(scores, dim=-1)  # (..., T, S) (log a from log_softmax, not a.log(): slow on CPU)
+    a_log_a = torch.linalg.vecdot(a, torch.log_softmax(scores, dim=-1))  # (..., T), no log a kept
+    del scores  # the callers keep no reference: freed before the next maps are made
     coefficients = _coefficients(support, query_mask, a.dtype)
-    peak, sent, dist, log_a_bar, one_minus_2cdf = _forward(a, log_a, *coefficients)
+    peak, sent, dist, log_a_bar, one_minus_2cdf = _forward(a, a_log_a, *coefficients)
     ctx.save_for_backward(a, *saved, *coefficients, log_a_bar, one_minus_2cdf if keep_cdf else None)
     return peak, sent, dist
 
@@ -240,13 +242,12 @@ class _LayerRegularizers(torch.autograd.Function):
             query = _stack_heads(queries, num_heads, dtype, length).mul_(scaling)  # (L * B * h, T, D)
             key = _stack_heads(keys, num_heads, dtype, key_length)  # (L * B * h, S, D)
             shape = (layers, first.shape[0], num_heads, length, key_length)
-            scores = torch.bmm(query, key.transpose(1, 2)).view(shape)  # (L, B, h, T, S)
-            scores = scores.add_(torch.where(support, 0.0 if bias is None else bias, OUTSIDE_SUPPORT))
             ctx.scaling, ctx.heads, ctx.dtype = scaling, first.shape[1], first.dtype
             ctx.lengths = ([q.shape[2] for q in queries], [k.shape[2] for k in keys])
             ctx.token_major = (_token_major(queries), _token_major(keys))
             ctx.bias_shape = None if bias is None else bias.shape
-            return _terms(ctx, scores, support, query_mask, query, key, keep_cdf=keep_cdf)
+            return _terms(ctx, _masked_scores(query, key, shape, support, bias), support, query_mask, query, key,
+                          keep_cdf=keep_cdf)  # (the scores, (L, B, h, T, S), are _terms' alone, so it frees them)
 
     @staticmethod
     @once_differentiable
@@ -263,6 +264,12 @@ class _LayerRegularizers(torch.autograd.Function):
             grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query), shape, ctx.heads, ctx.dtype,
                                       ctx.lengths[1], ctx.token_major[1])
         return None, None, None, None, None, grad_bias, *grad_query, *grad_key
+
+
+def _masked_scores(query, key, shape, support, bias) -> torch.Tensor:
+    """``query @ key^T`` viewed as ``shape``, plus ``bias`` (or 0) on the support and OUTSIDE_SUPPORT elsewhere."""
+    scores = torch.bmm(query, key.transpose(1, 2)).view(shape)
+    return scores.add_(torch.where(support, 0.0 if bias is None else bias, OUTSIDE_SUPPORT))
 
 
 def _runs(lengths: list[int]) -> list[tuple[int, int]]:
