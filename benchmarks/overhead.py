@@ -14,7 +14,11 @@ launches, not arithmetic, set the step time, so the operator ratio predicts the 
 operators of forward and backward that need a tensor's value on the host (``.item()``, ``bool(t)``, ``nonzero``: a
 host-device synchronisation on a GPU; the optimizer's CPU step counters are left out), and ``generate_operators``
 the operators of a greedy ``generate`` of ``GENERATE_TOKENS`` tokens (eval mode, no labels). ``targets`` checks the
-ratios against issue #18's targets; GPU timing targets are "unmeasured" on a CPU run.
+ratios against issue #18's targets; GPU timing targets are "unmeasured" on a CPU run. ``page_faults_per_step`` (median
+minor page faults of a timed step): on the CPU, glibc's malloc returns freed memory at the top of its heap to the
+system and the next step faults it back in (about 2 us per 4 KiB page on a small VM), which moves a row's time by
+several percent with its allocation pattern; ``MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_MMAP_THRESHOLD_=1000000000``
+(or jemalloc / tcmalloc, as PyTorch's CPU performance guide advises) removes it for every row alike.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -175,6 +180,15 @@ def timed(step, device) -> float:
     return (time.perf_counter() - start) * 1000
 
 
+def minor_faults() -> int | None:
+    """The process's minor page faults so far (None where ``resource`` is missing, e.g. Windows)."""
+    if sys.platform == "win32":
+        return None
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def peak_memory(step, device) -> float | None:
     if device.type != "cuda":
         return None
@@ -197,6 +211,7 @@ def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warm
     if naive:
         runs["naive"] = ("naive", {})
     steps, times, memory, operators = {}, {name: [] for name in runs}, {}, {}
+    faults = {name: [] for name in runs}
     syncs, generated = {}, {}
     for name, (kind, settings) in runs.items():  # one model on the device at a time for the memory numbers
         model = build(kind, settings, shape_kwargs, device, dtype, attn_implementation)
@@ -218,7 +233,9 @@ def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warm
                 steps[name]()
     for _ in range(repeats):  # alternate, so drifts of the machine hit every row alike
         for name in runs:
+            before = minor_faults()
             times[name].append(timed(steps[name], device))
+            faults[name].append(None if before is None else minor_faults() - before)
     median = {name: statistics.median(t) for name, t in times.items()}
     result = {
         "shape": shape, "batch_size": batch_size, "length": length, "device": str(device), "dtype": str(dtype),
@@ -232,6 +249,7 @@ def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warm
             "peak_gib": None if memory[name] is None else round(memory[name], 3),
             "memory_ratio": None if memory[name] is None else round(memory[name] / memory["stock"], 4),
             "spread_ms": [round(min(times[name]), 3), round(max(times[name]), 3)],
+            "page_faults_per_step": None if faults[name][0] is None else statistics.median(faults[name]),
             "operators": operators[name], "operator_ratio": round(operators[name] / operators["stock"], 4),
             "syncs": syncs[name], "syncs_over_stock": syncs[name] - syncs["stock"],
             "generate_operators": generated[name],
