@@ -148,6 +148,44 @@ def test_loss_is_nll_minus_lambda_kl_and_sdpa_equals_eager(family):
     torch.testing.assert_close(eager.dhicm_kl, sdpa.dhicm_kl, atol=1e-7, rtol=1e-4)
 
 
+def sharp(model):
+    """The model with DHICM parameters far from their initialisation (peaked G, gradients of every parameter)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".dhicm." in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=g))
+    return model.train()
+
+
+@pytest.mark.parametrize("mode", ["paper", "scaled_out_proj"])
+def test_autocast_and_bf16_weights_match_float32(mode):
+    """Under autocast (bf16 attention, float32 DHICM parameters) and with bf16 weights, G and the KL are float32 and
+    loss, KL and the DHICM parameters' gradients match the float32 model's."""
+    reference = sharp(tiny(dhicm_mode=mode))
+    out = reference(**batch())
+    out.loss.backward()
+    mixed = sharp(tiny(dhicm_mode=mode))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = mixed(**batch())
+    got.loss.backward()
+    weights = sharp(tiny(dhicm_mode=mode)).to(torch.bfloat16)
+    half = weights(**batch())
+    half.loss.backward()
+    assert out.dhicm_kl > 0.03 and got.dhicm_kl.dtype == half.dhicm_kl.dtype == torch.float32
+    for run in (got, half):
+        torch.testing.assert_close(run.loss.float(), out.loss, atol=0.02, rtol=0.01)
+        torch.testing.assert_close(run.dhicm_kl, out.dhicm_kl, atol=0.03, rtol=0.03)
+    for name, parameter in reference.named_parameters():
+        if ".dhicm." in name:
+            expected = parameter.grad
+            assert expected.abs().max() > 1e-7, name
+            for model in (mixed, weights):
+                grad = model.get_parameter(name).grad
+                assert grad.dtype == model.get_parameter(name).dtype
+                torch.testing.assert_close(grad.float(), expected, atol=0.05 * expected.abs().max().item(), rtol=0.1)
+
+
 def test_kl_averages_over_real_tokens_and_modules():
     model = tiny(dhicm_decoder_layers=None)
     out = model(**batch(), output_head_importance=True)

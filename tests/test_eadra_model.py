@@ -12,7 +12,7 @@ from hf_headattn import (
     HeadAttnMBartForConditionalGeneration,
 )
 from hf_headattn.attention import AttentionCall, HeadAttnContext
-from hf_headattn import eadra
+from hf_headattn import eadra, eadra_math
 from hf_headattn.eadra_math import distance_regularizer, peak_regularizer, sentence_regularizer
 from test_eadra_math import loop_reference
 
@@ -337,6 +337,25 @@ def test_components_with_other_head_shapes_get_their_own_pass(monkeypatch):
     out.loss.backward()
     assert len(passes) == 2 and torch.isfinite(out.eadra_loss)
     assert model.model.decoder.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("alphas, skipped", [
+    ({"encoder": {}, "decoder": {}}, ["peak"]),  # the defaults weigh no R_peak
+    ({"encoder": {"alpha_peak": 0.5}, "decoder": {}}, []),  # one component weighs it: computed for all layers
+    ({"encoder": {"alpha_sent": 0.0, "alpha_peak": 0.0}, "decoder": {"alpha_sent": 0.0}}, ["peak", "sent"]),
+])
+def test_terms_no_component_weighs_get_no_backward(monkeypatch, alphas, skipped):
+    """The fused backward receives None (and computes nothing) for the terms outside the objective."""
+    received = []
+    backward = eadra_math._gradient_wrt_probs
+    monkeypatch.setattr(eadra_math, "_gradient_wrt_probs", lambda *args: received.append(args[-3:]) or backward(*args))
+    torch.manual_seed(0)
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, eadra=alphas))
+    out = model(**batch())
+    out.eadra_loss.backward()
+    (grads,) = received
+    assert [name for name, grad in zip(eadra.TERMS, grads) if grad is None] == skipped
+    assert all(torch.isfinite(out.eadra_terms[f"encoder/{name}"]) for name in eadra.TERMS)
 
 
 @pytest.mark.parametrize("alpha_dist, kept", [(0.5, True), (0.0, False)])
