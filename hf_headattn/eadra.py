@@ -277,13 +277,9 @@ MAX_PADDING = 0.5
 
 
 def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction: str = "mean",
-                weighted: tuple[bool, bool, bool] = (True, True, True)) -> dict[str, torch.Tensor]:
-    """Per component, (R_peak, R_sent, R_dist) (after :func:`rescale_terms`) summed over its regularized heads, layers
-    and sentences, as a (3,) tensor.
-
-    ``weighted``: which terms are in the objective; the others are detached, so the fused backward skips them, and
-    with R_dist weighted the forward keeps what its gradient needs (``keep_cdf`` of
-    :func:`~.eadra_math.layer_regularizers`).
+                keep_cdf: bool = False) -> dict[str, list[torch.Tensor]]:
+    """Per component, [R_peak, R_sent, R_dist] (after :func:`rescale_terms`) summed over its regularized heads,
+    layers and sentences (``keep_cdf``: see :func:`~.eadra_math.layer_regularizers`; set when R_dist is weighted).
 
     The layers of a component that share their masks (all of them, unless SEA changed one layer's mask) form a group;
     groups with the same number of regularized heads go through :func:`~.eadra_math.layer_regularizers` together,
@@ -304,13 +300,14 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction:
         supports = [head_support(group[0]) for group in fused]
         bias, support, queries = supports[0] if len(fused) == 1 else _padded_supports(fused, supports)
         terms = layer_regularizers([c.query for c in members], [c.key for c in members], first.num_heads,
-                                   first.scaling, support, queries, bias, weighted[2])  # each (L, B, h)
+                                   first.scaling, support, queries, bias, keep_cdf)  # each (L, B, h)
         terms = rescale_terms(terms, support, queries, dist_reduction, peak_reduction)
-        terms = [term if needed else term.detach() for term, needed in zip(terms, weighted)]
-        per_layer = torch.stack(terms).flatten(2).sum(-1)  # (3, L)
-        for group, sums in zip(fused, per_layer.split([len(group) for group in fused], dim=1)):
-            component, sums = group[0].component, sums.sum(1)
-            totals[component] = totals[component] + sums if component in totals else sums
+        start = 0
+        for group in fused:
+            end = start + len(group)
+            sums = [(term if len(fused) == 1 else term[start:end]).sum() for term in terms]
+            component, start = group[0].component, end
+            totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
     return totals
 
 
@@ -448,19 +445,18 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
         return {}, None
     tokens = _target_tokens(context, records)
     tokens = tokens.clamp(min=1) if torch.is_tensor(tokens) else max(tokens, 1)
-    weighted = tuple(settings.alpha_scale > 0 and any(getattr(c, f"alpha_{name}") for c in settings.components.values())
-                     for name in TERMS)
-    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction, weighted)
+    weighted_dist = settings.alpha_scale > 0 and any(c.alpha_dist for c in settings.components.values())
+    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction, weighted_dist)
     loss, names, values = None, [], []
     for component, sums in totals.items():
         resolved = settings.components[component]
-        values.append(sums)
-        for name, total in zip(TERMS, sums.unbind()):
+        for name, total in zip(TERMS, sums):
             names.append(f"{component}/{name}")
+            values.append(total)
             alpha = getattr(resolved, f"alpha_{name}") * settings.alpha_scale
-            if alpha:  # (terms no component weighs were detached by layer_terms: their backward is skipped)
+            if alpha:  # a zero-weighted term stays out of the graph: its backward is skipped
                 loss = alpha * total if loss is None else loss.add(total, alpha=alpha)
-    terms = dict(zip(names, (torch.cat(values).detach() / tokens).unbind()))
+    terms = dict(zip(names, (torch.stack(values).detach() / tokens).unbind()))
     loss = values[0].new_zeros(()) if loss is None else loss / tokens
     if settings.warmup_steps:
         scale = _warmup(context, settings.warmup_steps)
