@@ -5,21 +5,44 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # torch first and pinned: 2.13.0 is the CPU build available offline here; users may install newer versions.
 TORCH ?= torch==2.13.0
-# the test environment pins transformers: tests/hf_common vendors HF's model tests of exactly this version
-TRANSFORMERS ?= transformers==5.23.0
+# The lowest transformers release we support (pyproject.toml's lower bound): tests/hf_common vendors HF's model tests
+# of exactly this release (tests/hf_common/VERSION).
+TRANSFORMERS ?= transformers==$(shell head -n1 tests/hf_common/VERSION)
+# The newest release pyproject.toml admits, in a second environment, upgraded on every `make test`.
+NEWEST_VENV ?= .venv-newest
+NEWEST_PY := $(NEWEST_VENV)/bin/python
+TRANSFORMERS_NEWEST ?= $(shell sed -n 's/^ *"\(transformers[^"]*\)",$$/\1/p' pyproject.toml)
+PYTEST := -m pytest -q -p no:cacheprovider
 
-.PHONY: env test demo bench clean
+.PHONY: env env-newest test test-lowest test-newest demo bench hf-common clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml tests/hf_common/VERSION
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(TORCH)
 	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search]" "$(TRANSFORMERS)"
 	touch $@
 
+$(NEWEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_PY) -m pip install -q --disable-pip-version-check $(TORCH)
+	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -e ".[dev,parsers,search]"
+	touch $@
+
 env: $(VENV)/.installed
 
-test: env
-	$(PY) -m pytest -q -p no:cacheprovider
+env-newest: $(NEWEST_VENV)/.installed
+	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -U "$(TRANSFORMERS_NEWEST)"
+
+# The suite on both ends of the supported transformers range.
+test: test-lowest test-newest
+
+test-lowest: env
+	@$(PY) -c "import transformers; print('== tests on transformers', transformers.__version__, '(lowest supported) ==')"
+	$(PY) $(PYTEST)
+
+test-newest: env-newest
+	@$(NEWEST_PY) -c "import transformers; print('== tests on transformers', transformers.__version__, '(newest) ==')"
+	$(NEWEST_PY) $(PYTEST)
 
 demo: env
 	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py
@@ -27,5 +50,9 @@ demo: env
 bench: env
 	$(PY) benchmarks/overhead.py --shape tiny --rows off --naive --out outputs/overhead-tiny.json
 
+# Vendor HF's common model tests of the release installed in $(VENV) (see tests/hf_common/README.md).
+hf-common: env
+	$(PY) tests/hf_common/refresh.py
+
 clean:
-	rm -rf $(VENV) outputs
+	rm -rf $(VENV) $(NEWEST_VENV) outputs

@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MBartConfig, MBartForConditionalGeneration
 
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, sea
+from hf_headattn.registry import method_inputs
 
 SHAPES = {  # model shape, batch size, sequence length (source = target)
     "tiny": (dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
@@ -109,7 +110,7 @@ def generate_operators(kind, model, batch) -> int:
     """Operators of a greedy ``generate`` of exactly ``GENERATE_TOKENS`` tokens (no labels, eval mode, no grad)."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     if kind != "ours" or model.config.sea is None:
-        inputs = {k: v for k, v in inputs.items() if k not in ("dependency_mask", "phrase_positions")}
+        inputs = {k: v for k, v in inputs.items() if k not in method_inputs()}
     kwargs = dict(max_new_tokens=GENERATE_TOKENS, min_new_tokens=GENERATE_TOKENS, num_beams=1, do_sample=False)
     model.eval()
     try:
@@ -156,9 +157,9 @@ def build(kind, settings, shape_kwargs, device, dtype, attn_implementation):
 
 def step_fn(kind, model, batch):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    inputs = batch if kind == "ours" else {k: v for k, v in batch.items() if k not in ("dependency_mask", "phrase_positions")}
-    if kind == "ours" and model.config.sea is None:
-        inputs = {k: v for k, v in inputs.items() if k not in ("dependency_mask", "phrase_positions")}
+    inputs = batch
+    if kind != "ours" or model.config.sea is None:
+        inputs = {k: v for k, v in inputs.items() if k not in method_inputs()}
 
     def forward_backward():
         outputs = model(**inputs, output_attentions=kind == "naive")

@@ -4,9 +4,14 @@ The HF attention modules (``MBartAttention``, ``MarianAttention``: the same code
 function registered under ``config._attn_implementation`` and apply ``out_proj``. We keep that forward untouched and
 hook in at the one place transformers 5 designed for it, the attention registry:
 
-* an attention module that carries a method gets a small stand-in for its ``config`` whose ``_attn_implementation`` is
-  :data:`ATTENTION_NAME` (every other attribute reads through to the model config); every other module is left
-  exactly as HF built it (so with every method off, nothing changes);
+* an attention module that carries a method keeps its HF class and ``forward``; it gets a forward pre-hook that hands
+  its query-side input on to the attention function as a keyword (as peft hands on its adapter arguments), and a
+  small stand-in for its ``config`` whose ``_attn_implementation`` is :data:`ATTENTION_NAME` (every other attribute
+  reads through to the model config). Every other module is left exactly as HF built it (so with every method off,
+  nothing changes), and the model config keeps the backend the user chose: ``model.config._attn_implementation``
+  still reads ``"sdpa"``/``"eager"``, ``set_attn_implementation`` switches the backend under the methods, and
+  ``config.output_attentions`` and HF's own attention tests work as on the stock model (a model-wide registered name
+  would break all three);
 * that function runs the methods attached to the module around the backend the *model* is configured with (SDPA or
   eager; others are refused): ``before`` may change the mask (SEA), the backend computes the output, ``after`` may
   read q/k (EaDRA recomputes probabilities only for its heads) and transform the per-head output (DHICM).
@@ -38,6 +43,8 @@ SUPPORTED_BACKENDS = ("sdpa", "eager")
 class HeadAttnContext:
     """State of one forward pass, shared by all attention modules that carry a method.
 
+    ``flags``: the read-out flags (``MethodSpec.flags``) set in this forward, e.g. ``"output_head_importance"``.
+
     ``records[key]`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
     the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
     are True at real (non-padding) tokens; ``None`` means every token is real. ``grad_enabled``: whether the forward
@@ -49,9 +56,9 @@ class HeadAttnContext:
     ``defaultdict`` cannot even be rebuilt); a plain object is passed through as it is.
     """
 
-    def __init__(self, output_head_importance: bool = False, output_redundant_heads: bool = False,
-                 source_mask: torch.Tensor | None = None, target_mask: torch.Tensor | None = None):
-        self.output_head_importance, self.output_redundant_heads = output_head_importance, output_redundant_heads
+    def __init__(self, flags=frozenset(), source_mask: torch.Tensor | None = None,
+                 target_mask: torch.Tensor | None = None):
+        self.flags = frozenset(flags)
         self.source_mask, self.target_mask = source_mask, target_mask
         self.records: dict[str, list] = defaultdict(list)
         self.cache: dict[Any, Any] = {}  # what the methods compute once per forward (e.g. DHICM's token weights)
@@ -164,41 +171,30 @@ class _HeadAttnDispatch:
         return getattr(self.model_config, name)
 
 
-class HeadAttnAttentionMixin:
-    """Identical to the HF attention module except that the attention function also receives the query-side input.
+def _pass_query_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook of an attention module that carries a method: hand its query-side input
+    (``hidden_states``, HF's first parameter) on to the attention function as ``headattn_hidden_states``.
 
-    Mixed into a subclass of the module's own class (see :func:`attach_method`) only for modules that carry a method.
+    HF's attention ``forward`` passes its ``**kwargs`` on to the attention function, as peft passes its adapter
+    arguments; so nothing of HF's signature is restated here beyond the name and place of that first parameter.
     """
-
-    def forward(self, hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
-        return super().forward(
-            hidden_states, key_value_states, past_key_values, attention_mask, headattn_hidden_states=hidden_states,
-            **kwargs,
-        )
-
-
-_SUBCLASSES: dict[type, type] = {}
-
-
-def _headattn_class(cls: type) -> type:
-    if issubclass(cls, HeadAttnAttentionMixin):
-        return cls
-    if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(f"HeadAttn{cls.__name__}", (HeadAttnAttentionMixin, cls), {"__module__": __name__})
-    return _SUBCLASSES[cls]
+    hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    return args, {**kwargs, "headattn_hidden_states": hidden_states}
 
 
 def attach_method(module: nn.Module, name: str, method: nn.Module, model_config) -> None:
     """Attach ``method`` (an ``nn.Module`` with ``before``/``after`` hooks) to an HF attention module as ``name``.
 
     Its parameters appear under ``<module path>.<name>.*`` (e.g. ``...self_attn.dhicm.w``), so they are saved, loaded
-    and selected for optimizer groups or PEFT by name.
+    and selected for optimizer groups or PEFT by name. The module keeps its HF class and ``forward``; the first method
+    attached adds the pre-hook :func:`_pass_query_input` and routes the module's attention calls to
+    :data:`ATTENTION_NAME` (see :class:`_HeadAttnDispatch`).
     """
-    module.__class__ = _headattn_class(type(module))
-    module.config = _HeadAttnDispatch(model_config)
+    if not getattr(module, "headattn_methods", ()):
+        module.register_forward_pre_hook(_pass_query_input, with_kwargs=True)
+        module.config = _HeadAttnDispatch(model_config)
     module.add_module(name, method)
-    names = getattr(module, "headattn_methods", ())
-    module.headattn_methods = (*names, name)
+    module.headattn_methods = (*getattr(module, "headattn_methods", ()), name)
 
 
 def headattn_attention_forward(

@@ -262,7 +262,7 @@ class DHICM(AttentionMethod):
         ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T, self.dropout.p, self.training)  # (B * T, d_m)
         context = call.context
         losses = context is not None and context.compute_losses  # KL (Eq. 4-5) only when a loss is needed
-        readout = context is not None and context.output_head_importance
+        readout = context is not None and "output_head_importance" in context.flags
         if self.mode == "paper" and not losses and not readout:  # e.g. generate: G is not needed, one fused call
             return attend_over_heads(attn_output, ux @ self.w, self.v)  # (B, T, d_m), to out_proj = W_s
         scores = importance_scores(attn_output, ux, self.w)  # (B, T, H)
@@ -316,7 +316,7 @@ def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None
     else:
         entropy = 1 - torch.stack([module_kl.detach() / log_h for module_kl, log_h in zip(kls, log_heads)]).mean()
     fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share.detach()}}
-    if context.output_head_importance:
+    if "output_head_importance" in context.flags:
         fields["head_importances"] = dict(context.records["head_importances"])
     tokens = context.target_mask.sum().clamp(min=1) if context.target_mask is not None else 1
     return fields, kl_objective_term(kl, settings.kl_weight, settings.kl_reduction, tokens)
@@ -324,6 +324,7 @@ def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None
 
 METHOD = MethodSpec(
     NAME, DHICMSettings, placements, build, collect, order=30,
+    flags=("output_head_importance",),
     outputs={
         "dhicm_kl": "mean KL of the head-importance distributions from uniform (Eq. 5), unweighted",
         "dhicm_stats": "{'importance_entropy': mean H(G) / ln H, 'top_head_share': share of tokens whose top head "

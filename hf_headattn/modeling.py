@@ -11,25 +11,25 @@ Identical to the HF parents except:
 # No `from __future__ import annotations`: HF's tooling reads `**kwargs: Unpack[TransformersKwargs]` from the
 # signature (e.g. to know that the models can output attentions), which needs evaluated annotations.
 import copy
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers import MarianModel, MarianMTModel, MBartForConditionalGeneration, MBartModel
+from transformers import MarianModel, PreTrainedModel, MarianMTModel, MBartForConditionalGeneration, MBartModel
 from transformers.modeling_outputs import Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.models.marian.modeling_marian import MarianDecoder, MarianEncoder
 from transformers.models.marian.modeling_marian import shift_tokens_right as marian_shift_tokens_right
 from transformers.models.mbart.modeling_mbart import MBartDecoder, MBartEncoder
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
-from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 from .attention import AttentionMethod, HeadAttnContext, attach_method
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
 from .losses import IGNORE_INDEX, label_smoothed_nll_loss, total_objective
-from .registry import registered_methods
+from .registry import method_inputs, readout_flags, registered_methods
 
 
 @dataclass
@@ -131,7 +131,59 @@ def hf_dict_outputs(config):
         config.return_dict = False
 
 
-class HeadAttnPreTrainedMixin:
+def forward_signature(cls, extra: tuple = ()) -> inspect.Signature:
+    """The forward signature of the HF model ``cls`` derives from, as the installed transformers release defines it,
+    plus the registered methods' inputs (default None) and read-out flags (default False), and ``extra``.
+
+    Nothing of HF's signature is restated here: ``generate`` and the Trainer read this one (``__signature__``), so
+    they pass the methods' inputs on, and a release that renames an HF argument (5.24: ``past_key_values`` ->
+    ``cache``) needs no change here.
+    """
+    parent = next(base for base in cls.__mro__ if base.__module__.startswith("transformers.")).forward
+    parameters = list(inspect.signature(parent).parameters.values())
+    var_keyword = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
+    ours = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+            for names, default in ((method_inputs(), None), (readout_flags(), False), (extra, None))
+            for name in names]
+    return inspect.Signature([p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD] + ours + var_keyword)
+
+
+class _DerivedForwardSignature:
+    """Gives each model class that defines ``_headattn_forward`` a ``forward`` of its own (unless it writes one)
+    whose ``__signature__`` is :func:`forward_signature`; it is recomputed when a model is built, so that methods
+    registered after the class was made are named too. ``_bind`` reads the arguments by that signature."""
+
+    forward_extra: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "_headattn_forward", None) is None or not issubclass(cls, PreTrainedModel):
+            return  # a mixin, or a stack (encoder/decoder: HF's forward)
+        if "forward" not in cls.__dict__:
+            def forward(self, *args, **kwargs):
+                return self._headattn_forward(*args, **kwargs)
+
+            forward.__doc__, forward.derived_signature = cls._headattn_forward.__doc__, True
+            cls.forward = forward
+        cls._refresh_forward_signature()
+
+    @classmethod
+    def _refresh_forward_signature(cls) -> None:
+        cls._forward_signature = forward_signature(cls, cls.forward_extra)
+        if getattr(cls.forward, "derived_signature", False):
+            cls.forward.__signature__ = cls._forward_signature
+
+    def _bind(self, args: tuple, kwargs: dict) -> dict:
+        """The forward's arguments by name (those given), the HF ones and ours alike, with ``**kwargs`` merged in."""
+        arguments = self._forward_signature.bind(self, *args, **kwargs).arguments
+        arguments.pop("self")
+        for parameter in self._forward_signature.parameters.values():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                arguments.update(arguments.pop(parameter.name, {}))
+        return arguments
+
+
+class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
     """What the base model and the LM model share: method attachment, weight init, context creation."""
 
     # Trainer then passes `num_items_in_batch`, and the loss is normalised by it (see `losses.total_objective`).
@@ -144,18 +196,20 @@ class HeadAttnPreTrainedMixin:
         self._built_method_fields = {spec.name: copy.deepcopy(getattr(config, spec.name, None))
                                      for spec in registered_methods()}
         self._attach_methods(config)
+        if hasattr(type(self), "_forward_signature"):
+            self._refresh_forward_signature()
         self.post_init()  # initialises the new method parameters (HF skips what is already initialised)
 
     def _attach_methods(self, config) -> None:
-        attach_methods(self.base_model, config, self.headattn_settings)
-        # an encoder/decoder that carries methods becomes our stack class, so that `model.get_encoder()` (or
-        # `get_decoder()`) saved on its own reloads with its methods' weights (stock `MBartEncoder` would drop them)
-        for side in ("encoder", "decoder"):
-            stack = getattr(self.base_model, side)
-            if type(stack) in STACK_CLASSES and any(isinstance(m, AttentionMethod) for m in stack.modules()):
-                stack.__class__ = STACK_CLASSES[type(stack)]
-                # HF keys what a model can record (attentions, hidden states) on its class, in its __init__
-                _CAN_RECORD_REGISTRY[stack] = stack._can_record_outputs
+        """Rebuild each encoder/decoder that carries methods as our stack class, which attaches its side's methods.
+
+        So ``model.get_encoder()`` (or ``get_decoder()``) is a real ``HeadAttnMBartEncoder`` (...), and saved on its
+        own it reloads with its methods' weights (the stock ``MBartEncoder`` would drop them). The stock stack HF built
+        is replaced before any weight is loaded (``from_pretrained`` builds on the meta device)."""
+        base = self.base_model
+        for side in sorted({side for spec in registered_methods() if spec.name in self.headattn_settings
+                            for side, _, _ in spec.placements(self.headattn_settings[spec.name], config)}):
+            setattr(base, side, STACK_CLASSES[type(getattr(base, side))](config))
 
     def initialize_weights(self):
         """HF's initialisation, then the methods' parameters.
@@ -179,13 +233,14 @@ class HeadAttnPreTrainedMixin:
                     f"Build a new model with the new settings, e.g. from_pretrained(path, {name}=...)"
                 )
 
-    def _check_lengths(self, input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, past_key_values):
+    def _check_lengths(self, values: dict) -> None:
         """A clear error, instead of an IndexError deep in the position embeddings, for over-long inputs."""
         limit = self.config.max_position_embeddings
-        source = input_ids if input_ids is not None else inputs_embeds
-        target = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        for name, tensor, offset in (("source", source, 0), ("target", target, past)):
+        cache = values.get("cache", values.get("past_key_values"))  # named `cache` since transformers 5.24
+        past = cache.get_seq_length() if cache is not None else 0
+        for name, prefix, offset in (("source", "", 0), ("target", "decoder_", past)):
+            tensor = values.get(f"{prefix}input_ids")
+            tensor = values.get(f"{prefix}inputs_embeds") if tensor is None else tensor
             if tensor is not None and tensor.shape[1] + offset > limit:
                 raise ValueError(
                     f"The {name} sequence has {tensor.shape[1] + offset} positions, more than the model's "
@@ -193,117 +248,67 @@ class HeadAttnPreTrainedMixin:
                     f"max_length={limit})) or generate fewer tokens"
                 )
 
-    def _headattn_kwargs(
-        self, kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
-        source_mask=None, target_mask=None,
-    ):
+    def _run_hf_forward(self, values: dict, target_mask, compute_losses: bool = True) -> tuple:
+        """Run the HF forward with the methods' inputs and a fresh :class:`HeadAttnContext` passed down to every
+        attention call; returns ``(HF outputs, output fields of the methods, their weighted objective term or None,
+        return_dict)``."""
         self._check_settings_unchanged()
-        context = HeadAttnContext(
-            bool(output_head_importance), bool(output_redundant_heads),
-            _token_mask(source_mask), _token_mask(target_mask),
-        )
-        kwargs["headattn_context"] = context
-        if dependency_mask is not None:
-            kwargs["dependency_mask"] = dependency_mask
-        if phrase_positions is not None:
-            kwargs["phrase_positions"] = phrase_positions
-        return context
+        return_dict = values.pop("return_dict", None)
+        self._check_lengths(values)
+        flags = {flag for flag in readout_flags() if values.pop(flag, False)}
+        context = HeadAttnContext(flags, _token_mask(values.get("attention_mask")), _token_mask(target_mask))
+        context.compute_losses = compute_losses
+        for name in method_inputs():
+            if values.get(name, ...) is None:
+                del values[name]
+        with hf_dict_outputs(self.config):
+            outputs = super().forward(**values, headattn_context=context)
+        fields, term = collect_method_outputs(context, self.headattn_settings)
+        return outputs, fields, term, self.config.return_dict if return_dict is None else return_dict
 
 
 class HeadAttnModelMixin(HeadAttnPreTrainedMixin):
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        decoder_input_ids=None,
-        decoder_attention_mask=None,
-        encoder_outputs=None,
-        past_key_values=None,
-        inputs_embeds=None,
-        decoder_inputs_embeds=None,
-        use_cache=None,
-        dependency_mask=None,
-        phrase_positions=None,
-        output_head_importance=False,
-        output_redundant_heads=False,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> HeadAttnSeq2SeqModelOutput | tuple:
-        """The HF forward, plus ``dependency_mask``/``phrase_positions`` (SEA inputs) and the read-out flags.
+    def _headattn_forward(self, *args, **kwargs) -> HeadAttnSeq2SeqModelOutput | tuple:
+        """The HF forward (all of its arguments), plus the methods' inputs (e.g. SEA's ``dependency_mask``,
+        ``phrase_positions``) and read-out flags (``output_head_importance``, ``output_redundant_heads``).
 
         With ``return_dict=False`` (argument or config) a tuple, as from the HF model, followed by the methods'
         fields that are set.
         """
-        return_dict = kwargs.pop("return_dict", None)
-        self._check_lengths(input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, past_key_values)
-        context = self._headattn_kwargs(
-            kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
-            attention_mask, decoder_attention_mask,
-        )
-        with hf_dict_outputs(self.config):
-            outputs = super().forward(
-                input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-                past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-                decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs,
-            )
-        fields, _ = collect_method_outputs(context, self.headattn_settings)
+        values = self._bind(args, kwargs)
+        outputs, fields, _, return_dict = self._run_hf_forward(values, values.get("decoder_attention_mask"))
         output = with_method_fields(HeadAttnSeq2SeqModelOutput(**outputs), fields)
-        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+        return output if return_dict else output.to_tuple()
 
 
 class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
+    forward_extra = ("num_items_in_batch",)
+
     def _shift_labels(self, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        decoder_input_ids=None,
-        decoder_attention_mask=None,
-        encoder_outputs=None,
-        past_key_values=None,
-        inputs_embeds=None,
-        decoder_inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        dependency_mask=None,
-        phrase_positions=None,
-        output_head_importance=False,
-        output_redundant_heads=False,
-        num_items_in_batch=None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> HeadAttnSeq2SeqLMOutput | tuple:
-        """The HF forward, plus the SEA inputs and read-out flags; ``loss`` is the total objective.
+    def _headattn_forward(self, *args, **kwargs) -> HeadAttnSeq2SeqLMOutput | tuple:
+        """The HF forward (all of its arguments), plus the methods' inputs and read-out flags; ``loss`` is the total
+        objective.
 
         ``loss = label-smoothed NLL (config.label_smoothing) + the methods' weighted terms``, normalised by
         ``num_items_in_batch`` when the Trainer passes it (exact gradient accumulation and DDP, see
         :func:`hf_headattn.losses.total_objective`). With ``return_dict=False`` (argument or config) a tuple, as
         from the HF model, followed by the methods' fields and ``nll_loss`` that are set.
         """
-        return_dict = kwargs.pop("return_dict", None)
+        values = self._bind(args, kwargs)
+        labels, num_items_in_batch = values.pop("labels", None), values.pop("num_items_in_batch", None)
+        target_mask = values.get("decoder_attention_mask")
         if labels is not None:
-            use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = self._shift_labels(labels)
-        self._check_lengths(input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, past_key_values)
-        if decoder_attention_mask is None and labels is not None:
-            target_mask = labels.ne(IGNORE_INDEX)
-        else:
-            target_mask = decoder_attention_mask
-        context = self._headattn_kwargs(
-            kwargs, dependency_mask, phrase_positions, output_head_importance, output_redundant_heads,
-            attention_mask, target_mask,
+            values["use_cache"] = False
+            if values.get("decoder_input_ids") is None and values.get("decoder_inputs_embeds") is None:
+                values["decoder_input_ids"] = self._shift_labels(labels)
+            if target_mask is None:
+                target_mask = labels.ne(IGNORE_INDEX)
+        # no loss terms in generate, nor in inference
+        outputs, fields, method_term, return_dict = self._run_hf_forward(
+            values, target_mask, compute_losses=labels is not None or torch.is_grad_enabled()
         )
-        context.compute_losses = labels is not None or torch.is_grad_enabled()  # not in generate, nor inference
-        with hf_dict_outputs(self.config):
-            outputs = super().forward(
-                input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-                past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-                decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs,
-            )
-        fields, method_term = collect_method_outputs(context, self.headattn_settings)
         loss = nll_loss = None
         if labels is not None:
             loss_sum, nll_sum, num_tokens = label_smoothed_nll_loss(
@@ -314,7 +319,7 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
         output = with_method_fields(HeadAttnSeq2SeqLMOutput(
             loss=loss, nll_loss=nll_loss, **{k: v for k, v in outputs.items() if k != "loss"}
         ), fields)
-        return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+        return output if return_dict else output.to_tuple()
 
 
 class HeadAttnMBartModel(HeadAttnModelMixin, MBartModel):

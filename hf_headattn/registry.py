@@ -103,8 +103,10 @@ class MethodSpec:
     collect: ``collect(context, settings) -> (output fields, weighted objective term or None)`` after each forward.
     order: methods run in increasing order in each attention call (SEA changes the mask before the backend, EaDRA
         reads the probabilities, DHICM reweights the head outputs).
-    inputs: forward arguments (batch columns) it reads; the model's ``forward`` names them so that ``generate`` and
-        the Trainer pass them on.
+    inputs: forward arguments (batch columns) it reads, ``None`` when not given; the model's ``forward`` names them
+        (so that ``generate`` and the Trainer pass them on) and hands them to every attention call.
+    flags: boolean forward arguments (default False) that ask for read-outs, e.g. ``output_head_importance``; the
+        methods see the ones set in ``HeadAttnContext.flags``.
     outputs: output field -> description; fields that are training read-outs, never predictions (the Trainer keeps
         them out of ``logits``).
     logged: the output fields logged as loss components (dict fields flattened as ``<field>/<key>``).
@@ -123,6 +125,7 @@ class MethodSpec:
     collect: Callable
     order: int = 50
     inputs: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
     outputs: Mapping[str, str] = field(default_factory=dict)
     logged: tuple[str, ...] = ()
     paper: str = ""
@@ -180,7 +183,13 @@ def logged_fields() -> list[str]:
 
 
 def method_inputs() -> list[str]:
+    """Every method's forward inputs (``MethodSpec.inputs``), e.g. SEA's ``dependency_mask``."""
     return [name for spec in registered_methods() for name in spec.inputs]
+
+
+def readout_flags() -> list[str]:
+    """Every method's read-out flags (``MethodSpec.flags``), e.g. ``output_head_importance``."""
+    return [name for spec in registered_methods() for name in spec.flags]
 
 
 def uses_syntax(settings: Mapping[str, Any]) -> bool:

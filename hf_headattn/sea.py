@@ -201,7 +201,7 @@ class SEA(AttentionMethod):
     def before(self, call: AttentionCall) -> None:
         """Check the inputs, find the redundant heads when needed (kept in ``call.state`` for ``after``
         and recorded for ``output_redundant_heads``), and give the backend the SEA mask."""
-        readout = call.context is not None and call.context.output_redundant_heads
+        readout = call.context is not None and "output_redundant_heads" in call.context.flags
         inputs = {name: call.kwargs.get(name) for name in needed_inputs(self.settings, readout)}
         context = call.context
         if context is None or not context.records.get(CHECKED):  # once per forward, not once per SEA layer
@@ -245,7 +245,7 @@ def build(settings: SEASettings, config, module) -> SEA:
 
 def collect(context, settings: SEASettings) -> tuple[dict, None]:
     """``redundant_heads``: {module name: (batch, heads) bool} when asked for; SEA adds no objective term."""
-    if not context.output_redundant_heads or not context.records.get("redundant_heads"):
+    if "output_redundant_heads" not in context.flags or not context.records.get("redundant_heads"):
         return {}, None
     return {"redundant_heads": dict(context.records["redundant_heads"])}, None
 
@@ -253,6 +253,7 @@ def collect(context, settings: SEASettings) -> tuple[dict, None]:
 METHOD = MethodSpec(
     NAME, SEASettings, placements, build, collect, order=10,
     inputs=("dependency_mask", "phrase_positions"),
+    flags=("output_redundant_heads",),
     outputs={"redundant_heads": "{module name: (batch, heads) bool}, with output_redundant_heads=True"},
     paper="Zhang et al. 2021, syntax-enhanced attention on redundant heads (SEA + RHE)",
     presets={

@@ -22,8 +22,11 @@ An interrupted run continues with ``--resume_from_checkpoint true`` (the latest 
 or ``--resume_from_checkpoint <checkpoint folder>``.
 
 Writes ``results.json`` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
-``predictions_<split>.txt`` per test split into ``--output_dir``. Loss components are logged beside ``loss``
-(``--report_to tensorboard`` for TensorBoard).
+``predictions_<split>.txt`` per test split into ``--output_dir``. ``train_time_s`` is this run's wall time in
+``Trainer.train`` (after a resume: the resumed part only); ``total_train_time_s`` adds the time of the runs before,
+up to the resumed checkpoint (each checkpoint keeps it in ``train_time.json``; null for a checkpoint written before
+that file was); ``resumed_from`` names that checkpoint, its step and that earlier time (null: not resumed). Loss
+components are logged beside ``loss`` (``--report_to tensorboard`` for TensorBoard).
 """
 
 from __future__ import annotations

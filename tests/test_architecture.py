@@ -2,6 +2,7 @@
 
 import ast
 import copy
+import inspect
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGenerati
 from hf_headattn.experiment.model_card import write_model_card
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.trainer import loss_components
-from hf_headattn.registry import register_method, registered_methods, unregister_method
+from hf_headattn.registry import readout_flags, register_method, registered_methods, unregister_method
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hf_headattn"
@@ -44,7 +45,7 @@ def run_method(spec):
     torch.manual_seed(0)
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **settings))
     inputs = {**batch(), **(syntax_inputs() if spec.uses_syntax else {})}
-    return model, model(**inputs, output_head_importance=True, output_redundant_heads=True)
+    return model, model(**inputs, **{flag: True for flag in readout_flags()})
 
 
 def test_every_registered_method_is_wired(toy, tmp_path):
@@ -84,6 +85,35 @@ def test_a_fourth_method_is_one_module_and_one_registration(toy, tmp_path):
     assert method_settings("toy+dhicm")["toy"] == {"encoder_layers": [-1]}
 
 
+def test_a_method_with_its_own_input_and_read_out_flag_needs_no_edit_elsewhere(toy):
+    """The toy method declares ``toy_gate`` and ``output_toy_scales`` on its spec only: the model's forward names them
+    (so generate and the Trainer pass them on), the attention calls get the input, the methods see the flag."""
+    torch.manual_seed(0)
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, toy={"encoder_layers": [-1]})).eval()
+    parameters = inspect.signature(model.forward).parameters
+    assert parameters["toy_gate"].default is None and parameters["output_toy_scales"].default is False
+    assert {"input_ids", "labels", "dependency_mask", "output_head_importance"} <= set(parameters)
+    with torch.no_grad():
+        model.model.encoder.layers[1].self_attn.toy.scale.copy_(torch.tensor([1.0, 2.0, 0.5, 1.0]))
+        plain = model(**batch())
+        ones = model(**batch(), toy_gate=torch.ones(2), output_toy_scales=True)
+        gated = model(**batch(), toy_gate=torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(ones.logits, plain.logits)
+    assert "toy_scales" not in plain and ones.toy_scales["encoder.layers.1.self_attn"].tolist() == [1.0, 2.0, 0.5, 1.0]
+    torch.testing.assert_close(gated.logits[0], plain.logits[0])
+    assert not torch.allclose(gated.logits[1], plain.logits[1])
+    # positionally, as HF's own forward takes its arguments
+    torch.testing.assert_close(model(batch()["input_ids"], batch()["attention_mask"], labels=batch()["labels"]).logits,
+                               plain.logits)
+    source = {k: v for k, v in batch().items() if k != "labels"}
+    kwargs = dict(num_beams=2, max_new_tokens=5, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    plain = model.generate(**source, **kwargs).scores[0]  # (batch x beams, vocab): the first step's scores
+    torch.testing.assert_close(model.generate(**source, toy_gate=torch.ones(2), **kwargs).scores[0], plain)
+    gated = model.generate(**source, toy_gate=torch.tensor([1.0, 50.0]), **kwargs).scores[0]
+    torch.testing.assert_close(gated[:2], plain[:2])
+    assert (gated[2:] - plain[2:]).abs().max() > 1e-4  # the gate reached the encoder of the second sentence
+
+
 def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():
     """tests/data/release_0_1: DHICM + EaDRA + DEA+RHE saved by release 0.1 (flat config fields, its remote code)."""
     folder = ROOT / "tests" / "data" / "release_0_1"
@@ -101,20 +131,23 @@ def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():
 
 def test_loading_remote_code_never_changes_an_already_loaded_model(tmp_path):
     """Each copy of the code registers its attention function under its own name (issue: loading a second remote-code
-    checkpoint replaced the function that already-loaded models ran)."""
-    folder = ROOT / "tests" / "data" / "release_0_1"
-    expected = torch.load(folder / "expected.pt")
+    checkpoint replaced the function that already-loaded models ran). The checkpoint is saved by this code: release
+    0.1's remote code restates transformers 5.23's attention signature and cannot run on 5.24 and later."""
     torch.manual_seed(0)
     ours = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"decoder_layers": [-1]})).eval()
     before = ours(**batch()).logits
+    torch.manual_seed(1)
+    shared = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"encoder_layers": [-1]})).eval()
+    shared.save_pretrained(tmp_path / "shared")
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
     # the checkpoint's own code, as trust_remote_code loads it where the package is not installed
-    remote_class = get_class_from_dynamic_module("modeling.HeadAttnMBartForConditionalGeneration", str(folder))
-    remote = remote_class.from_pretrained(folder).eval()
-    assert type(remote).__module__ != type(ours).__module__  # release 0.1's own code
-    torch.testing.assert_close(remote(**batch(), dependency_mask=expected["dependency_mask"]).logits,
-                               expected["logits"])
+    remote_class = get_class_from_dynamic_module("modeling.HeadAttnMBartForConditionalGeneration", str(tmp_path / "shared"))
+    remote = remote_class.from_pretrained(tmp_path / "shared").eval()
+    assert type(remote).__module__ != type(ours).__module__  # its own copy of the code
+    remote_attention = remote.model.encoder.layers[1].self_attn.config._attn_implementation
+    assert remote_attention != hf_headattn.attention.ATTENTION_NAME
+    torch.testing.assert_close(remote(**batch()).logits, shared(**batch()).logits)
     assert torch.equal(ours(**batch()).logits, before)
 
 

@@ -1,9 +1,9 @@
 """HF's own common model tests (``ModelTesterMixin``, ``ConfigTester``) on our models, for both families, with every
 method off, with DHICM, with EaDRA and with SEA (DEA, LPEA) given syntax inputs.
 
-The HF test files are vendored in tests/hf_common/ (see its README) from the transformers version installed here;
-with another version the module is skipped. The model tester is ours, modelled on HF's MBart/Marian testers (their
-test files are not in the sdist): HF's tiny sizes, the two model classes we provide per family.
+The HF test files are vendored in tests/hf_common/ (see its README) from the release named in its VERSION, the lowest
+release we support; with another release installed the module is skipped. The model tester is ours, modelled on HF's
+MBart/Marian testers (their test files are not in the sdist): HF's tiny sizes, the two model classes per family.
 
 Every HF test that passes on the stock classes (``HF_COMMON_STOCK=1`` adds ``TestStockMBartOff``/
 ``TestStockMarianOff``, HF's tests on MBartModel/MBartForConditionalGeneration and MarianModel/MarianMTModel) passes
@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import unittest
+from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
 import transformers
 
-VENDORED_TRANSFORMERS = "5.23.0"
+#: The release tests/hf_common was vendored from (``make hf-common`` refreshes it from the installed release).
+VENDORED_TRANSFORMERS = (Path(__file__).parent / "hf_common" / "VERSION").read_text().split()[0]
 if transformers.__version__ != VENDORED_TRANSFORMERS:
     pytest.skip(
         f"tests/hf_common is HF's test code of transformers {VENDORED_TRANSFORMERS}, installed is "

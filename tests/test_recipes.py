@@ -135,10 +135,21 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
         return callback.steps
 
     assert train(tmp_path / "whole") == 4
+    whole_results = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert whole_results["resumed_from"] is None
+    assert whole_results["total_train_time_s"] == whole_results["train_time_s"]
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path / "cut", at=2)
     assert sorted(p.name for p in (tmp_path / "cut").glob("checkpoint-*")) == ["checkpoint-2"]
+    first_part = json.loads((tmp_path / "cut" / "checkpoint-2" / "train_time.json").read_text())["train_time_s"]
+    assert first_part > 0
     assert train(tmp_path / "cut", "--resume_from_checkpoint", "true") == 2  # steps 3 and 4 only
+    # regression: results.json did not say it resumed, and its train time covered the resumed part only
+    results = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert results["resumed_from"] == {"checkpoint": str(tmp_path / "cut" / "checkpoint-2"), "step": 2,
+                                       "train_time_s": first_part}
+    assert results["total_train_time_s"] == pytest.approx(first_part + results["train_time_s"], abs=0.11)
+    assert json.loads((tmp_path / "cut" / "checkpoint-4" / "train_time.json").read_text())["train_time_s"] > first_part
     whole, resumed = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "cut"))
     assert whole.keys() == resumed.keys()
     for name, tensor in whole.items():

@@ -1,5 +1,6 @@
 """Pre-parsed input: Penn-Treebank bracketed trees, CoNLL-U files; mismatches and short files name the example."""
 
+import datasets
 import pytest
 
 from hf_headattn.syntax import (
@@ -12,6 +13,7 @@ from hf_headattn.syntax import (
     load_spacy,
     match_words,
     parse_bracketed,
+    parse_corpus,
     read_conllu,
     write_conllu,
 )
@@ -122,6 +124,34 @@ def test_conllu_errors_name_the_example_or_line(files):
     (files / "bad.conllu").write_text("1\tA\ta\tDET\n")
     with pytest.raises(ValueError, match=r"bad.conllu:1: expected 10 tab-separated columns, got 4"):
         read_conllu(files / "bad.conllu")
+
+
+def test_files_with_more_parses_than_examples_are_refused(files):
+    # regression: extra trailing sentences (a parse of more lines than the dataset has) were accepted silently
+    one = datasets.Dataset.from_dict({"en": TEXTS[:1]})
+    with pytest.raises(ValueError, match=r"deps\.conllu has 2 sentences but the dataset has 1 examples; expected one "
+                                         r"per example"):
+        parse_corpus(one, "en", dependencies=ConlluFile(files / "deps.conllu"))
+    with pytest.raises(ValueError, match=r"trees\.txt has 2 trees \(lines\) but the dataset has 1 examples"):
+        parse_corpus(one, "en", phrases=BracketedTreeFile(files / "trees.txt"))
+    both = datasets.Dataset.from_dict({"en": TEXTS})
+    assert len(parse_corpus(both, "en", dependencies=ConlluFile(files / "deps.conllu"),
+                            phrases=BracketedTreeFile(files / "trees.txt"))) == 2
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("6\truns\trun\tVERB\tVBZ\t_\t0", "6\truns\trun\tVERB\tVBZ\t_\t6",
+     r"deps\.conllu:9: token 6 has HEAD 6 \(itself\); expected 0 for the root or the ID of another token of the "
+     r"sentence \(1\.\.7\)"),
+    ("3\tstop\tstop\tVERB\tVB\t_\t0", "3\tstop\tstop\tVERB\tVB\t_\t9",
+     r"deps\.conllu:15: token 3 has HEAD 9 but the sentence has only 4 tokens; expected 0 for the root or a token ID "
+     r"1\.\.4"),
+])
+def test_conllu_head_errors_speak_the_files_numbering(files, old, new, message):
+    # regression: "heads[5] = 5" / "heads[2] = 8" in 0-based indices for a file that says 6 and 9, and no line
+    (files / "deps.conllu").write_text(CONLLU.replace(old, new))
+    with pytest.raises(ValueError, match=message):
+        ConlluFile(files / "deps.conllu")
 
 
 @pytest.mark.parametrize("reader, name", [(ConlluFile, "latin1.conllu"), (BracketedTreeFile, "latin1.txt")])

@@ -3,10 +3,13 @@ every method, Marian and mBART; the parser saved with the model; parse errors; e
 
 import copy
 import gzip
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -201,9 +204,98 @@ def test_bad_input_and_missing_parser(tokenizer):
     with pytest.raises(ValueError, match=r"syntax parser 'stanza:en': expected 'spacy:<pipeline>'"):
         hf_headattn.translate(model, tokenizer, ["A dog."], parser="stanza:en")
     assert hf_headattn.translate(model, tokenizer, []) == []
+    # regression: num_beams=0 gave a ZeroDivisionError from beam search
+    for name, value in [("num_beams", 0), ("max_new_tokens", -1), ("max_source_length", 0), ("batch_size", 0)]:
+        with pytest.raises(ValueError, match=rf"{name} must be a positive integer, got {value}"):
+            hf_headattn.translate(model, tokenizer, ["A dog."], **{**GENERATE, name: value})
     model.config.syntax_parser = "spacy:xx_no_such_pipeline"
     with pytest.raises(MissingParserError, match=r"'spacy:xx_no_such_pipeline'.*pip install xx-no-such-pipeline"):
         hf_headattn.translate(model, tokenizer, ["A dog."])
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory, tokenizer):
+    """A tiny SEA+RHE model saved with its tokenizer, for the command line."""
+    path = tmp_path_factory.mktemp("saved_model")
+    tiny(tokenizer, "dea_rhe").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def cli(model_dir, *extra):
+    return translate_recipe.main(["--model_name_or_path", str(model_dir), "--num_beams", "1", "--max_length", "5",
+                                  *extra])
+
+
+def test_cli_input_not_in_utf8_names_the_file_and_line(tmp_path, saved_model, monkeypatch, capsys):
+    # regression: a bare UnicodeDecodeError that named neither the file nor the line, and offered no way out
+    lines = ["A dog runs.", "A caf\u00e9 owner smiles."]
+    (tmp_path / "latin1.en").write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
+    (tmp_path / "utf8.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    message = r"latin1\.en is not valid utf-8: byte 0xe9 on line 2 .*--encoding .*--encoding_errors replace"
+    with pytest.raises(SystemExit, match=message):
+        cli(saved_model, "--input", str(tmp_path / "latin1.en"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((tmp_path / "latin1.en").read_bytes())))
+    with pytest.raises(SystemExit, match=r"standard input is not valid utf-8: byte 0xe9 on line 2"):
+        cli(saved_model)
+    expected = cli(saved_model, "--input", str(tmp_path / "utf8.en"))
+    assert cli(saved_model, "--input", str(tmp_path / "latin1.en"), "--encoding", "latin-1") == expected
+    assert len(cli(saved_model, "--input", str(tmp_path / "latin1.en"), "--encoding_errors", "ignore")) == 2
+    with pytest.raises(SystemExit):
+        cli(saved_model, "--input", str(tmp_path / "utf8.en"), "--encoding", "no-such-codec")
+    assert "unknown encoding: no-such-codec; expected a Python codec" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--num_beams", "0"), ("--num_beams", "-3"), ("--batch_size", "0"),
+                                         ("--max_length", "0"), ("--max_source_length", "ten")])
+def test_cli_refuses_numbers_below_one(flag, value, capsys):
+    # regression: --num_beams 0 gave a ZeroDivisionError from beam search
+    with pytest.raises(SystemExit) as exit_info:
+        translate_recipe.parse_args(["--model_name_or_path", "m", flag, value])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: expected an integer >= 1, got '{value}'" in capsys.readouterr().err
+
+
+def test_truncated_lines_are_named(tokenizer, caplog):
+    # regression: sources longer than the limit were truncated without a word
+    model = tiny(tokenizer, "baseline")
+    short, long = "A dog runs.", " ".join(SOURCES)
+    assert len(tokenizer(short).input_ids) <= 12 < len(tokenizer(SOURCES[0]).input_ids) <= 64 < \
+        len(tokenizer(long, verbose=False).input_ids)
+    with caplog.at_level(logging.WARNING, logger="hf_headattn.experiment.translate"):
+        hf_headattn.translate(model, tokenizer, [long, short, "", long], **GENERATE)
+        hf_headattn.translate(model, tokenizer, [SOURCES[0], short], **GENERATE)  # fits the model: no warning
+        hf_headattn.translate(model, tokenizer, [short, SOURCES[0]], max_source_length=12, **GENERATE)
+    assert [r.getMessage() for r in caplog.records] == [
+        "2 source line(s) longer than max_source_length=64 tokens were truncated: line(s) 1, 4 (1-based); split "
+        "them, or raise max_source_length (the model's limit: max_position_embeddings=64)",
+        "1 source line(s) longer than max_source_length=12 tokens were truncated: line(s) 2 (1-based); split "
+        "them, or raise max_source_length (the model's limit: max_position_embeddings=64)"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hf_headattn.experiment.translate"):
+        hf_headattn.translate(model, tokenizer, [long] * 13, batch_size=13, max_new_tokens=1)
+    assert "13 source line(s) longer than max_source_length=64 tokens were truncated: line(s) 1, 2, 3, 4, 5, 6, " \
+        "7, 8, 9, 10 and 3 more (1-based)" in caplog.text
+
+
+def test_decomposed_accents_normalised_on_request(tmp_path, tokenizer, saved_model):
+    # regression: the error said to pass unicode_normalization='NFC', which translate() and the CLI did not take
+    model = tiny(tokenizer, "dea_rhe")
+    composed = "A caf\u00e9 owner smiles."
+    decomposed = unicodedata.normalize("NFD", composed)
+    with pytest.raises(SyntaxInputError, match=r"not in Unicode NFC.*hf_headattn\.translate; recipes/translate\.py "
+                                               r"--unicode_normalization NFC"):
+        hf_headattn.translate(model, tokenizer, [decomposed], **GENERATE)
+    assert hf_headattn.translate(model, tokenizer, [decomposed], unicode_normalization="NFC", **GENERATE) == \
+        hf_headattn.translate(model, tokenizer, [composed], **GENERATE)
+    with pytest.raises(ValueError, match=r"unicode_normalization must be one of \('NFC'"):
+        hf_headattn.translate(model, tokenizer, [composed], unicode_normalization="nfc")
+    (tmp_path / "nfd.en").write_text(decomposed + "\n", encoding="utf-8")
+    (tmp_path / "nfc.en").write_text(composed + "\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"line 1 of .*nfd\.en: .*--unicode_normalization NFC"):
+        cli(saved_model, "--input", str(tmp_path / "nfd.en"))
+    assert cli(saved_model, "--input", str(tmp_path / "nfd.en"), "--unicode_normalization", "NFC") == \
+        cli(saved_model, "--input", str(tmp_path / "nfc.en"))
 
 
 def test_import_does_not_load_the_experiment_kit():

@@ -1,7 +1,9 @@
 """A toy fourth method, written as the README's Design section says a new method is: one module and one
 registration line (here the test registers it; a built-in one gets its line in ``hf_headattn/methods.py``).
 
-"Head scaling": each head's output is multiplied by a learned scale; the objective adds ``weight * mean(scale^2)``.
+"Head scaling": each head's output is multiplied by a learned scale (times the optional forward input ``toy_gate``,
+one number per sentence); the objective adds ``weight * mean(scale^2)``; ``output_toy_scales=True`` reads the scales
+out (``toy_scales``: {module name: (heads,)}). Its own input and read-out flag are declared on its spec only.
 """
 
 from __future__ import annotations
@@ -36,9 +38,15 @@ class HeadScale(AttentionMethod):
         init.ones_(self.scale)
 
     def after(self, call, attn_output):
+        scale = self.scale[None, None, :, None]  # (B, T, H, D)
+        gate = call.kwargs.get("toy_gate")
+        if gate is not None:
+            scale = scale * gate[:, None, None, None]
         if call.context is not None:
             call.context.record("toy", self.scale.pow(2).mean())
-        return attn_output * self.scale[None, None, :, None]  # (B, T, H, D)
+            if "output_toy_scales" in call.context.flags:
+                call.context.record("toy_scales", (call.module.headattn_name, self.scale.detach()))
+        return attn_output * scale
 
 
 def placements(settings, config):
@@ -54,11 +62,16 @@ def collect(context, settings):
     if not records:
         return {}, None
     penalty = torch.stack(records).mean()
-    return {"toy_penalty": penalty}, settings.weight * penalty
+    fields = {"toy_penalty": penalty}
+    if context.records.get("toy_scales"):
+        fields["toy_scales"] = dict(context.records["toy_scales"])
+    return fields, settings.weight * penalty
 
 
 METHOD = MethodSpec(
     "toy", ToySettings, placements, build, collect, order=40,
-    outputs={"toy_penalty": "mean squared head scale"}, logged=("toy_penalty",),
+    inputs=("toy_gate",), flags=("output_toy_scales",),
+    outputs={"toy_penalty": "mean squared head scale", "toy_scales": "{module name: (heads,)} with output_toy_scales"},
+    logged=("toy_penalty",),
     paper="A toy head-scaling method (tests only)", presets={"toy": {"encoder_layers": [-1]}},
 )

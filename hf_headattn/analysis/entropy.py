@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..eadra_math import normalized_entropy
+from ..registry import method_inputs
 from .plotting import pyplot, save_figure
 
 
@@ -25,8 +26,8 @@ def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
     Parameters
     ----------
     model : an mBART/Marian model (ours or stock); it runs its encoder with eager attention (restored afterwards).
-    batches : dicts with ``input_ids`` and optionally ``attention_mask`` (and the SEA inputs ``dependency_mask``,
-        ``phrase_positions`` for a model with SEA on; other keys are ignored), e.g. a
+    batches : dicts with ``input_ids`` and optionally ``attention_mask`` (and the methods' forward inputs,
+        ``registry.method_inputs()``, e.g. SEA's, for a model with them on; other keys are ignored), e.g. a
         ``DataLoader`` with a ``DataCollatorForSeq2Seq``.
 
     Returns
@@ -43,8 +44,8 @@ def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
             input_ids = batch["input_ids"].to(model.device)
             mask = batch.get("attention_mask")
             real = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.to(model.device).bool()
-            syntax = {k: batch[k].to(model.device) for k in ("dependency_mask", "phrase_positions") if k in batch}
-            out = model.get_encoder()(input_ids=input_ids, attention_mask=real.long(), output_attentions=True, **syntax)
+            extra = {k: batch[k].to(model.device) for k in method_inputs() if batch.get(k) is not None}
+            out = model.get_encoder()(input_ids=input_ids, attention_mask=real.long(), output_attentions=True, **extra)
             maps = torch.stack(out.attentions).float()  # (L, B, H, S, S)
             h_n = normalized_entropy(maps, real[None, :, None, None, :])  # (L, B, H, S)
             batch_sums = (h_n * real[None, :, None, :]).sum((1, 3)).double()  # (L, H)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..registry import method_inputs
 from .plotting import pyplot, save_figure
 
 
@@ -65,7 +66,7 @@ def redundancy_report(model, batches: Iterable[dict], plot_path: str | Path | No
     """
     was_training = model.training
     model.eval()
-    keep = ("input_ids", "attention_mask", "dependency_mask", "phrase_positions")
+    keep = ("input_ids", "attention_mask", *method_inputs())
 
     def readouts():
         for batch in batches:

@@ -19,7 +19,10 @@ from hf_headattn.experiment.presets import (
     check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset,
     refuse_architecture, split_architecture,
 )
-from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, TrainingTimeLimit, last_checkpoint, resume_checkpoint
+from hf_headattn.experiment.trainer import (
+    TRAIN_TIME_FILE, HeadAttnSeq2SeqTrainer, TrainingClock, TrainingTimeLimit, last_checkpoint, resume_checkpoint,
+    resumed_from,
+)
 from hf_headattn.experiment.training import (
     ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
     scratch_tokenizer, set_languages, syntax_parser_name, translate_and_score, write_json,
@@ -106,6 +109,13 @@ def main(argv=None) -> dict:
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
     time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
     callbacks += [time_limit] if time_limit else []
+    resumed = resumed_from(resume, training_args.output_dir)
+    previous_time = (resumed or {}).get("train_time_s", 0.0)
+    if previous_time is None:  # the checkpoints of this run cannot know the total either
+        logger.warning(f"{resumed['checkpoint']} has no {TRAIN_TIME_FILE} (written before it was recorded); "
+                       "results.json's total_train_time_s will be null")
+    else:
+        callbacks.append(TrainingClock(previous_time))
     raw = load_recipe_data(data_args)
     test_splits = data_args.test_splits.split(",") if data_args.test_splits else [s for s in raw if s != "train"]
     unknown = sorted(set(test_splits) - set(raw))
@@ -152,7 +162,9 @@ def main(argv=None) -> dict:
 
     results = {
         "method": model_args.method, "settings": settings, "model": model_args.model_name_or_path or
-        model_args.model_shape, "train_time_s": round(train_time, 1), "train_loss": train_result.training_loss,
+        model_args.model_shape, "train_time_s": round(train_time, 1),
+        "total_train_time_s": None if previous_time is None else round(previous_time + train_time, 1),
+        "resumed_from": resumed, "train_loss": train_result.training_loss,
         "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
         "stopped_at_time_limit": bool(time_limit and time_limit.stopped),
         "num_parameters": model.num_parameters(), "device": str(training_args.device),

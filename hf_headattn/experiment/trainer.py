@@ -9,6 +9,7 @@ Identical to ``Seq2SeqTrainer`` except:
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -76,6 +77,42 @@ def check_resume_world_size(checkpoint, args) -> None:
             f"{folder} was written by {saved} process(es) but this run has world_size={args.world_size}; resume "
             f"with {saved} process(es), or start a new run from the weights (model_name_or_path={folder})"
         )
+
+
+#: The file of a checkpoint folder that holds the training time that led to it (:class:`TrainingClock`).
+TRAIN_TIME_FILE = "train_time.json"
+
+
+class TrainingClock(TrainerCallback):
+    """Training time across resumed runs: at every checkpoint it writes ``train_time.json`` into the checkpoint
+    folder, ``{"train_time_s": ...}``: ``previous_s`` (the time of the runs before, read from the resumed checkpoint
+    by :func:`resumed_from`) plus this run's time so far."""
+
+    def __init__(self, previous_s: float = 0.0):
+        self.previous_s, self.start = previous_s, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            seconds = self.previous_s + time.monotonic() - self.start
+            (folder / TRAIN_TIME_FILE).write_text(json.dumps({"train_time_s": round(seconds, 1)}) + "\n")
+
+
+def resumed_from(checkpoint: str | bool | None, output_dir: str | Path) -> dict | None:
+    """The checkpoint a run resumes (``checkpoint`` as :func:`resume_checkpoint` returns it; None: none), as
+    ``results.json`` records it: ``{"checkpoint": folder, "step": its global step, "train_time_s": the training time
+    that led to it, across the runs before}`` (``train_time_s`` None for a checkpoint without ``train_time.json``,
+    written before :class:`TrainingClock`)."""
+    if not checkpoint:
+        return None
+    folder = Path(last_checkpoint(output_dir) if checkpoint is True else checkpoint)
+    state, clock = folder / "trainer_state.json", folder / TRAIN_TIME_FILE
+    return {"checkpoint": str(folder),
+            "step": json.loads(state.read_text())["global_step"] if state.is_file() else None,
+            "train_time_s": json.loads(clock.read_text())["train_time_s"] if clock.is_file() else None}
 
 
 class TrainingTimeLimit(TrainerCallback):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import unicodedata
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -24,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 32
 _ON_PARSE_ERROR = ("error", "skip")
+_POSITIVE_GENERATE_KWARGS = ("num_beams", "max_length", "max_new_tokens")
+_SHOWN_LINES = 10  # truncated lines named in the warning
 
 
 def model_parser(config, parser=None):
@@ -55,7 +58,7 @@ def model_parser(config, parser=None):
 def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: int = DEFAULT_BATCH_SIZE,
               max_source_length: int | None = None, source_lang_code: str | None = None,
               target_lang_code: str | None = None, on_parse_error: str | Callable = "error",
-              progress: bool = False, **generate_kwargs) -> list[str]:
+              unicode_normalization: str | None = None, progress: bool = False, **generate_kwargs) -> list[str]:
     """Translate raw sentences with ``model.generate``; one translation per text, in the order given.
 
     Texts are sorted by length and translated ``batch_size`` at a time on the model's device (the model is put in
@@ -71,7 +74,8 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         SEA/RHE only: overrides ``config.syntax_parser``.
     batch_size : int
     max_source_length : int, optional
-        Source truncation in tokens (default: the model's ``max_position_embeddings``).
+        Source truncation in tokens (default: the model's ``max_position_embeddings``). Texts longer than that are
+        truncated, with a warning naming them (1-based, as line numbers).
     source_lang_code, target_lang_code : str, optional
         mBART language codes (``"en_XX"``, ``"de_DE"``), given together; set up with
         :func:`~hf_headattn.experiment.training.set_languages`. Without them the tokenizer's ``src_lang`` and the
@@ -82,6 +86,13 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         mask that relates every pair and phrase positions 0, which select no RHE head and leave the attention
         of SEA-on-all-heads unchanged, so the model computes what the same weights without SEA/RHE compute
         ("skip" logs a warning; a callable gets the error instead). Never dropped.
+    unicode_normalization : "NFC", "NFKC", "NFD" or "NFKD", optional
+        Normalise the texts to this Unicode form first (default None: the text as it is). SEA/RHE need it for
+        sources whose characters the tokenizer normalises differently: decomposed accents (NFD) with a
+        sentencepiece tokenizer raise :class:`~hf_headattn.syntax.SyntaxInputError` otherwise, and "NFC" fixes
+        that. The training pipeline (``prepare_features``, ``recipes/train_translation.py``) does not normalise:
+        it reads the text as it is (Multi30k is NFC; ``add_syntax_features`` takes the same option). Sentencepiece
+        tokenizers NFKC-normalise anyway, so NFC leaves their tokens unchanged.
     progress : bool
         A progress bar (sentences) on stderr.
     **generate_kwargs
@@ -94,8 +105,18 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
                          + ("" if isinstance(texts, str) else f" holding {sorted({type(t).__name__ for t in texts})}"))
     if on_parse_error not in _ON_PARSE_ERROR and not callable(on_parse_error):
         raise ValueError(f"on_parse_error must be one of {_ON_PARSE_ERROR} or a callable, got {on_parse_error!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    positive = {"batch_size": batch_size, "max_source_length": max_source_length,
+                **{key: generate_kwargs.get(key) for key in _POSITIVE_GENERATE_KWARGS}}
+    for name, value in positive.items():
+        if (value is not None or name == "batch_size") and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if unicode_normalization is not None:
+        from ..settings_checks import check_choice
+        from ..syntax.dataset import UNICODE_FORMS
+
+        check_choice(unicode_normalization, "unicode_normalization", UNICODE_FORMS)
+        texts = [unicodedata.normalize(unicode_normalization, text) for text in texts]
     if (source_lang_code is None) != (target_lang_code is None):
         raise ValueError(f"give source_lang_code and target_lang_code together, got {source_lang_code!r} and "
                          f"{target_lang_code!r}")
@@ -111,8 +132,10 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         logger.warning("the model uses no syntax (no SEA/RHE); the parser is not used")
 
     todo = [i for i, text in enumerate(texts) if text.strip()]
-    lengths = [len(ids) for ids in tokenizer([texts[i] for i in todo], max_length=max_source_length,
-                                             truncation=True)["input_ids"]] if todo else []
+    full = [len(ids) for ids in tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]] if todo else []
+    _warn_truncated([i for i, n in zip(todo, full) if n > max_source_length], max_source_length,
+                    model.config.max_position_embeddings)
+    lengths = [min(n, max_source_length) for n in full]
     order = [todo[k] for k in sorted(range(len(todo)), key=lambda k: -lengths[k])]  # longest first, stable
     out = [""] * len(texts)
     batcher = _Batcher(model, tokenizer, texts, syntax, max_source_length, on_parse_error)
@@ -131,6 +154,17 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     finally:
         model.train(was_training)
     return out
+
+
+def _warn_truncated(indices: list[int], max_source_length: int, limit: int) -> None:
+    """Warn that the texts at ``indices`` were truncated, naming them as 1-based line numbers (the first few)."""
+    if not indices:
+        return
+    shown = ", ".join(str(i + 1) for i in indices[:_SHOWN_LINES])
+    more = f" and {len(indices) - _SHOWN_LINES} more" if len(indices) > _SHOWN_LINES else ""
+    logger.warning(f"{len(indices)} source line(s) longer than max_source_length={max_source_length} tokens were "
+                   f"truncated: line(s) {shown}{more} (1-based); split them, or raise max_source_length (the "
+                   f"model's limit: max_position_embeddings={limit})")
 
 
 class _Batcher:

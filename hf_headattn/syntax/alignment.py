@@ -53,7 +53,9 @@ def sentencepiece_spans(pieces: list[str], text: str, index: int) -> list[tuple[
                 pos += 1
             if pos >= len(norm) or norm[pos] != char:
                 hint = ("" if unicodedata.is_normalized("NFC", text) else "; the text is not in Unicode NFC (e.g. "
-                        "decomposed accents): add_syntax_features(..., unicode_normalization='NFC') normalises it")
+                        "decomposed accents): unicode_normalization='NFC' normalises it (an option of "
+                        "add_syntax_features and hf_headattn.translate; recipes/translate.py --unicode_normalization "
+                        "NFC)")
                 raise SyntaxInputError(index, f"sentencepiece piece {k} {piece!r} does not spell the text at "
                                               f"character {back[pos]} of {text!r}; expected the tokenizer's pieces "
                                               f"to spell the text in order{hint}")

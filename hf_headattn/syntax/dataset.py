@@ -111,13 +111,17 @@ def parse_corpus(dataset, source: str, *, dependencies=None, phrases=DEPENDENCY_
         Passed to ``Dataset.map`` (e.g. ``cache_file_name``, ``load_from_cache_file``).
 
     Errors (empty text, multi-sentence line, words that do not match the text, too short a file) raise
-    :class:`~hf_headattn.syntax.parsing.SyntaxInputError` naming the example index.
+    :class:`~hf_headattn.syntax.parsing.SyntaxInputError` naming the example index; a file with more parses than the
+    dataset has examples raises ``ValueError`` (parsers with a ``check_count(n_examples)`` method, as the readers).
     """
     from datasets.fingerprint import Hasher
 
     _check_source(dataset, source)
     if dependencies is None or not hasattr(dependencies, "parse"):  # a spaCy pipeline or its name
         dependencies = SpacyParser(*([] if dependencies is None else [dependencies]))
+    for parser in (dependencies, phrases):
+        if hasattr(parser, "check_count"):
+            parser.check_count(len(dataset))
     phrase_key = phrases if phrases == DEPENDENCY_PHRASES else phrases.fingerprint
     fingerprint = Hasher.hash([dataset._fingerprint, "parse_corpus", _FORMAT_VERSION, source,
                                dependencies.fingerprint, phrase_key])

@@ -2,7 +2,8 @@
 
 Sentence ``k`` of a file is the parse of example ``k`` of the dataset. Its words are matched against the example's
 text (:func:`~hf_headattn.syntax.parsing.match_words`), so a file that belongs to another corpus, or has fewer
-sentences than the corpus, raises an error naming the example instead of being misaligned.
+sentences than the corpus, raises an error naming the example instead of being misaligned; one with more sentences
+than the corpus raises a ``ValueError`` in :func:`~hf_headattn.syntax.parse_corpus` (``check_count``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .features import check_heads
 from .parsing import Dependencies, PhraseTree, SyntaxInputError, match_words, phrase_tree_from_bracketed
 
 
@@ -33,6 +33,13 @@ def _missing(index: int, path: Path, what: str, count: int) -> SyntaxInputError:
                                    f"(line up one per example, in order)")
 
 
+def _check_count(path: Path, what: str, count: int, examples: int) -> None:
+    """Refuse a file with more parses than the dataset has examples (fewer are named example by example)."""
+    if count > examples:
+        raise ValueError(f"{path} has {count} {what} but the dataset has {examples} examples; expected one per "
+                         "example, in order (a parse of more lines, or of another corpus?)")
+
+
 class BracketedTreeFile:
     """Pre-parsed constituency trees, one Penn-Treebank bracketed tree per line (line ``k`` = example ``k``)."""
 
@@ -40,6 +47,10 @@ class BracketedTreeFile:
         self.path = Path(path)
         self.trees = _read_lines(self.path)
         self.fingerprint = _fingerprint(self.path)
+
+    def check_count(self, examples: int) -> None:
+        """Raise ``ValueError`` if the file has more trees than the ``examples`` of the dataset."""
+        _check_count(self.path, "trees (lines)", len(self.trees), examples)
 
     def parse(self, texts: list[str], indices: list[int]) -> list[PhraseTree]:
         out = []
@@ -55,16 +66,18 @@ def read_conllu(path) -> list[tuple[list[tuple[str, int, int]], list[int]]]:
 
     ``surface`` lists the forms that appear in the text with the (0-based, inclusive) range of words they cover: a
     multiword token such as ``don't`` covers its words ``do`` and ``n't``, which then share its span. ``heads`` are
-    0-based (``-1`` for the root). Empty nodes (``8.1``) are skipped. Format errors name the file and line.
+    0-based (``-1`` for the root). Empty nodes (``8.1``) are skipped. Format errors (a HEAD that is not 0 or another
+    token of the sentence included) name the file and line, in the file's own numbering.
     """
     path = Path(path)
-    sentences, surface, heads, span_end = [], [], [], -1
+    sentences, surface, heads, linenos, span_end = [], [], [], [], -1
     lines = _read_lines(path) + [""]
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             if heads:
+                _check_conllu_heads(path, heads, linenos)
                 sentences.append((surface, heads))
-            surface, heads, span_end = [], [], -1
+            surface, heads, linenos, span_end = [], [], [], -1
             continue
         if line.startswith("#"):
             continue
@@ -85,7 +98,20 @@ def read_conllu(path) -> list[tuple[list[tuple[str, int, int]], list[int]]]:
         if len(heads) > span_end:
             surface.append((form, len(heads), len(heads)))
         heads.append(int(head) - 1)
+        linenos.append(lineno)
     return sentences
+
+
+def _check_conllu_heads(path: Path, heads: list[int], linenos: list[int]) -> None:
+    """Every HEAD is 0 (the root) or the ID of another token of the sentence; errors speak the file's numbering."""
+    n = len(heads)
+    for token, (head, lineno) in enumerate(zip(heads, linenos), 1):
+        if head + 1 == token:
+            raise ValueError(f"{path}:{lineno}: token {token} has HEAD {token} (itself); expected 0 for the root or "
+                             f"the ID of another token of the sentence (1..{n})")
+        if head + 1 > n:
+            raise ValueError(f"{path}:{lineno}: token {token} has HEAD {head + 1} but the sentence has only {n} "
+                             f"tokens; expected 0 for the root or a token ID 1..{n}")
 
 
 def write_conllu(path, texts: list[str], parses: list[Dependencies]) -> Path:
@@ -127,16 +153,16 @@ class ConlluFile:
         self.sentences = read_conllu(self.path)
         self.fingerprint = _fingerprint(self.path)
 
+    def check_count(self, examples: int) -> None:
+        """Raise ``ValueError`` if the file has more sentences than the ``examples`` of the dataset."""
+        _check_count(self.path, "sentences", len(self.sentences), examples)
+
     def parse(self, texts: list[str], indices: list[int]) -> list[Dependencies]:
         out = []
         for text, index in zip(texts, indices):
             if index >= len(self.sentences):
                 raise _missing(index, self.path, "sentences", len(self.sentences))
             surface, heads = self.sentences[index]
-            try:
-                check_heads(heads)
-            except ValueError as err:
-                raise SyntaxInputError(index, f"{self.path}: {err}") from err
             unit_starts, unit_ends = match_words([form for form, _, _ in surface], text, index)
             starts, ends = [0] * len(heads), [0] * len(heads)
             for (_, first, last), start, end in zip(surface, unit_starts, unit_ends):
