@@ -14,14 +14,15 @@ Rows name method settings (``ROWS``); ``naive`` rows time the direct port of the
 attention, every probability map materialised, an entropy term over all of them) as a second baseline. Each row
 also counts the ATen operators of one step (``operators``): on a GPU each is a kernel launch, and for small models
 launches, not arithmetic, set the step time, so the operator ratio predicts the GPU ratio there. ``syncs`` counts the
-operators of forward and backward that need a tensor's value on the host (``.item()``, ``bool(t)``, ``nonzero``: a
-host-device synchronisation on a GPU; the optimizer's CPU step counters are left out), and ``generate_operators``
-the operators of a greedy ``generate`` of ``GENERATE_TOKENS`` tokens (eval mode, no labels). ``targets`` checks the
-ratios against issue #18's targets; GPU timing targets are "unmeasured" on a CPU run. ``page_faults_per_step`` (median
-minor page faults of a timed step): on the CPU, glibc's malloc returns freed memory at the top of its heap to the
-system and the next step faults it back in (about 2 us per 4 KiB page on a small VM), which moves a row's time by
-several percent with its allocation pattern; ``MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_MMAP_THRESHOLD_=1000000000``
-(or jemalloc / tcmalloc, as PyTorch's CPU performance guide advises) removes it for every row alike.
+operators of forward and backward that need a tensor's value on the host (``.item()``, ``bool(t)``, ``nonzero``, ...:
+``operator_count.SYNC_OPERATORS``; each a host-device synchronisation on a GPU; the optimizer's CPU step counters
+are left out), and ``generate_operators`` the operators of a greedy ``generate`` of ``GENERATE_TOKENS`` tokens (eval
+mode, no labels). ``targets`` checks the ratios against issue #18's targets; GPU timing targets are "unmeasured" on
+a CPU run. ``page_faults_per_step`` (median minor page faults of a timed step): on the CPU, glibc's malloc returns
+freed memory at the top of its heap to the system and the next step faults it back in (about 2 us per 4 KiB page on
+a small VM), which moves a row's time by several percent with its allocation pattern;
+``MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_MMAP_THRESHOLD_=1000000000`` (or jemalloc / tcmalloc, as PyTorch's CPU
+performance guide advises) removes it for every row alike.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MBartConfig, MBartForConditionalGeneration
 
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, sea
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 from hf_headattn.registry import method_inputs
+from operator_count import count_operators, sync_operators
 
 SHAPES = {  # model shape, batch size, sequence length (source = target)
     "tiny": (dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
@@ -66,44 +67,8 @@ ROWS = {
 
 
 GENERATE_TOKENS = 8
-#: Operators that need a tensor's value on the host: on a GPU each synchronises the host with the device.
-SYNC_OPERATORS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.is_nonzero",
-                  "aten.equal", "aten.unique", "aten._unique2", "aten.repeat_interleave.Tensor")
 #: Issue #18's targets (ratios to stock SDPA in one run).
 TARGETS = {"operators": 1.20, "cpu_time": 1.10, "generate_operators": 1.10, "generate_operators_eadra": 1.0}
-
-
-class _CountOperators(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-        self.syncs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        self.syncs += str(func).startswith(SYNC_OPERATORS)
-        return func(*args, **(kwargs or {}))
-
-
-def count_operators(step) -> int:
-    """ATen operators one step dispatches (forward, backward, AdamW): on a GPU, kernel launches, which set the cost
-    of small models whose kernels are shorter than their launch."""
-    with _CountOperators() as counter:
-        step()
-    return counter.count
-
-
-def count_syncs(forward_backward) -> int:
-    """Operators of forward and backward that read a tensor's value on the host (see ``SYNC_OPERATORS``), on the
-    path a GPU takes (SEA checks values on the host only on the CPU, where that costs nothing)."""
-    checks_on_host = sea._checks_on_host
-    sea._checks_on_host = lambda tensor: False
-    try:
-        with _CountOperators() as counter:
-            forward_backward()
-    finally:
-        sea._checks_on_host = checks_on_host
-    return counter.syncs
 
 
 def generate_operators(kind, model, batch) -> int:
@@ -225,7 +190,7 @@ def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warm
             steps[name]()
         memory[name] = peak_memory(steps[name], device)
         operators[name] = count_operators(steps[name])
-        syncs[name] = count_syncs(steps[name].forward_backward)
+        syncs[name] = len(sync_operators(steps[name].forward_backward))
         steps[name].forward_backward = None  # (its gradients are left for the next step's zero_grad)
         generated[name] = generate_operators(kind, model, batch) if kind != "naive" else None
         if device.type == "cuda":

@@ -138,7 +138,7 @@ def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.T
 def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext | None, methods) -> None:
     """Refuse an attention call that would record loss terms without gradients: the model's forward records
     gradients but this layer runs without, as under reentrant gradient checkpointing
-    (``gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})``, and ``{}`` where torch
+    (``activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})``, and ``{}`` where torch
     defaults to it). Its recomputation in the backward pass comes too late for the loss, so ``dhicm_kl`` and
     ``eadra_loss`` would silently get no gradient."""
     if context is None or not context.grad_enabled or torch.is_grad_enabled() or not module.training:
@@ -148,7 +148,7 @@ def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext |
         raise ValueError(
             f"{getattr(module, 'headattn_name', type(module).__name__)} runs without gradients inside a forward that "
             f"records them (reentrant gradient checkpointing), so the loss terms of {terms} would get none; expected "
-            "gradient_checkpointing_kwargs={'use_reentrant': False} (transformers' default when none are given)"
+            "activation_checkpointing_kwargs={'use_reentrant': False} (transformers' default when none are given)"
         )
 
 
@@ -209,7 +209,7 @@ def headattn_attention_forward(
     headattn_context: HeadAttnContext | None = None,
     **kwargs,
 ):
-    """The ``"headattn"`` attention function: the model's backend, with the module's methods around it."""
+    """The attention function registered as :data:`ATTENTION_NAME`: the model's backend, with the module's methods around it."""
     implementation = module.config.model_config._attn_implementation
     if implementation not in SUPPORTED_BACKENDS:
         raise ValueError(

@@ -1,15 +1,20 @@
 """Configs: the HF mBART/Marian configs plus the settings of the registered methods (all off by default).
 
 One convention for every method: its settings are one dict-valued field named after it (``config.dhicm``,
-``config.eadra``, ``config.sea``; ``None`` = off), validated by the method's settings dataclass
-(:mod:`hf_headattn.registry`). Every error is a ``ValueError`` naming the field, the bad value and what was expected,
-raised when the config is built and again when a model is built from it. Release 0.1's flat fields
-(``dhicm_encoder_layers``, ``sea_type``, ``rhe_prune``, ...) still load, as keyword arguments and in saved
-``config.json`` files, and still read and write as attributes: each maps to one key of its method's dict.
+``config.eadra``, ``config.sea``; ``None`` = off), read-only once set (assign a new dict to change them). The config
+resolves them into the method's frozen settings dataclass (:mod:`hf_headattn.registry`) once, when they are set (or
+the model shape they depend on changes): ``config.headattn_settings``. Every error is a ``ValueError`` naming the
+field, the bad value and what was expected, raised where the bad value is set. Release 0.1's flat fields
+(``dhicm_encoder_layers``, ``sea_type``, ``rhe_prune``, ...) are translated into the dicts in one place,
+:func:`translate_flat_fields`, when a config is built or loaded, with a ``FutureWarning``.
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +26,60 @@ from .methods import DHICM  # noqa: F401  (importing it registers the built-in m
 from .registry import readout_fields, registered_methods
 
 logger = logging.get_logger(__name__)
+
+
+class HeadAttnDeprecationWarning(FutureWarning):
+    """What hf-headattn says of its own deprecated spellings (shown by default, as every ``FutureWarning``)."""
+
+#: The config fields the methods' settings are resolved against (layer and head counts, sizes).
+SHAPE_FIELDS = ("encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads", "d_model")
+
+
+class FrozenDict(dict):
+    """A method's settings on a config: a dict (JSON, ``==`` with plain dicts) that refuses changes in place, so that
+    a change always goes through the config's validation (assign a new dict). Copies are plain dicts (HF edits the
+    copies it serializes); a copied or unpickled config freezes its settings again (``__setstate__``)."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a method's settings on a config are read-only; assign a new dict instead, e.g. "
+                        "config.dhicm = {**config.dhicm, 'kl_weight': 0.2}")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self):
+        return FrozenDict, (dict(self),)
+
+    def __copy__(self):
+        return dict(self)
+
+    def __deepcopy__(self, memo):
+        return {key: copy.deepcopy(value, memo) for key, value in self.items()}
+
+
+class FrozenList(list):
+    """A list inside a method's settings on a config, read-only (see :class:`FrozenDict`)."""
+
+    _refuse = FrozenDict._refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = append = extend = insert = pop = remove = clear = _refuse
+    sort = reverse = _refuse
+
+    def __reduce__(self):
+        return FrozenList, (list(self),)
+
+    def __copy__(self):
+        return list(self)
+
+    def __deepcopy__(self, memo):
+        return [copy.deepcopy(value, memo) for value in self]
+
+
+def frozen(value):
+    """``value`` (settings: dicts, lists, scalars) read-only all the way down."""
+    if isinstance(value, Mapping):
+        return FrozenDict({key: frozen(item) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        return FrozenList(frozen(item) for item in value)
+    return value
 
 
 @dataclass(kw_only=True)
@@ -46,7 +105,8 @@ class HeadAttnSettings:
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
-        """Stock checkpoints (model_type "mbart"/"marian") load as ours: the type is renamed, with one log line."""
+        """Stock checkpoints (model_type "mbart"/"marian") load as ours: the type is renamed, with one log line.
+        Release 0.1's flat fields are translated (:func:`translate_flat_fields`)."""
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
         if config_dict.get("model_type") == cls.stock_model_type:
             logger.info(f"Loading the stock {cls.stock_model_type!r} config of {pretrained_model_name_or_path} as {cls.__name__}")
@@ -56,24 +116,59 @@ class HeadAttnSettings:
                 f"{pretrained_model_name_or_path} holds a {config_dict['model_type']!r} model; {cls.__name__} loads "
                 f"{cls.stock_model_type!r} and {cls.model_type!r} checkpoints"
             )
-        _keep_release_0_1_behaviour(config_dict)
+        translate_flat_fields(config_dict, f"{pretrained_model_name_or_path}/config.json", saved_file=True)
         return config_dict, kwargs
 
     def __post_init__(self, **kwargs):
-        for spec in registered_methods():
-            for legacy in spec.legacy_fields:
-                if legacy in kwargs:
-                    _set_legacy(self, spec, legacy, kwargs.pop(legacy), keep_defaults=False)
+        legacy = {key: kwargs.pop(key) for key in list(kwargs) if key in _flat_fields()}
+        if legacy:
+            values = {**{spec.name: getattr(self, spec.name, None) for spec in registered_methods()}, **legacy}
+            translate_flat_fields(values, f"{type(self).__name__}(...)")
+            for name, value in values.items():
+                setattr(self, name, value)
+        _warn_unknown_flat_fields(kwargs, f"{type(self).__name__}(...)")
         super().__post_init__(**kwargs)
-        self.check_headattn_settings()
+        self._resolve_headattn_settings()
+
+    def __setattr__(self, key, value):
+        methods = {spec.name for spec in registered_methods()}
+        if key in methods and value is not None:
+            value = frozen(value)
+        resolved = self.__dict__.get("_headattn_resolved")
+        if resolved is None or key not in {*methods, *SHAPE_FIELDS, "label_smoothing", "syntax_parser"}:
+            super().__setattr__(key, value)
+            return
+        previous = self.__dict__.get(key)
+        super().__setattr__(key, value)
+        try:
+            self._resolve_headattn_settings()  # validated once, when set
+        except ValueError:
+            super().__setattr__(key, previous)
+            raise
+
+    def __setstate__(self, state):
+        """A copied or unpickled config: its method settings read-only again."""
+        methods = {spec.name for spec in registered_methods()}
+        self.__dict__.update({key: frozen(value) if key in methods or key == "_headattn_resolved" else value
+                              for key, value in state.items()})
+
+    @property
+    def headattn_settings(self) -> Mapping:
+        """``{method name: its resolved, frozen settings}`` of the methods switched on (read-only)."""
+        return self._headattn_resolved
 
     @property
     def keys_to_ignore_at_inference(self) -> list[str]:
         """What the Trainer leaves out of ``logits`` at evaluation: the cache and every method read-out."""
         return ["past_key_values", "nll_loss", *readout_fields()]
 
-    def check_headattn_settings(self) -> dict:
-        """Validate every setting; return ``{method name: resolved settings}`` of the methods switched on."""
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        output.pop("_headattn_resolved", None)  # derived from the fields
+        return output
+
+    def _resolve_headattn_settings(self) -> None:
+        """Validate every setting and keep ``{method name: resolved settings}`` of the methods switched on."""
         smoothing = self.label_smoothing
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
             raise ValueError(f"label_smoothing must be a number in [0, 1), got {smoothing!r}")
@@ -82,72 +177,78 @@ class HeadAttnSettings:
                              f"{self.syntax_parser!r}")
         resolved = {}
         for spec in registered_methods():
-            settings = spec.resolve(self)
-            if settings is None:
+            values = getattr(self, spec.name, None)
+            if values is None:
                 continue
+            settings = spec.settings.from_dict(values, spec.name, self)
             if not settings.switched_on():
-                logger.warning_once(f"{spec.name}={getattr(self, spec.name)!r} switches nothing on, so {spec.name} is off")
+                logger.warning_once(f"{spec.name}={values!r} switches nothing on, so {spec.name} is off")
                 continue
             if not spec.placements(settings, self):
                 raise ValueError(
-                    f"{spec.name}={getattr(self, spec.name)!r} places {spec.name} on no attention module (it would "
-                    f"be silently off): name some layers, or set {spec.name}=None for off"
+                    f"{spec.name}={values!r} places {spec.name} on no attention module (it would be silently off): "
+                    f"name some layers, or set {spec.name}=None for off"
                 )
             resolved[spec.name] = settings
-        return resolved
+        self.__dict__["_headattn_resolved"] = FrozenDict(resolved)
 
 
-def _keep_release_0_1_behaviour(config_dict: dict) -> None:
-    """A config saved by release 0.1 (it holds the flat fields) keeps release 0.1's values of the settings whose
-    default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on."""
+def _flat_fields() -> dict[str, tuple]:
+    """Release 0.1's flat config fields: ``{flat name: (method spec, settings key)}``."""
+    return {flat: (spec, key) for spec in registered_methods() for flat, key in spec.legacy_fields.items()}
+
+
+def translate_flat_fields(values: dict, where: str, saved_file: bool = False) -> None:
+    """Move release 0.1's flat fields in ``values`` (config fields: a loaded ``config.json`` or keyword arguments)
+    into their methods' dicts, in place, with one ``FutureWarning`` naming them.
+
+    * A flat field at its default leaves an off method off (release 0.1 saved every field, defaults included).
+    * A method given both ways (its dict and its flat fields) is refused: a ``ValueError`` naming both.
+    * A config file saved by release 0.1 (``saved_file``, with flat fields and no dict field of a method that has flat
+      fields: later releases save those, ``null`` when off) keeps release 0.1's values of the settings whose default
+      has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on. No other config does.
+    """
+    flat_fields = _flat_fields()
+    found = sorted(key for key in values if key in flat_fields)
     specs = registered_methods()
-    if not any(legacy in config_dict for spec in specs for legacy in spec.legacy_fields):
-        return
+    release_0_1 = saved_file and bool(found) and not any(spec.name in values for spec in specs if spec.legacy_fields)
     for spec in specs:
-        if not spec.legacy_defaults:
-            continue
-        values = config_dict.get(spec.name)
-        if values is None:  # its settings are flat fields: the method is on if they switch it on
-            values = {spec.legacy_fields[name]: value for name, value in config_dict.items()
-                      if name in spec.legacy_fields and value != _default(spec, spec.legacy_fields[name])}
-            if not values or not spec.settings(**values).switched_on():
-                continue
-            for name in spec.legacy_fields:
-                config_dict.pop(name, None)
-        if isinstance(values, dict):
-            config_dict[spec.name] = {**spec.legacy_defaults, **values}
+        flat = {key: values.pop(key) for key in list(values) if key in spec.legacy_fields}
+        given = values.get(spec.name)
+        if flat and given is not None:
+            raise ValueError(f"{where} gives {spec.name}={dict(given)!r} and release 0.1's flat fields {flat!r}; "
+                             f"expected one convention: the {spec.name} dict alone")
+        settings = {spec.legacy_fields[key]: value for key, value in flat.items()
+                    if not _is_default(spec, spec.legacy_fields[key], value)}
+        if settings and not (release_0_1 and not spec.settings(**settings).switched_on()):
+            values[spec.name] = given = settings
+        if release_0_1 and spec.legacy_defaults and isinstance(given, Mapping):
+            values[spec.name] = {**spec.legacy_defaults, **given}
+    if found:
+        spec, key = flat_fields[found[0]]
+        warnings.warn(
+            f"{where}: release 0.1's flat settings {found} are deprecated; they are read as the methods' dicts (e.g. "
+            f"{found[0]} as {spec.name}[{key!r}]); save_pretrained writes the dicts.", HeadAttnDeprecationWarning,
+            stacklevel=4,
+        )
 
 
-def _set_legacy(config, spec, legacy: str, value, keep_defaults: bool = True) -> None:
-    """Write a release-0.1 flat field into its method's dict. A default value leaves an off method off, and is left
-    out when ``keep_defaults`` is False (release 0.1 saved every field, defaults included)."""
-    key = spec.legacy_fields[legacy]
-    current = getattr(config, spec.name, None)
-    default = _default(spec, key)
-    if (current is None or not keep_defaults) and default == value and type(default) is type(value):
-        return
-    config.__setattr__(spec.name, {**(current or {}), key: value})
+def _is_default(spec, key: str, value) -> bool:
+    default = spec.settings.__dataclass_fields__[key].default
+    return default == value and type(default) is type(value)
 
 
-def _default(spec, key: str):
-    return spec.settings.__dataclass_fields__[key].default
-
-
-def _legacy_property(spec, legacy: str) -> property:
-    key = spec.legacy_fields[legacy]
-
-    def get(config):
-        return (getattr(config, spec.name, None) or {}).get(key, _default(spec, key))
-
-    def set_(config, value):
-        _set_legacy(config, spec, legacy, value)
-
-    return property(get, set_, doc=f"Release 0.1 spelling of ``{spec.name}[{key!r}]``.")
-
-
-for _spec in registered_methods():
-    for _legacy in _spec.legacy_fields:
-        setattr(HeadAttnSettings, _legacy, _legacy_property(_spec, _legacy))
+def _warn_unknown_flat_fields(values: Mapping, where: str) -> None:
+    """Warn about keys named like a method's flat field (``dhicm_*``, ``sea_*``, ...) that are none: misspelt, they
+    would be kept on the config and do nothing."""
+    known = _flat_fields()
+    prefixes = tuple({f"{flat.split('_')[0]}_" for flat in known} | {f"{spec.name}_" for spec in registered_methods()})
+    fields = {name for cls in (MBartConfig, MarianConfig) for name in cls.__dataclass_fields__}
+    for key in values:
+        if key.startswith(prefixes) and key not in known and key not in fields:
+            hint = difflib.get_close_matches(key, known, n=1)
+            logger.warning(f"{where}: {key!r} is no setting of hf-headattn and is ignored"
+                           + (f" (did you mean {hint[0]!r}, which release 0.1 spelled so?)" if hint else ""))
 
 
 @strict

@@ -31,7 +31,7 @@ TOP_HEAD_THRESHOLD = 0.9
 LANE_VALUES = 2**16
 
 
-@dataclass
+@dataclass(frozen=True)
 class DHICMSettings(MethodSettings):
     """DHICM's settings (``config.dhicm``).
 

@@ -35,7 +35,7 @@ matrix product does not run) and only the chosen heads are regularized.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
@@ -60,7 +60,7 @@ DEFAULTS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class ComponentSettings(MethodSettings):
     """One component's settings (a dict under ``config.eadra["encoder" | "decoder" | "cross"]``; missing alphas take
     :data:`DEFAULTS`). num_heads: how many heads are regularized, the first ones (None: three quarters, §5.3);
@@ -74,8 +74,35 @@ class ComponentSettings(MethodSettings):
     heads: list[int] | None = None
     layers: list[int] | None = None
 
+    def resolved_for(self, component: str, config, where: str) -> ComponentSettings:
+        """Every field resolved for ``component``: alphas filled in, ``num_heads`` an integer, ``heads`` None (the
+        first ``num_heads``) or sorted indices, ``layers`` a sorted list of non-negative indices."""
+        alphas = {key: default if getattr(self, key) is None else getattr(self, key)
+                  for key, default in DEFAULTS[component].items()}
+        for key, value in alphas.items():
+            check_range(value, f"{where}[{key!r}]", 0.0)
+        num_layers, heads = _shape(config, component)
+        chosen, num_heads = None, self.num_heads
+        if self.heads is not None:
+            if not self.heads or any(not -heads <= h < heads for h in self.heads):
+                raise ValueError(f"{where}['heads'] must be a non-empty list of head indices in [{-heads}, "
+                                 f"{heads - 1}] (or None for the first num_heads), got {self.heads!r}")
+            chosen = sorted({h % heads for h in self.heads})
+            if num_heads is not None and num_heads != len(chosen):
+                raise ValueError(f"{where} sets num_heads={num_heads!r} and {len(chosen)} heads {chosen}; "
+                                 "expected one of them")
+            num_heads, chosen = len(chosen), None if chosen == list(range(len(chosen))) else chosen
+        if num_heads is None:
+            num_heads = max(1, round(0.75 * heads))
+        if not 1 <= num_heads <= heads:
+            raise ValueError(f"{where}['num_heads'] must be an integer in [1, {heads}] (the model's heads), got "
+                             f"{num_heads!r}")
+        layers = resolve_layers(range(num_layers) if self.layers is None else self.layers, num_layers,
+                                f"{where}['layers']")
+        return dataclasses.replace(self, **alphas, num_heads=num_heads, heads=chosen, layers=layers)
 
-@dataclass
+
+@dataclass(frozen=True)
 class EaDRASettings(MethodSettings):
     """EaDRA's settings (``config.eadra``): one dict per regularized component, absent or None = not regularized.
 
@@ -86,61 +113,37 @@ class EaDRASettings(MethodSettings):
     multiplied by it: the paper tunes its alphas per component, §5.3, and Table 6's, the per-component defaults, were
     tuned for Transformer-base on 100k WMT sentences; 1.0 uses them as they are).
 
-    After validation each component is a :class:`ComponentSettings` with every field resolved (alphas filled in,
-    ``num_heads`` an integer, ``heads`` None (the first ``num_heads``) or sorted indices, ``layers`` a sorted list of
-    non-negative indices).
+    Resolved, each component is a :class:`ComponentSettings` with every field resolved
+    (:meth:`ComponentSettings.resolved_for`).
     """
 
-    encoder: dict | None = None
-    decoder: dict | None = None
-    cross: dict | None = None
+    encoder: ComponentSettings | None = None
+    decoder: ComponentSettings | None = None
+    cross: ComponentSettings | None = None
     dist_reduction: Literal["sum", "pair_mean", "normalized_positions"] = "pair_mean"
     peak_reduction: Literal["mean", "sum"] = "mean"
     warmup_steps: int = 0
     alpha_scale: float = ALPHA_SCALE
-    components: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def validate(self, config, name: str) -> None:
-        if all(getattr(self, component) is None for component in COMPONENTS):
+    @property
+    def components(self) -> dict[str, ComponentSettings]:
+        """The regularized components' settings, in :data:`COMPONENTS` order."""
+        return {component: getattr(self, component) for component in COMPONENTS if getattr(self, component) is not None}
+
+    def resolved(self, config, name: str) -> EaDRASettings:
+        if not self.components:
             raise ValueError(f"{name} must map some of {COMPONENTS} to settings (or be None for off), got "
-                             f"{self.to_dict()!r}")
-        for component in COMPONENTS:
-            values = getattr(self, component)
-            if values is None:
-                continue
+                             f"{dataclasses.asdict(self)!r}")
+        components = {}
+        for component, values in self.components.items():
             where = f"{name}[{component!r}]"
-            settings = ComponentSettings.from_dict(values, where, config)
-            for key, default in DEFAULTS[component].items():
-                if getattr(settings, key) is None:
-                    setattr(settings, key, default)
-                check_range(getattr(settings, key), f"{where}[{key!r}]", 0.0)
-            num_layers, heads = _shape(config, component)
-            if settings.heads is not None:
-                if not settings.heads or any(not -heads <= h < heads for h in settings.heads):
-                    raise ValueError(f"{where}['heads'] must be a non-empty list of head indices in [{-heads}, "
-                                     f"{heads - 1}] (or None for the first num_heads), got {settings.heads!r}")
-                chosen = sorted({h % heads for h in settings.heads})
-                if settings.num_heads is not None and settings.num_heads != len(chosen):
-                    raise ValueError(f"{where} sets num_heads={settings.num_heads!r} and {len(chosen)} heads {chosen}; "
-                                     "expected one of them")
-                settings.heads, settings.num_heads = (None if chosen == list(range(len(chosen))) else chosen,
-                                                      len(chosen))
-            if settings.num_heads is None:
-                settings.num_heads = max(1, round(0.75 * heads))
-            if not 1 <= settings.num_heads <= heads:
-                raise ValueError(
-                    f"{where}['num_heads'] must be an integer in [1, {heads}] (the model's heads), got "
-                    f"{settings.num_heads!r}"
-                )
-            layers = range(num_layers) if settings.layers is None else settings.layers
-            settings.layers = resolve_layers(layers, num_layers, f"{where}['layers']")
-            self.components[component] = settings
+            if not isinstance(values, ComponentSettings):
+                values = ComponentSettings.from_dict(values, where, config)
+            components[component] = values.resolved_for(component, config, where)
         check_range(self.alpha_scale, f"{name}.alpha_scale", 0.0)
         if self.warmup_steps < 0:
             raise ValueError(f"{name}.warmup_steps must be an integer >= 0 (0: no warm-up), got {self.warmup_steps!r}")
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        return dataclasses.replace(self, **components)
 
 
 def _shape(config, component: str) -> tuple[int, int]:
@@ -241,7 +244,8 @@ def head_scores(call: AttentionCall, num_heads: int) -> tuple[torch.Tensor, torc
 
 def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, queries: torch.Tensor,
                   dist_reduction: str = "sum", peak_reduction: str = "mean") -> tuple[torch.Tensor, ...]:
-    """The readings of Eq. 4 and Eq. 8 as per-(sentence, head) rescalings of ``eadra_regularizers``' values.
+    """The readings of Eq. 4 and Eq. 8 as per-(sentence, head) rescalings of the terms that
+    :func:`~.eadra_math.layer_regularizers` returns (the model's path).
 
     ``terms`` = (R_peak, R_sent, R_dist), each (..., B, h): R_peak the mean over real queries of H_N, R_dist the sum
     over consecutive real query pairs (:mod:`.eadra_math`); ``support`` (B or 1, 1 or h, T, S) and ``queries``

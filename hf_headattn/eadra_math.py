@@ -18,10 +18,10 @@ Choices (the paper leaves them open):
   so a^T D b = sum_k F_a(k) (1 - F_b(k)) + F_b(k) (1 - F_a(k)) = sum_k F_a(k) + F_b(k) - 2 F_a(k) F_b(k) with F the
   cumulative sums: O(S) per pair of rows, never the S x S matrix D (Eq. 8 suggests an FFT; this is cheaper).
 
-:func:`eadra_regularizers` gives all three from attention scores with a hand-written backward that keeps only the
-probabilities and skips the terms outside the objective; :func:`layer_regularizers` does the same from the queries and
-keys of several layers at once (the model's path: one pass, few operations); the other functions are the
-definitions, differentiable by autograd (the tests check one against the other).
+:func:`layer_regularizers` gives all three from the queries and keys of several layers at once (the model's path: one
+pass, few operations), with a hand-written backward that keeps only the probabilities and skips the terms outside the
+objective; :func:`normalized_entropy` is Eq. 1-2 (the analysis reads attention maps with it). The definitions of the
+three terms, differentiable by autograd, are the tests' references (``tests/test_eadra_math.py``).
 """
 
 from __future__ import annotations
@@ -42,21 +42,6 @@ def _inverse_log_count(n: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(n > 1, 1.0 / n.clamp(min=2).to(dtype).log(), 0.0)
 
 
-def _query_weights(query_mask: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor:
-    """(..., T) weights of the mean over real queries: 1 / (number of real queries) at real ones, 0 elsewhere."""
-    if query_mask is None:
-        return a.new_full(a.shape[-2:-1], 1.0 / a.shape[-2])
-    real = query_mask.to(a.dtype)
-    return real / real.sum(-1, keepdim=True).clamp(min=1)
-
-
-def _pair_weights(query_mask: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor:
-    """(..., T-1) 1 where queries i and i+1 are both real."""
-    if query_mask is None:
-        return a.new_ones(a.shape[-2] - 1)
-    return (query_mask[..., :-1] & query_mask[..., 1:]).to(a.dtype)
-
-
 def normalized_entropy(a: torch.Tensor, support: torch.Tensor | None = None) -> torch.Tensor:
     """Length-normalised Shannon entropy of each distribution (Eq. 1-2), in [0, 1].
 
@@ -72,38 +57,6 @@ def normalized_entropy(a: torch.Tensor, support: torch.Tensor | None = None) -> 
     count = torch.tensor(a.shape[-1]) if support is None else support.sum(-1)
     entropy = -torch.linalg.vecdot(a, _safe_log(a))
     return entropy * _inverse_log_count(count, a.dtype)
-
-
-def peak_regularizer(a, support=None, query_mask=None) -> torch.Tensor:
-    """R_peak (Eq. 4) of one sentence and head: the mean over real queries of H_N(a_i). Returns a.shape[:-2]."""
-    return (normalized_entropy(a, support) * _query_weights(query_mask, a)).sum(-1)
-
-
-def sentence_regularizer(a, support=None, query_mask=None) -> torch.Tensor:
-    """R_sent (Eq. 5-6): -H_N of the mean of the real queries' distributions, over the union of their supports.
-
-    Returns a.shape[:-2], in [-1, 0].
-    """
-    a_bar = (_query_weights(query_mask, a).unsqueeze(-2) @ a).squeeze(-2)  # (..., 1, T) @ (..., T, S): Eq. 5
-    if support is None:
-        return -normalized_entropy(a_bar)
-    real = torch.ones(a.shape[-2], 1, dtype=torch.bool, device=a.device) if query_mask is None else (
-        query_mask.unsqueeze(-1))  # (..., T, 1)
-    return -normalized_entropy(a_bar, (support & real).any(-2))
-
-
-def expected_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a^T D b = E|X - Y| for independent X ~ a, Y ~ b on positions 0..S-1 (Eq. 8's summand), in O(S)."""
-    cdf_a, cdf_b = a.cumsum(-1), b.cumsum(-1)
-    return (cdf_a + cdf_b - 2 * cdf_a * cdf_b).sum(-1)
-
-
-def distance_regularizer(a, query_mask=None) -> torch.Tensor:
-    """R_dist (Eq. 8): sum over consecutive real queries (i, i+1) of a_i^T D a_{i+1}. Returns a.shape[:-2]."""
-    cdf = a.cumsum(-1)  # (..., T, S)
-    row = cdf.sum(-1)  # (..., T)
-    pair_distance = row[..., :-1] + row[..., 1:] - 2 * torch.linalg.vecdot(cdf[..., :-1, :], cdf[..., 1:, :])
-    return (pair_distance * _pair_weights(query_mask, a)).sum(-1)
 
 
 def _inverse_log(n: torch.Tensor) -> torch.Tensor:
@@ -126,7 +79,7 @@ def _coefficients(support, query_mask, dtype) -> tuple[torch.Tensor, ...]:
 
 
 def _forward(a, a_log_a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Tensor, ...]:
-    """R_peak, R_sent, R_dist as in the definitions above, from a and sum_j a_j log a_j (..., T), sharing the mask
+    """R_peak, R_sent, R_dist as chosen above, from a and sum_j a_j log a_j (..., T), sharing the mask
     coefficients; log a_bar and 1 - 2 F (F = cumsum(a), which R_dist's gradient needs)."""
     peak = torch.linalg.vecdot(a_log_a, peak_coef)  # Eq. 4
     a_bar = (a * weights.unsqueeze(-1)).sum(-2)  # (..., S): Eq. 5
@@ -170,7 +123,7 @@ OUTSIDE_SUPPORT = -1e9
 
 
 def _terms(ctx, scores, support, query_mask, *saved, keep_cdf: bool = False) -> tuple[torch.Tensor, ...]:
-    """The forward shared by both functions, from scores already masked outside the support (so that a is exactly 0
+    """The forward of the terms, from scores already masked outside the support (so that a is exactly 0
     there and log a finite): the three terms; saves the probabilities, ``saved`` and the coefficients for
     :func:`_scores_gradient`, and with ``keep_cdf`` 1 - 2 cumsum(a) (one more map kept, two passes fewer when R_dist
     is in the objective)."""
@@ -187,44 +140,6 @@ def _scores_gradient(a, coefficients, g_peak, g_sent, g_dist) -> torch.Tensor | 
     """d(objective) / d scores, through the softmax (``None`` when no term is in the objective)."""
     grad = _gradient_wrt_probs(a, *coefficients, g_peak, g_sent, g_dist)
     return None if grad is None else torch.ops.aten._softmax_backward_data(grad, a, -1, a.dtype)
-
-
-class _Regularizers(torch.autograd.Function):
-    """R_peak, R_sent, R_dist of softmax(scores); saves only the probabilities (and small mask coefficients) for a
-    hand-written backward, which skips the terms outside the objective (autograd passes ``None`` for them)."""
-
-    @staticmethod
-    def forward(ctx, scores, support, query_mask):
-        ctx.set_materialize_grads(False)
-        with torch.autocast(scores.device.type, enabled=False):  # in the scores' dtype, also under autocast
-            return _terms(ctx, scores.masked_fill(~support, torch.finfo(scores.dtype).min), support, query_mask)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g_peak, g_sent, g_dist):
-        a, *coefficients = ctx.saved_tensors
-        with torch.autocast(a.device.type, enabled=False):
-            return _scores_gradient(a, coefficients, g_peak, g_sent, g_dist), None, None
-
-
-def eadra_regularizers(
-    scores: torch.Tensor, support: torch.Tensor, query_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """R_peak, R_sent and R_dist (Eq. 4, 6, 8) of the attention ``softmax(scores)`` restricted to ``support``.
-
-    Parameters
-    ----------
-    scores : (..., T, S) float attention logits (q k^T * scaling + additive bias); entries outside ``support`` are
-        ignored. Computed in their own dtype: pass float32 (or float64).
-    support : (..., T, S) bool, broadcastable to ``scores``.
-    query_mask : (..., T) bool, broadcastable to ``scores.shape[:-1]``; every counted query needs a non-empty support.
-
-    Returns
-    -------
-    ``(R_peak, R_sent, R_dist)``, each of shape ``scores.shape[:-2]`` (e.g. per sentence and head), differentiable
-    with respect to ``scores``; the definitions above applied to ``softmax(scores)``.
-    """
-    return _Regularizers.apply(scores, support, query_mask)
 
 
 class _LayerRegularizers(torch.autograd.Function):
@@ -326,11 +241,12 @@ def layer_regularizers(
     queries, keys, num_heads: int, scaling: float, support: torch.Tensor, query_mask: torch.Tensor,
     bias: torch.Tensor | None = None, keep_cdf: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`eadra_regularizers` of the first ``num_heads`` heads of several layers, fused into one pass.
+    """R_peak, R_sent and R_dist (Eq. 4, 6, 8) of the first ``num_heads`` heads of several layers, fused into one pass.
 
-    Equal to ``eadra_regularizers(stack([q[:, :h] @ k[:, :h]^T * scaling for q, k in zip(queries, keys)]) + bias,
-    support, query_mask)``, computed in float32 (float64 for float64 inputs) whatever the inputs' dtype, with each
-    operation run once for all layers and gradients returned straight to each layer's queries and keys. Layers of
+    The terms of the attention ``softmax(scores)`` restricted to ``support``, with ``scores = stack([q[:, :h] @
+    k[:, :h]^T * scaling for q, k in zip(queries, keys)]) + bias``, computed in float32 (float64 for float64 inputs)
+    whatever the inputs' dtype, with each operation run once for all layers and gradients returned straight to each
+    layer's queries and keys. Every counted query needs a non-empty support. Layers of
     different lengths (e.g. encoder self-, decoder self- and cross-attention together) are zero-padded to the longest
     query and key lengths T and S; ``support`` and ``query_mask`` must then leave the padding out.
 

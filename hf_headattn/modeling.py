@@ -10,7 +10,6 @@ Identical to the HF parents except:
 
 # No `from __future__ import annotations`: HF's tooling reads `**kwargs: Unpack[TransformersKwargs]` from the
 # signature (e.g. to know that the models can output attentions), which needs evaluated annotations.
-import copy
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -183,6 +182,25 @@ class _DerivedForwardSignature:
         return arguments
 
 
+def check_length(config, name: str, positions: int) -> None:
+    """A clear error, instead of an IndexError deep in the position embeddings, for an over-long sequence."""
+    limit = config.max_position_embeddings
+    if positions > limit:
+        raise ValueError(
+            f"The {name} sequence has {positions} positions, more than the model's max_position_embeddings={limit}; "
+            f"truncate it (e.g. tokenizer(..., truncation=True, max_length={limit})) or generate fewer tokens"
+        )
+
+
+def check_source_length(encoder: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of the encoder: the source's length against the position embeddings, in ``forward`` and in
+    ``generate`` (which runs the encoder directly)."""
+    source = kwargs.get("input_ids", args[0] if args else None)
+    source = kwargs.get("inputs_embeds") if source is None else source
+    if source is not None:
+        check_length(encoder.config, "source", source.shape[1])
+
+
 class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
     """What the base model and the LM model share: method attachment, weight init, context creation."""
 
@@ -191,13 +209,12 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
 
     def __init__(self, config):
         super().__init__(config)
-        # the config may have been changed after it was built: validate again, and keep what the methods are built with
-        self.headattn_settings = config.check_headattn_settings()
-        self._built_method_fields = {spec.name: copy.deepcopy(getattr(config, spec.name, None))
-                                     for spec in registered_methods()}
+        # resolved and validated by the config when set; the model keeps the objects its methods are built with
+        self.headattn_settings = config.headattn_settings
         self._attach_methods(config)
         if hasattr(type(self), "_forward_signature"):
             self._refresh_forward_signature()
+            self.get_encoder().register_forward_pre_hook(check_source_length, with_kwargs=True)
         self.post_init()  # initialises the new method parameters (HF skips what is already initialised)
 
     def _attach_methods(self, config) -> None:
@@ -224,29 +241,29 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
                 module.init_weights(self.config.init_std)
 
     def _check_settings_unchanged(self) -> None:
-        """Refuse to run with method settings changed after the model was built (they would be silently ignored)."""
-        for name, built in self._built_method_fields.items():
-            if getattr(self.config, name, None) != built:
-                raise ValueError(
-                    f"config.{name} was changed after the model was built (from {built!r} to "
-                    f"{getattr(self.config, name, None)!r}); the methods keep the settings they were built with. "
-                    f"Build a new model with the new settings, e.g. from_pretrained(path, {name}=...)"
-                )
+        """Refuse to run with method settings changed after the model was built (they would be silently ignored).
+
+        The config re-resolves its settings whenever they are set (in-place edits are refused), so an unchanged
+        config holds the very objects the model was built with."""
+        current = self.config.headattn_settings
+        if current is self.headattn_settings or current == self.headattn_settings:
+            return
+        name = next(spec.name for spec in registered_methods()
+                    if current.get(spec.name) != self.headattn_settings.get(spec.name))
+        raise ValueError(
+            f"config.{name} was changed after the model was built (to {getattr(self.config, name, None)!r}); the "
+            f"methods keep the settings they were built with. Build a new model with the new settings, e.g. "
+            f"from_pretrained(path, {name}=...)"
+        )
 
     def _check_lengths(self, values: dict) -> None:
-        """A clear error, instead of an IndexError deep in the position embeddings, for over-long inputs."""
-        limit = self.config.max_position_embeddings
+        """The target's length (with the cache's) against the position embeddings; the source's is checked by the
+        encoder's pre-hook (:func:`check_source_length`), which ``generate`` passes too."""
         cache = values.get("cache", values.get("past_key_values"))  # named `cache` since transformers 5.24
-        past = cache.get_seq_length() if cache is not None else 0
-        for name, prefix, offset in (("source", "", 0), ("target", "decoder_", past)):
-            tensor = values.get(f"{prefix}input_ids")
-            tensor = values.get(f"{prefix}inputs_embeds") if tensor is None else tensor
-            if tensor is not None and tensor.shape[1] + offset > limit:
-                raise ValueError(
-                    f"The {name} sequence has {tensor.shape[1] + offset} positions, more than the model's "
-                    f"max_position_embeddings={limit}; truncate it (e.g. tokenizer(..., truncation=True, "
-                    f"max_length={limit})) or generate fewer tokens"
-                )
+        target = values.get("decoder_input_ids")
+        target = values.get("decoder_inputs_embeds") if target is None else target
+        if target is not None:
+            check_length(self.config, "target", target.shape[1] + (cache.get_seq_length() if cache is not None else 0))
 
     def _run_hf_forward(self, values: dict, target_mask, compute_losses: bool = True) -> tuple:
         """Run the HF forward with the methods' inputs and a fresh :class:`HeadAttnContext` passed down to every

@@ -6,8 +6,9 @@ registers it. The config, the model, the Trainer's logging, the model card, the 
 analyses read the registry; nothing else lists the methods. (The peft tuners are the model: one config dataclass per
 method, validated when it is built, and one registration call.)
 
-Settings live on the model config under the method's name, as a plain dict (JSON in ``config.json``), e.g.
-``config.dhicm = {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.1, ...}``; ``None`` = off.
+Settings live on the model config under the method's name, as a read-only dict (JSON in ``config.json``), e.g.
+``config.dhicm = {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.1, ...}``; ``None`` = off. The
+config resolves them once, when set, into the method's frozen settings dataclass (``config.headattn_settings``).
 """
 
 from __future__ import annotations
@@ -24,15 +25,20 @@ from .settings_checks import describe_type
 
 
 class MethodSettings:
-    """Base of the methods' settings dataclasses: built from a dict, type-checked, validated against the model config.
+    """Base of the methods' settings: frozen dataclasses built from a dict, type-checked, resolved against the model
+    config.
 
-    Subclasses are dataclasses; each field's annotation is checked (``int``, ``float``, ``bool``, ``str``,
-    ``Literal[...]``, ``list[...]``, ``dict``, ``X | None``), then :meth:`validate` checks ranges and consistency.
-    Every error is a ``ValueError`` naming ``<method>.<field>``, the bad value and what was expected.
+    Subclasses are ``@dataclass(frozen=True)`` (:func:`register_method` checks it); each field's annotation is checked
+    (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, ``list[...]``, ``dict``, another ``MethodSettings`` class
+    given as a dict, ``X | None``), then :meth:`resolved` checks ranges and consistency and fills in what depends on
+    the model (e.g. EaDRA's per-component defaults). Every error is a ``ValueError`` naming ``<method>.<field>``, the
+    bad value and what was expected. The config resolves each method's settings once, when they (or the model shape
+    they depend on) are set, and the model is built from the resolved objects.
     """
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], name: str, model_config) -> MethodSettings:
+        """The settings of ``values`` (a dict from the config), type-checked and :meth:`resolved`."""
         if not isinstance(values, Mapping):
             raise ValueError(f"{name} must be a dict of settings (or None for off), got {values!r}")
         known = {f.name for f in dataclasses.fields(cls) if f.init}
@@ -42,9 +48,13 @@ class MethodSettings:
         hints = typing.get_type_hints(cls)
         for key, value in values.items():
             check_type(value, hints[key], f"{name}.{key}")
-        settings = cls(**values)
-        settings.validate(model_config, name)
-        return settings
+        return cls(**values).resolved(model_config, name)
+
+    def resolved(self, model_config, name: str) -> MethodSettings:
+        """These settings checked against the model config (e.g. layer indices), with what depends on it filled in
+        (a new object: settings are frozen); raise ``ValueError``. The default: :meth:`validate`, then ``self``."""
+        self.validate(model_config, name)
+        return self
 
     def validate(self, model_config, name: str) -> None:
         """Range and consistency checks that need the model config (e.g. layer indices); raise ``ValueError``."""
@@ -54,9 +64,6 @@ class MethodSettings:
         off, with a warning. (Settings that ask for something but place it nowhere, e.g. empty layer lists, are
         refused by the config.)"""
         return True
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def check_type(value, annotation, name: str) -> None:
@@ -87,6 +94,8 @@ def _matches(value, annotation) -> bool:
         return isinstance(value, (list, tuple)) and all(_matches(item, args[0]) for item in value)
     if annotation is dict or origin is dict:
         return isinstance(value, Mapping)
+    if isinstance(annotation, type) and issubclass(annotation, MethodSettings):
+        return isinstance(value, (Mapping, annotation))  # nested settings, resolved by the enclosing settings
     raise TypeError(f"unsupported settings annotation {annotation!r}")
 
 
@@ -134,11 +143,6 @@ class MethodSpec:
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
     uses_syntax: bool = False
 
-    def resolve(self, model_config) -> MethodSettings | None:
-        """The validated settings of this method on ``model_config`` (``None``: off)."""
-        values = getattr(model_config, self.name, None)
-        return None if values is None else self.settings.from_dict(values, self.name, model_config)
-
 
 _REGISTRY: dict[str, MethodSpec] = {}
 
@@ -146,6 +150,9 @@ _REGISTRY: dict[str, MethodSpec] = {}
 def register_method(spec: MethodSpec) -> MethodSpec:
     """Register ``spec`` (re-registering a name replaces it). Returns it, so a module can end with
     ``METHOD = register_method(MethodSpec(...))``."""
+    if not dataclasses.is_dataclass(spec.settings) or not spec.settings.__dataclass_params__.frozen:
+        raise ValueError(f"method {spec.name!r}: its settings class {spec.settings.__name__} must be a "
+                         "@dataclass(frozen=True) (the model keeps the object it was built with)")
     clash = {preset for other in _REGISTRY.values() if other.name != spec.name for preset in other.presets}
     if clash & set(spec.presets):
         raise ValueError(f"method {spec.name!r} reuses preset names {sorted(clash & set(spec.presets))}")
@@ -162,15 +169,10 @@ def registered_methods() -> list[MethodSpec]:
     return sorted(_REGISTRY.values(), key=lambda spec: spec.order)
 
 
-def method_spec(name: str) -> MethodSpec:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown method {name!r}; registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]
-
-
 def active_methods(model_config) -> list[MethodSpec]:
-    """The registered methods switched on in ``model_config``."""
-    return [spec for spec in registered_methods() if (settings := spec.resolve(model_config)) and settings.switched_on()]
+    """The registered methods switched on in ``model_config`` (an hf-headattn config; none on a stock one)."""
+    on = getattr(model_config, "headattn_settings", {})
+    return [spec for spec in registered_methods() if spec.name in on]
 
 
 def readout_fields() -> list[str]:

@@ -45,7 +45,7 @@ NAME = "sea"
 CHECKED = "sea_inputs_checked"  # context record: the inputs of this forward were validated
 
 
-@dataclass
+@dataclass(frozen=True)
 class SEASettings(MethodSettings):
     """SEA + RHE's settings (``config.sea``).
 
@@ -95,7 +95,7 @@ _HOW = ("build batches with hf_headattn.syntax.DataCollatorForSyntaxSeq2Seq (aft
 def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ...]:
     """The forward arguments SEA needs with these settings (``readout``: ``output_redundant_heads=True``).
 
-    RHE's Eq. 9 reads the dependency mask, so every RHE variant (``sea_heads="redundant"``, ``rhe_prune``, the
+    RHE's Eq. 9 reads the dependency mask, so every RHE variant (``sea["heads"] = "redundant"``, ``sea["prune"]``, the
     read-out) needs ``dependency_mask``, LPEA+RHE included; LPEA needs ``phrase_positions``.
     """
     needed = []
@@ -179,16 +179,15 @@ class SEA(AttentionMethod):
     def __init__(self, settings: SEASettings, head_dim: int):
         super().__init__()
         self.settings = settings
-        self.sea_type, self.sea_heads, self.rhe_prune = settings.type, settings.heads, settings.prune
         self.k = settings.max_relative_position
-        if self.sea_type == "lpea":
+        if self.settings.type == "lpea":
             self.lpea_embeddings = nn.Parameter(torch.empty(2 * self.k + 1, head_dim))
             self.lpea_weight = nn.Parameter(torch.empty(head_dim, head_dim))
             self.lpea_bias = nn.Parameter(torch.empty(head_dim))
             self.lpea_projection = nn.Parameter(torch.empty(head_dim))
 
     def init_weights(self, std: float) -> None:
-        if self.sea_type == "lpea":
+        if self.settings.type == "lpea":
             init.normal_(self.lpea_embeddings, std=1.0)
             init.normal_(self.lpea_weight, std=std)
             init.zeros_(self.lpea_bias)
@@ -209,18 +208,18 @@ class SEA(AttentionMethod):
                 check_input(name, tensor, call.query, self.k)
             if context is not None:
                 context.record(CHECKED, True)
-        if self.rhe_prune or self.sea_heads == "redundant" or readout:
+        if self.settings.prune or self.settings.heads == "redundant" or readout:
             call.state["sea_redundant"] = self._redundant(call, inputs["dependency_mask"])
             if readout:
                 call.context.record("redundant_heads", (call.module.headattn_name, call.state["sea_redundant"]))
-        if self.sea_type is None:
+        if self.settings.type is None:
             return
-        if self.sea_type == "dea":
+        if self.settings.type == "dea":
             allowed = dependency_allowed(inputs["dependency_mask"])
             bias = torch.zeros((), dtype=call.query.dtype, device=call.query.device).expand(allowed.shape)
         else:
             bias, allowed = lpea_bias(inputs["phrase_positions"], self.label_bias(), NOT_IN_PHRASE)
-        selected = call.state["sea_redundant"] if self.sea_heads == "redundant" else None
+        selected = call.state["sea_redundant"] if self.settings.heads == "redundant" else None
         call.attention_mask = enhanced_mask(call.attention_mask, bias, allowed, selected, call.query.dtype)
 
     @torch.no_grad()
@@ -233,7 +232,7 @@ class SEA(AttentionMethod):
         return redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
-        if not self.rhe_prune:
+        if not self.settings.prune:
             return attn_output
         keep = ~call.state["sea_redundant"]  # (B, H)
         return attn_output * keep[:, None, :, None].to(attn_output.dtype)  # (B, T, H, D)

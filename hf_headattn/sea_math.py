@@ -12,14 +12,14 @@ Masking: the paper's -inf (Eq. 5, Figure 3's infinity) is the most negative fini
 overflow to -inf and give NaN). The diagonal is always allowed, and a query row left with no allowed key (a padding
 row) falls back to the padding mask alone, so no attention row is ever all-masked.
 
-Shapes: B batch, H heads, T = S source length (encoder self-attention), k = ``lpea_max_relative_position``.
+Shapes: B batch, H heads, T = S source length (encoder self-attention), k = ``config.sea["max_relative_position"]``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .attention import key_allowed  # noqa: F401  (re-exported: part of Eq. 9's inputs)
+from .attention import key_allowed  # (sea.py imports it from here too: part of Eq. 9's inputs)
 
 #: ``phrase_positions`` value outside the local phrase and on padding (the syntax collator writes it).
 NOT_IN_PHRASE = -10000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 from collections.abc import Iterable
@@ -52,5 +53,7 @@ def describe_type(annotation) -> str:
         return "one of " + ", ".join(repr(arg) for arg in args)
     if origin is list:
         return f"a list of ({describe_type(args[0])})"
+    if dataclasses.is_dataclass(annotation):
+        return "a dict of settings"
     names = {bool: "True or False", int: "an integer", float: "a finite number", str: "a string", dict: "a dict"}
     return names.get(annotation, names.get(origin, str(annotation)))

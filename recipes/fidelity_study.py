@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The fidelity study (issue #14): which reading of the papers' open choices to use, chosen on validation BLEU only.
 
-DHICM leaves open how Eq. 5's KL joins the NLL (``dhicm_kl_reduction``) and EaDRA how Eq. 4/8 are reduced
+DHICM leaves open how Eq. 5's KL joins the NLL (``dhicm["kl_reduction"]``) and EaDRA how Eq. 4/8 are reduced
 (``eadra["dist_reduction"]``, ``["peak_reduction"]``) and whether the alphas warm up (``["warmup_steps"]``). On
 Multi30k En-De with ``make demo``'s schedule (tiny shape, 500 steps, batch 64, lr 2e-3, 100 warm-up steps,
 inverse_sqrt, seed 1) the study
@@ -33,6 +33,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from hf_headattn.eadra import DEFAULTS as EADRA_DEFAULTS
+
 HERE = Path(__file__).resolve().parent
 
 #: make demo's schedule (recipes/demo.py), scored on validation.
@@ -49,7 +51,6 @@ CONFIRM_FLAGS = ["--num_beams", "1", "--test_splits", "validation,test_2016_flic
 CONFIRM_SEEDS = (2, 3, 4)
 
 DHICM_LAYERS = {"encoder_layers": [-1], "decoder_layers": [-1]}
-TABLE6 = {"encoder": {"alpha_sent": 0.8, "alpha_dist": 0.02}, "decoder": {"alpha_sent": 0.8, "alpha_dist": 2.0}}
 
 
 def _dhicm(reduction: str, weight: float, mode: str = "paper") -> dict:
@@ -57,9 +58,10 @@ def _dhicm(reduction: str, weight: float, mode: str = "paper") -> dict:
 
 
 def _eadra(dist: str, warmup: int = 0, scale: float = 1.0) -> dict:
-    """Table 6's alphas times ``scale``, written out (``alpha_scale`` 1.0: the option came after these runs)."""
-    components = {name: {"alpha_peak": 0.0, "alpha_sent": alphas["alpha_sent"] * scale,
-                         "alpha_dist": alphas["alpha_dist"] * scale} for name, alphas in TABLE6.items()}
+    """Table 6's alphas (``eadra.DEFAULTS``) of the encoder and decoder times ``scale``, written out (``alpha_scale``
+    1.0: the option came after these runs)."""
+    components = {name: {"alpha_peak": 0.0, "alpha_sent": EADRA_DEFAULTS[name]["alpha_sent"] * scale,
+                         "alpha_dist": EADRA_DEFAULTS[name]["alpha_dist"] * scale} for name in ("encoder", "decoder")}
     return {"eadra": {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup,
                       "alpha_scale": 1.0}}
 
@@ -191,43 +193,36 @@ def screen_table(screen) -> tuple[list[dict], str]:
     return summary, "\n".join(lines)
 
 
-def _mean_sd(values) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
-
-
 def confirm_table(confirm, multi30k_dir) -> tuple[list[dict], str]:
-    from hf_headattn.experiment.evaluation import paired_bootstrap
+    from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed, per_seed_p_values
     from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir)))
     references = {split: [pair["de"] for pair in raw[split]["translation"]]
                   for split in ("validation", "test_2016_flickr")}
     base = confirm["baseline"]
-    lines = ["| row | seeds | valid BLEU | p vs baseline (valid, per seed) | test BLEU | "
-             "p vs baseline (test, per seed) | test chrF | top-head share |", "|---" * 8 + "|"]
-    summary = []
+    header = ["row", "seeds", "valid BLEU", "p vs baseline (valid, per seed)", "test BLEU",
+              "p vs baseline (test, per seed)", "test chrF", "top-head share"]
+    summary, table = [], []
     for row in sorted(confirm, key=lambda r: (r != "baseline", r)):
         seeds = sorted(confirm[row])
         entry = {"row": row, "seeds": seeds, "settings": SCREEN[row][0] if row in SCREEN else None}
         for split in references:
             entry[f"{split}_bleu"] = [confirm[row][s]["scores"][split]["bleu"] for s in seeds]
             entry[f"{split}_chrf"] = [confirm[row][s]["scores"][split]["chrf"] for s in seeds]
-            entry[f"{split}_p_values"] = [] if row == "baseline" else [
-                paired_bootstrap(base[s]["predictions"][split], {row: confirm[row][s]["predictions"][split]},
-                                 references[split], metrics=("bleu",))["systems"][row]["bleu"]["p_value"]
-                for s in seeds if s in base]
+            entry[f"{split}_p_values"] = [] if row == "baseline" else per_seed_p_values(
+                {s: run["predictions"][split] for s, run in base.items()},
+                {s: run["predictions"][split] for s, run in confirm[row].items()}, references[split])
         entry["top_head_share"] = [last_logged(confirm[row][s], "dhicm_stats/top_head_share") for s in seeds]
         summary.append(entry)
-        p = lambda split: " / ".join(f"{v:.3f}" for v in entry[f"{split}_p_values"]) or "-"  # noqa: E731
         share = [v for v in entry["top_head_share"] if v is not None]
-        lines.append(f"| {row} | {len(seeds)} | {_mean_sd(entry['validation_bleu'])} | {p('validation')} | "
-                     f"{_mean_sd(entry['test_2016_flickr_bleu'])} | {p('test_2016_flickr')} | "
-                     f"{_mean_sd(entry['test_2016_flickr_chrf'])} | "
-                     f"{_mean_sd(share) if share else '-'} |")
-    lines.append("\nBLEU: sacreBLEU 13a, mixed case; p: sacreBLEU's paired bootstrap (1000 resamples, seed 12345) "
-                 "of each seed against the baseline of the same seed.")
-    return summary, "\n".join(lines)
+        table.append([row, len(seeds), mean_sd(entry["validation_bleu"]),
+                      per_seed(entry["validation_p_values"], ".3f"), mean_sd(entry["test_2016_flickr_bleu"]),
+                      per_seed(entry["test_2016_flickr_p_values"], ".3f"), mean_sd(entry["test_2016_flickr_chrf"]),
+                      mean_sd(share) if share else "-"])
+    return summary, markdown_table(header, table) + (
+        "\n\nBLEU: sacreBLEU 13a, mixed case; p: sacreBLEU's paired bootstrap (1000 resamples, seed 12345) of each "
+        "seed against the baseline of the same seed.")
 
 
 def main(argv=None) -> None:

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -69,36 +67,26 @@ def prepare(args, data_flags: list[str]) -> tuple[Path, Path | None]:
 
 
 def launch(args, extra: list[str]) -> None:
+    from hf_headattn.experiment.jobs import run_jobs
+
     args.output_dir.mkdir(parents=True, exist_ok=True)
     data_flags = ["--multi30k_dir", args.multi30k_dir, "--source_lang", args.source_lang,
                   "--target_lang", args.target_lang]
     tokenizer_dir, parses_dir = prepare(args, data_flags)
-    jobs = [(row, seed) for seed in args.seeds for row in args.rows]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
-    running, failed, start = {}, [], time.monotonic()
-    print(f"{len(jobs)} runs, {args.parallel} at a time, into {args.output_dir}", flush=True)
-    while jobs or running:
-        while jobs and len(running) < args.parallel:
-            row, seed = jobs.pop(0)
+    jobs = []
+    for seed in args.seeds:
+        for row in args.rows:
             out = run_dir(args.output_dir, row, seed)
-            out.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, str(HERE / "train_translation.py"), *COMMON_FLAGS, *data_flags,
-                   "--vocab_size", str(args.vocab_size), "--method", row, "--seed", str(seed),
-                   "--output_dir", str(out), "--tokenizer_name", str(tokenizer_dir),
-                   *(["--syntax_parses_dir", str(parses_dir)] if parses_dir else []), *extra]
-            (out / "command.txt").write_text(" ".join(cmd) + "\n")
-            log = open(out / "train.log", "w")
-            running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)] = (row, seed, log)
-        time.sleep(2)
-        for proc in [p for p in running if p.poll() is not None]:
-            row, seed, log = running.pop(proc)
-            log.close()
-            status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see train.log)"
-            print(f"[{time.monotonic() - start:7.0f}s] {row} seed {seed}: {status}", flush=True)
-            if proc.returncode:
-                failed.append(str(run_dir(args.output_dir, row, seed) / "train.log"))
+            command = [sys.executable, str(HERE / "train_translation.py"), *COMMON_FLAGS, *data_flags,
+                       "--vocab_size", str(args.vocab_size), "--method", row, "--seed", str(seed),
+                       "--output_dir", str(out), "--tokenizer_name", str(tokenizer_dir),
+                       *(["--syntax_parses_dir", str(parses_dir)] if parses_dir else []), *extra]
+            jobs.append((f"{row} seed {seed}", command, out / "train.log"))
+    print(f"runs into {args.output_dir}", flush=True)
+    failed = run_jobs(jobs, args.parallel, args.threads)
     if failed:
-        raise RuntimeError(f"{len(failed)} run(s) failed; their logs: {failed}")
+        logs = {name: str(log) for name, _, log in jobs}
+        raise RuntimeError(f"{len(failed)} run(s) failed; their logs: {[logs[name] for name in failed]}")
 
 
 def _load(output_dir: Path, row: str) -> dict[int, dict]:
@@ -124,21 +112,13 @@ def _validation_bleu_at(results: dict, epoch: float) -> float:
     return found[0] if found else float("nan")
 
 
-def _mean_sd(values: list[float]) -> str:
-    values = [value for value in values if value == value]  # runs without the value (nan) are left out
-    if not values:
-        return "n/a"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
-
-
 def summarize(output_dir: Path, rows: list[str] | None = None, at_epoch: float | None = None
               ) -> tuple[list[dict], str]:
     """One dict per row (scores per seed, means, bootstrap p-values against the baseline) and a markdown table;
     ``at_epoch`` adds each run's validation BLEU after that many epochs (equal training for every row)."""
     from dataclasses import fields
 
-    from hf_headattn.experiment.evaluation import paired_bootstrap
+    from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed, per_seed_p_values
     from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data
 
     rows = rows or sorted((p.name for p in output_dir.iterdir() if any(p.glob("seed*/results.json"))),
@@ -149,18 +129,12 @@ def summarize(output_dir: Path, rows: list[str] | None = None, at_epoch: float |
     any_run = next(iter(runs["baseline"].values()))
     data_args = ParallelDataArguments(**{f.name: any_run["args"][f.name] for f in fields(ParallelDataArguments)})
     references = [pair[data_args.target_lang] for pair in load_recipe_data(data_args)[TEST_SPLIT]["translation"]]
+    predictions = {row: {seed: run["predictions"] for seed, run in runs[row].items()} for row in rows}
     combos = [row for row in rows if "+" in row]
     best_combo = max(combos, key=lambda r: statistics.mean(map(_validation_bleu, runs[r].values())), default=None)
     summary = []
     for row in rows:
         seeds = sorted(runs[row])
-        p_values = []
-        if row != "baseline":
-            for seed in seeds:
-                if seed in runs["baseline"]:
-                    test = paired_bootstrap(runs["baseline"][seed]["predictions"],
-                                            {row: runs[row][seed]["predictions"]}, references, metrics=("bleu",))
-                    p_values.append(test["systems"][row]["bleu"]["p_value"])
         summary.append({
             "row": row, "seeds": seeds, "best_combination": row == best_combo,
             "bleu": [runs[row][s]["scores"][TEST_SPLIT]["bleu"] for s in seeds],
@@ -171,26 +145,28 @@ def summarize(output_dir: Path, rows: list[str] | None = None, at_epoch: float |
             "ms_per_step": [1000 * runs[row][s]["train_time_s"] / max(1, runs[row][s].get("global_step", 0))
                             for s in seeds],
             "stopped_at_time_limit": [runs[row][s].get("stopped_at_time_limit", False) for s in seeds],
-            "p_values": p_values,
+            "p_values": [] if row == "baseline" else per_seed_p_values(predictions["baseline"], predictions[row],
+                                                                       references),
         })
         if at_epoch is not None:
             summary[-1]["validation_bleu_at_epoch"] = [_validation_bleu_at(runs[row][s], at_epoch) for s in seeds]
     signature = any_run["scores"][TEST_SPLIT]["bleu_signature"]
-    lines = ["| method | seeds | BLEU (mean ± sd) | per seed | chrF | valid BLEU | p vs baseline (per seed) | "
-             "train min | ms/step | epochs |" + (f" valid BLEU at epoch {at_epoch:g} |" if at_epoch else ""),
-             "|---" * (10 + bool(at_epoch)) + "|"]
+    at_epoch_column = [] if at_epoch is None else [f"valid BLEU at epoch {at_epoch:g}"]
+    header = ["method", "seeds", "BLEU (mean ± sd)", "per seed", "chrF", "valid BLEU", "p vs baseline (per seed)",
+              "train min", "ms/step", "epochs", *at_epoch_column]
+    table = []
     for entry in summary:
-        name = entry["row"] + (" (best combination on validation)" if entry["best_combination"] else "")
-        p = " / ".join(f"{v:.3f}" for v in entry["p_values"]) or "-"
         limit = " (time limit)" if any(entry["stopped_at_time_limit"]) else ""
-        lines.append(
-            f"| {name} | {len(entry['seeds'])} | {_mean_sd(entry['bleu'])} | "
-            f"{' / '.join(f'{b:.2f}' for b in entry['bleu'])} | {_mean_sd(entry['chrf'])} | "
-            f"{_mean_sd(entry['validation_bleu'])} | {p} | {statistics.mean(entry['train_time_s']) / 60:.1f} | "
-            f"{statistics.mean(entry['ms_per_step']):.0f} | {' / '.join(f'{e:.1f}' for e in entry['epochs'])}{limit} |"
-            + (f" {_mean_sd(entry['validation_bleu_at_epoch'])} |" if at_epoch is not None else ""))
-    lines.append(f"\nsacreBLEU {signature}; bootstrap: sacreBLEU paired bootstrap, 1000 resamples, seed 12345.")
-    return summary, "\n".join(lines)
+        table.append([
+            entry["row"] + (" (best combination on validation)" if entry["best_combination"] else ""),
+            len(entry["seeds"]), mean_sd(entry["bleu"]), per_seed(entry["bleu"]), mean_sd(entry["chrf"]),
+            mean_sd(entry["validation_bleu"]), per_seed(entry["p_values"], ".3f"),
+            f"{statistics.mean(entry['train_time_s']) / 60:.1f}", f"{statistics.mean(entry['ms_per_step']):.0f}",
+            per_seed(entry["epochs"], ".1f") + limit,
+            *([mean_sd(entry["validation_bleu_at_epoch"])] if at_epoch is not None else []),
+        ])
+    footer = f"sacreBLEU {signature}; bootstrap: sacreBLEU paired bootstrap, 1000 resamples, seed 12345."
+    return summary, markdown_table(header, table) + "\n\n" + footer
 
 
 def main(argv=None) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
-from hf_headattn.experiment.presets import early_stopping_callbacks, expand_argv, split_architecture
+from hf_headattn.experiment.presets import early_stopping_callbacks, expand_argv, merge_settings, split_architecture
 from hf_headattn.experiment.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.experiment.training import (
@@ -51,8 +51,8 @@ def check_base(stages, model_args: ModelArguments, settings: dict, training_args
     if model_args.model_name_or_path and keys & set(ARCHITECTURE):
         raise ValueError(f"grid keys {sorted(keys & set(ARCHITECTURE))} change the architecture, which "
                          f"{model_args.model_name_or_path} fixes; search them from scratch (--model_shape)")
-    for spec in registered_methods():  # a method's (release-0.1 flat) setting searched with the method off
-        searched = sorted(keys & set(spec.legacy_fields))
+    for spec in registered_methods():  # a method's setting (``<method>.<setting>``) searched with the method off
+        searched = sorted(key for key in keys if key.startswith(f"{spec.name}."))
         if searched and settings.get(spec.name) is None:
             raise ValueError(f"the grid searches {', '.join(searched)} but {spec.name} is off (--method "
                              f"{model_args.method}); expected a --method that switches it on, e.g. "
@@ -93,10 +93,10 @@ def main(argv=None) -> dict:
                                   "attention_dropout": model_args.attention_dropout, **settings}
 
     def build_model(fields: dict):
-        """A fresh model with a trial's config fields over the base settings (flags, preset, method)."""
+        """A fresh model with a trial's config fields merged over the base settings (flags, preset, method)."""
         if path:
-            return pretrained_model(path, {**base, **fields}, attn_implementation=model_args.attn_implementation)
-        shape, rest = split_architecture(model_args.model_shape, {**base, **fields})
+            return pretrained_model(path, merge_settings(base, fields), attn_implementation=model_args.attn_implementation)
+        shape, rest = split_architecture(model_args.model_shape, merge_settings(base, fields))
         model = scratch_model(shape, tokenizer, rest, max_length)
         model.set_attn_implementation(model_args.attn_implementation)
         return model

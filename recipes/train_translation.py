@@ -11,7 +11,7 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
     # a pretrained checkpoint, methods combined with "+", extra fields as JSON
     python recipes/train_translation.py --model_name_or_path facebook/mbart-large-50 --dataset_name wmt16 \
         --dataset_config_name ro-en --source_lang en --target_lang ro --method dhicm+eadra \
-        --method_settings '{"dhicm_mode": "scaled_out_proj"}' --output_dir outputs/mbart
+        --method_settings '{"dhicm": {"mode": "scaled_out_proj"}}' --output_dir outputs/mbart
 
     # a paper's preset (hf_headattn.experiment.presets.PRESETS): DHICM Table 2's Be-En column and §4.3's training, early
     # stopping included; the flags you pass win over the preset's (here the shape and the epochs)

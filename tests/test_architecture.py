@@ -118,7 +118,8 @@ def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():
     """tests/data/release_0_1: DHICM + EaDRA + DEA+RHE saved by release 0.1 (flat config fields, its remote code)."""
     folder = ROOT / "tests" / "data" / "release_0_1"
     expected = torch.load(folder / "expected.pt")
-    model = HeadAttnMBartForConditionalGeneration.from_pretrained(folder).eval()
+    with pytest.warns(FutureWarning, match=r"release 0.1's flat settings .* are deprecated"):
+        model = HeadAttnMBartForConditionalGeneration.from_pretrained(folder).eval()
     # release 0.1's readings of the open choices are kept (today's defaults differ)
     assert model.config.dhicm == {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.05,
                                   "kl_reduction": "per_token"}

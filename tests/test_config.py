@@ -1,5 +1,11 @@
 """Configs and registration: Auto classes, save/load round trips, and clear errors for bad settings."""
 
+import copy
+import dataclasses
+import json
+import logging
+import pickle
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, MarianConfig
@@ -55,20 +61,66 @@ def test_settings_round_trip(tmp_path):
     assert {k: getattr(loaded, k) for k in settings} == settings
 
 
-def test_release_0_1_flat_settings_load_read_and_write():
-    """Release 0.1's flat fields (keyword arguments, saved config.json, attributes) map to the method dicts."""
-    config = HeadAttnMBartConfig(**TINY, dhicm_encoder_layers=[-1], dhicm_kl_weight=0.3, sea_type="dea",
-                                 lpea_max_relative_position=4, sea_heads="redundant", rhe_prune=False)
+def test_release_0_1_flat_settings_are_translated_once_with_a_deprecation_warning():
+    """Release 0.1's flat fields map to the method dicts when the config is built; they are no attributes."""
+    with pytest.warns(FutureWarning, match=r"release 0.1's flat settings .*'dhicm_kl_weight'.* are deprecated"):
+        config = HeadAttnMBartConfig(**TINY, dhicm_encoder_layers=[-1], dhicm_kl_weight=0.3, sea_type="dea",
+                                     lpea_max_relative_position=4, sea_heads="redundant", rhe_prune=False)
     assert config.dhicm == {"encoder_layers": [-1], "kl_weight": 0.3}
     assert config.sea == {"type": "dea", "max_relative_position": 4}  # release 0.1's defaults are not stored
-    assert (config.dhicm_kl_weight, config.dhicm_dropout, config.sea_type) == (0.3, 0.2, "dea")
-    config.dhicm_kl_weight = 0.01
-    assert config.dhicm["kl_weight"] == 0.01
+    assert not hasattr(config, "dhicm_kl_weight") and "dhicm_kl_weight" not in config.to_dict()
+    # keyword arguments are no release-0.1 file: today's defaults
+    assert config.headattn_settings["dhicm"].kl_reduction == "per_batch"
     # what release 0.1 saved: every flat field, methods off included
-    old = HeadAttnMBartConfig.from_dict({**TINY, "dhicm_encoder_layers": None, "dhicm_decoder_layers": None,
-                                         "dhicm_kl_weight": 0.1, "sea_type": None, "sea_heads": "all",
-                                         "sea_layers": [1], "rhe_prune": False, "eadra": None})
+    with pytest.warns(FutureWarning):
+        old = HeadAttnMBartConfig.from_dict({**TINY, "dhicm_encoder_layers": None, "dhicm_decoder_layers": None,
+                                             "dhicm_kl_weight": 0.1, "sea_type": None, "sea_heads": "all",
+                                             "sea_layers": [1], "rhe_prune": False, "eadra": None})
     assert old.dhicm is None and HeadAttnMBartForConditionalGeneration(old).headattn_settings == {}
+
+
+def test_mixed_conventions_are_refused_and_misspelt_flat_fields_warned(tmp_path, caplog):
+    """Issue 28: a dict and flat fields of one method raise, naming both; a new-style config.json with one flat field
+    added gets no release-0.1 defaults; a misspelt flat field is named in a warning."""
+    with pytest.raises(ValueError, match=r"gives dhicm=\{'kl_weight': 0.2\} and release 0.1's flat fields "
+                                         r"\{'dhicm_kl_weight': 0.5\}"):
+        HeadAttnMBartConfig(**TINY, dhicm={"kl_weight": 0.2}, dhicm_kl_weight=0.5)
+    HeadAttnMBartConfig(**TINY, dhicm={"decoder_layers": [-1]}).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["dhicm"] == {"decoder_layers": [-1]} and saved["sea"] is None
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "dhicm": None, "dhicm_encoder_layers": [-1]}))
+    with pytest.warns(FutureWarning, match="dhicm_encoder_layers"):
+        loaded = HeadAttnMBartConfig.from_pretrained(tmp_path)
+    assert loaded.dhicm == {"encoder_layers": [-1]} and loaded.headattn_settings["dhicm"].kl_reduction == "per_batch"
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "dhicm_kl_weight": 0.5}))
+    with pytest.raises(ValueError, match=r"config.json gives dhicm=.* and release 0.1's flat fields"):
+        HeadAttnMBartConfig.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "dhicm_klweight": 0.5}))
+    with caplog.at_level(logging.WARNING):
+        HeadAttnMBartConfig.from_pretrained(tmp_path)
+    assert "'dhicm_klweight' is no setting of hf-headattn and is ignored (did you mean 'dhicm_kl_weight'" in caplog.text
+
+
+def test_settings_are_read_only_resolved_once_and_frozen():
+    config = HeadAttnMBartConfig(**TINY, dhicm={"encoder_layers": [-1]}, eadra={"decoder": {"num_heads": 2}})
+    with pytest.raises(TypeError, match=r"read-only; assign a new dict instead"):
+        config.dhicm["kl_weight"] = 0.5
+    with pytest.raises(TypeError, match=r"read-only"):
+        config.dhicm["encoder_layers"].append(0)
+    resolved = config.headattn_settings
+    assert config.headattn_settings is resolved  # not resolved again on reading
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        resolved["dhicm"].kl_weight = 0.5
+    decoder = resolved["eadra"].decoder  # EaDRA's components are resolved dataclasses
+    assert (type(decoder).__name__, decoder.num_heads, decoder.alpha_dist, decoder.layers) == (
+        "ComponentSettings", 2, 2.0, [0, 1])
+    config.dhicm = {**config.dhicm, "kl_weight": 0.5}
+    assert config.headattn_settings["dhicm"].kl_weight == 0.5 and config.headattn_settings is not resolved
+    for copied in (copy.deepcopy(config), pickle.loads(pickle.dumps(config))):
+        assert copied.dhicm == config.dhicm and copied.headattn_settings == config.headattn_settings
+        with pytest.raises(TypeError, match="read-only"):
+            copied.dhicm["kl_weight"] = 0.1
+    assert json.loads(config.to_json_string())["dhicm"] == {"encoder_layers": [-1], "kl_weight": 0.5}
 
 
 BAD_SETTINGS = [
@@ -76,9 +128,9 @@ BAD_SETTINGS = [
     ({"label_smoothing": "0.1"}, r"label_smoothing must be a number in \[0, 1\), got '0.1'"),
     ({"dhicm": {"encoder_layers": [2]}}, r"dhicm.encoder_layers contains 2, but the model has 2 layers"),
     ({"dhicm": {"decoder_layers": [-3]}}, r"dhicm.decoder_layers contains -3"),
-    ({"dhicm_encoder_layers": -1}, r"dhicm.encoder_layers must be a list of \(an integer\) or None, got -1"),
+    ({"dhicm": {"encoder_layers": -1}}, r"dhicm.encoder_layers must be a list of \(an integer\) or None, got -1"),
     ({"dhicm": {"encoder_layers": [-1], "dim": 0}}, r"dhicm.dim must be a positive integer .* got 0"),
-    ({"dhicm_encoder_layers": [-1], "dhicm_dim": 2.5}, r"dhicm.dim must be an integer or None, got 2.5"),
+    ({"dhicm": {"encoder_layers": [-1], "dim": 2.5}}, r"dhicm.dim must be an integer or None, got 2.5"),
     ({"dhicm": {"encoder_layers": [-1], "kl_weight": -0.1}}, r"dhicm.kl_weight must be a number in \[0.0, inf\)"),
     ({"dhicm": {"encoder_layers": [-1], "kl_weight": float("inf")}}, r"dhicm.kl_weight must be a finite number, got inf"),
     ({"dhicm": {"encoder_layers": [-1], "dropout": 1.0}}, r"dhicm.dropout must be a number in \[0.0, 1.0\), got 1.0"),
@@ -98,11 +150,11 @@ BAD_SETTINGS = [
     ({"eadra": {"encoder": {"layers": []}}}, r"places eadra on no attention module"),
     ({"eadra": {}}, r"eadra must map some of"),
     ({"sea": {"type": "syntax"}}, r"sea.type must be one of 'dea', 'lpea' or None, got 'syntax'"),
-    ({"sea_type": "dea", "sea_heads": "some"}, r"sea.heads must be one of"),
-    ({"sea_type": "dea", "sea_layers": [5]}, r"sea.layers contains 5"),
-    ({"sea_type": "dea", "sea_layers": []}, r"places sea on no attention module"),
-    ({"rhe_prune": "yes"}, r"sea.prune must be True or False, got 'yes'"),
-    ({"rhe_prune": True, "sea_type": "dea"}, r"sea.prune=True drops the redundant heads"),
+    ({"sea": {"type": "dea", "heads": "some"}}, r"sea.heads must be one of"),
+    ({"sea": {"type": "dea", "layers": [5]}}, r"sea.layers contains 5"),
+    ({"sea": {"type": "dea", "layers": []}}, r"places sea on no attention module"),
+    ({"sea": {"prune": "yes"}}, r"sea.prune must be True or False, got 'yes'"),
+    ({"sea": {"prune": True, "type": "dea"}}, r"sea.prune=True drops the redundant heads"),
     ({"sea": {"type": "lpea", "max_relative_position": 0}}, r"sea.max_relative_position must be a positive integer, got 0"),
 ]
 
@@ -114,22 +166,26 @@ def test_bad_settings_raise_value_error(family, settings, message):
         CONFIGS[family](**TINY, **settings)
 
 
-def test_settings_changed_after_config_creation_are_checked_by_the_model():
-    config = HeadAttnMBartConfig(**TINY)
-    config.label_smoothing = 2.0
-    with pytest.raises(ValueError, match="label_smoothing"):
-        HeadAttnMBartForConditionalGeneration(config)
-    config = HeadAttnMBartConfig(**TINY)
-    config.sea_layers = []  # a release-0.1 attribute writes into config.sea
-    config.sea_type = "dea"
+def test_settings_are_validated_when_set_and_a_bad_value_is_not_kept():
+    """Issue 28: label_smoothing (and every method setting) set after the config was built is checked right there."""
+    config = HeadAttnMBartConfig(**TINY, dhicm={"encoder_layers": [-2]})
+    for value in (2.0, -1.0):
+        with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\), got"):
+            config.label_smoothing = value
+    assert config.label_smoothing == 0.0
     with pytest.raises(ValueError, match="places sea on no attention module"):
-        HeadAttnMBartForConditionalGeneration(config)
+        config.sea = {"type": "dea", "layers": []}
+    assert config.sea is None
+    with pytest.raises(ValueError, match=r"dhicm.encoder_layers contains -2, but the model has 1 layers"):
+        config.encoder_layers = 1  # what the settings are resolved against
+    assert config.encoder_layers == 2
 
 
 def test_settings_changed_after_the_model_was_built_are_refused():
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, eadra={"decoder": {}})).eval()
     ids = torch.randint(3, 90, (1, 5))
     model(input_ids=ids, labels=ids)
+    model.config.label_smoothing = 0.1  # read at each forward: no method setting
     model.config.eadra = {"decoder": {"alpha_dist": 0.0}}
     with pytest.raises(ValueError, match=r"config.eadra was changed after the model was built"):
         model(input_ids=ids, labels=ids)
@@ -145,3 +201,8 @@ def test_too_long_inputs_raise_a_clear_error(family):
         model(input_ids=long_ids, labels=long_ids[:, :4])
     with pytest.raises(ValueError, match="target sequence has 65 positions"):
         model(input_ids=long_ids[:, :4], labels=long_ids)
+    for num_beams in (1, 3):  # generate runs the encoder itself (was a raw IndexError)
+        with pytest.raises(ValueError, match="source sequence has 65 positions"):
+            model.generate(input_ids=long_ids, num_beams=num_beams, max_new_tokens=2)
+    with pytest.raises(ValueError, match="target sequence has 65 positions"):
+        model.generate(input_ids=long_ids[:, :4], max_new_tokens=70, min_new_tokens=70)

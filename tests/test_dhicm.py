@@ -12,7 +12,8 @@ from hf_headattn.dhicm import (
     attend_over_heads, combine_heads, dropout, head_importance, importance_scores, kl_from_uniform,
 )
 
-DHICM = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], dropout=0.0, attention_dropout=0.0)
+DHICM = {"encoder_layers": [-1], "decoder_layers": [-1]}
+NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
 
 
 def numpy_dhicm(O, x, W, U, V):
@@ -102,11 +103,12 @@ def test_kl_bounds_and_extremes():
     assert (kl >= -1e-7).all() and (kl <= math.log(H) + 1e-6).all()
 
 
-def tiny(family="mbart", **settings):
+def tiny(family="mbart", **dhicm):
+    """A tiny model with DHICM in the last encoder and decoder layers, updated with ``dhicm`` (its settings)."""
     torch.manual_seed(0)
     cls, cfg = {"mbart": (HeadAttnMBartForConditionalGeneration, HeadAttnMBartConfig),
                 "marian": (HeadAttnMarianMTModel, HeadAttnMarianConfig)}[family]
-    return cls(cfg(**TINY, **{**DHICM, **settings})).eval()
+    return cls(cfg(**TINY, **NO_DROPOUT, dhicm={**DHICM, **dhicm})).eval()
 
 
 def test_module_output_is_equation_3_with_out_proj_as_w_s():
@@ -137,7 +139,7 @@ def test_logits_without_a_loss_equal_those_with_one():
 
 @pytest.mark.parametrize("family", ["mbart", "marian"])
 def test_loss_is_nll_minus_lambda_kl_and_sdpa_equals_eager(family):
-    model = tiny(family, dhicm_kl_weight=0.3, dhicm_kl_reduction="per_token")
+    model = tiny(family, kl_weight=0.3, kl_reduction="per_token")
     with torch.no_grad():
         sdpa = model(**batch())
         model.set_attn_implementation("eager")
@@ -162,14 +164,14 @@ def sharp(model):
 def test_autocast_and_bf16_weights_match_float32(mode):
     """Under autocast (bf16 attention, float32 DHICM parameters) and with bf16 weights, G and the KL are float32 and
     loss, KL and the DHICM parameters' gradients match the float32 model's."""
-    reference = sharp(tiny(dhicm_mode=mode))
+    reference = sharp(tiny(mode=mode))
     out = reference(**batch())
     out.loss.backward()
-    mixed = sharp(tiny(dhicm_mode=mode))
+    mixed = sharp(tiny(mode=mode))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = mixed(**batch())
     got.loss.backward()
-    weights = sharp(tiny(dhicm_mode=mode)).to(torch.bfloat16)
+    weights = sharp(tiny(mode=mode)).to(torch.bfloat16)
     half = weights(**batch())
     half.loss.backward()
     assert out.dhicm_kl > 0.03 and got.dhicm_kl.dtype == half.dhicm_kl.dtype == torch.float32
@@ -187,7 +189,7 @@ def test_autocast_and_bf16_weights_match_float32(mode):
 
 
 def test_kl_averages_over_real_tokens_and_modules():
-    model = tiny(dhicm_decoder_layers=None)
+    model = tiny(decoder_layers=None)
     out = model(**batch(), output_head_importance=True)
     G = out.head_importances["encoder.layers.1.self_attn"]  # (B, S, H), padding zeroed
     mask = batch()["attention_mask"].bool()
@@ -203,7 +205,7 @@ def test_readout_names_tell_side_layer_and_kind():
         "encoder.layers.1.self_attn", "decoder.layers.1.self_attn", "decoder.layers.1.encoder_attn"
     }
     assert out.head_importances["decoder.layers.1.encoder_attn"].shape == (2, 4, 4)
-    assert tiny(dhicm_attention=["cross"])(**batch(), output_head_importance=True).head_importances.keys() == {
+    assert tiny(attention=["cross"])(**batch(), output_head_importance=True).head_importances.keys() == {
         "encoder.layers.1.self_attn", "decoder.layers.1.encoder_attn"
     }
 
@@ -226,10 +228,10 @@ def test_generation_with_cache_equals_full_recompute(num_beams):
 
 
 def test_save_load_round_trip_keeps_parameters_and_settings(tmp_path):
-    model = tiny(dhicm_dim=8, dhicm_kl_weight=0.2, dhicm_mode="paper")
+    model = tiny(dim=8, kl_weight=0.2, mode="paper")
     model.save_pretrained(tmp_path)
     loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
-    assert (loaded.config.dhicm_dim, loaded.config.dhicm_kl_weight) == (8, 0.2)
+    assert (loaded.config.dhicm["dim"], loaded.config.dhicm["kl_weight"]) == (8, 0.2)
     assert loaded.model.encoder.layers[-1].self_attn.out_proj.weight.shape == (16, 8)  # W_s: d_m -> d
     with torch.no_grad():
         torch.testing.assert_close(loaded(**batch()).logits, model(**batch()).logits)
@@ -238,7 +240,7 @@ def test_save_load_round_trip_keeps_parameters_and_settings(tmp_path):
 def test_stock_checkpoint_loads_with_dhicm_on(stock_checkpoint):
     family, path = stock_checkpoint
     cls = {"mbart": HeadAttnMBartForConditionalGeneration, "marian": HeadAttnMarianMTModel}[family]
-    model, info = cls.from_pretrained(path, **DHICM, output_loading_info=True)
+    model, info = cls.from_pretrained(path, **NO_DROPOUT, dhicm=DHICM, output_loading_info=True)
     assert not info["unexpected_keys"] and not info["mismatched_keys"]
     assert info["missing_keys"] and all(".dhicm." in key for key in info["missing_keys"])
     assert all(torch.isfinite(p).all() and p.abs().sum() > 0 for n, p in model.named_parameters() if ".dhicm." in n)
@@ -250,7 +252,7 @@ def test_scaled_out_proj_mode_starts_as_the_pretrained_model(stock_checkpoint):
 
     _, stock_cls, ours_cls = FAMILIES[family]
     stock = stock_cls.from_pretrained(path).eval()
-    ours = ours_cls.from_pretrained(path, **DHICM, dhicm_mode="scaled_out_proj").eval()
+    ours = ours_cls.from_pretrained(path, **NO_DROPOUT, dhicm={**DHICM, "mode": "scaled_out_proj"}).eval()
     with torch.no_grad():
         torch.testing.assert_close(ours(**batch()).logits, stock(**batch()).logits, atol=1e-5, rtol=0)
     ours.train()
@@ -285,7 +287,7 @@ def test_mean_head_importance_needs_dhicm():
     from hf_headattn.analysis import mean_head_importance
 
     with pytest.raises(ValueError, match="switch DHICM on"):
-        mean_head_importance(tiny(dhicm_encoder_layers=None, dhicm_decoder_layers=None), [batch()])
+        mean_head_importance(tiny(encoder_layers=None, decoder_layers=None), [batch()])
 
 
 def mean_kl_from_uniform(g, log_g, mask):

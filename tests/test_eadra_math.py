@@ -1,20 +1,112 @@
-"""EaDRA's pure functions (Eq. 1-8) against hand-written loops, gradchecks, bounds and numerically hard rows."""
+"""EaDRA's math (Eq. 1-8) against hand-written loops, gradchecks, bounds and numerically hard rows.
+
+The references live here: ``loop_reference`` (Python loops), the definitions of the three terms, differentiable by
+autograd (``peak_regularizer``, ``sentence_regularizer``, ``distance_regularizer``), and ``eadra_regularizers``, the
+model's fused pass (:func:`hf_headattn.eadra_math.layer_regularizers`) on one layer's scores, unfused.
+"""
 
 import math
 
 import numpy as np
 import pytest
 import torch
+from torch.autograd.function import once_differentiable
 
-from hf_headattn.eadra_math import (
-    distance_regularizer,
-    eadra_regularizers,
-    layer_regularizers,
-    expected_distance,
-    normalized_entropy,
-    peak_regularizer,
-    sentence_regularizer,
-)
+from hf_headattn.eadra_math import _scores_gradient, _terms, layer_regularizers, normalized_entropy
+
+
+# ---------------------------------------------------------------- the definitions (autograd)
+
+
+def _query_weights(query_mask: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor:
+    """(..., T) weights of the mean over real queries: 1 / (number of real queries) at real ones, 0 elsewhere."""
+    if query_mask is None:
+        return a.new_full(a.shape[-2:-1], 1.0 / a.shape[-2])
+    real = query_mask.to(a.dtype)
+    return real / real.sum(-1, keepdim=True).clamp(min=1)
+
+
+def _pair_weights(query_mask: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor:
+    """(..., T-1) 1 where queries i and i+1 are both real."""
+    if query_mask is None:
+        return a.new_ones(a.shape[-2] - 1)
+    return (query_mask[..., :-1] & query_mask[..., 1:]).to(a.dtype)
+
+
+def peak_regularizer(a, support=None, query_mask=None) -> torch.Tensor:
+    """R_peak (Eq. 4) of one sentence and head: the mean over real queries of H_N(a_i). Returns a.shape[:-2]."""
+    return (normalized_entropy(a, support) * _query_weights(query_mask, a)).sum(-1)
+
+
+def sentence_regularizer(a, support=None, query_mask=None) -> torch.Tensor:
+    """R_sent (Eq. 5-6): -H_N of the mean of the real queries' distributions, over the union of their supports.
+
+    Returns a.shape[:-2], in [-1, 0].
+    """
+    a_bar = (_query_weights(query_mask, a).unsqueeze(-2) @ a).squeeze(-2)  # (..., 1, T) @ (..., T, S): Eq. 5
+    if support is None:
+        return -normalized_entropy(a_bar)
+    real = torch.ones(a.shape[-2], 1, dtype=torch.bool, device=a.device) if query_mask is None else (
+        query_mask.unsqueeze(-1))  # (..., T, 1)
+    return -normalized_entropy(a_bar, (support & real).any(-2))
+
+
+def expected_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^T D b = E|X - Y| for independent X ~ a, Y ~ b on positions 0..S-1 (Eq. 8's summand), in O(S)."""
+    cdf_a, cdf_b = a.cumsum(-1), b.cumsum(-1)
+    return (cdf_a + cdf_b - 2 * cdf_a * cdf_b).sum(-1)
+
+
+def distance_regularizer(a, query_mask=None) -> torch.Tensor:
+    """R_dist (Eq. 8): sum over consecutive real queries (i, i+1) of a_i^T D a_{i+1}. Returns a.shape[:-2]."""
+    cdf = a.cumsum(-1)  # (..., T, S)
+    row = cdf.sum(-1)  # (..., T)
+    pair_distance = row[..., :-1] + row[..., 1:] - 2 * torch.linalg.vecdot(cdf[..., :-1, :], cdf[..., 1:, :])
+    return (pair_distance * _pair_weights(query_mask, a)).sum(-1)
+
+
+# ---------------------------------------------------------------- one layer's scores, hand-written backward
+
+
+class _Regularizers(torch.autograd.Function):
+    """R_peak, R_sent, R_dist of softmax(scores); saves only the probabilities (and small mask coefficients) for a
+    hand-written backward, which skips the terms outside the objective (autograd passes ``None`` for them)."""
+
+    @staticmethod
+    def forward(ctx, scores, support, query_mask):
+        ctx.set_materialize_grads(False)
+        with torch.autocast(scores.device.type, enabled=False):  # in the scores' dtype, also under autocast
+            return _terms(ctx, scores.masked_fill(~support, torch.finfo(scores.dtype).min), support, query_mask)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_peak, g_sent, g_dist):
+        a, *coefficients = ctx.saved_tensors
+        with torch.autocast(a.device.type, enabled=False):
+            return _scores_gradient(a, coefficients, g_peak, g_sent, g_dist), None, None
+
+
+def eadra_regularizers(
+    scores: torch.Tensor, support: torch.Tensor, query_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """R_peak, R_sent and R_dist (Eq. 4, 6, 8) of the attention ``softmax(scores)`` restricted to ``support``: the
+    forward and backward of :func:`~hf_headattn.eadra_math.layer_regularizers` on given scores, one layer unfused.
+
+    Parameters
+    ----------
+    scores : (..., T, S) float attention logits (q k^T * scaling + additive bias); entries outside ``support`` are
+        ignored. Computed in their own dtype: pass float32 (or float64).
+    support : (..., T, S) bool, broadcastable to ``scores``.
+    query_mask : (..., T) bool, broadcastable to ``scores.shape[:-1]``; every counted query needs a non-empty support.
+
+    Returns
+    -------
+    ``(R_peak, R_sent, R_dist)``, each of shape ``scores.shape[:-2]`` (e.g. per sentence and head), differentiable
+    with respect to ``scores``; the definitions above applied to ``softmax(scores)``, with
+    ``eadra_math``'s hand-written backward.
+    """
+    return _Regularizers.apply(scores, support, query_mask)
+
 
 
 def loop_reference(a, support, queries):

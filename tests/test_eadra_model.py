@@ -1,6 +1,9 @@
 """EaDRA inside the models: terms equal to a reference from eager attention maps, SDPA = eager, the loss, gradients
 through q/k only, the KV cache, generation, half precision."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,8 +16,17 @@ from hf_headattn import (
 )
 from hf_headattn.attention import AttentionCall, HeadAttnContext
 from hf_headattn import eadra, eadra_math
-from hf_headattn.eadra_math import distance_regularizer, peak_regularizer, sentence_regularizer
-from test_eadra_math import loop_reference
+from test_eadra_math import (
+    distance_regularizer,
+    eadra_regularizers,
+    loop_reference,
+    peak_regularizer,
+    sentence_regularizer,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from operator_count import count_operators  # noqa: E402
 
 MODELS = {"mbart": (HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration),
           "marian": (HeadAttnMarianConfig, HeadAttnMarianMTModel)}
@@ -170,16 +182,6 @@ def test_cached_decoding_step_uses_the_causal_offset():
     assert step.eadra_terms["decoder/dist"].item() == 0  # no pair of consecutive queries in one step
 
 
-class CountOperators(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_no_loss_needed_means_no_work(monkeypatch):
     """Issue #15: generate and inference without labels compute no regularizer (no operator over methods off)."""
     model = model_of(ALL)
@@ -187,9 +189,8 @@ def test_no_loss_needed_means_no_work(monkeypatch):
     kwargs = dict(max_new_tokens=4, min_new_tokens=4, num_beams=1, do_sample=False)
     counts = []
     for m in (model, model_of(None)):
-        with CountOperators() as counter, torch.no_grad():
-            m.generate(**inputs, **kwargs)
-        counts.append(counter.count)
+        with torch.no_grad():
+            counts.append(count_operators(lambda: m.generate(**inputs, **kwargs)))
     assert counts[0] == counts[1]
     monkeypatch.setattr(eadra, "layer_regularizers", lambda *a: pytest.fail("EaDRA ran without a loss"))
     with torch.no_grad():
@@ -292,8 +293,6 @@ def test_padding_queries_and_empty_rows_do_not_count():
     call = fake_call("self", "encoder", 3, 3, source_mask=source)
     scores, support, queries = eadra.head_scores(call, 1)
     assert queries[0].all() and not queries[1].any()
-    from hf_headattn.eadra_math import eadra_regularizers
-
     out = torch.stack(eadra_regularizers(scores, support, queries), -1)
     assert torch.isfinite(out).all() and out[1].eq(0).all()
 

@@ -12,7 +12,15 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 from transformers import EvalPrediction
 
-from hf_headattn.experiment.evaluation import compute_translation_metrics, make_compute_metrics, paired_bootstrap
+from hf_headattn.experiment.evaluation import (
+    compute_translation_metrics,
+    make_compute_metrics,
+    markdown_table,
+    mean_sd,
+    paired_bootstrap,
+    per_seed,
+    per_seed_p_values,
+)
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
 MULTI30K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
@@ -154,6 +162,34 @@ def test_paired_bootstrap_errors(kwargs, match):
             "references": ["a b", "c d", "e f"]} | kwargs  # fmt: skip
     with pytest.raises(ValueError, match=match):
         paired_bootstrap(**args)
+
+
+# ---------------------------------------------------------------- tables of runs over seeds
+
+
+def test_per_seed_p_values_pair_each_seed_with_the_baseline_of_that_seed(refs, monkeypatch):
+    refs = refs[:40]
+    baseline = {1: _perturb(refs, 2), 2: refs, 5: refs}
+    system = {2: _perturb(refs, 1), 1: refs, 3: refs}  # seed 3: no baseline of its seed, left out
+    got = per_seed_p_values(baseline, system, refs)
+    # by hand: sacreBLEU's paired bootstrap (1000 resamples, seed 12345) of seed 1, then seed 2
+    monkeypatch.setenv("SACREBLEU_SEED", "12345")
+    expected = [PairedTest([("baseline", baseline[seed]), ("system", system[seed])], {"BLEU": BLEU()}, [refs],
+                           test_type="bs", n_samples=1000)()[1]["BLEU"][1].p_value for seed in (1, 2)]
+    assert got == pytest.approx(expected) and len(got) == 2
+    assert got[0] < 0.01 and got[1] < 0.01  # seed 1 better, seed 2 much worse than its baseline
+    assert per_seed_p_values({1: refs}, {1: list(refs)}, refs) == [1.0]  # identical: no difference
+    assert per_seed_p_values({1: refs}, {2: refs}, refs) == []
+
+
+def test_mean_sd_per_seed_and_markdown_table_by_hand():
+    assert mean_sd([30.0, 34.0]) == "32.00 ± 2.83"  # sd = sqrt((2^2 + 2^2) / 1) = 2.828
+    assert mean_sd([1.0, float("nan"), 2.0, 6.0]) == "3.00 ± 2.65"  # nan left out: sd = sqrt((4 + 1 + 9) / 2)
+    assert mean_sd([12.3]) == "12.30 ± 0.00" and mean_sd([float("nan")]) == mean_sd([]) == "n/a"
+    assert per_seed([0.0004, 1.0], ".3f") == "0.000 / 1.000" and per_seed([30, 34.5]) == "30.00 / 34.50"
+    assert per_seed([]) == "-"
+    assert markdown_table(["row", "BLEU"], [["a", 1], ["b+c", "2.00 ± 0.00"]]) == (
+        "| row | BLEU |\n|---|---|\n| a | 1 |\n| b+c | 2.00 ± 0.00 |")
 
 
 # ---------------------------------------------------------------- make_compute_metrics

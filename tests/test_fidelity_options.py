@@ -10,11 +10,14 @@ import torch
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
 from hf_headattn import dhicm, eadra
-from hf_headattn.eadra_math import eadra_regularizers
-from test_eadra_math import case
+from test_eadra_math import case, eadra_regularizers
 
-DHICM_ON = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], dropout=0.0, attention_dropout=0.0,
-                dhicm_dropout=0.0)
+NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
+
+
+def dhicm_on(**dhicm):
+    """Config fields with DHICM in the last layers, no dropout, and ``dhicm`` (its settings)."""
+    return dict(NO_DROPOUT, dhicm={"encoder_layers": [-1], "decoder_layers": [-1], "dropout": 0.0, **dhicm})
 
 
 def model(seed=0, **settings):
@@ -35,7 +38,7 @@ def test_kl_reductions_by_hand():
 
 @pytest.mark.parametrize("reduction", ["per_token", "per_batch"])
 def test_model_loss_uses_the_kl_reduction(reduction):
-    net = model(**DHICM_ON, dhicm_kl_weight=0.3, dhicm_kl_reduction=reduction).eval()
+    net = model(**dhicm_on(kl_weight=0.3, kl_reduction=reduction)).eval()
     with torch.no_grad():
         out = net(**batch())
     tokens = int(batch()["labels"].ne(-100).sum())  # 6 real target tokens
@@ -46,7 +49,7 @@ def test_model_loss_uses_the_kl_reduction(reduction):
 
 def test_per_batch_with_gradient_accumulation_sums_the_kls_over_all_tokens():
     """Two micro-batches, num_items_in_batch = all tokens: the term is -lambda (KL_1 + KL_2) / N_all (fairseq)."""
-    net = model(**DHICM_ON, dhicm_kl_weight=0.5, dhicm_kl_reduction="per_batch").eval()
+    net = model(**dhicm_on(kl_weight=0.5, kl_reduction="per_batch")).eval()
     full = batch()
     halves = [{key: value[i:i + 1] for key, value in full.items()} for i in (0, 1)]
     n_all = full["labels"].ne(-100).sum()
@@ -73,7 +76,7 @@ def test_collapse_statistics_by_hand():
 
 
 def test_model_reports_collapse_statistics_averaged_over_modules():
-    net = model(**DHICM_ON).eval()
+    net = model(**dhicm_on()).eval()
     with torch.no_grad():
         out = net(**batch(), output_head_importance=True)
     masks = {"encoder": batch()["attention_mask"].bool(), "decoder": batch()["labels"].ne(-100)}
@@ -87,7 +90,7 @@ def test_model_reports_collapse_statistics_averaged_over_modules():
 
 
 def test_collapsed_importances_give_a_top_head_share_of_one():
-    net = model(**DHICM_ON).eval()
+    net = model(**dhicm_on()).eval()
     for module in net.modules():
         if isinstance(module, dhicm.DHICM):
             module.u.data.mul_(1e4), module.w.data.mul_(1e4)  # huge scores: one-hot importances
@@ -99,7 +102,7 @@ def test_collapsed_importances_give_a_top_head_share_of_one():
 
 def test_bad_kl_reduction_is_refused():
     with pytest.raises(ValueError, match="dhicm.kl_reduction.*'mean'"):
-        HeadAttnMarianConfig(**TINY, **DHICM_ON, dhicm_kl_reduction="mean")
+        HeadAttnMarianConfig(**TINY, **dhicm_on(kl_reduction="mean"))
 
 
 # --- EaDRA: reductions --------------------------------------------------------------------------------------------

@@ -6,14 +6,14 @@ import torch
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
 
-SETTINGS = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], eadra={"encoder": {}, "decoder": {}, "cross": {}})
+SETTINGS = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]}, eadra={"encoder": {}, "decoder": {}, "cross": {}})
 
 
 def model_of(checkpointing_kwargs=None, enable=True):
     torch.manual_seed(0)
     model = HeadAttnMarianMTModel(HeadAttnMarianConfig(**TINY, **SETTINGS)).train()
     if enable:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpointing_kwargs)
     return model
 
 

@@ -11,8 +11,8 @@ import torch
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 
-SETTINGS = dict(dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1], eadra={"encoder": {"num_heads": 2}},
-                sea_type="lpea", sea_heads="all", dropout=0.0)
+SETTINGS = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]}, eadra={"encoder": {"num_heads": 2}},
+                sea={"type": "lpea", "heads": "all"}, dropout=0.0)
 
 LOAD_WITHOUT_PACKAGE = """
 import sys, json, torch

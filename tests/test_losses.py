@@ -60,7 +60,7 @@ def test_a_batch_without_label_tokens_gives_zero_not_nan(num_items_in_batch):
     # regression: num_items_in_batch=0 (every label -100 in the accumulated batch) gave 0/0 = NaN
     loss = total_objective(torch.tensor(0.0), torch.tensor(0), torch.tensor(0.5), num_items_in_batch)
     assert loss.item() == 0.0
-    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm_decoder_layers=[-1]))
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"decoder_layers": [-1]}))
     inputs = {**batch(), "labels": torch.full((2, 4), -100)}
     assert model(**inputs, num_items_in_batch=num_items_in_batch).loss.item() == 0.0
 

@@ -18,12 +18,12 @@ FAMILIES = {
     "marian": (MarianConfig, MarianModel, MarianMTModel, hf_headattn.HeadAttnMarianConfig,
                hf_headattn.HeadAttnMarianModel, hf_headattn.HeadAttnMarianMTModel),
 }
-DHICM = {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1]}
+DHICM = {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}}
 METHODS = {
     "off": {},
     "dhicm": DHICM,
     "eadra": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
-    "lpea": {"sea_type": "lpea", "sea_heads": "all"},
+    "lpea": {"sea": {"type": "lpea", "heads": "all"}},
 }
 PREFIX = {"dhicm": ".dhicm.", "lpea": ".sea."}  # the methods with weights, and the name their weights carry
 

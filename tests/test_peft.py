@@ -10,7 +10,7 @@ from hf_headattn.experiment.peft_utils import lora_config, method_modules_to_sav
 
 FAMILIES = {"mbart": (HeadAttnMBartForConditionalGeneration, HeadAttnMBartConfig),
             "marian": (HeadAttnMarianMTModel, HeadAttnMarianConfig)}
-METHODS = dict(dropout=0.0, dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1])
+METHODS = dict(dropout=0.0, dhicm={"encoder_layers": [-1], "decoder_layers": [-1]})
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -9,8 +9,10 @@ import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 import hf_headattn
+from conftest import TINY
+from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
 from hf_headattn.experiment.presets import (
-    MODEL_SHAPES, PRESETS, check_setting_keys, expand_argv, model_shape, preset, split_architecture,
+    MODEL_SHAPES, PRESETS, check_setting_keys, expand_argv, method_settings, model_shape, preset, split_architecture,
 )
 from hf_headattn.experiment.training import collator, pretrained_model
 
@@ -108,8 +110,27 @@ def test_config_fields_method_then_preset_then_method_settings():
     eadra = train_translation.settings_from(model_args)["eadra"]
     assert eadra["decoder"] == {}  # the method's component stays (merged, not replaced)
     assert (eadra["encoder"]["alpha_dist"], eadra["cross"]["alpha_sent"]) == (0.01, 8.0)
-    model_args, _, _ = parse("--preset", "dhicm_de_en", "--method_settings", '{"dhicm_dropout": 0.1}')
-    assert train_translation.settings_from(model_args)["dhicm_dropout"] == 0.1
+    model_args, _, _ = parse("--preset", "dhicm_de_en", "--method_settings", '{"dhicm": {"dropout": 0.1}}')
+    dhicm = train_translation.settings_from(model_args)["dhicm"]
+    assert dhicm["dropout"] == 0.1 and dhicm["encoder_layers"] == [-1]  # merged into the preset's
+
+
+def test_partial_method_settings_update_the_method_and_a_method_left_off_is_refused():
+    """Issue 28: --method dhicm with partial --method_settings trained a baseline, saying so only in a log line."""
+    from hf_headattn.experiment.recipe import check_methods_on
+
+    model_args, _, _ = parse("--method", "dhicm", "--method_settings", '{"dhicm": {"kl_weight": 0.5}}')
+    settings = train_translation.settings_from(model_args)
+    assert settings["dhicm"] == {**method_settings("dhicm")["dhicm"], "kl_weight": 0.5}
+    model = HeadAttnMarianMTModel(HeadAttnMarianConfig(**TINY, **settings))
+    check_methods_on(model_args, model)  # on: no error
+    off = '{"dhicm": {"encoder_layers": null, "decoder_layers": null}}'
+    model_args, _, _ = parse("--method", "dhicm", "--method_settings", off)
+    model = HeadAttnMarianMTModel(HeadAttnMarianConfig(**TINY, **train_translation.settings_from(model_args)))
+    with pytest.raises(ValueError, match=r"--method dhicm asks for \['dhicm'\], but the final settings leave it off"):
+        check_methods_on(model_args, model)
+    model_args, _, _ = parse("--method", "dhicm", "--method_settings", '{"dhicm": null}')  # asked for off
+    check_methods_on(model_args, HeadAttnMarianMTModel(HeadAttnMarianConfig(**TINY)))
 
 
 def test_bad_presets_and_pretrained_architecture_are_refused():
@@ -126,7 +147,7 @@ def test_bad_presets_and_pretrained_architecture_are_refused():
 
 @pytest.mark.parametrize("argv, message", [
     (["--method_settings", '{"dhicm_dropot": 0.3}'],
-     r"unknown settings \['dhicm_dropot'\] \(did you mean dhicm_dropout"),
+     r"unknown settings \['dhicm_dropot'\] \(did you mean \{\"dhicm\": \{\"dropout\": ...\}\}"),
     (["--method_settings", "{dhicm_dropout: 0.3}"], r"--method_settings '\{dhicm_dropout: 0.3\}' is not valid JSON"),
     (["--method_settings", "[1]"], r"must be a JSON object"),
     (["--method", "dea_rhe+lpea_rhe"], r"'dea_rhe' and 'lpea_rhe' .* conflict: they set sea to \{'type': 'dea'.*\} and \{'type': 'lpea'"),
@@ -141,8 +162,9 @@ def test_bad_method_settings_are_refused(argv, message):
 
 def test_valid_keys_come_from_the_config_class(stock_checkpoint):
     model_args, _, _ = parse("--method", "dhicm+dea_rhe+dhicm", "--method_settings",
-                             '{"activation_dropout": 0.2, "hidden_size": 64, "sea_layers": [0]}')
-    assert train_translation.settings_from(model_args)["sea"]["type"] == "dea"  # repeats agree; attribute_map aliases
+                             '{"activation_dropout": 0.2, "hidden_size": 64, "sea": {"layers": [0]}}')
+    sea = train_translation.settings_from(model_args)["sea"]  # repeats agree; attribute_map aliases
+    assert (sea["type"], sea["layers"]) == ("dea", [0])
     check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMarianConfig)
     with pytest.raises(ValueError, match=r"\['share_encoder_decoder_embeddings'\].*HeadAttnMBartConfig"):
         check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMBartConfig)
@@ -164,7 +186,7 @@ def test_lpea_rule2_flag_reaches_the_config_and_the_collator():
     default = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, sea={"type": "lpea"}))
     assert collator(None, default, {"sea": {"type": "lpea"}}).rule2 == "symmetric"
     with pytest.raises(ValueError, match=r"sea.rule2 must be one of 'symmetric', 'literal', got 'j<i'"):
-        hf_headattn.HeadAttnMarianConfig(**TINY, lpea_rule2="j<i", sea_type="lpea")
+        hf_headattn.HeadAttnMarianConfig(**TINY, sea={"type": "lpea", "rule2": "j<i"})
 
 
 def run(tmp_path, *extra):

@@ -24,9 +24,10 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def load(path, attn_implementation="sdpa", **settings):
+def load(path, attn_implementation="sdpa", **sea):
+    """The checkpoint with ``config.sea = sea`` (keyword arguments: SEA's settings)."""
     return HeadAttnMBartForConditionalGeneration.from_pretrained(
-        path, attn_implementation=attn_implementation, **settings).eval()
+        path, attn_implementation=attn_implementation, sea=sea).eval()
 
 
 def stock(path):
@@ -57,8 +58,8 @@ def logits(model, related_rows=(0, 1), **extra):
 
 @pytest.mark.parametrize("sea_type", ["dea", "lpea"])
 def test_forced_rhe_equals_sea_on_all_heads_or_plain_attention(checkpoint, sea_type):
-    rhe = load(checkpoint, sea_type=sea_type, sea_heads="redundant")
-    everywhere = load(checkpoint, sea_type=sea_type, sea_heads="all")
+    rhe = load(checkpoint, type=sea_type, heads="redundant")
+    everywhere = load(checkpoint, type=sea_type, heads="all")
     everywhere.load_state_dict(rhe.state_dict())
     plain = stock(checkpoint)(**batch()).logits.detach()
     # every head redundant: +SEA+RHE is +SEA on all heads, which differs from plain attention
@@ -73,8 +74,8 @@ def test_forced_rhe_equals_sea_on_all_heads_or_plain_attention(checkpoint, sea_t
 
 
 def test_rhe_selects_per_sentence(checkpoint):
-    rhe = load(checkpoint, sea_type="lpea", sea_heads="redundant")
-    everywhere = load(checkpoint, sea_type="lpea", sea_heads="all")
+    rhe = load(checkpoint, type="lpea", heads="redundant")
+    everywhere = load(checkpoint, type="lpea", heads="all")
     everywhere.load_state_dict(rhe.state_dict())
     out = logits(rhe, related_rows=(0,), output_redundant_heads=True)
     assert out.redundant_heads[LAYER0].tolist() == [[False] * 4, [True] * 4]
@@ -83,8 +84,8 @@ def test_rhe_selects_per_sentence(checkpoint):
 
 
 SETTINGS = [
-    dict(sea_type="dea", sea_heads="all"), dict(sea_type="dea", sea_heads="redundant"),
-    dict(sea_type="lpea", sea_heads="all"), dict(sea_type="lpea", sea_heads="redundant"), dict(rhe_prune=True),
+    dict(type="dea", heads="all"), dict(type="dea", heads="redundant"),
+    dict(type="lpea", heads="all"), dict(type="lpea", heads="redundant"), dict(prune=True),
 ]
 
 
@@ -100,7 +101,7 @@ def test_eager_and_sdpa_agree(checkpoint, settings):
 
 
 def test_rhe_prune_zeroes_exactly_the_redundant_heads(checkpoint):
-    model = load(checkpoint, rhe_prune=True)
+    model = load(checkpoint, prune=True)
     seen = []
     hook = model.model.encoder.layers[0].self_attn.out_proj.register_forward_hook(lambda m, i, o: seen.append(i[0]))
     out = logits(model, related_rows=(0,), output_redundant_heads=True)
@@ -115,7 +116,7 @@ def test_rhe_prune_zeroes_exactly_the_redundant_heads(checkpoint):
 
 def test_lpea_parameters_get_gradients_only_through_selected_heads(checkpoint):
     for related_rows, expect_grad in (((), True), ((0, 1), False)):
-        model = load(checkpoint, sea_type="lpea", sea_heads="redundant").train()
+        model = load(checkpoint, type="lpea", heads="redundant").train()
         model.config.dropout = 0.0
         model(**batch(), **syntax(related_rows)).loss.backward()
         grads = [p.grad for n, p in model.named_parameters() if ".sea.lpea_" in n]
@@ -124,14 +125,14 @@ def test_lpea_parameters_get_gradients_only_through_selected_heads(checkpoint):
 
 
 def test_sea_off_attaches_nothing_and_ignores_syntax(checkpoint):
-    model = load(checkpoint, sea_heads="all", sea_layers=[1], lpea_max_relative_position=3)
+    model = load(checkpoint, heads="all", layers=[1], max_relative_position=3)
     assert not any(".sea." in n for n, _ in model.named_parameters())
     assert not any(hasattr(m, "headattn_methods") for m in model.modules())
     torch.testing.assert_close(logits(model).logits, stock(checkpoint)(**batch()).logits.detach(), atol=1e-5, rtol=0)
 
 
 def test_only_the_configured_encoder_layers_carry_sea(checkpoint):
-    model = load(checkpoint, sea_type="dea", sea_layers=[-1])
+    model = load(checkpoint, type="dea", layers=[-1])
     carriers = {n for n, m in model.named_modules() if "sea" in getattr(m, "headattn_methods", ())}
     assert carriers == {"model.encoder.layers.1.self_attn"}
     out = logits(model, (), output_redundant_heads=True)
@@ -154,7 +155,7 @@ def greedy_by_full_forward(model, inputs, steps):
 
 @pytest.mark.parametrize("sea_type", ["dea", "lpea"])
 def test_generate_with_beams_and_cache(checkpoint, sea_type):
-    model = load(checkpoint, sea_type=sea_type, sea_heads="redundant")
+    model = load(checkpoint, type=sea_type, heads="redundant")
     inputs = {k: v for k, v in batch().items() if k != "labels"} | syntax(related_rows=(0,))
     settings = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
     greedy = model.generate(**inputs, num_beams=1, **settings)
@@ -173,24 +174,24 @@ def bad(name, value):
 
 
 ERRORS = [
-    ({"sea_type": "lpea"}, {"dependency_mask": None},
+    ({"type": "lpea"}, {"dependency_mask": None},
      r"needs the forward argument dependency_mask .*DataCollatorForSyntaxSeq2Seq"),
-    ({"sea_type": "lpea", "sea_heads": "all"}, {"phrase_positions": None}, r"needs the forward argument phrase_pos"),
-    ({"rhe_prune": True}, {"dependency_mask": None}, r"needs the forward argument dependency_mask"),
-    ({"sea_type": "dea"}, {"dependency_mask": torch.ones(2, 5, 5, dtype=torch.bool)},
+    ({"type": "lpea", "heads": "all"}, {"phrase_positions": None}, r"needs the forward argument phrase_pos"),
+    ({"prune": True}, {"dependency_mask": None}, r"needs the forward argument dependency_mask"),
+    ({"type": "dea"}, {"dependency_mask": torch.ones(2, 5, 5, dtype=torch.bool)},
      r"dependency_mask has shape \(2, 5, 5\), expected \(batch, src_len, src_len\) = \(2, 6, 6\)"),
-    ({"sea_type": "lpea", "sea_heads": "all"}, {"phrase_positions": torch.zeros(1, 6, 6, dtype=torch.long)},
+    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.zeros(1, 6, 6, dtype=torch.long)},
      r"phrase_positions has shape \(1, 6, 6\), expected .* \(2, 6, 6\)"),
-    ({"sea_type": "dea"}, {"dependency_mask": torch.ones(2, 6, 6, dtype=torch.long)}, r"must be torch.bool"),
-    ({"sea_type": "lpea", "sea_heads": "all"}, {"phrase_positions": torch.zeros(2, 6, 6)},
+    ({"type": "dea"}, {"dependency_mask": torch.ones(2, 6, 6, dtype=torch.long)}, r"must be torch.bool"),
+    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.zeros(2, 6, 6)},
      r"phrase_positions must be an integer tensor .*torch.float32"),
-    ({"sea_type": "lpea", "sea_heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), NOT_IN_PHRASE - 1)},
+    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), NOT_IN_PHRASE - 1)},
      r"phrase_positions contains -10001: expected .* or NOT_IN_PHRASE = -10000"),
-    ({"sea_type": "lpea", "sea_heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), 10000)},
+    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), 10000)},
      r"phrase_positions contains 10000"),
-    ({"sea_type": "lpea", "sea_heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), -100)},  # was clipped
+    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), -100)},  # was clipped
      r"phrase_positions contains -100 \(the label padding value -100.*NOT_IN_PHRASE = -10000 outside the local phrase and on padding"),
-    ({"sea_type": "dea"}, {"dependency_mask": torch.ones(2, 6, 6, dtype=torch.bool, device="meta")},
+    ({"type": "dea"}, {"dependency_mask": torch.ones(2, 6, 6, dtype=torch.bool, device="meta")},
      r"dependency_mask is on meta but the model runs on cpu; move it with dependency_mask.to\(model.device\)"),
 ]
 
@@ -204,19 +205,19 @@ def test_bad_inputs_raise_clear_errors(checkpoint, settings, change, message):
 
 
 def test_inputs_that_are_not_needed_are_not_required(checkpoint):
-    model = load(checkpoint, sea_type="lpea", sea_heads="all")  # no RHE: no dependency mask needed
+    model = load(checkpoint, type="lpea", heads="all")  # no RHE: no dependency mask needed
     model(**batch(), phrase_positions=syntax()["phrase_positions"])
     with pytest.raises(ValueError, match="dependency_mask"):  # unless the read-out is asked for
         model(**batch(), phrase_positions=syntax()["phrase_positions"], output_redundant_heads=True)
 
 
 def test_save_load_round_trip_keeps_lpea_parameters(checkpoint, tmp_path):
-    model = load(checkpoint, sea_type="lpea", lpea_max_relative_position=4)
+    model = load(checkpoint, type="lpea", max_relative_position=4)
     assert model.model.encoder.layers[0].self_attn.sea.lpea_embeddings.shape == (9, 4)
     model.save_pretrained(tmp_path)
     again, info = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    assert again.config.sea_type == "lpea" and again.config.lpea_max_relative_position == 4
+    assert again.config.sea == {"type": "lpea", "max_relative_position": 4}
     saved = {k: v for k, v in model.state_dict().items() if ".sea." in k}
     assert set(saved) == LPEA_KEYS
     for key, value in saved.items():
@@ -227,17 +228,17 @@ def test_save_load_round_trip_keeps_lpea_parameters(checkpoint, tmp_path):
 def test_stock_checkpoint_loads_with_sea_on(stock_checkpoint):
     family, path = stock_checkpoint
     ours = FAMILIES[family][2]
-    model, info = ours.from_pretrained(path, sea_type="lpea", output_loading_info=True)
+    model, info = ours.from_pretrained(path, sea={"type": "lpea"}, output_loading_info=True)
     assert set(info["missing_keys"]) == LPEA_KEYS and not info["unexpected_keys"]
     sea = model.model.encoder.layers[0].self_attn.sea
     assert torch.isfinite(sea.label_bias()).all() and 0.5 < sea.lpea_embeddings.std() < 1.5  # initialised
     assert torch.isfinite(logits(model.eval(), (0,)).logits).all()
-    _, info = ours.from_pretrained(path, sea_type="dea", output_loading_info=True)
+    _, info = ours.from_pretrained(path, sea={"type": "dea"}, output_loading_info=True)
     assert not info["missing_keys"]
 
 
 def test_redundancy_report_counts_sentences(checkpoint, tmp_path):
-    model = load(checkpoint, sea_type="lpea").train()  # the report runs without dropout, then restores the mode
+    model = load(checkpoint, type="lpea").train()  # the report runs without dropout, then restores the mode
     first = {**batch(), **syntax(related_rows=(0,))}  # sentence 0: no head redundant, sentence 1: all
     second = {k: v[1:] for k, v in first.items()}
     report = redundancy_report(model, [first, second], plot_path=tmp_path / "rhe.png")
@@ -254,7 +255,7 @@ def test_redundancy_report_counts_sentences(checkpoint, tmp_path):
 
 def test_unpadded_batch_gives_the_same_sentence(checkpoint):
     """Without padding HF passes no mask; the per-sentence result must not depend on the batch it sits in."""
-    model = load(checkpoint, sea_type="lpea", sea_heads="redundant")
+    model = load(checkpoint, type="lpea", heads="redundant")
     both = logits(model, related_rows=(1,), output_redundant_heads=True)
     inputs = {k: v[:1] for k, v in (batch() | syntax(related_rows=(1,))).items()}
     with torch.no_grad():

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "recipes"))
 import search_hyperparameters  # noqa: E402
 
 TWO_STAGES = {"stages": [{"name": "architecture", "grid": {"ffn_dim": [32, 64]}},
-                         {"name": "regularization", "grid": {"dropout": [0.1, 0.3], "dhicm_dropout": [0.2, 0.5]}}]}
+                         {"name": "regularization", "grid": {"dropout": [0.1, 0.3], "dhicm.dropout": [0.2, 0.5]}}]}
 
 
 def search(tmp_path, grid, *extra):
@@ -42,7 +42,7 @@ def two_stage(tmp_path_factory):
     def recording(*args, **kwargs):
         model = scratch_model(*args, **kwargs)
         if model.device.type != "meta":  # not the checks before the search
-            built.append((model.config.encoder_ffn_dim, model.config.dropout, model.config.dhicm_dropout))
+            built.append((model.config.encoder_ffn_dim, model.config.dropout, model.config.headattn_settings["dhicm"].dropout))
         return model
 
     with pytest.MonkeyPatch.context() as patch:
@@ -60,7 +60,7 @@ def test_every_trial_is_saved_and_the_best_has_the_lowest_loss(two_stage):
         assert all(trial["state"] == "COMPLETE" and trial["eval_losses"] for trial in saved["trials"])
         assert saved["best"]["eval_loss"] == min(trial["eval_loss"] for trial in saved["trials"])
     assert json.loads((out / "search_results.json").read_text())["best_params"] == results["best_params"]
-    assert set(results["best_params"]) == {"ffn_dim", "dropout", "dhicm_dropout"}
+    assert set(results["best_params"]) == {"ffn_dim", "dropout", "dhicm.dropout"}
 
 
 def test_trials_get_their_architecture_and_stage_two_keeps_the_best(two_stage):
@@ -77,7 +77,7 @@ def test_trials_get_their_architecture_and_stage_two_keeps_the_best(two_stage):
 def test_trials_get_their_regularization(two_stage):
     _, results, built = two_stage
     architecture, regularization = results["stages"]
-    losses = {(trial["params"]["dropout"], trial["params"]["dhicm_dropout"]): trial["eval_loss"]
+    losses = {(trial["params"]["dropout"], trial["params"]["dhicm.dropout"]): trial["eval_loss"]
               for trial in regularization["trials"]}
     # dropout 0.1 and DHICM dropout 0.2 are the base values: same model and seed as the first stage's best trial
     assert losses[0.1, 0.2] == architecture["best"]["eval_loss"] and losses[0.3, 0.2] != losses[0.1, 0.2]
@@ -94,7 +94,7 @@ def test_summary_table_and_train_flags(two_stage):
     assert flags[:2] == ["--dropout", str(results["best_params"]["dropout"])]
     assert json.loads(flags[3]) == {"encoder_ffn_dim": results["best_params"]["ffn_dim"],
                                     "decoder_ffn_dim": results["best_params"]["ffn_dim"],
-                                    "dhicm_dropout": results["best_params"]["dhicm_dropout"]}
+                                    "dhicm": {"dropout": results["best_params"]["dhicm.dropout"]}}
 
 
 def test_early_stopping_applies_to_each_trial(tmp_path):
@@ -134,13 +134,13 @@ def test_grid_files_and_aliases():
     stages = load_grid(ROOT / "recipes" / "grids" / "dhicm_two_stage.json")
     assert [stage.name for stage in stages] == ["architecture", "regularization"]
     assert set(stages[0].grid) == {"attention_heads", "ffn_dim"} and stages[1].size == 48
-    assert set(stages[1].grid) == {"dropout", "attention_dropout", "activation_dropout", "dhicm_dropout",
+    assert set(stages[1].grid) == {"dropout", "attention_dropout", "activation_dropout", "dhicm.dropout",
                                    "label_smoothing"}
     assert load_grid(ROOT / "recipes" / "grids" / "tiny_cpu.json")[0].size == 2
     assert config_fields({"attention_heads": 2, "ffn_dim": 8, "learning_rate": 1e-3}) == {
         "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 8, "decoder_ffn_dim": 8}
-    assert train_flags({"learning_rate": 0.001, "label_smoothing": 0.4}, '{"dhicm_dim": 64}') == [
-        "--label_smoothing", "0.4", "--learning_rate", "0.001", "--method_settings", '{"dhicm_dim": 64}']
+    assert train_flags({"learning_rate": 0.001, "label_smoothing": 0.4}, '{"dhicm": {"dim": 64}}') == [
+        "--label_smoothing", "0.4", "--learning_rate", "0.001", "--method_settings", '{"dhicm": {"dim": 64}}']
     assert "label_smoothing" in KNOWN_HYPERPARAMETERS
 
 
@@ -163,7 +163,7 @@ def test_impossible_trials_are_refused_before_training():
 
 
 @pytest.mark.parametrize("extra,grid,message", [
-    ([], {"stages": [{"name": "a", "grid": {"dhicm_dropout": [0.2]}}]}, "dhicm_dropout but dhicm is off"),
+    ([], {"stages": [{"name": "a", "grid": {"dhicm.dropout": [0.2]}}]}, "dhicm.dropout but dhicm is off"),
     (["--model_name_or_path", "facebook/mbart-large-50"], {"stages": [{"name": "a", "grid": {"ffn_dim": [8]}}]},
      r"\['ffn_dim'\] change the architecture, which facebook/mbart-large-50 fixes"),
     (["--label_smoothing_factor", "0.1"], {"stages": [{"name": "a", "grid": {"dropout": [0.1]}}]},

@@ -19,7 +19,7 @@ from hf_headattn.registry import MethodSettings, MethodSpec
 from hf_headattn.settings_checks import check_range, resolve_layers
 
 
-@dataclass
+@dataclass(frozen=True)
 class ToySettings(MethodSettings):
     encoder_layers: list[int] | None = None
     weight: float = 0.5

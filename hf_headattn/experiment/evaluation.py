@@ -3,12 +3,16 @@
 Scores are detokenised sacreBLEU (Post 2018, "A Call for Clarity in Reporting BLEU Scores"); report them
 with their signatures. Significance is sacreBLEU's own paired bootstrap resampling (Koehn 2004,
 "Statistical Significance Tests for Machine Translation Evaluation"), ``sacrebleu.significance.PairedTest``.
+The study recipes' tables of runs over seeds: :func:`per_seed_p_values`, :func:`mean_sd`, :func:`per_seed` and
+:func:`markdown_table`.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -147,6 +151,37 @@ def paired_bootstrap(
             if res.score == base.score:
                 out["systems"][name][metric]["p_value"] = 1.0
     return out
+
+
+def per_seed_p_values(baseline: Mapping[int, Sequence[str]], system: Mapping[int, Sequence[str]],
+                      references: Sequence[str], metric: str = "bleu") -> list[float]:
+    """For each seed of ``system`` that ``baseline`` also has, in ascending order, the p-value of the system's
+    predictions against the baseline's of the same seed (:func:`paired_bootstrap` with its defaults: 1000 resamples,
+    seed 12345). ``baseline`` and ``system`` map seeds to predictions aligned with ``references``."""
+    return [paired_bootstrap(baseline[seed], {"system": system[seed]}, references,
+                             metrics=(metric,))["systems"]["system"][metric]["p_value"]
+            for seed in sorted(system) if seed in baseline]
+
+
+def mean_sd(values: Iterable[float]) -> str:
+    """``"mean ± sd"`` to two decimals, sd the sample standard deviation (0.00 for one value); nan values (runs
+    without the value) are left out, and "n/a" stands for none."""
+    values = [value for value in values if not math.isnan(value)]
+    if not values:
+        return "n/a"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+
+
+def per_seed(values: Iterable[float], spec: str = ".2f") -> str:
+    """The values one per seed, formatted with ``spec`` and joined by " / " ("-" for none)."""
+    return " / ".join(format(value, spec) for value in values) or "-"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A markdown table: the ``header`` cells, then a line per row of cells (each written with ``str``)."""
+    head, *body = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
+    return "\n".join([head, "|---" * len(header) + "|", *body])
 
 
 def make_compute_metrics(tokenizer):

@@ -33,6 +33,7 @@ from typing import Any
 
 from transformers import EarlyStoppingCallback
 
+from ..eadra import DEFAULTS as EADRA_DEFAULTS
 from ..registry import registered_methods, uses_syntax  # noqa: F401  (uses_syntax: re-exported for the recipes)
 
 def method_names() -> dict[str, dict]:
@@ -82,21 +83,23 @@ def method_settings(spec: str) -> dict:
 def check_setting_keys(settings: Mapping, config_class: type | None = None) -> None:
     """Raise ``ValueError`` for keys of ``settings`` that are neither a field of ``config_class`` (default
     :class:`~hf_headattn.HeadAttnMarianConfig`; the pretrained model's config class for a checkpoint), nor one of
-    its ``attribute_map`` aliases, nor a registered method's settings field (or its release-0.1 flat fields). A misspelled key would otherwise be
-    stored on the config and ignored.
+    its ``attribute_map`` aliases, nor a registered method's settings field. A misspelled key would otherwise be
+    stored on the config and ignored; release 0.1's flat fields are pointed to their method's dict.
 
     >>> check_setting_keys({"dhicm_dropot": 0.1})
     Traceback (most recent call last):
     ...
-    ValueError: unknown settings ['dhicm_dropot'] (did you mean dhicm_dropout?): expected fields of HeadAttnMarianConfig
+    ValueError: unknown settings ['dhicm_dropot'] (did you mean {"dhicm": {"dropout": ...}}?): expected fields of HeadAttnMarianConfig
     """
     if config_class is None:
         from ..configuration import HeadAttnMarianConfig as config_class
     valid = {f.name for f in dataclasses.fields(config_class)} | set(getattr(config_class, "attribute_map", {}))
-    valid |= {key for spec in registered_methods() for key in (spec.name, *spec.legacy_fields)}
+    valid |= {spec.name for spec in registered_methods()}
+    flat = {old: f'{{"{spec.name}": {{"{key}": ...}}}}' for spec in registered_methods()
+            for old, key in spec.legacy_fields.items()}
     unknown = sorted(set(settings) - valid)
     if unknown:
-        hints = [match for key in unknown for match in difflib.get_close_matches(key, valid, n=1)]
+        hints = [flat.get(match, match) for key in unknown for match in difflib.get_close_matches(key, [*valid, *flat], n=1)]
         hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
         raise ValueError(f"unknown settings {unknown}{hint}: expected fields of {config_class.__name__}")
 
@@ -196,10 +199,13 @@ DHICM_TABLE_2 = {
     "be_en": (128, 2, 0.1, 0.0, 0.0, 0.2, 0.4),
 }
 
+EADRA_COMPONENTS = {"enc": "encoder", "dec": "decoder", "x": "cross"}
 #: EaDRA Appendix A, Table 6: (alpha_dist, alpha_sent) per data set and component; alpha_peak 0 ("alpha_dist
 #: appears to render alpha_peak redundant"). Names follow the paper: enc, dec (self-attention), x (cross-attention).
+#: The WMT En-De (100k) row is EaDRA's defaults, read from :data:`hf_headattn.eadra.DEFAULTS`.
 EADRA_TABLE_6 = {
-    "wmt_en_de_100k": {"enc": (0.02, 0.8), "x": (0.1, 8.0), "dec": (2.0, 0.8)},
+    "wmt_en_de_100k": {short: (EADRA_DEFAULTS[EADRA_COMPONENTS[short]]["alpha_dist"],
+                               EADRA_DEFAULTS[EADRA_COMPONENTS[short]]["alpha_sent"]) for short in ("enc", "x", "dec")},
     "be_en": {"enc": (0.02, 1.2), "x": (0.1, 8.0), "dec": (1.0, 0.9)},
     "gl_en": {"enc": (0.02, 0.8), "x": (0.15, 5.0), "dec": (1.0, 0.8)},
     "sk_en": {"enc": (0.02, 0.8), "x": (0.1, 8.0), "dec": (2.0, 0.8)},
@@ -208,7 +214,6 @@ EADRA_TABLE_6 = {
     "tr_en": {"enc": (0.04, 1.2), "x": (0.1, 10.0), "dec": (3.0, 1.5)},
     "ja_en": {"enc": (0.02, 0.8), "x": (0.1, 10.0), "dec": (2.0, 0.8)},
 }
-EADRA_COMPONENTS = {"enc": "encoder", "dec": "decoder", "x": "cross"}
 
 
 def _dhicm_presets() -> dict[str, Preset]:

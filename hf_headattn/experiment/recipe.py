@@ -15,6 +15,7 @@ import torch
 from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn.experiment.evaluation import make_compute_metrics
+from hf_headattn.registry import registered_methods
 from hf_headattn.experiment.presets import (
     check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset,
     refuse_architecture, split_architecture,
@@ -76,7 +77,7 @@ def parse_method_settings(text: str | None) -> dict:
         settings = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"--method_settings {text!r} is not valid JSON ({error}); expected an object such as "
-                         "'{\"dhicm_dropout\": 0.3}'") from None
+                         "'{\"dhicm\": {\"dropout\": 0.3}}'") from None
     if not isinstance(settings, dict):
         raise ValueError(f"--method_settings must be a JSON object of config fields, got {text!r}")
     return settings
@@ -86,7 +87,8 @@ def settings_from(args: ModelArguments) -> dict:
     settings = method_settings(args.method)
     if args.preset:
         settings = preset(args.preset).apply(settings)
-    settings.update(parse_method_settings(args.method_settings))
+    # a method's dict updates the preset's (issue 28: replacing it dropped the preset's layers, and so the method)
+    settings = merge_settings(settings, parse_method_settings(args.method_settings))
     if args.lpea_rule2 is not None and settings.get("sea") is not None:
         settings["sea"] = {**settings["sea"], "rule2": args.lpea_rule2}
     if args.model_name_or_path:
@@ -94,6 +96,23 @@ def settings_from(args: ModelArguments) -> dict:
     else:
         check_setting_keys(settings)
     return {"label_smoothing": args.label_smoothing, **settings}
+
+
+def check_methods_on(args: ModelArguments, model) -> None:
+    """Refuse a run in which a method that ``--method`` names ends up off (e.g. ``--method_settings`` without its
+    layers), unless ``--method_settings`` switches it off explicitly (``{"<method>": null}``): it would train
+    something else than asked, silently (issue 28)."""
+    given = parse_method_settings(args.method_settings)
+    asked = {name for name, value in method_settings(args.method).items()
+             if name in {spec.name for spec in registered_methods()} and value is not None}
+    off = sorted(name for name in asked - set(model.config.headattn_settings)
+                 if not (name in given and given[name] is None))
+    if off:
+        raise ValueError(
+            f"--method {args.method} asks for {off}, but the final settings leave it off: "
+            f"{ {name: getattr(model.config, name) for name in off} }; expected settings that switch it on (e.g. "
+            f"layers), or {{\"{off[0]}\": null}} in --method_settings to train without it"
+        )
 
 
 def main(argv=None) -> dict:
@@ -136,6 +155,7 @@ def main(argv=None) -> dict:
         model = scratch_model(shape, tokenizer, scratch_settings, max_length,
                               dropout=model_args.dropout, attention_dropout=model_args.attention_dropout)
         model.set_attn_implementation(model_args.attn_implementation)
+    check_methods_on(model_args, model)
     if data_args.source_lang_code:  # mBART-50 style tokenizers
         set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
 

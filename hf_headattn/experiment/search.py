@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .presets import ARCHITECTURE_FIELDS
+from .presets import ARCHITECTURE_FIELDS, merge_settings
 
 #: Grid keys that set architecture config fields; the two aliases set the encoder's and the decoder's together.
 ARCHITECTURE = {
@@ -34,8 +34,9 @@ ARCHITECTURE = {
     "ffn_dim": ("encoder_ffn_dim", "decoder_ffn_dim"),
     **{name: (name,) for name in ARCHITECTURE_FIELDS},
 }
-#: Grid keys that are regularization config fields (DHICM §4.2 and Table 2).
-REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout", "dhicm_dropout", "label_smoothing")
+#: Grid keys that are regularization config fields (DHICM §4.2 and Table 2); ``<method>.<setting>`` is one setting of
+#: a method's dict (``dhicm.dropout``: ``config.dhicm["dropout"]``).
+REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout", "dhicm.dropout", "label_smoothing")
 #: Grid keys that are ``TrainingArguments`` fields (``hyperparameter_search`` sets them on the trial's arguments).
 TRAINING = ("learning_rate", "warmup_steps", "weight_decay")
 KNOWN_HYPERPARAMETERS = (*ARCHITECTURE, *REGULARIZATION, *TRAINING)
@@ -83,12 +84,22 @@ def _check_values(stage: str, key: str, values) -> None:
 
 
 def config_fields(params: Mapping) -> dict:
-    """The config fields of a trial's hyperparameters: aliases expanded, ``TRAINING`` keys left out."""
+    """The config fields of a trial's hyperparameters: aliases expanded, ``<method>.<setting>`` keys gathered into
+    the method's dict (to be merged over the base settings, :func:`~.presets.merge_settings`), ``TRAINING`` keys left
+    out.
+
+    >>> config_fields({"attention_heads": 4, "dhicm.dropout": 0.5, "learning_rate": 0.1})
+    {'encoder_attention_heads': 4, 'decoder_attention_heads': 4, 'dhicm': {'dropout': 0.5}}
+    """
     fields = {}
     for key, value in params.items():
-        for name in ARCHITECTURE.get(key, (key,)):
-            if key not in TRAINING:
-                fields[name] = value
+        if key in TRAINING:
+            continue
+        if "." in key:
+            method, setting = key.split(".", 1)
+            fields[method] = {**fields.get(method, {}), setting: value}
+        for name in () if "." in key else ARCHITECTURE.get(key, (key,)):
+            fields[name] = value
     return fields
 
 
@@ -117,7 +128,7 @@ def load_grid(source: str | Path | Mapping) -> list[Stage]:
                 raise ValueError(f"grid key {key!r} of stage {name!r} is not a known hyperparameter; expected one of "
                                  f"{list(KNOWN_HYPERPARAMETERS)}")
             _check_values(name, key, values)
-            for field in config_fields({key: None}) or {key: None}:
+            for field in [key] if "." in key else config_fields({key: None}) or [key]:
                 if field in searched:
                     raise ValueError(f"{field} is set by grid key {key!r} of stage {name!r} and by {searched[field]}; "
                                      "each hyperparameter belongs to one stage and one key")
@@ -257,5 +268,5 @@ def train_flags(params: Mapping, method_settings: str | None = None) -> list[str
     fields = config_fields(params)
     flags = [item for key in FLAGGED_FIELDS if key in fields for item in (f"--{key}", str(fields.pop(key)))]
     flags += [item for key, value in training_fields(params).items() for item in (f"--{key}", str(value))]
-    other = {**(json.loads(method_settings) if method_settings else {}), **fields}
+    other = merge_settings(json.loads(method_settings) if method_settings else {}, fields)
     return flags + (["--method_settings", json.dumps(other)] if other else [])

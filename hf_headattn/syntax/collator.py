@@ -35,7 +35,7 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
     holds what the parent returns (``input_ids``, ``attention_mask``, ``labels``, ``decoder_input_ids`` given a
     ``model``) plus these two tensors. Needs ``padding`` enabled. ``rule2``: "symmetric" (default) or "literal", the
     reading of the paper's Rule 2 (:func:`~hf_headattn.syntax.features.local_phrases`); take it from the model's
-    ``config.lpea_rule2`` so that inference reads the phrases as training did.
+    ``config.sea["rule2"]`` so that inference reads the phrases as training did.
     """
 
     rule2: str = "symmetric"

@@ -40,7 +40,7 @@ def data():
 
 def main(out, per_device):
     torch.manual_seed(0)
-    config = HeadAttnMBartConfig(**TINY, dropout=0.0, dhicm_encoder_layers=[-1], dhicm_decoder_layers=[-1],
+    config = HeadAttnMBartConfig(**TINY, dropout=0.0, dhicm={"encoder_layers": [-1], "decoder_layers": [-1]},
                                  label_smoothing=0.1)
     model = HeadAttnMBartForConditionalGeneration(config)
     args = Seq2SeqTrainingArguments(

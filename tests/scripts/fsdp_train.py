@@ -23,8 +23,8 @@ from conftest import TINY  # noqa: E402
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration  # noqa: E402
 from hf_headattn.sea_math import NOT_IN_PHRASE  # noqa: E402
 
-EVERY_METHOD = {"dhicm_encoder_layers": [-1], "dhicm_decoder_layers": [-1],
-                "eadra": {"encoder": {}, "decoder": {}, "cross": {}}, "sea_type": "lpea", "sea_heads": "redundant"}
+EVERY_METHOD = {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
+                "eadra": {"encoder": {}, "decoder": {}, "cross": {}}, "sea": {"type": "lpea", "heads": "redundant"}}
 
 
 def batch():

@@ -1,0 +1,138 @@
+"""What the study recipes share (``recipes/converged_study.py``, and what ``recipes/fidelity_study.py`` writes the same
+way; recipes do not import each other): ``make demo``'s schedule, the rows' method settings written out in full, the
+shared tokenizer, the references, the git commit, and scoring a saved model on a split the way training scores it.
+The tables' helpers (mean ± sd, per-seed paired bootstrap) are in :mod:`~hf_headattn.experiment.evaluation`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..eadra import DEFAULTS as EADRA_DEFAULTS
+
+#: ``make demo``'s schedule (recipes/demo.py) without its length: the tiny shape, batches of 64 sentences, lr 2e-3
+#: with inverse-square-root decay after 100 warm-up steps.
+DEMO_SCHEDULE = [
+    "--source_lang", "en", "--target_lang", "de", "--model_shape", "tiny", "--vocab_size", "6000",
+    "--per_device_train_batch_size", "64", "--learning_rate", "2e-3", "--warmup_steps", "100",
+    "--lr_scheduler_type", "inverse_sqrt", "--adam_beta2", "0.98", "--weight_decay", "0.0001",
+    "--logging_steps", "50", "--report_to", "none", "--per_device_eval_batch_size", "100",
+]
+
+DHICM_LAYERS = {"encoder_layers": [-1], "decoder_layers": [-1]}
+#: The EaDRA components the studies regularize: encoder and decoder self-attention.
+EADRA_COMPONENTS = ("encoder", "decoder")
+
+
+def dhicm_settings(reduction: str, weight: float, mode: str = "paper") -> dict:
+    """DHICM on the last encoder and the last decoder layer, every field written out."""
+    return {"dhicm": {**DHICM_LAYERS, "kl_reduction": reduction, "kl_weight": weight, "mode": mode}}
+
+
+def eadra_settings(dist: str, *, warmup: int = 0, scale: float = 1.0, alpha_scale: float = 1.0) -> dict:
+    """EaDRA on encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas (``eadra.DEFAULTS``;
+    alpha_peak 0) times ``scale``, written out, and the ``alpha_scale`` option (every alpha's factor in the model)
+    explicit, so that later default changes do not change a row."""
+    components = {name: {"alpha_peak": 0.0, "alpha_sent": EADRA_DEFAULTS[name]["alpha_sent"] * scale,
+                         "alpha_dist": EADRA_DEFAULTS[name]["alpha_dist"] * scale} for name in EADRA_COMPONENTS}
+    return {"eadra": {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup,
+                      "alpha_scale": alpha_scale}}
+
+
+def sea_settings(kind: str, heads: str = "redundant") -> dict:
+    """DEA (``kind="dea"``) or LPEA (``"lpea"``) on the redundant heads (RHE) of the first encoder layer (the presets
+    ``dea_rhe``/``lpea_rhe``), with k = 6 and our reading of Rule 2 written out."""
+    return {"sea": {"type": kind, "heads": heads, "layers": [0], "max_relative_position": 6, "rule2": "symmetric"}}
+
+
+def prepare_tokenizer(tokenizer_dir: str | Path, multi30k_dir: str | Path, vocab_size: int = 6000,
+                      source_lang: str = "en", target_lang: str = "de") -> Path:
+    """The joint sentencepiece tokenizer every run of a study shares (trained on Multi30k's training split; reused when
+    ``tokenizer_dir`` holds one)."""
+    from .training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
+
+    data = ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang, target_lang=target_lang)
+    scratch_tokenizer(load_recipe_data(data)["train"], vocab_size, tokenizer_dir, source_lang, target_lang)
+    return Path(tokenizer_dir)
+
+
+def references(multi30k_dir: str | Path, splits: Sequence[str], target_lang: str = "de",
+               source_lang: str = "en") -> dict[str, list[str]]:
+    """The raw (detokenised) references of Multi30k ``splits``, as training scores them."""
+    from .training import ParallelDataArguments, load_recipe_data
+
+    raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
+                                                 target_lang=target_lang))
+    return {split: [pair[target_lang] for pair in raw[split]["translation"]] for split in splits}
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout at ``cwd`` (None outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def git_dirty(cwd: str | Path | None = None) -> bool | None:
+    """Whether tracked files of the checkout at ``cwd`` differ from its commit (None outside a git checkout)."""
+    try:
+        return bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                   capture_output=True, text=True, check=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write_json_atomic(path: str | Path, payload) -> Path:
+    """Write JSON through a temporary file and a rename, so that a killed process never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Path, *, settings: dict,
+                      parses_dir: str | Path | None = None, num_beams: int = 5, max_length: int = 128,
+                      batch_size: int = 100, use_cpu: bool = True, bf16: bool = False,
+                      source_lang: str = "en", target_lang: str = "de",
+                      output_file: str | Path | None = None) -> dict:
+    """Translate a Multi30k ``split`` with the model (and tokenizer) saved in ``model_dir`` and score it exactly as
+    ``recipes/train_translation.py`` scores its test splits: the same features (SEA/RHE: the parses of
+    ``parses_dir``), collator, ``Trainer.predict`` with beam search, and sacreBLEU/chrF against the raw references.
+    ``settings`` are the run's method settings (``results.json``'s ``settings``). Returns the scores."""
+    import datasets
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
+
+    from .presets import uses_syntax
+    from .trainer import HeadAttnSeq2SeqTrainer
+    from .training import (
+        ParallelDataArguments, collator, load_recipe_data, prepare_features, syntax_parser_name, translate_and_score,
+    )
+
+    raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
+                                                 target_lang=target_lang))
+    raw = datasets.DatasetDict({split: raw[split]})
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    syntax = uses_syntax(settings)
+    features = prepare_features(raw, tokenizer, source_lang, target_lang, settings, max_length, max_length,
+                                parses_dir=parses_dir if syntax else None)
+    if syntax and parses_dir is not None and model.config.syntax_parser != syntax_parser_name(None, parses_dir):
+        raise ValueError(f"{model_dir} was trained on parses by {model.config.syntax_parser!r}, but {parses_dir} holds "
+                         f"parses by {syntax_parser_name(None, parses_dir)!r}")
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(Path(model_dir) / f"scoring_{split}"), per_device_eval_batch_size=batch_size,
+        predict_with_generate=True, use_cpu=use_cpu, bf16=bf16, report_to="none",
+        remove_unused_columns=not syntax, generation_num_beams=num_beams, generation_max_length=max_length,
+    )
+    trainer = HeadAttnSeq2SeqTrainer(model=model, args=args, data_collator=collator(tokenizer, model, settings),
+                                     processing_class=tokenizer)
+    return translate_and_score(trainer, features[split], raw[split], tokenizer, target_lang, num_beams, max_length,
+                               output_file)
