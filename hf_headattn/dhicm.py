@@ -19,12 +19,11 @@ from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod
 from .registry import MethodSettings, MethodSpec
-from .settings_checks import check_range, resolve_layers
+from .settings_checks import allowed_values, check_range, resolve_layers
 
 NAME = "dhicm"
 ATTENTIONS = ("self", "cross")
 #: How Eq. 5's KL joins the per-token NLL (the paper does not say; see :func:`kl_objective_term`).
-KL_REDUCTIONS = ("per_batch", "per_token")
 #: An importance above this counts as a "top head" in ``dhicm_stats["top_head_share"]``.
 TOP_HEAD_THRESHOLD = 0.9
 #: Equally likely values of one 16-bit lane of the CPU dropout's random integers (:func:`dropout`).
@@ -207,7 +206,8 @@ def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target
         return -kl_weight * kl
     if reduction == "per_batch":
         return -kl_weight * kl / target_tokens
-    raise ValueError(f"dhicm.kl_reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
+    raise ValueError(f"{NAME}.kl_reduction must be one of {allowed_values(DHICMSettings, 'kl_reduction')}, got "
+                     f"{reduction!r}")
 
 
 def collapse_statistics(importance: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

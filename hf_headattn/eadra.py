@@ -44,7 +44,7 @@ from transformers import initialization as init
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, key_allowed
 from .eadra_math import TERMS, layer_regularizers
 from .registry import MethodSettings, MethodSpec
-from .settings_checks import check_range, resolve_layers
+from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 
 NAME = "eadra"
 COMPONENTS = ("encoder", "decoder", "cross")
@@ -259,18 +259,15 @@ def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, querie
       Eq. 7 (D is linear in the positions), still summed over pairs.
     """
     peak, sent, dist = terms
+    for name, value in (("peak_reduction", peak_reduction), ("dist_reduction", dist_reduction)):
+        check_choice(value, f"{NAME}.{name}", allowed_values(EaDRASettings, name))
     if peak_reduction == "sum":
         peak = peak * queries.sum(-1)
-    elif peak_reduction != "mean":
-        raise ValueError(f"peak_reduction must be one of ('mean', 'sum'), got {peak_reduction!r}")
     if dist_reduction == "pair_mean":
         dist = dist / (queries[..., :-1] & queries[..., 1:]).sum(-1).clamp(min=1)
     elif dist_reduction == "normalized_positions":
         keys = (support & queries.unsqueeze(-1)).any(-2).sum(-1)  # (B or 1, 1 or h)
         dist = dist / (keys - 1).clamp(min=1)
-    elif dist_reduction != "sum":
-        raise ValueError(f"dist_reduction must be one of ('sum', 'pair_mean', 'normalized_positions'), got "
-                         f"{dist_reduction!r}")
     return peak, sent, dist
 
 

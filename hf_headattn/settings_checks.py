@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Iterable
@@ -40,6 +41,16 @@ def check_choice(value, name: str, choices: Iterable) -> None:
     choices = tuple(choices)
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+@functools.cache
+def allowed_values(settings_class: type, field: str) -> tuple:
+    """The values a settings field's ``Literal`` annotation allows (``None`` too where the field is optional): the
+    one place they are listed."""
+    hint = typing.get_type_hints(settings_class)[field]
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return tuple(value for option in options for value in (
+        typing.get_args(option) if typing.get_origin(option) is typing.Literal else (None,) if option is type(None) else ()))
 
 
 def describe_type(annotation) -> str:
