@@ -9,6 +9,10 @@ the JSON also holds each row's median step time and peak memory (GPU only), all 
     python benchmarks/overhead.py --shape tiny --rows off dhicm --out outputs/overhead-tiny.json
     python benchmarks/overhead.py --shape transformer-base --rows off dhicm eadra-scratch --device cuda --dtype bf16
     python benchmarks/overhead.py --shape mbart-large-8x512 --rows off eadra-finetune --device cuda --dtype bf16
+    python benchmarks/overhead.py --count --out benchmarks/results/counted.json  # no kernels run: seconds, any shape
+
+``--count`` (``counting.py``, issue #27) counts instead of timing, under ``FakeTensorMode``: FLOPs of forward and
+backward and the bytes autograd saves for backward (distinct storages, parameters left out), as ratios to stock SDPA.
 
 Rows name method settings (``ROWS``); ``naive`` rows time the direct port of the public EaDRA code (eager
 attention, every probability map materialised, an entropy term over all of them) as a second baseline. Each row
@@ -58,6 +62,8 @@ SHAPES = {  # model shape, batch size, sequence length (source = target)
 ROWS = {
     "off": {},
     "dhicm": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
+    # DHICM's fine-tuning variant: the pretrained out_proj kept, scaled per head
+    "dhicm-finetune": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1], "mode": "scaled_out_proj"}},
     "eadra-finetune": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}}},
     # num_heads default: three quarters of the heads, 6 of 8 at transformer-base (3 of 4 at tiny)
     "eadra-scratch": {"eadra": {c: {} for c in ("encoder", "decoder", "cross")}},
@@ -117,7 +123,9 @@ def build(kind, settings, shape_kwargs, device, dtype, attn_implementation):
     else:
         model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**shape_kwargs, dropout=0.1, **settings))
     model.set_attn_implementation("eager" if kind == "naive" else attn_implementation)
-    return model.to(device=device, dtype=dtype).train()
+    if device is not None:  # (None: leave it where it was built, e.g. fake tensors, which ``to`` cannot swap)
+        model = model.to(device=device, dtype=dtype)
+    return model.train()
 
 
 def step_fn(kind, model, batch):
@@ -260,17 +268,33 @@ def check_targets(result: dict) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=["off"])
+    parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=None,
+                        help="rows to time (default: off), or to count (default: counting.COUNT_PLAN's rows)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--attn-implementation", default="sdpa")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--naive", action="store_true", help="add the naive EaDRA port as a second baseline")
+    parser.add_argument("--count", action="store_true",
+                        help="count FLOPs and bytes saved for backward under FakeTensorMode instead of timing "
+                             "(benchmarks/counting.py; the naive port is always a row, unless --no-naive)")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=None,
+                        help="--count: shapes to count (default: counting.COUNT_PLAN's, "
+                             "transformer-base and mbart-large-8x512)")
+    parser.add_argument("--no-naive", action="store_true", help="--count: leave out the naive port")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    result = run(args.shape, args.rows, args.device, args.dtype, args.repeats, args.warmup, args.naive,
-                 args.attn_implementation)
+    if args.count:
+        import counting
+
+        plan = {shape: args.rows or counting.COUNT_PLAN.get(shape, sorted(ROWS))
+                for shape in args.shapes or counting.COUNT_PLAN}
+        result = counting.run_counted(plan, naive=not args.no_naive, attn_implementation=args.attn_implementation)
+        print(counting.table(result), file=sys.stderr)
+    else:
+        result = run(args.shape, args.rows or ["off"], args.device, args.dtype, args.repeats, args.warmup,
+                     args.naive, args.attn_implementation)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -68,6 +68,15 @@ class HeadAttnContext:
     def record(self, key: str, value: Any) -> None:
         self.records[key].append(value)
 
+    def target_tokens(self) -> torch.Tensor | None:
+        """The batch's real target tokens, ``target_mask.sum()`` (None without a target mask), counted once per
+        forward for every method that normalises by it."""
+        if self.target_mask is None:
+            return None
+        if "target_tokens" not in self.cache:
+            self.cache["target_tokens"] = self.target_mask.sum()
+        return self.cache["target_tokens"]
+
 
 @dataclass
 class AttentionCall:

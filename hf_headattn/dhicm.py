@@ -318,7 +318,8 @@ def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None
     fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share.detach()}}
     if "output_head_importance" in context.flags:
         fields["head_importances"] = dict(context.records["head_importances"])
-    tokens = context.target_mask.sum().clamp(min=1) if context.target_mask is not None else 1
+    tokens = context.target_tokens()
+    tokens = 1 if tokens is None else tokens.clamp(min=1)
     return fields, kl_objective_term(kl, settings.kl_weight, settings.kl_reduction, tokens)
 
 

@@ -146,6 +146,11 @@ class EaDRASettings(MethodSettings):
         return dataclasses.replace(self, **components)
 
 
+#: The readings the settings allow (from their ``Literal``s), for the pure functions' own checks.
+PEAK_REDUCTIONS = allowed_values(EaDRASettings, "peak_reduction")
+DIST_REDUCTIONS = allowed_values(EaDRASettings, "dist_reduction")
+
+
 def _shape(config, component: str) -> tuple[int, int]:
     if component == "encoder":
         return config.encoder_layers, config.encoder_attention_heads
@@ -259,8 +264,8 @@ def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, querie
       Eq. 7 (D is linear in the positions), still summed over pairs.
     """
     peak, sent, dist = terms
-    for name, value in (("peak_reduction", peak_reduction), ("dist_reduction", dist_reduction)):
-        check_choice(value, f"{NAME}.{name}", allowed_values(EaDRASettings, name))
+    check_choice(peak_reduction, f"{NAME}.peak_reduction", PEAK_REDUCTIONS)
+    check_choice(dist_reduction, f"{NAME}.dist_reduction", DIST_REDUCTIONS)
     if peak_reduction == "sum":
         peak = peak * queries.sum(-1)
     if dist_reduction == "pair_mean":
@@ -402,7 +407,7 @@ def build(settings: EaDRASettings, config, module) -> EaDRA:
 def _target_tokens(context: HeadAttnContext, records: list[_Call]) -> torch.Tensor | int:
     """The batch's real target tokens (see the module docstring for the cases without a target mask)."""
     if context.target_mask is not None:
-        return context.target_mask.sum()
+        return context.target_tokens()
     first = next((call for call in records if call.component != "encoder"), records[0])
     return first.query_mask.sum() if first.query_mask is not None else first.query.shape[0] * first.query.shape[2]
 

@@ -116,6 +116,8 @@ class MethodSpec:
         (so that ``generate`` and the Trainer pass them on) and hands them to every attention call.
     flags: boolean forward arguments (default False) that ask for read-outs, e.g. ``output_head_importance``; the
         methods see the ones set in ``HeadAttnContext.flags``.
+    neutral_inputs: ``neutral_inputs(batch_size, source_length) -> {input: tensor}``, values of ``inputs`` that change
+        nothing (``translate`` gives them to sentences it cannot prepare the inputs for, e.g. unparsable ones).
     outputs: output field -> description; fields that are training read-outs, never predictions (the Trainer keeps
         them out of ``logits``).
     logged: the output fields logged as loss components (dict fields flattened as ``<field>/<key>``).
@@ -135,6 +137,7 @@ class MethodSpec:
     order: int = 50
     inputs: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
+    neutral_inputs: Callable | None = None
     outputs: Mapping[str, str] = field(default_factory=dict)
     logged: tuple[str, ...] = ()
     paper: str = ""

@@ -82,6 +82,14 @@ def layers(settings: SEASettings, config, name: str = NAME) -> list[int]:
     return resolve_layers([0] if settings.layers is None else settings.layers, config.encoder_layers, f"{name}.layers")
 
 
+def neutral_inputs(batch_size: int, length: int) -> dict[str, torch.Tensor]:
+    """SEA inputs that change nothing: every pair related (no head is redundant by Eq. 10, since all the attention
+    mass is syntactic; DEA keeps every key) and phrase position 0 everywhere (LPEA adds one constant to a whole row,
+    which softmax ignores)."""
+    return {"dependency_mask": torch.ones(batch_size, length, length, dtype=torch.bool),
+            "phrase_positions": torch.zeros(batch_size, length, length, dtype=torch.long)}
+
+
 def placements(settings: SEASettings, config) -> list[tuple[str, int, str]]:
     return [("encoder", layer, "self") for layer in layers(settings, config)]
 
@@ -251,7 +259,7 @@ def collect(context, settings: SEASettings) -> tuple[dict, None]:
 
 METHOD = MethodSpec(
     NAME, SEASettings, placements, build, collect, order=10,
-    inputs=("dependency_mask", "phrase_positions"),
+    inputs=("dependency_mask", "phrase_positions"), neutral_inputs=neutral_inputs,
     flags=("output_redundant_heads",),
     outputs={"redundant_heads": "{module name: (batch, heads) bool}, with output_redundant_heads=True"},
     paper="Zhang et al. 2021, syntax-enhanced attention on redundant heads (SEA + RHE)",

@@ -1,6 +1,7 @@
 """Issue #18: no host-device synchronisation in a training step, counted on the CPU as the operators that read a
 tensor's value on the host (each one a synchronisation on a GPU)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -74,3 +75,44 @@ def test_dhicm_and_eadra_compile_without_graph_breaks():
     explanation = torch._dynamo.explain(lambda **inputs: model(**inputs).loss)(**batch())
     torch._dynamo.reset()
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+# Issue #27, item 1: counted overhead (FLOPs, bytes saved for backward) under FakeTensorMode.
+
+def test_saved_counter_counts_each_storage_once_and_leaves_out_parameters():
+    from counting import SavedCounter
+
+    x = torch.randn(3, 5, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(5, 7))
+    with SavedCounter([w]) as saved:  # mm saves x and w (w left out), relu its output (3x7)
+        y = (x @ w).relu()
+    assert saved.bytes == (3 * 5 + 3 * 7) * 4 and len(saved.storages) == 2
+    with SavedCounter() as saved:  # a view saved beside its base is one storage; parameters counted when not left out
+        z = (x * x.t().t()) @ w
+    assert saved.bytes == (3 * 5 + 3 * 5 + 5 * 7) * 4  # x (once), x * x's output, w
+    with SavedCounter() as saved, torch._subclasses.fake_tensor.FakeTensorMode() as mode:  # the same on fake tensors
+        fx, fw = mode.from_tensor(x), mode.from_tensor(w)
+        y = (fx @ fw).relu()
+        (fx * fx.t().t()).sum()
+    assert saved.bytes == (3 * 5 + 5 * 7 + 3 * 7) * 4 and len(saved.storages) == 3
+    del y, z
+
+
+def test_counted_mode_at_the_tiny_shape(tmp_path):
+    import overhead
+
+    out = tmp_path / "counted.json"
+    result = overhead.main(["--count", "--shapes", "tiny", "--rows", "off", "eadra-scratch", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    rows = result["shapes"]["tiny"]["rows"]
+    assert set(rows) == {"stock", "off", "eadra-scratch", "naive"}
+    for row in rows.values():
+        assert {"flops", "flops_ratio", "saved_bytes", "saved_ratio", "targets"} <= set(row)
+    assert rows["off"]["flops"] == rows["stock"]["flops"] > 0
+    assert rows["off"]["flops_ratio"] == rows["off"]["saved_ratio"] == 1.0
+    # (the method model's loss saves its token count as the divisor of two divisions: two int64 scalars)
+    assert 0 <= rows["off"]["saved_bytes"] - rows["stock"]["saved_bytes"] <= 16
+    assert rows["naive"]["saved_ratio"] > 1.0  # every probability map kept for the entropy term
+    assert rows["off"]["targets"]["within"] is True
+    assert set(rows["eadra-scratch"]["targets"]) == {"flops_target", "flops", "saved_target", "saved", "within"}
+    assert rows["eadra-scratch"]["targets"]["saved_target"] == 1.10

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import datasets
-import torch
 
-from ..registry import active_methods
+from ..registry import active_methods, registered_methods
 from .training import collator, set_languages, syntax_parser
 
 logger = logging.getLogger(__name__)
@@ -230,12 +229,10 @@ class _Batcher:
             logger.warning(f"{err}; translated without syntax enhancement")
 
     def _without_syntax(self, batch: dict) -> dict:
-        """Syntax inputs that change nothing: every pair related (no head is redundant by Eq. 10, since all the
-        attention mass is syntactic; DEA keeps every key) and phrase position 0 everywhere (LPEA adds one constant
-        to a whole row, which softmax ignores)."""
-        b, s = batch["input_ids"].shape
-        batch["dependency_mask"] = torch.ones(b, s, s, dtype=torch.bool)
-        batch["phrase_positions"] = torch.zeros(b, s, s, dtype=torch.long)
+        """The methods' inputs that change nothing (``MethodSpec.neutral_inputs``)."""
+        for spec in registered_methods():
+            if spec.neutral_inputs is not None:
+                batch.update(spec.neutral_inputs(*batch["input_ids"].shape))
         return batch
 
 

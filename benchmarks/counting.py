@@ -1,0 +1,152 @@
+"""Counted overhead (issue #27, item 1): FLOPs and bytes saved for backward of one training step, no real kernels.
+
+Every row's model, batch and step (``overhead.build``/``make_batch``/``step_fn``) run under ``FakeTensorMode``:
+shapes and dtypes propagate, nothing is computed or allocated, so the largest shapes count in seconds on a CPU.
+
+* ``flops``: ``torch.utils.flop_counter.FlopCounterMode`` over forward + backward (the optimizer step is left out).
+  Fake tensors live on the CPU, where SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, for which
+  PyTorch registers no formula; :func:`register_cpu_sdpa_flops` gives it (and its backward) the formulas of the GPU
+  flash kernels, so stock SDPA's attention is counted as on a GPU (backward: 5 matmuls, one of them a recomputation).
+* ``saved_bytes``: the distinct storages autograd saves for the backward pass (``saved_tensors_hooks`` in the
+  forward), each counted once by storage identity (a view and its base are one storage), leaving out the storages of
+  ``model.parameters()``. The batch's tensors saved by the graph (e.g. ``input_ids`` for the embedding backward) are
+  counted, alike for every row.
+* SEA's value check of ``phrase_positions`` reads the values on the host on the CPU, which fake tensors cannot;
+  counting takes the accelerator's path (an asynchronous assert) instead.
+"""
+
+from __future__ import annotations
+
+import traceback
+from unittest import mock
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import flop_counter
+from transformers import MBartConfig
+
+import overhead
+
+#: Issue #27's targets: ratios to stock SDPA in one run, per row name prefix (saved bytes) and for every row (FLOPs).
+SAVED_TARGETS = {"eadra": 1.10, "dhicm": 1.05, "dea-rhe": 1.05, "lpea-rhe": 1.05}
+FLOPS_TARGET = 1.05
+
+#: The counted run's default shapes and rows: from-scratch rows at transformer-base, fine-tuning rows at mbart-large.
+COUNT_PLAN = {
+    "transformer-base": ["off", "dhicm", "eadra-scratch", "dea-rhe", "lpea-rhe"],
+    "mbart-large-8x512": ["off", "eadra-finetune", "dhicm-finetune", "dea-rhe"],
+}
+
+
+def register_cpu_sdpa_flops() -> None:
+    """Count the CPU flash SDPA kernels (what SDPA dispatches to on CPU tensors) like the GPU flash kernels."""
+    aten = torch.ops.aten
+    forward, backward = aten._scaled_dot_product_flash_attention_for_cpu, \
+        aten._scaled_dot_product_flash_attention_for_cpu_backward
+    if forward not in flop_counter.flop_registry:
+        flop_counter.register_flop_formula(forward)(
+            lambda query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs:
+            flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape))
+    if backward not in flop_counter.flop_registry:
+        flop_counter.register_flop_formula(backward)(
+            lambda grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs:
+            flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
+
+
+class SavedCounter:
+    """Distinct storages autograd saves while active (a ``saved_tensors_hooks`` context), parameters left out."""
+
+    def __init__(self, exclude=()):
+        self.exclude = {t.untyped_storage()._cdata for t in exclude}
+        self.storages = {}  # StorageImpl address -> storage (kept alive, so no address is reused while counting)
+
+    def _pack(self, tensor):
+        storage = tensor.untyped_storage()
+        if storage._cdata not in self.exclude:
+            self.storages.setdefault(storage._cdata, storage)
+        return tensor
+
+    def __enter__(self):
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+    @property
+    def bytes(self) -> int:
+        return sum(storage.nbytes() for storage in self.storages.values())
+
+
+def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, attn_implementation="sdpa") -> dict:
+    """FLOPs and saved-for-backward bytes of one forward + backward of a row's model, under ``FakeTensorMode``."""
+    register_cpu_sdpa_flops()
+    from hf_headattn import sea
+
+    with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False):
+        batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
+        model = overhead.build(kind, settings, shape_kwargs, None, None, attn_implementation)
+        step = overhead.step_fn(kind, model, batch)
+        with flop_counter.FlopCounterMode(display=False) as flops, SavedCounter(model.parameters()) as saved:
+            step.forward_backward()
+    return {"flops": flops.get_total_flops(), "saved_bytes": saved.bytes, "saved_storages": len(saved.storages)}
+
+
+def count_shape(shape: str, rows: list[str], naive: bool = True, attn_implementation: str = "sdpa") -> dict:
+    shape_kwargs, batch_size, length = overhead.SHAPES[shape]
+    shape_kwargs = {"max_position_embeddings": max(1024, length), **shape_kwargs}
+    real_batch = overhead.make_batch(MBartConfig(**shape_kwargs), batch_size, length, "cpu")
+    runs = {"stock": ("stock", {})}
+    runs.update({row: ("ours", overhead.ROWS[row]) for row in rows})
+    if naive:
+        runs["naive"] = ("naive", {})
+    result = {"shape": shape, "batch_size": batch_size, "length": length, "rows": {}}
+    for name, (kind, settings) in runs.items():
+        try:
+            counted = count_row(kind, settings, shape_kwargs, real_batch, attn_implementation)
+        except Exception as error:  # one row's failure is recorded, not fatal
+            counted = {"error": f"{type(error).__name__}: {error}"[:2000],
+                       "traceback": traceback.format_exc(limit=-4)[-2000:]}
+        result["rows"][name] = {"settings": settings, **counted}
+    stock = result["rows"]["stock"]
+    for name, row in result["rows"].items():
+        if "error" in row or "error" in stock:
+            continue
+        row["flops_ratio"] = round(row["flops"] / stock["flops"], 4)
+        row["saved_ratio"] = round(row["saved_bytes"] / stock["saved_bytes"], 4)
+        row["targets"] = check_targets(name, row)
+    return result
+
+
+def check_targets(name: str, row: dict) -> dict:
+    if name in ("stock", "naive"):
+        return {"within": "baseline"}
+    saved_target = next((t for prefix, t in SAVED_TARGETS.items() if name.startswith(prefix)), None)
+    checks = {"flops_target": FLOPS_TARGET, "flops": row["flops_ratio"] <= FLOPS_TARGET,
+              "saved_target": saved_target,
+              "saved": None if saved_target is None else row["saved_ratio"] <= saved_target}
+    checks["within"] = checks["flops"] and checks["saved"] is not False
+    return checks
+
+
+def run_counted(plan: dict[str, list[str]], naive: bool = True, attn_implementation: str = "sdpa") -> dict:
+    """Count every (shape, rows) of ``plan``; the JSON of ``overhead.py --count``."""
+    return {
+        "mode": "counted (FakeTensorMode: no kernels run, nothing allocated)", "torch": torch.__version__,
+        "attn_implementation": attn_implementation, "dtype": "torch.float32",
+        "targets": {"flops": FLOPS_TARGET, "saved": SAVED_TARGETS},
+        "shapes": {shape: count_shape(shape, rows, naive, attn_implementation) for shape, rows in plan.items()},
+    }
+
+
+def table(result: dict) -> str:
+    lines = ["| row | shape | flops ratio | saved ratio | within target |", "|---|---|---|---|---|"]
+    for shape, counted in result["shapes"].items():
+        for name, row in counted["rows"].items():
+            if "error" in row:
+                lines.append(f"| {name} | {shape} | error | error | {row['error'][:80]} |")
+            else:
+                lines.append(f"| {name} | {shape} | {row['flops_ratio']:.4f} | {row['saved_ratio']:.4f} | "
+                             f"{row['targets']['within']} |")
+    return "\n".join(lines)
