@@ -117,6 +117,14 @@ class HeadAttnSettings:
                 f"{cls.stock_model_type!r} and {cls.model_type!r} checkpoints"
             )
         translate_flat_fields(config_dict, f"{pretrained_model_name_or_path}/config.json", saved_file=True)
+        flat = {key: kwargs.pop(key) for key in list(kwargs) if key in _flat_fields()}
+        if flat:  # from_pretrained(path, sea_type="dea"): each updates its method's dict in the file
+            given = {spec.name: kwargs[spec.name] for spec in registered_methods() if spec.name in kwargs}
+            translated = {**given, **flat}
+            translate_flat_fields(translated, f"from_pretrained({str(pretrained_model_name_or_path)!r}, ...)")
+            for name, values in translated.items():
+                if name not in given:
+                    kwargs[name] = {**(config_dict.get(name) or {}), **values}
         return config_dict, kwargs
 
     def __post_init__(self, **kwargs):

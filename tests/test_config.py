@@ -61,7 +61,7 @@ def test_settings_round_trip(tmp_path):
     assert {k: getattr(loaded, k) for k in settings} == settings
 
 
-def test_release_0_1_flat_settings_are_translated_once_with_a_deprecation_warning():
+def test_release_0_1_flat_settings_are_translated_once_with_a_deprecation_warning(tmp_path):
     """Release 0.1's flat fields map to the method dicts when the config is built; they are no attributes."""
     with pytest.warns(FutureWarning, match=r"release 0.1's flat settings .*'dhicm_kl_weight'.* are deprecated"):
         config = HeadAttnMBartConfig(**TINY, dhicm_encoder_layers=[-1], dhicm_kl_weight=0.3, sea_type="dea",
@@ -77,6 +77,13 @@ def test_release_0_1_flat_settings_are_translated_once_with_a_deprecation_warnin
                                              "dhicm_kl_weight": 0.1, "sea_type": None, "sea_heads": "all",
                                              "sea_layers": [1], "rhe_prune": False, "eadra": None})
     assert old.dhicm is None and HeadAttnMBartForConditionalGeneration(old).headattn_settings == {}
+    # from_pretrained's keyword arguments: each updates its method's dict as saved
+    HeadAttnMBartConfig(**TINY, sea={"type": "dea", "layers": [1]}).save_pretrained(tmp_path)
+    with pytest.warns(FutureWarning, match="'sea_type'"):
+        loaded = HeadAttnMBartConfig.from_pretrained(tmp_path, sea_type="lpea")
+    assert loaded.sea == {"type": "lpea", "layers": [1]}
+    with pytest.raises(ValueError, match=r"gives sea=\{'type': 'dea'\} and release 0.1's flat fields"):
+        HeadAttnMBartConfig.from_pretrained(tmp_path, sea={"type": "dea"}, sea_layers=[0])
 
 
 def test_mixed_conventions_are_refused_and_misspelt_flat_fields_warned(tmp_path, caplog):
