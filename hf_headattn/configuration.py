@@ -117,7 +117,7 @@ class HeadAttnSettings:
                 f"{cls.stock_model_type!r} and {cls.model_type!r} checkpoints"
             )
         translate_flat_fields(config_dict, f"{pretrained_model_name_or_path}/config.json", saved_file=True)
-        flat = {key: kwargs.pop(key) for key in list(kwargs) if key in _flat_fields()}
+        flat = {key: kwargs.pop(key) for key in kwargs.keys() & _flat_fields()}
         if flat:  # from_pretrained(path, sea_type="dea"): each updates its method's dict in the file
             given = {spec.name: kwargs[spec.name] for spec in registered_methods() if spec.name in kwargs}
             translated = {**given, **flat}
@@ -128,7 +128,7 @@ class HeadAttnSettings:
         return config_dict, kwargs
 
     def __post_init__(self, **kwargs):
-        legacy = {key: kwargs.pop(key) for key in list(kwargs) if key in _flat_fields()}
+        legacy = {key: kwargs.pop(key) for key in kwargs.keys() & _flat_fields()}
         if legacy:
             values = {**{spec.name: getattr(self, spec.name, None) for spec in registered_methods()}, **legacy}
             translate_flat_fields(values, f"{type(self).__name__}(...)")

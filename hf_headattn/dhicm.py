@@ -68,6 +68,10 @@ class DHICMSettings(MethodSettings):
         return self.encoder_layers is not None or self.decoder_layers is not None
 
 
+#: The readings of Eq. 5's reduction the settings allow (from their ``Literal``).
+KL_REDUCTIONS = allowed_values(DHICMSettings, "kl_reduction")
+
+
 def placements(settings: DHICMSettings, config) -> list[tuple[str, int, str]]:
     kinds = settings.attention or ATTENTIONS
     where = [("encoder", i, "self") for i in resolve_layers(settings.encoder_layers, config.encoder_layers, "")]
@@ -206,8 +210,7 @@ def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target
         return -kl_weight * kl
     if reduction == "per_batch":
         return -kl_weight * kl / target_tokens
-    raise ValueError(f"{NAME}.kl_reduction must be one of {allowed_values(DHICMSettings, 'kl_reduction')}, got "
-                     f"{reduction!r}")
+    raise ValueError(f"{NAME}.kl_reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
 
 
 def collapse_statistics(importance: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
