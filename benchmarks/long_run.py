@@ -23,9 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import SHAPES, make_batch  # noqa: E402
 
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration  # noqa: E402
+from hf_headattn.experiment.presets import method_settings  # noqa: E402
+from hf_headattn.registry import readout_flags  # noqa: E402
 
-EVERY_METHOD = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]},
-                    eadra={"encoder": {}, "decoder": {}, "cross": {}}, sea={"type": "lpea", "heads": "redundant"})
+#: Every built-in method on (recipe method names; EaDRA on all three components).
+EVERY_METHOD = method_settings("dhicm+eadra_all+lpea_rhe")
 
 
 def rss_mib() -> float:
@@ -50,7 +52,7 @@ def main() -> None:
         times = []
         for _ in range(min(args.block, args.steps - start)):
             begin = time.perf_counter()
-            out = model(**batch, output_head_importance=True, output_redundant_heads=True)
+            out = model(**batch, **dict.fromkeys(readout_flags(), True))  # every read-out, too
             out.loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

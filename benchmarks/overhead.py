@@ -43,7 +43,8 @@ import torch
 from transformers import MBartConfig, MBartForConditionalGeneration
 
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
-from hf_headattn.registry import method_inputs
+from hf_headattn.experiment.presets import method_settings
+from hf_headattn.registry import active_methods, method_inputs
 from operator_count import count_operators, sync_operators
 
 SHAPES = {  # model shape, batch size, sequence length (source = target)
@@ -59,16 +60,17 @@ SHAPES = {  # model shape, batch size, sequence length (source = target)
     "mbart-large-8x512": (dict(vocab_size=250027), 8, 512),
 }
 
+#: Row name -> config fields: a recipe method name's (``--method``), or written out where no name has them.
 ROWS = {
     "off": {},
-    "dhicm": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
+    "dhicm": method_settings("dhicm"),
     # DHICM's fine-tuning variant: the pretrained out_proj kept, scaled per head
     "dhicm-finetune": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1], "mode": "scaled_out_proj"}},
     "eadra-finetune": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}}},
     # num_heads default: three quarters of the heads, 6 of 8 at transformer-base (3 of 4 at tiny)
-    "eadra-scratch": {"eadra": {c: {} for c in ("encoder", "decoder", "cross")}},
-    "dea-rhe": {"sea": {"type": "dea", "heads": "redundant"}},
-    "lpea-rhe": {"sea": {"type": "lpea", "heads": "redundant"}},
+    "eadra-scratch": method_settings("eadra_all"),
+    "dea-rhe": method_settings("dea_rhe"),
+    "lpea-rhe": method_settings("lpea_rhe"),
 }
 
 
@@ -79,9 +81,7 @@ TARGETS = {"operators": 1.20, "cpu_time": 1.10, "generate_operators": 1.10, "gen
 
 def generate_operators(kind, model, batch) -> int:
     """Operators of a greedy ``generate`` of exactly ``GENERATE_TOKENS`` tokens (no labels, eval mode, no grad)."""
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    if kind != "ours" or model.config.sea is None:
-        inputs = {k: v for k, v in inputs.items() if k not in method_inputs()}
+    inputs = {k: v for k, v in model_inputs(kind, model, batch).items() if k != "labels"}
     kwargs = dict(max_new_tokens=GENERATE_TOKENS, min_new_tokens=GENERATE_TOKENS, num_beams=1, do_sample=False)
     model.eval()
     try:
@@ -90,6 +90,12 @@ def generate_operators(kind, model, batch) -> int:
             return count_operators(lambda: model.generate(**inputs, **kwargs))
     finally:
         model.train()
+
+
+def model_inputs(kind, model, batch) -> dict:
+    """``batch`` without the method inputs that none of the model's methods reads (all of them for a stock model)."""
+    read = {name for spec in active_methods(model.config) for name in spec.inputs} if kind == "ours" else set()
+    return {k: v for k, v in batch.items() if k not in method_inputs() or k in read}
 
 
 def naive_entropy_loss(outputs) -> torch.Tensor:
@@ -106,7 +112,8 @@ def make_batch(config, batch_size, length, device):
     mask = torch.arange(length)[None, :] < lengths[:, None]
     ids[~mask] = config.pad_token_id
     batch = {"input_ids": ids, "attention_mask": mask.long(), "labels": labels}
-    # SEA inputs: a dependency mask with a random head per token, phrase positions within +-2
+    # SEA's inputs (its forward arguments, MethodSpec.inputs), random as parses are, not its neutral_inputs (which
+    # select no redundant head): a dependency mask with a random head per token, phrase positions within +-2
     heads = torch.randint(0, length, (batch_size, length), generator=generator)
     dep = torch.zeros(batch_size, length, length, dtype=torch.bool)
     dep.scatter_(2, heads[..., None], True)
@@ -130,9 +137,7 @@ def build(kind, settings, shape_kwargs, device, dtype, attn_implementation):
 
 def step_fn(kind, model, batch):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    inputs = batch
-    if kind != "ours" or model.config.sea is None:
-        inputs = {k: v for k, v in inputs.items() if k not in method_inputs()}
+    inputs = model_inputs(kind, model, batch)
 
     def forward_backward():
         outputs = model(**inputs, output_attentions=kind == "naive")

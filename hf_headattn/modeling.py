@@ -1,8 +1,11 @@
 """HeadAttn mBART and Marian models: the HF models with the methods attached to their attention modules.
 
 Identical to the HF parents except:
-* ``__init__`` attaches the configured methods to the chosen attention modules (:mod:`hf_headattn.attention`); with
-  every method off nothing is attached and the model *is* the HF model (same modules, weights, outputs);
+* ``__init__`` routes the attention modules to our attention function and attaches the configured methods to the
+  chosen ones (:mod:`hf_headattn.attention`), then prunes the heads ``config.pruned_heads`` names
+  (:mod:`hf_headattn.pruning`); with every method off nothing is attached and no head is pruned, and the model
+  computes exactly what the HF model does (same modules and weights; the function calls the backend unchanged);
+* it keeps head masks (:meth:`set_head_mask`, :mod:`hf_headattn.head_masks`) and prunes heads (:meth:`prune_heads`);
 * ``forward`` creates a :class:`~hf_headattn.attention.HeadAttnContext`, passes it (and the syntax inputs) down with
   the keyword arguments transformers already forwards to every attention call, and returns the methods' terms and
   read-outs; the LM heads compute label-smoothed cross-entropy themselves and add the methods' terms to ``loss``.
@@ -25,31 +28,32 @@ from transformers.models.mbart.modeling_mbart import MBartDecoder, MBartEncoder
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
-from .attention import AttentionMethod, HeadAttnContext, attach_method
+from .attention import AttentionMethod, HeadAttnContext, attach_method, route
+from .head_masks import ARGUMENTS as HEAD_MASK_ARGUMENTS, KINDS as HEAD_MASK_KINDS
+from .head_masks import check_head_mask, get_head_mask, set_head_mask
+from .pruning import apply_pruned_heads, prune_heads
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
 from .losses import IGNORE_INDEX, label_smoothed_nll_loss, total_objective
 from .registry import method_inputs, readout_flags, registered_methods
 
 
+def _method_output_fields(cls: type) -> type:
+    """``cls`` with one field per output field of the registered methods (``MethodSpec.outputs``), sorted by name,
+    default None, each described in the docstring by its method's spec (applied before ``@dataclass``; the built-in
+    methods are registered by then, through the import of the configs). Fields of methods registered later are set
+    as items (and so attributes) of the output (:func:`with_method_fields`)."""
+    descriptions = {name: text for spec in registered_methods() for name, text in spec.outputs.items()}
+    for name in sorted(descriptions):
+        cls.__annotations__[name] = torch.Tensor | dict | None
+        setattr(cls, name, None)
+    cls.__doc__ += "".join(f"\n    {name}: {descriptions[name]}." for name in sorted(descriptions))
+    return cls
+
+
 @dataclass
+@_method_output_fields
 class HeadAttnOutputMixin:
-    """The built-in methods' output fields (each ``None`` when its method is off or it was not asked for); each
-    method's ``MethodSpec.outputs`` describes them. Fields of other registered methods are set as items (and so
-    attributes) of the output.
-
-    dhicm_kl: mean KL of the head-importance distributions from uniform (DHICM Eq. 5), unweighted.
-    dhicm_stats: {"importance_entropy", "top_head_share"}, how close the importances are to one-hot (detached).
-    eadra_loss: the weighted EaDRA regularizer (Eq. 9), included in ``loss``; eadra_terms: its unweighted terms.
-    head_importances: {module name: (batch, tokens, heads) importance G}, with ``output_head_importance=True``.
-    redundant_heads: {module name: (batch, heads) bool}, with ``output_redundant_heads=True``.
-    """
-
-    dhicm_kl: torch.FloatTensor | None = None
-    dhicm_stats: dict[str, torch.FloatTensor] | None = None
-    eadra_loss: torch.FloatTensor | None = None
-    eadra_terms: dict[str, torch.FloatTensor] | None = None
-    head_importances: dict[str, torch.FloatTensor] | None = None
-    redundant_heads: dict[str, torch.BoolTensor] | None = None
+    """The registered methods' output fields, each ``None`` when its method is off or it was not asked for:"""
 
 
 # The HF class comes last in the bases so that its fields come first: `outputs[0]` and `to_tuple()` start as HF's.
@@ -73,17 +77,23 @@ def attention_module(base_model: nn.Module, side: str, layer: int, kind: str) ->
 
 
 def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encoder", "decoder")) -> None:
-    """Attach every method switched on (``settings``: {name: resolved settings}) to its attention modules."""
+    """Route every attention module of ``sides`` to our attention function (:func:`~.attention.route`), attach every
+    method switched on (``settings``: {name: resolved settings}) to its modules, then prune the heads
+    ``config.pruned_heads`` names (:mod:`hf_headattn.pruning`)."""
+    for side in sides:
+        for layer, block in enumerate(getattr(base_model, side).layers):
+            route(block.self_attn, config, side, layer, "self")
+            if side == "decoder":
+                route(block.encoder_attn, config, side, layer, "cross")
     for spec in registered_methods():
         if spec.name not in settings:
             continue
         for side, layer, kind in spec.placements(settings[spec.name], config):
-            if side not in sides:
-                continue
-            module = attention_module(base_model, side, layer, kind)
-            module.headattn_kind, module.headattn_side = kind, side
-            module.headattn_name = f"{side}.layers.{layer}.{'encoder_attn' if kind == 'cross' else 'self_attn'}"
-            attach_method(module, spec.name, spec.build(settings[spec.name], config, module), config)
+            if side in sides:
+                module = attention_module(base_model, side, layer, kind)
+                attach_method(module, spec.name, spec.build(settings[spec.name], config, module))
+    for side in sides:
+        apply_pruned_heads(getattr(base_model, side), config.pruned_heads or {})
 
 
 def collect_method_outputs(context: HeadAttnContext, settings: dict) -> tuple[dict, torch.Tensor | None]:
@@ -142,7 +152,8 @@ def forward_signature(cls, extra: tuple = ()) -> inspect.Signature:
     parameters = list(inspect.signature(parent).parameters.values())
     var_keyword = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
     ours = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
-            for names, default in ((method_inputs(), None), (readout_flags(), False), (extra, None))
+            for names, default in ((method_inputs(), None), (readout_flags(), False),
+                                   ((*HEAD_MASK_ARGUMENTS, *extra), None))
             for name in names]
     return inspect.Signature([p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD] + ours + var_keyword)
 
@@ -192,13 +203,16 @@ def check_length(config, name: str, positions: int) -> None:
         )
 
 
-def check_source_length(encoder: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook of the encoder: the source's length against the position embeddings, in ``forward`` and in
-    ``generate`` (which runs the encoder directly)."""
+def check_encoder_inputs(encoder: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of the encoder: the source's length against the position embeddings, and the encoder's head
+    mask, in ``forward`` and in ``generate`` (which runs the encoder directly)."""
     source = kwargs.get("input_ids", args[0] if args else None)
     source = kwargs.get("inputs_embeds") if source is None else source
     if source is not None:
         check_length(encoder.config, "source", source.shape[1])
+    argument = HEAD_MASK_KINDS["encoder"][2]
+    if kwargs.get(argument) is not None:
+        check_head_mask(kwargs[argument], encoder.config, "encoder", argument)
 
 
 class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
@@ -210,23 +224,44 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
     def __init__(self, config):
         super().__init__(config)
         # resolved and validated by the config when set; the model keeps the objects its methods are built with
-        self.headattn_settings = config.headattn_settings
+        self.headattn_settings, self._pruned_heads = config.headattn_settings, config.pruned_heads
         self._attach_methods(config)
         if hasattr(type(self), "_forward_signature"):
             self._refresh_forward_signature()
-            self.get_encoder().register_forward_pre_hook(check_source_length, with_kwargs=True)
+            self.get_encoder().register_forward_pre_hook(check_encoder_inputs, with_kwargs=True)
         self.post_init()  # initialises the new method parameters (HF skips what is already initialised)
 
     def _attach_methods(self, config) -> None:
-        """Rebuild each encoder/decoder that carries methods as our stack class, which attaches its side's methods.
+        """Rebuild each encoder/decoder that carries methods or pruned heads as our stack class, which attaches its
+        side's methods and prunes its heads; route the attention modules of the others (:func:`attach_methods`).
 
         So ``model.get_encoder()`` (or ``get_decoder()``) is a real ``HeadAttnMBartEncoder`` (...), and saved on its
-        own it reloads with its methods' weights (the stock ``MBartEncoder`` would drop them). The stock stack HF built
-        is replaced before any weight is loaded (``from_pretrained`` builds on the meta device)."""
+        own it reloads with its methods' weights and shapes (the stock ``MBartEncoder`` would drop them). The stock
+        stack HF built is replaced before any weight is loaded (``from_pretrained`` builds on the meta device)."""
         base = self.base_model
-        for side in sorted({side for spec in registered_methods() if spec.name in self.headattn_settings
-                            for side, _, _ in spec.placements(self.headattn_settings[spec.name], config)}):
+        ours = {side for spec in registered_methods() if spec.name in self.headattn_settings
+                for side, _, _ in spec.placements(self.headattn_settings[spec.name], config)}
+        ours |= {name.split(".", 1)[0] for name in config.pruned_heads or {}}
+        for side in sorted(ours):
             setattr(base, side, STACK_CLASSES[type(getattr(base, side))](config))
+        attach_methods(base, config, {}, sides=tuple(side for side in ("encoder", "decoder") if side not in ours))
+
+    def set_head_mask(self, kind: str, mask: torch.Tensor | None) -> None:
+        """Keep a (layers, heads) head mask of ``kind`` ("encoder", "decoder", "cross") on the model, for every
+        forward and ``generate`` (``None`` removes it); see :mod:`hf_headattn.head_masks`."""
+        set_head_mask(self, kind, mask)
+
+    def get_head_mask(self, kind: str) -> torch.Tensor | None:
+        """The (layers, heads) head mask of ``kind`` kept on the model (0 at pruned heads), or ``None``."""
+        return get_head_mask(self, kind)
+
+    def prune_heads(self, heads: dict) -> dict:
+        """Remove attention heads: ``{module name: [original head numbers]}``, e.g.
+        ``{"encoder.layers.0.self_attn": [1, 5]}``; recorded in ``config.pruned_heads`` (see
+        :mod:`hf_headattn.pruning`). Returns the updated record."""
+        record = prune_heads(self, heads)
+        self._pruned_heads = self.config.pruned_heads
+        return record
 
     def initialize_weights(self):
         """HF's initialisation, then the methods' parameters.
@@ -245,6 +280,10 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
 
         The config re-resolves its settings whenever they are set (in-place edits are refused), so an unchanged
         config holds the very objects the model was built with."""
+        pruned = self.config.pruned_heads
+        if pruned is not self._pruned_heads and (pruned or {}) != (self._pruned_heads or {}):
+            raise ValueError(f"config.pruned_heads was changed after the model was built (to {pruned!r}, the model "
+                             f"has {self._pruned_heads!r}); prune with model.prune_heads(...), which records them")
         current = self.config.headattn_settings
         if current is self.headattn_settings or current == self.headattn_settings:
             return
@@ -258,7 +297,7 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
 
     def _check_lengths(self, values: dict) -> None:
         """The target's length (with the cache's) against the position embeddings; the source's is checked by the
-        encoder's pre-hook (:func:`check_source_length`), which ``generate`` passes too."""
+        encoder's pre-hook (:func:`check_encoder_inputs`), which ``generate`` passes too."""
         cache = values.get("cache", values.get("past_key_values"))  # named `cache` since transformers 5.24
         target = values.get("decoder_input_ids")
         target = values.get("decoder_inputs_embeds") if target is None else target
@@ -278,6 +317,10 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         for name in method_inputs():
             if values.get(name, ...) is None:
                 del values[name]
+        for kind, (_, _, argument) in HEAD_MASK_KINDS.items():  # passed down to every attention call
+            mask = values.pop(argument, None)
+            if mask is not None:
+                values[argument] = check_head_mask(mask, self.config, kind, argument)
         with hf_dict_outputs(self.config):
             outputs = super().forward(**values, headattn_context=context)
         fields, term = collect_method_outputs(context, self.headattn_settings)

@@ -120,13 +120,18 @@ class MethodSpec:
         nothing (``translate`` gives them to sentences it cannot prepare the inputs for, e.g. unparsable ones).
     outputs: output field -> description; fields that are training read-outs, never predictions (the Trainer keeps
         them out of ``logits``).
-    logged: the output fields logged as loss components (dict fields flattened as ``<field>/<key>``).
+    logged: the output fields logged as loss components (dict fields flattened as ``<field>/<key>``); the other
+        output fields are the read-outs that ``flags`` ask for (:func:`readout`).
     paper: one line for the model card.
     presets: recipe method names (``--method NAME``) -> this method's settings dict.
     legacy_fields: flat config fields of release 0.1 -> settings field, so old saved configs still load.
     legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
     uses_syntax: whether the method needs the syntax inputs (the recipes then parse and collate them).
+    head_importance: ``(criterion name, function)``: the method's head importance criterion for
+        :func:`hf_headattn.analysis.head_ranking.head_importance`; the function maps one batch's read-out (the value
+        of its read-out field, :func:`readout`) to ``{module name: (per-head sums (heads,), number of items)}``,
+        higher = more important.
     """
 
     name: str
@@ -145,6 +150,7 @@ class MethodSpec:
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
     uses_syntax: bool = False
+    head_importance: tuple[str, Callable] | None = None
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
@@ -195,6 +201,17 @@ def method_inputs() -> list[str]:
 def readout_flags() -> list[str]:
     """Every method's read-out flags (``MethodSpec.flags``), e.g. ``output_head_importance``."""
     return [name for spec in registered_methods() for name in spec.flags]
+
+
+def readout(spec: MethodSpec) -> tuple[str, str]:
+    """``(flag, output field)`` of a method with one read-out: its one flag and its one output field that is no loss
+    component (not ``logged``), e.g. ``("output_head_importance", "head_importances")``; what an analysis of that
+    read-out asks for and reads."""
+    fields = [name for name in spec.outputs if name not in spec.logged]
+    if len(spec.flags) != 1 or len(fields) != 1:
+        raise ValueError(f"method {spec.name!r} has read-out flags {list(spec.flags)} and read-out fields {fields}; "
+                         "expected one of each")
+    return spec.flags[0], fields[0]
 
 
 def uses_syntax(settings: Mapping[str, Any]) -> bool:

@@ -39,7 +39,7 @@ from .sea_math import (
     redundant_heads,
     syntactic_attention,
 )
-from .settings_checks import resolve_layers
+from .settings_checks import allowed_values, resolve_layers
 
 NAME = "sea"
 CHECKED = "sea_inputs_checked"  # context record: the inputs of this forward were validated
@@ -75,6 +75,12 @@ class SEASettings(MethodSettings):
 
     def switched_on(self) -> bool:
         return self.type is not None or self.prune
+
+
+#: Readings of the RHE paper's Rule 2 (§4.1.2) for the local phrases (from the settings' ``Literal``): "symmetric"
+#: (its symmetric closure, our default) or "literal" (as printed: only for j < i); see
+#: :func:`hf_headattn.syntax.features.local_phrases`.
+RULE2 = allowed_values(SEASettings, "rule2")
 
 
 def layers(settings: SEASettings, config, name: str = NAME) -> list[int]:
@@ -257,6 +263,12 @@ def collect(context, settings: SEASettings) -> tuple[dict, None]:
     return {"redundant_heads": dict(context.records["redundant_heads"])}, None
 
 
+def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:
+    """The ``rhe`` head-importance criterion: per module, the number of sentences in which RHE (Eq. 10) does *not*
+    mark the head redundant, and the number of sentences, from the ``redundant_heads`` read-out."""
+    return {name: ((~heads).sum(0), heads.shape[0]) for name, heads in redundant.items()}
+
+
 METHOD = MethodSpec(
     NAME, SEASettings, placements, build, collect, order=10,
     inputs=("dependency_mask", "phrase_positions"), neutral_inputs=neutral_inputs,
@@ -274,4 +286,5 @@ METHOD = MethodSpec(
     legacy_fields={"sea_type": "type", "sea_heads": "heads", "sea_layers": "layers", "rhe_prune": "prune",
                    "lpea_max_relative_position": "max_relative_position", "lpea_rule2": "rule2"},
     uses_syntax=True,
+    head_importance=("rhe", importance_sums),
 )

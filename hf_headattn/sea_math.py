@@ -24,9 +24,6 @@ from .attention import key_allowed  # (sea.py imports it from here too: part of 
 #: ``phrase_positions`` value outside the local phrase and on padding (the syntax collator writes it).
 NOT_IN_PHRASE = -10000
 
-#: Readings of the RHE paper's Rule 2 (§4.1.2) for the local phrases: "symmetric" (its symmetric closure, our
-#: default) or "literal" (as printed: only for j < i); see :func:`hf_headattn.syntax.features.local_phrases`.
-LPEA_RULE2 = ("symmetric", "literal")
 
 
 def real_tokens(allowed: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:

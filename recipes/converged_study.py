@@ -69,6 +69,7 @@ from pathlib import Path
 
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed, per_seed_p_values
 from hf_headattn.experiment.jobs import run_jobs
+from hf_headattn.experiment.presets import uses_syntax as settings_use_syntax
 from hf_headattn.experiment.study import (
     DEMO_SCHEDULE, dhicm_settings, eadra_settings, git_commit, git_dirty, prepare_tokenizer, references, sea_settings,
     write_json_atomic,
@@ -93,7 +94,8 @@ ROWS: dict[str, tuple[str, dict]] = {
     "dea_rhe": ("sea", sea_settings("dea")),
     "lpea_rhe": ("sea", sea_settings("lpea")),
 }
-METHODS = ("dhicm", "eadra", "sea")
+#: The methods compared, one chosen row each, in the order of ``ROWS``.
+METHODS = tuple(dict.fromkeys(method for method, _ in ROWS.values() if method != "baseline"))
 
 #: The GPU schedule: the reproduction's (recipes/reproduce_multi30k.py COMMON_FLAGS) for the small shape.
 GPU_SCHEDULE = [
@@ -131,7 +133,7 @@ def method_of(row: str) -> str:
 
 
 def uses_syntax(row: str) -> bool:
-    return ROWS[row][1].get("sea") is not None
+    return settings_use_syntax(ROWS[row][1])
 
 
 def run_dir(output_dir: Path, stage: str, row: str, seed: int) -> Path:
@@ -487,7 +489,7 @@ def score(args) -> None:
     record = json.loads(Path(args.record).read_text())
     folder = Path(record["run_dir"])
     scores = score_saved_model(folder, args.split, args.multi30k_dir, settings=record["settings"],
-                               parses_dir=args.parses_dir if record["settings"].get("sea") else None,
+                               parses_dir=args.parses_dir if settings_use_syntax(record["settings"]) else None,
                                num_beams=TEST_BEAMS, use_cpu=args.device == "cpu", bf16=args.device == "cuda",
                                batch_size=256 if args.device == "cuda" else 100,
                                output_file=folder / f"predictions_{args.split}.txt")

@@ -21,6 +21,7 @@ import torch
 from hf_headattn.analysis import (
     encoder_attention_entropy, plot_head_importance, sentence_head_importance, write_entropy_report,
 )
+from hf_headattn.analysis.head_importance import METHOD as IMPORTANCE_METHOD
 from hf_headattn.experiment import recipe as train_translation
 from hf_headattn.experiment.training import write_json
 
@@ -68,7 +69,8 @@ def pictures(args, methods) -> list[Path]:
         _, png = write_entropy_report(result, out, f"attention_entropy_{method}",
                                       f"encoder attention entropy, {method}")
         paths.append(png)
-        if model.config.dhicm is not None and model.config.dhicm.get("encoder_layers"):
+        importance = model.config.headattn_settings.get(IMPORTANCE_METHOD.name)  # None: no importances to draw
+        if importance is not None and importance.encoder_layers:
             source, target = sources[0], "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
             last = model.config.encoder_layers - 1
             for module in (f"encoder.layers.{last}.self_attn", f"decoder.layers.{last}.encoder_attn"):

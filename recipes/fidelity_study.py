@@ -33,7 +33,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from hf_headattn.eadra import DEFAULTS as EADRA_DEFAULTS
+from hf_headattn.experiment.study import dhicm_settings, eadra_settings
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,40 +50,26 @@ CONFIRM_FLAGS = ["--num_beams", "1", "--test_splits", "validation,test_2016_flic
 #: Fresh seeds: the screen's seed 1 chose the rows, so its scores carry the choice's optimism.
 CONFIRM_SEEDS = (2, 3, 4)
 
-DHICM_LAYERS = {"encoder_layers": [-1], "decoder_layers": [-1]}
-
-
-def _dhicm(reduction: str, weight: float, mode: str = "paper") -> dict:
-    return {"dhicm": {**DHICM_LAYERS, "kl_reduction": reduction, "kl_weight": weight, "mode": mode}}
-
-
-def _eadra(dist: str, warmup: int = 0, scale: float = 1.0) -> dict:
-    """Table 6's alphas (``eadra.DEFAULTS``) of the encoder and decoder times ``scale``, written out (``alpha_scale``
-    1.0: the option came after these runs)."""
-    components = {name: {"alpha_peak": 0.0, "alpha_sent": EADRA_DEFAULTS[name]["alpha_sent"] * scale,
-                         "alpha_dist": EADRA_DEFAULTS[name]["alpha_dist"] * scale} for name in ("encoder", "decoder")}
-    return {"eadra": {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup,
-                      "alpha_scale": 1.0}}
-
 
 #: name -> (settings, eligible as the method's default). Every setting is explicit, so later default changes do not
-#: change a row. EaDRA: encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas (times ``a``).
+#: change a row. EaDRA: encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas (times ``a``), and
+#: ``alpha_scale`` 1.0 (the option came after these runs).
 SCREEN: dict[str, tuple[dict, bool]] = {
     "baseline": ({}, False),
-    "dhicm_per_token_l0.1": (_dhicm("per_token", 0.1), True),  # paper literal as released (0.1)
-    "dhicm_per_token_l1e-3": (_dhicm("per_token", 1e-3), True),
-    "dhicm_per_token_l1e-4": (_dhicm("per_token", 1e-4), True),
-    "dhicm_per_batch_l0.1": (_dhicm("per_batch", 0.1), True),
-    "dhicm_per_batch_l1": (_dhicm("per_batch", 1.0), True),
+    "dhicm_per_token_l0.1": (dhicm_settings("per_token", 0.1), True),  # paper literal as released (0.1)
+    "dhicm_per_token_l1e-3": (dhicm_settings("per_token", 1e-3), True),
+    "dhicm_per_token_l1e-4": (dhicm_settings("per_token", 1e-4), True),
+    "dhicm_per_batch_l0.1": (dhicm_settings("per_batch", 0.1), True),
+    "dhicm_per_batch_l1": (dhicm_settings("per_batch", 1.0), True),
     # diagnostic, not a reading of an open choice (Eq. 3 is explicit): our fine-tuning variant, which keeps the
     # concatenation of the heads (weighted by H * G) instead of Eq. 3's mixture through one shared V
-    "dhicm_scaled_out_proj_per_batch_l0.1": (_dhicm("per_batch", 0.1, "scaled_out_proj"), False),
-    "eadra_sum": (_eadra("sum"), True),  # Eq. 8 literal, as released
-    "eadra_sum_a0.01": (_eadra("sum", scale=0.01), True),
-    "eadra_pair_mean": (_eadra("pair_mean"), True),
-    "eadra_pair_mean_warmup": (_eadra("pair_mean", warmup=250), True),
-    "eadra_pair_mean_a0.3": (_eadra("pair_mean", scale=0.3), True),
-    "eadra_pair_mean_a0.1": (_eadra("pair_mean", scale=0.1), True),
+    "dhicm_scaled_out_proj_per_batch_l0.1": (dhicm_settings("per_batch", 0.1, "scaled_out_proj"), False),
+    "eadra_sum": (eadra_settings("sum"), True),  # Eq. 8 literal, as released
+    "eadra_sum_a0.01": (eadra_settings("sum", scale=0.01), True),
+    "eadra_pair_mean": (eadra_settings("pair_mean"), True),
+    "eadra_pair_mean_warmup": (eadra_settings("pair_mean", warmup=250), True),
+    "eadra_pair_mean_a0.3": (eadra_settings("pair_mean", scale=0.3), True),
+    "eadra_pair_mean_a0.1": (eadra_settings("pair_mean", scale=0.1), True),
     # Not screened (2 CPU cores): lambda 0, sentence-only EaDRA and the literal sum warmed up (diagnostics); a
     # "normalized_positions" row: on self-attention n_keys - 1 = the number of query pairs, so it equals pair_mean;
     # R_peak's reduction: alpha_peak is 0 in every Table 6 row, so "mean" and "sum" train the same model.
@@ -93,6 +79,10 @@ PAPER_LITERAL = {"dhicm": "dhicm_per_token_l0.1", "eadra": "eadra_sum"}
 
 def method_of(row: str) -> str:
     return row.split("_")[0]
+
+
+#: The methods whose readings are chosen: those of the eligible rows, in the order of ``SCREEN``.
+METHODS = tuple(dict.fromkeys(method_of(row) for row, (_, eligible) in SCREEN.items() if eligible))
 
 
 def run_dir(output_dir: Path, stage: str, row: str, seed: int) -> Path:
@@ -148,7 +138,7 @@ def last_logged(result: dict, key: str) -> float | None:
 def choose(screen: dict[str, dict[int, dict]], top: int = 1) -> dict[str, list[str]]:
     """Per method, the ``top`` eligible rows with the highest seed-1 validation BLEU of the screen, best first."""
     chosen = {}
-    for method in ("dhicm", "eadra"):
+    for method in METHODS:
         rows = [row for row in screen if method_of(row) == method and SCREEN[row][1] and 1 in screen[row]]
         if rows:
             chosen[method] = sorted(rows, key=lambda row: -screen[row][1]["scores"]["validation"]["bleu"])[:top]
@@ -161,7 +151,7 @@ def confirmed_choice(confirm: dict[str, dict[int, dict]]) -> dict[str, str]:
         return statistics.mean(run["scores"]["validation"]["bleu"] for run in confirm[row].values())
 
     chosen = {}
-    for method in ("dhicm", "eadra"):
+    for method in METHODS:
         rows = [row for row in confirm if method_of(row) == method]
         if rows:
             chosen[method] = max(rows, key=mean_bleu)
@@ -232,7 +222,7 @@ def main(argv=None) -> None:
     parser.add_argument("--multi30k_dir", type=Path, default=HERE.parent.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--rows", nargs="+", help="screen: these rows only (default: all of SCREEN)")
     parser.add_argument("--choose", nargs="+", default=[], help="confirm: override the choice (rows of SCREEN)")
-    parser.add_argument("--methods", nargs="*", choices=["dhicm", "eadra"], default=["dhicm", "eadra"],
+    parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS),
                         help="confirm: the methods whose choice is confirmed (the baseline always runs)")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(CONFIRM_SEEDS), help="confirm: the seeds")
     parser.add_argument("--top", type=int, default=1,

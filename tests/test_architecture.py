@@ -2,6 +2,7 @@
 
 import ast
 import copy
+import dataclasses
 import inspect
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGenerati
 from hf_headattn.experiment.model_card import write_model_card
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.trainer import loss_components
-from hf_headattn.registry import readout_flags, register_method, registered_methods, unregister_method
+from hf_headattn.registry import readout, readout_flags, register_method, registered_methods, unregister_method
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hf_headattn"
@@ -112,6 +113,22 @@ def test_a_method_with_its_own_input_and_read_out_flag_needs_no_edit_elsewhere(t
     gated = model.generate(**source, toy_gate=torch.tensor([1.0, 50.0]), **kwargs).scores[0]
     torch.testing.assert_close(gated[:2], plain[:2])
     assert (gated[2:] - plain[2:]).abs().max() > 1e-4  # the gate reached the encoder of the second sentence
+
+
+def test_config_fields_and_read_outs_come_from_the_specs(toy):
+    """The config classes declare one field per method registered when they were made (default None); a method
+    registered later is an undeclared attribute (saved as well, above). ``readout`` pairs a spec's one flag with its
+    one output field that is not logged."""
+    fields = {f.name: f.default for f in dataclasses.fields(HeadAttnMBartConfig)}
+    assert {name: fields[name] for name in ("dhicm", "eadra", "sea")} == dict.fromkeys(("dhicm", "eadra", "sea"))
+    assert "toy" not in fields and HeadAttnMBartConfig(**TINY).to_dict()["sea"] is None
+    assert {spec.name: readout(spec) for spec in registered_methods() if spec.flags} == {
+        "sea": ("output_redundant_heads", "redundant_heads"), "dhicm": ("output_head_importance", "head_importances"),
+        "toy": ("output_toy_scales", "toy_scales")}
+    eadra = next(spec for spec in registered_methods() if spec.name == "eadra")
+    expected = r"method 'eadra' has read-out flags \[\] and read-out fields \[\]; expected one of each"
+    with pytest.raises(ValueError, match=expected):
+        readout(eadra)
 
 
 def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():

@@ -76,7 +76,9 @@ class _Regularizers(torch.autograd.Function):
     def forward(ctx, scores, support, query_mask):
         ctx.set_materialize_grads(False)
         with torch.autocast(scores.device.type, enabled=False):  # in the scores' dtype, also under autocast
-            return _terms(ctx, scores.masked_fill(~support, torch.finfo(scores.dtype).min), support, query_mask)
+            terms, a, saved = _terms(scores.masked_fill(~support, torch.finfo(scores.dtype).min), support, query_mask)
+        ctx.save_for_backward(a, *saved)
+        return terms
 
     @staticmethod
     @once_differentiable
@@ -289,16 +291,16 @@ def layer_case(kind, layers=3, heads=4, D=3, seed=7, dtype=torch.float64):
     return qs, ks, support[:, None], queries[:, None]
 
 
-@pytest.mark.parametrize("keep_cdf", [False, True])
+@pytest.mark.parametrize("recompute", [True, False])
 @pytest.mark.parametrize("num_heads", [2, 4])
 @pytest.mark.parametrize("kind", KINDS)
-def test_layer_regularizers_equal_the_definitions_layer_by_layer(kind, num_heads, keep_cdf):
-    """Terms and gradients (queries, keys, LPEA's bias), whether the backward recomputes the CDF or takes the
-    forward's (``keep_cdf``)."""
+def test_layer_regularizers_equal_the_definitions_layer_by_layer(kind, num_heads, recompute):
+    """Terms and gradients (queries, keys, LPEA's bias), whether the backward recomputes the probabilities from the
+    queries and keys or takes the forward's (``recompute``)."""
     qs, ks, support, queries = layer_case(kind)
     bias = torch.randn(support.shape[0], 1, *support.shape[2:], dtype=torch.float64, requires_grad=True)  # LPEA's
     weights = (0.7, -1.3, 0.05)
-    fused = layer_regularizers(qs, ks, num_heads, 0.4, support, queries, bias, keep_cdf)
+    fused = layer_regularizers(qs, ks, num_heads, 0.4, support, queries, bias, recompute)
     sum(w * t.sum() for w, t in zip(weights, fused)).backward()
     fused_grads = [x.grad.clone() for x in (*qs, *ks, bias)]
     for x in (*qs, *ks, bias):
@@ -323,9 +325,9 @@ def test_layer_regularizers_gradcheck_float64():
     qs, ks = [q[:1, :, :4, :].detach().requires_grad_() for q in qs], [k[:1, :, :4].detach().requires_grad_() for k in ks]
     support, queries = support[:1, :, :4, :4], queries[:1, :, :4]
 
-    for keep_cdf in (False, True):
+    for recompute in (True, False):
         def f(*x):
-            return layer_regularizers(x[:2], x[2:], 2, 0.7, support, queries, None, keep_cdf)
+            return layer_regularizers(x[:2], x[2:], 2, 0.7, support, queries, None, recompute)
 
         assert torch.autograd.gradcheck(f, (*qs, *ks))
 

@@ -357,23 +357,37 @@ def test_terms_no_component_weighs_get_no_backward(monkeypatch, alphas, skipped)
     assert all(torch.isfinite(out.eadra_terms[f"encoder/{name}"]) for name in eadra.TERMS)
 
 
-@pytest.mark.parametrize("alpha_dist, kept", [(0.5, True), (0.0, False)])
-def test_the_cdf_is_kept_for_the_backward_only_when_r_dist_is_weighted(monkeypatch, alpha_dist, kept):
-    """The forward's 1 - 2 cumsum(a) is kept (one more map in memory, two passes fewer) only when R_dist is in the
-    objective; the gradients are the same either way."""
-    flags = []
+def _fused_nodes(loss):
+    """The backward nodes of EaDRA's fused pass in ``loss``'s graph."""
+    found, stack, seen = [], [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ == "_LayerRegularizersBackward":
+            found.append(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def test_the_backward_recomputes_the_probabilities_instead_of_keeping_them(monkeypatch):
+    """Issue #27: nothing of size (L, B, h, T, S) is kept for the backward pass (the queries and keys it keeps are the
+    attention's own); the gradients equal those of the pass that keeps the probabilities."""
     fused_pass = eadra.layer_regularizers
-    monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: flags.append(args[7]) or fused_pass(*args))
     grads = []
-    for keep in (kept, not kept):
+    for recompute in (True, False):
+        monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: fused_pass(*args, recompute=recompute))
         torch.manual_seed(0)
         config = HeadAttnMBartConfig(**TINY, dropout=0.0, attention_dropout=0.0, eadra={
-            c: {"alpha_dist": alpha_dist, "alpha_sent": 0.3} for c in ("encoder", "decoder")})
+            c: {"alpha_dist": 0.5, "alpha_sent": 0.3, "alpha_peak": 0.2} for c in ("encoder", "decoder", "cross")})
         model = HeadAttnMBartForConditionalGeneration(config)
-        if keep != kept:
-            monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: fused_pass(*args[:7], keep))
-        model(**batch()).eadra_loss.backward()
+        out = model(**batch())
+        (node,) = _fused_nodes(out.eadra_loss)
+        largest = max(t.numel() for t in node.saved_tensors if t is not None)
+        score_map = 6 * 2 * 3 * 6 * 6  # layers (one fused pass) x batch x regularized heads x T x S (padded to 6)
+        assert (largest < score_map) == recompute
+        out.eadra_loss.backward()
         grads.append([p.grad for p in model.parameters() if p.grad is not None])
-    assert flags == [kept]
     for got, expected in zip(*grads):
         torch.testing.assert_close(got, expected)

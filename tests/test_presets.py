@@ -174,10 +174,10 @@ def test_valid_keys_come_from_the_config_class(stock_checkpoint):
         pretrained_model(str(path), {"dhicm_layers": [-1]})
 
 
-def test_lpea_rule2_flag_reaches_the_config_and_the_collator():
+def test_rule2_setting_reaches_the_config_and_the_collator():
     from conftest import TINY
 
-    model_args, _, _ = parse("--method", "lpea_rhe", "--lpea_rule2", "literal")
+    model_args, _, _ = parse("--method", "lpea_rhe", "--method_settings", '{"sea": {"rule2": "literal"}}')
     settings = train_translation.settings_from(model_args)
     assert settings["sea"]["rule2"] == "literal"
     model = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, **settings))

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import torch
 
+from ..dhicm import METHOD
+from ..registry import readout
 from .plotting import pyplot, save_figure
 
+#: DHICM's read-out: the forward flag that asks for the importances, and the output field that holds them.
+FLAG, FIELD = readout(METHOD)
 
 
 @torch.no_grad()
@@ -30,10 +34,10 @@ def mean_head_importance(model, batches: Iterable[dict]) -> dict[str, list[float
     sums, counts = {}, {}
     for batch in batches:
         batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        out = model(**batch, output_head_importance=True)
-        if not out.head_importances:
-            raise ValueError("the model returned no head importances: switch DHICM on (config.dhicm)")
-        for name, G in out.head_importances.items():  # (B, T, H), zero at padding
+        importances = getattr(model(**batch, **{FLAG: True}), FIELD)
+        if not importances:
+            raise ValueError(f"the model returned no head importances: switch DHICM on (config.{METHOD.name})")
+        for name, G in importances.items():  # (B, T, H), zero at padding
             real = G.sum(-1) > 0
             sums[name] = sums.get(name, 0) + G.sum((0, 1)).double()
             counts[name] = counts.get(name, 0) + int(real.sum())
@@ -54,12 +58,12 @@ def sentence_head_importance(model, tokenizer, source: str | None, target: str |
     if inputs is None:
         inputs = tokenizer(source, text_target=target, return_tensors="pt")
     inputs = {k: v[:1].to(model.device) for k, v in inputs.items()}
-    out = model(**inputs, output_head_importance=True)
-    if module not in (out.head_importances or {}):
-        raise ValueError(f"no DHICM module named {module!r}; the model has {sorted(out.head_importances or {})}")
+    importances = getattr(model(**inputs, **{FLAG: True}), FIELD) or {}
+    if module not in importances:
+        raise ValueError(f"no DHICM module named {module!r}; the model has {sorted(importances)}")
     ids = inputs["input_ids"] if module.startswith("encoder") else inputs["labels"]
     real = ids[0].ne(-100) & ids[0].ne(tokenizer.pad_token_id)
-    return tokenizer.convert_ids_to_tokens(ids[0][real]), out.head_importances[module][0][real.to(model.device)].cpu()
+    return tokenizer.convert_ids_to_tokens(ids[0][real]), importances[module][0][real.to(model.device)].cpu()
 
 
 def plot_head_importance(importance: torch.Tensor, tokens: list[str], path: str | Path, title: str = "") -> Path:

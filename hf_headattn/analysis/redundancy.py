@@ -8,7 +8,12 @@ from pathlib import Path
 import torch
 
 from ..registry import method_inputs
+from ..registry import readout as spec_readout
+from ..sea import METHOD
 from .plotting import pyplot, save_figure
+
+#: RHE's read-out: the forward flag that asks for the redundant-head labels, and the output field that holds them.
+FLAG, FIELD = spec_readout(METHOD)
 
 
 def count_redundant_heads(readouts: Iterable[Mapping[str, torch.Tensor]]) -> dict:
@@ -27,8 +32,8 @@ def count_redundant_heads(readouts: Iterable[Mapping[str, torch.Tensor]]) -> dic
     sentences = 0
     for readout in readouts:
         if not readout:
-            raise ValueError("a batch gave no redundant-head labels: the model needs RHE on (config.sea "
-                             "set) and output_redundant_heads=True")
+            raise ValueError(f"a batch gave no redundant-head labels: the model needs RHE on (config.{METHOD.name} "
+                             f"set) and {FLAG}=True")
         batch_sizes = {labels.shape[0] for labels in readout.values()}
         if len(batch_sizes) != 1:
             raise ValueError(f"the modules' labels disagree on the batch size: {sorted(batch_sizes)}")
@@ -73,14 +78,13 @@ def redundancy_report(model, batches: Iterable[dict], plot_path: str | Path | No
             inputs = {k: v.to(model.device) for k, v in batch.items() if k in keep and v is not None}
             start = torch.full((inputs["input_ids"].shape[0], 1), model.config.decoder_start_token_id,
                                dtype=torch.long, device=model.device)
-            yield model(**inputs, decoder_input_ids=start, output_redundant_heads=True).redundant_heads
+            yield getattr(model(**inputs, decoder_input_ids=start, **{FLAG: True}), FIELD)
 
     try:
         report = count_redundant_heads(readouts())
     finally:
         model.train(was_training)
-    config = model.config
-    report["settings"] = config.sea
+    report["settings"] = getattr(model.config, METHOD.name)
     if plot_path is not None:
         plot_redundancy(report, plot_path)
     return report

@@ -33,8 +33,12 @@ from typing import Any
 
 from transformers import EarlyStoppingCallback
 
+from ..dhicm import METHOD as DHICM
 from ..eadra import DEFAULTS as EADRA_DEFAULTS
+from ..eadra import METHOD as EADRA
 from ..registry import registered_methods, uses_syntax  # noqa: F401  (uses_syntax: re-exported for the recipes)
+from ..sea import METHOD as SEA
+
 
 def method_names() -> dict[str, dict]:
     """Recipe method names -> config fields, from the registered methods' presets (plus "baseline")."""
@@ -150,6 +154,8 @@ def refuse_architecture(settings: dict, model_name_or_path: str) -> None:
 
 
 # --- the papers' presets ----------------------------------------------------------------------------------------
+# The papers' tables, as data named after their paper and keyed by preset names (``--preset``: training flags and
+# architectures, which a method's spec does not hold); the config fields they set are named by the specs.
 
 
 @dataclass(frozen=True)
@@ -222,7 +228,7 @@ def _dhicm_presets() -> dict[str, Preset]:
             DHICM_TABLE_2.items()):
         config = {"encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "encoder_attention_heads": heads,
                   "decoder_attention_heads": heads, "activation_dropout": activation_dropout}
-        overrides = {} if dhicm_dropout is None else {"dhicm": {"dropout": dhicm_dropout}}
+        overrides = {} if dhicm_dropout is None else {DHICM.name: {"dropout": dhicm_dropout}}
         label = "default column (Transformer-base)" if column == "default" else f"optimal {column} column"
         presets[f"dhicm_{column}"] = Preset(
             doc=f"DHICM (Goindani & Shrivastava 2021) Table 2, {label}; training of §4.3. --method baseline gives "
@@ -247,7 +253,7 @@ def _eadra_presets() -> dict[str, Preset]:
                 doc=f"EaDRA (Araabi, Niculae & Monz) Appendix A Table 6, EaDRA_{short} on {data_set}: alpha_dist "
                     f"{alpha_dist}, alpha_sent {alpha_sent}; Transformer-base (§4.2). Combine components with '+' "
                     f"(e.g. eadra_enc_{data_set}+eadra_dec_{data_set}: Table 6's values, as in the paper).",
-                flags=dict(TRANSFORMER_BASE), config={"eadra": {EADRA_COMPONENTS[short]: alphas, **PAPER_READING}},
+                flags=dict(TRANSFORMER_BASE), config={EADRA.name: {EADRA_COMPONENTS[short]: alphas, **PAPER_READING}},
             )
     wmt = EADRA_TABLE_6["wmt_en_de_100k"]
     for short in ("enc", "dec"):
@@ -255,8 +261,8 @@ def _eadra_presets() -> dict[str, Preset]:
         presets[f"eadra_mbart_{short}"] = Preset(
             doc=f"EaDRA §5.4 (Table 5, mBART fine-tuning): EaDRA_{short} with Table 6's WMT En-De (100k) alphas "
                 "on two heads. Fine-tuning: no architecture or training flags.",
-            config={"eadra": {EADRA_COMPONENTS[short]: {"alpha_peak": 0.0, "alpha_dist": alpha_dist,
-                                                       "alpha_sent": alpha_sent, "num_heads": 2}, **PAPER_READING}},
+            config={EADRA.name: {EADRA_COMPONENTS[short]: {"alpha_peak": 0.0, "alpha_dist": alpha_dist,
+                                                           "alpha_sent": alpha_sent, "num_heads": 2}, **PAPER_READING}},
         )
     return presets
 
@@ -270,7 +276,7 @@ PRESETS: dict[str, Preset] = {
             "the last 10 checkpoints: recipes/average_checkpoints.py --last 10), Table 3 (k = 6), LPEA+RHE on the "
             "first encoder layer (Appendix A.2).",
         flags={**TRANSFORMER_BASE, "method": "lpea_rhe"},
-        method_overrides={"sea": {"max_relative_position": 6, "layers": [0]}},
+        method_overrides={SEA.name: {"max_relative_position": 6, "layers": [0]}},
     ),
 }
 

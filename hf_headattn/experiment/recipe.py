@@ -44,9 +44,6 @@ class ModelArguments:
     dropout: float = field(default=0.1, metadata={"help": "From scratch: dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "From scratch: attention dropout"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
-    lpea_rule2: str | None = field(default=None, metadata={
-        "help": "LPEA/SEA local phrases: Rule 2 of the RHE paper read as 'symmetric' (default) or 'literal' (j < i "
-                "only); stored in the config (sea['rule2'])", "choices": ["symmetric", "literal"]})
     preset: str | None = field(default=None, metadata={"help": "Paper preset(s) joined by '+', see presets.PRESETS; "
                                                               "flags you pass win over the preset's"})
     early_stopping_patience: int | None = field(default=None, metadata={
@@ -89,8 +86,6 @@ def settings_from(args: ModelArguments) -> dict:
         settings = preset(args.preset).apply(settings)
     # a method's dict updates the preset's (issue 28: replacing it dropped the preset's layers, and so the method)
     settings = merge_settings(settings, parse_method_settings(args.method_settings))
-    if args.lpea_rule2 is not None and settings.get("sea") is not None:
-        settings["sea"] = {**settings["sea"], "rule2": args.lpea_rule2}
     if args.model_name_or_path:
         refuse_architecture(settings, args.model_name_or_path)  # its keys are checked when it loads
     else:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from ..registry import registered_methods
 from .presets import ARCHITECTURE_FIELDS, merge_settings
 
 #: Grid keys that set architecture config fields; the two aliases set the encoder's and the decoder's together.
@@ -34,9 +35,11 @@ ARCHITECTURE = {
     "ffn_dim": ("encoder_ffn_dim", "decoder_ffn_dim"),
     **{name: (name,) for name in ARCHITECTURE_FIELDS},
 }
-#: Grid keys that are regularization config fields (DHICM §4.2 and Table 2); ``<method>.<setting>`` is one setting of
-#: a method's dict (``dhicm.dropout``: ``config.dhicm["dropout"]``).
-REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout", "dhicm.dropout", "label_smoothing")
+#: Grid keys that are regularization config fields (DHICM §4.2 and Table 2); ``<method>.dropout`` is the ``dropout``
+#: setting of a registered method's dict (``dhicm.dropout``: ``config.dhicm["dropout"]``).
+METHOD_DROPOUTS = tuple(f"{spec.name}.dropout" for spec in registered_methods()
+                        if "dropout" in spec.settings.__dataclass_fields__)
+REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout", *METHOD_DROPOUTS, "label_smoothing")
 #: Grid keys that are ``TrainingArguments`` fields (``hyperparameter_search`` sets them on the trial's arguments).
 TRAINING = ("learning_rate", "warmup_steps", "weight_decay")
 KNOWN_HYPERPARAMETERS = (*ARCHITECTURE, *REGULARIZATION, *TRAINING)

@@ -1,5 +1,5 @@
-"""What the study recipes share (``recipes/converged_study.py``, and what ``recipes/fidelity_study.py`` writes the same
-way; recipes do not import each other): ``make demo``'s schedule, the rows' method settings written out in full, the
+"""What the study recipes share (``recipes/converged_study.py``; ``recipes/fidelity_study.py`` its rows' settings;
+recipes do not import each other): ``make demo``'s schedule, the rows' method settings written out in full, the
 shared tokenizer, the references, the git commit, and scoring a saved model on a split the way training scores it.
 The tables' helpers (mean ± sd, per-seed paired bootstrap) are in :mod:`~hf_headattn.experiment.evaluation`.
 """
@@ -12,7 +12,10 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..dhicm import METHOD as DHICM
 from ..eadra import DEFAULTS as EADRA_DEFAULTS
+from ..eadra import METHOD as EADRA
+from ..sea import METHOD as SEA
 
 #: ``make demo``'s schedule (recipes/demo.py) without its length: the tiny shape, batches of 64 sentences, lr 2e-3
 #: with inverse-square-root decay after 100 warm-up steps.
@@ -30,7 +33,7 @@ EADRA_COMPONENTS = ("encoder", "decoder")
 
 def dhicm_settings(reduction: str, weight: float, mode: str = "paper") -> dict:
     """DHICM on the last encoder and the last decoder layer, every field written out."""
-    return {"dhicm": {**DHICM_LAYERS, "kl_reduction": reduction, "kl_weight": weight, "mode": mode}}
+    return {DHICM.name: {**DHICM_LAYERS, "kl_reduction": reduction, "kl_weight": weight, "mode": mode}}
 
 
 def eadra_settings(dist: str, *, warmup: int = 0, scale: float = 1.0, alpha_scale: float = 1.0) -> dict:
@@ -39,14 +42,14 @@ def eadra_settings(dist: str, *, warmup: int = 0, scale: float = 1.0, alpha_scal
     explicit, so that later default changes do not change a row."""
     components = {name: {"alpha_peak": 0.0, "alpha_sent": EADRA_DEFAULTS[name]["alpha_sent"] * scale,
                          "alpha_dist": EADRA_DEFAULTS[name]["alpha_dist"] * scale} for name in EADRA_COMPONENTS}
-    return {"eadra": {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup,
-                      "alpha_scale": alpha_scale}}
+    return {EADRA.name: {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup,
+                         "alpha_scale": alpha_scale}}
 
 
 def sea_settings(kind: str, heads: str = "redundant") -> dict:
     """DEA (``kind="dea"``) or LPEA (``"lpea"``) on the redundant heads (RHE) of the first encoder layer (the presets
     ``dea_rhe``/``lpea_rhe``), with k = 6 and our reading of Rule 2 written out."""
-    return {"sea": {"type": kind, "heads": heads, "layers": [0], "max_relative_position": 6, "rule2": "symmetric"}}
+    return {SEA.name: {"type": kind, "heads": heads, "layers": [0], "max_relative_position": 6, "rule2": "symmetric"}}
 
 
 def prepare_tokenizer(tokenizer_dir: str | Path, multi30k_dir: str | Path, vocab_size: int = 6000,

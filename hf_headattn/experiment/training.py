@@ -172,13 +172,13 @@ def parses_file_name(split: str, src: str) -> str:
 
 
 def collator(tokenizer, model, settings: dict):
-    """The batch collator: the syntax collator when SEA/RHE needs its tensors (reading Rule 2 as the model's
-    ``config.sea["rule2"]`` or the settings say), else ``DataCollatorForSeq2Seq``."""
+    """The batch collator: the syntax collator when a method switched on in ``settings`` needs syntax (reading Rule 2
+    as the model's config or the settings say, :meth:`~hf_headattn.syntax.DataCollatorForSyntaxSeq2Seq.for_model`),
+    else ``DataCollatorForSeq2Seq``."""
     if uses_syntax(settings):
         from ..syntax import DataCollatorForSyntaxSeq2Seq
 
-        rule2 = (getattr(getattr(model, "config", None), "sea", None) or settings.get("sea") or {}).get("rule2", "symmetric")
-        return DataCollatorForSyntaxSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8, rule2=rule2)
+        return DataCollatorForSyntaxSeq2Seq.for_model(tokenizer, model, settings, pad_to_multiple_of=8)
     return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
 
 

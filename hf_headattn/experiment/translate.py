@@ -128,7 +128,9 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         generate_kwargs["max_length"] = model.config.max_position_embeddings
     syntax = model_parser(model.config, parser) if any(spec.uses_syntax for spec in active_methods(model.config)) else None
     if syntax is None and parser is not None:
-        logger.warning("the model uses no syntax (no SEA/RHE); the parser is not used")
+        syntax_methods = [spec.name for spec in registered_methods() if spec.uses_syntax]
+        logger.warning(f"the model switches on no method that reads syntax ({', '.join(syntax_methods)}); the parser "
+                       "is not used")
 
     todo = [i for i, text in enumerate(texts) if text.strip()]
     full = [len(ids) for ids in tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]] if todo else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,7 +10,9 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 from transformers.utils import PaddingStrategy
 
-from ..sea_math import LPEA_RULE2
+from ..sea import METHOD as SEA
+from ..sea import SEASettings
+from ..sea import RULE2
 from ..settings_checks import check_choice
 from .dataset import SPECIAL_TOKEN_VALUES, TOKEN_COLUMNS
 from .features import token_dependency_mask, token_phrase_positions
@@ -35,16 +38,23 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
     holds what the parent returns (``input_ids``, ``attention_mask``, ``labels``, ``decoder_input_ids`` given a
     ``model``) plus these two tensors. Needs ``padding`` enabled. ``rule2``: "symmetric" (default) or "literal", the
     reading of the paper's Rule 2 (:func:`~hf_headattn.syntax.features.local_phrases`); take it from the model's
-    ``config.sea["rule2"]`` so that inference reads the phrases as training did.
+    ``config.sea["rule2"]`` so that inference reads the phrases as training did (:meth:`for_model` does).
     """
 
-    rule2: str = "symmetric"
+    rule2: str = SEASettings.rule2  # SEA's default reading
+
+    @classmethod
+    def for_model(cls, tokenizer, model, settings: Mapping | None = None, **kwargs) -> DataCollatorForSyntaxSeq2Seq:
+        """The collator of ``model``, reading Rule 2 as its config's SEA settings say (else as ``settings`` do, config
+        fields such as a recipe's; else SEA's default), so that inference reads the phrases as training did."""
+        values = getattr(getattr(model, "config", None), SEA.name, None) or (settings or {}).get(SEA.name) or {}
+        return cls(tokenizer, model=model, rule2=values.get("rule2", cls.rule2), **kwargs)
 
     def __call__(self, features, return_tensors=None):
         return_tensors = return_tensors or self.return_tensors
         if return_tensors not in ("pt", "np"):
             raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}")
-        check_choice(self.rule2, "rule2", LPEA_RULE2)
+        check_choice(self.rule2, "rule2", RULE2)
         if self.padding is False or self.padding == PaddingStrategy.DO_NOT_PAD:
             raise ValueError(f"{type(self).__name__} needs padded input_ids; got padding={self.padding!r}")
         lengths = np.array([len(f["input_ids"]) for f in features])

@@ -20,7 +20,8 @@ import numpy as np
 
 # ``phrase_positions`` value for token pairs outside each other's local phrase, and for padding; Figure 3 writes this
 # entry as infinity. The model clips the other values to ``[-k, k]`` and masks this one. Defined once, model side.
-from ..sea_math import LPEA_RULE2, NOT_IN_PHRASE
+from ..sea import RULE2
+from ..sea_math import NOT_IN_PHRASE
 from ..settings_checks import check_choice
 
 
@@ -108,7 +109,7 @@ def apply_rule2(rule1: np.ndarray, rule2: str = "symmetric") -> np.ndarray:
     ``"symmetric"``: ``rule1 | rule1^T``. ``"literal"``: ``rule1[i, j] | (rule1[j, i] & (j < i))``, Rule 2 as the
     paper prints it. (..., n, n) bool -> (..., n, n) bool.
     """
-    check_choice(rule2, "rule2", LPEA_RULE2)
+    check_choice(rule2, "rule2", RULE2)
     transposed = np.swapaxes(rule1, -1, -2)
     if rule2 == "literal":
         transposed = transposed & np.tri(rule1.shape[-1], k=-1, dtype=bool)  # j < i: below the diagonal

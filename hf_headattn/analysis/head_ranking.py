@@ -1,0 +1,209 @@
+"""Head importance over a dataset by several criteria, and which heads to prune by it (issue #25).
+
+:func:`head_importance` returns, per criterion, a (layers, heads) tensor per attention kind (``"encoder"``,
+``"decoder"``, ``"cross"``, as :mod:`hf_headattn.head_masks`), in the original head numbering; higher means more
+important. ``NaN`` marks heads that are pruned or that the criterion does not score (a method's criterion scores the
+modules that carry the method). Padding never counts. The criteria:
+
+* ``gradient`` (Michel et al. 2019, §4.1, Eq. 2): I_h = E_x |dL(x)/d xi_h|, the expected absolute gradient of the
+  loss to head h's mask variable, per sentence (one mask per sentence, so one backward pass gives every sentence's
+  gradient), L the summed token NLL of the sentence; then normalised per layer by its L2 norm, as their code does.
+* ``confidence`` (Voita et al. 2019, §4.1): the mean over real query tokens of the head's largest attention weight,
+  end-of-sentence queries left out (our reading of "excluding the end of sentence symbol").
+* ``entropy``: 1 minus the mean over real queries of the normalised attention entropy H(a) / log n (n the keys a
+  query can see): the quantity EaDRA regularizes (Araabi et al., Eq. 1-2); focused heads score high.
+* the methods' own criteria (``MethodSpec.head_importance``): ``dhicm``, the mean DHICM importance G over real tokens
+  (Goindani & Shrivastava 2021, Eq. 1); ``rhe``, 1 minus the share of sentences in which RHE marks the head
+  redundant (Zhang et al. 2021, Eq. 10).
+* ``random``: uniform in [0, 1), seeded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from ..eadra_math import normalized_entropy
+from ..head_masks import KINDS, kind_of, mask_shape
+from ..losses import IGNORE_INDEX
+from ..pruning import routed_modules
+from ..registry import readout, registered_methods
+
+BUILT_IN = ("gradient", "confidence", "entropy", "random")
+#: The attention outputs of each kind, as transformers names them.
+ATTENTION_OUTPUTS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+
+
+def method_criteria() -> dict:
+    """``{criterion name: method spec}`` of the registered methods that score heads."""
+    return {spec.head_importance[0]: spec for spec in registered_methods() if spec.head_importance}
+
+
+def criteria() -> list[str]:
+    """Every criterion :func:`head_importance` knows."""
+    return [*BUILT_IN, *method_criteria()]
+
+
+class _Sums:
+    """Per criterion and kind, sums and counts in the original (layers, heads) numbering."""
+
+    def __init__(self, model, names):
+        self.modules = routed_modules(model)
+        self.sums = {name: {kind: torch.zeros(mask_shape(model.config, kind), dtype=torch.float64) for kind in KINDS}
+                     for name in names}
+        self.counts = {name: {kind: torch.zeros_like(table) for kind, table in kinds.items()}
+                       for name, kinds in self.sums.items()}
+
+    def add(self, name: str, module, values: torch.Tensor, count) -> None:
+        """Add (heads,) ``values`` (current numbering) of ``module`` and ``count`` items to criterion ``name``."""
+        heads = slice(None) if module.headattn_heads is None else list(module.headattn_heads.numbers)
+        kind, layer = kind_of(module), module.headattn_layer
+        self.sums[name][kind][layer, heads] += values.detach().double().cpu()
+        self.counts[name][kind][layer, heads] += float(count)
+
+    def means(self, name: str) -> dict[str, torch.Tensor]:
+        return {kind: torch.where(self.counts[name][kind] > 0, self.sums[name][kind] / self.counts[name][kind].clamp(
+            min=1), float("nan")).float() for kind in KINDS}
+
+
+def head_importance(model, batches: Iterable[dict], criteria_: Iterable[str] = BUILT_IN,
+                    seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
+    """``{criterion: {kind: (layers, heads) importance}}`` of ``model``'s heads over ``batches`` (dicts of model
+    inputs with ``labels``, e.g. from ``DataCollatorForSeq2Seq``; add the syntax inputs for ``rhe``).
+
+    The model runs in eval mode (no dropout) and is left as it was; ``confidence`` and ``entropy`` run it with the
+    eager backend (for the attention weights), then restore the backend.
+    """
+    names = list(dict.fromkeys(criteria_))
+    known, methods = criteria(), method_criteria()
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown head importance criteria {unknown}; expected some of {known}")
+    sums = _Sums(model, [name for name in names if name != "random"])
+    was_training, backend = model.training, model.config._attn_implementation
+    model.eval()
+    try:
+        for batch in batches:
+            batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            if "labels" not in batch:
+                raise ValueError(f"head_importance needs batches with labels, got the keys {sorted(batch)}")
+            if "gradient" in names:
+                _gradient(model, batch, sums)
+            if {"confidence", "entropy"} & set(names):
+                model.set_attn_implementation("eager")
+                _attention_statistics(model, batch, sums, names)
+                model.set_attn_implementation(backend)
+            for name in names:
+                if name in methods:
+                    _method_criterion(model, batch, sums, name, methods[name])
+    finally:
+        model.set_attn_implementation(backend)
+        model.train(was_training)
+    results = {name: sums.means(name) for name in names if name != "random"}
+    if "gradient" in results:
+        results["gradient"] = {kind: _per_layer_l2(table) for kind, table in results["gradient"].items()}
+    if "random" in names:
+        generator = torch.Generator().manual_seed(seed)
+        results["random"] = {kind: torch.rand(mask_shape(model.config, kind), generator=generator) for kind in KINDS}
+        pruned = _pruned(model)
+        for kind, table in results["random"].items():
+            table[pruned[kind]] = float("nan")
+    return {name: results[name] for name in names}
+
+
+def _per_layer_l2(table: torch.Tensor) -> torch.Tensor:
+    """Each layer's importances divided by their L2 norm (Michel et al.'s code), NaN entries left out."""
+    norm = table.nan_to_num(0.0).pow(2).sum(-1, keepdim=True).sqrt()
+    return table / norm.clamp(min=1e-20)
+
+
+def _pruned(model) -> dict[str, torch.Tensor]:
+    """(layers, heads) bool per kind, True at pruned heads."""
+    pruned = {kind: torch.zeros(mask_shape(model.config, kind), dtype=torch.bool) for kind in KINDS}
+    for module in routed_modules(model).values():
+        if module.headattn_heads is not None:
+            row = torch.ones(pruned[kind_of(module)].shape[1], dtype=torch.bool)
+            row[list(module.headattn_heads.numbers)] = False
+            pruned[kind_of(module)][module.headattn_layer] = row
+    return pruned
+
+
+def _gradient(model, batch: dict, sums: _Sums) -> None:
+    """Michel et al.: |dL_b / d xi| per sentence b from per-sentence masks of ones, in one backward pass."""
+    size = batch["labels"].shape[0]
+    masks = {argument: torch.ones(size, *mask_shape(model.config, kind), device=model.device, requires_grad=True)
+             for kind, (_, _, argument) in KINDS.items()}
+    out = model(**batch, **masks)
+    tokens = batch["labels"].ne(IGNORE_INDEX).sum()
+    grads = torch.autograd.grad(out.nll_loss * tokens, list(masks.values()))
+    for (kind, _), grad in zip(KINDS.items(), grads):
+        table = grad.abs().sum(0)  # (layers, heads), original numbering (pruned heads: 0)
+        for module in routed_modules(model).values():
+            if kind_of(module) == kind:
+                heads = slice(None) if module.headattn_heads is None else list(module.headattn_heads.numbers)
+                sums.add("gradient", module, table[module.headattn_layer, heads], size)
+
+
+@torch.no_grad()
+def _attention_statistics(model, batch: dict, sums: _Sums, names: list[str]) -> None:
+    """Voita et al.'s confidence and EaDRA's normalised entropy from the eager backend's attention weights."""
+    out = model(**batch, output_attentions=True)
+    eos = model.config.eos_token_id
+    source = batch["attention_mask"].bool() if "attention_mask" in batch else batch["input_ids"].ne(
+        model.config.pad_token_id)
+    target = batch["labels"].ne(IGNORE_INDEX)
+    decoder_inputs = model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+    queries = {"encoder": source & batch["input_ids"].ne(eos), "decoder": target & decoder_inputs.ne(eos)}
+    queries["cross"] = queries["decoder"]
+    keys = {"encoder": source, "decoder": target, "cross": source}
+    for module in routed_modules(model).values():
+        kind = kind_of(module)
+        probs = getattr(out, ATTENTION_OUTPUTS[kind])[module.headattn_layer].float()  # (B, H, T, S)
+        query = queries[kind][:, None, :].to(probs.dtype)  # (B, 1, T)
+        count = query.sum()
+        if "confidence" in names:
+            sums.add("confidence", module, (probs.amax(-1) * query).sum((0, 2)), count)
+        if "entropy" in names:
+            support = keys[kind][:, None, None, :]
+            if kind == "decoder":
+                support = support & torch.ones(probs.shape[-2:], dtype=torch.bool, device=probs.device).tril()
+            entropy = normalized_entropy(probs, support)  # (B, H, T)
+            sums.add("entropy", module, ((1 - entropy) * query).sum((0, 2)), count)
+
+
+@torch.no_grad()
+def _method_criterion(model, batch: dict, sums: _Sums, name: str, spec) -> None:
+    """A method's criterion from its read-out (``MethodSpec.head_importance``)."""
+    flag, field = readout(spec)
+    found = False
+    values_of = spec.head_importance[1]
+    for module_name, (values, count) in values_of(getattr(model(**batch, **{flag: True}), field) or {}).items():
+        sums.add(name, sums.modules[module_name], values, count)
+        found = True
+    if not found:
+        raise ValueError(f"the criterion {name!r} needs {spec.name} switched on (config.{spec.name}), with its "
+                         "inputs in the batches")
+
+
+def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int) -> dict[str, list[int]]:
+    """The ``count`` least important heads by ``importance`` (``{kind: (layers, heads)}``, NaN: not a candidate),
+    as ``{module name: [original head numbers]}`` for :func:`hf_headattn.pruning.prune_heads`; the last head of a
+    module is never chosen. Fewer are returned when fewer are candidates."""
+    modules = {(kind_of(module), module.headattn_layer): module for module in routed_modules(model).values()}
+    candidates = sorted(
+        (float(value), kind, layer, head) for kind, table in importance.items()
+        for (layer, head), value in zip(torch.cartesian_prod(torch.arange(table.shape[0]),
+                                                             torch.arange(table.shape[1])).tolist(),
+                                        table.flatten().tolist())
+        if value == value  # not NaN
+    )
+    chosen: dict[str, list[int]] = {}
+    for _, kind, layer, head in candidates:
+        if sum(map(len, chosen.values())) == count:
+            break
+        module = modules[(kind, layer)]
+        taken = chosen.setdefault(module.headattn_name, [])
+        if module.num_heads - len(taken) > 1:
+            taken.append(head)
+    return {name: sorted(heads) for name, heads in chosen.items() if heads}

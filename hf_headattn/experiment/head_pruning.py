@@ -1,0 +1,117 @@
+"""Iterative head pruning as Michel et al. (2019, §6.1) do it, with any importance criterion (issue #25).
+
+Each step removes a share of the remaining heads, the least important by the criterion
+(:func:`~hf_headattn.analysis.head_ranking.heads_to_prune`), optionally fine-tunes, optionally recomputes the
+importance on the pruned model, and evaluates: BLEU and chrF on the evaluation sentences, the parameters, and
+``generate``'s sentences per second. ``recipes/prune_heads.py`` runs it per criterion and writes the JSON, the plot
+and the pruned model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from ..analysis.head_ranking import head_importance, heads_to_prune
+from ..head_masks import KINDS, mask_shape
+from .evaluation import compute_translation_metrics
+from .translate import translate
+
+#: A pruned model is judged "as good" as the unpruned one within this many BLEU points (issue #25, Michel et al.).
+BLEU_TOLERANCE = 0.5
+
+
+def total_heads(config) -> int:
+    """All attention heads of the unpruned model (encoder self, decoder self and cross)."""
+    return sum(math.prod(mask_shape(config, kind)) for kind in KINDS)
+
+
+def pruned_count(config) -> int:
+    return sum(len(heads) for heads in (config.pruned_heads or {}).values())
+
+
+def evaluate(model, tokenizer, sources: Sequence[str], references: Sequence[str], **generate_kwargs) -> dict:
+    """BLEU/chrF of ``translate`` (beam search as ``generate_kwargs`` say), the parameters and sentences/s."""
+    start = time.perf_counter()
+    hypotheses = translate(model, tokenizer, list(sources), **generate_kwargs)
+    seconds = time.perf_counter() - start
+    metrics = compute_translation_metrics(hypotheses, references)
+    return {"bleu": metrics["bleu"], "chrf": metrics["chrf"], "bleu_signature": metrics["bleu_signature"],
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "sentences_per_second": len(sources) / seconds}
+
+
+def iterative_pruning(model, criterion: str, importance_batches: Callable[[], Iterable[dict]],
+                      evaluate_model: Callable[[torch.nn.Module], dict], *, step_share: float = 0.1,
+                      max_share: float = 0.9, recompute: bool = True,
+                      finetune: Callable[[torch.nn.Module], None] | None = None, seed: int = 0,
+                      log: Callable[[str], None] = print) -> list[dict]:
+    """Prune ``model`` in place step by step; returns one record per step, the unpruned model first.
+
+    Each record: ``share`` (of all heads pruned), ``heads_pruned``, ``pruned`` (``config.pruned_heads``) and what
+    ``evaluate_model`` returns. Each step prunes ``max(1, round(step_share * remaining heads))`` heads, never more
+    than ``max_share`` of all heads and never a module's last head; it stops when nothing is left to prune.
+    ``importance_batches()`` gives the batches the importance is computed on (each time it is recomputed).
+    """
+    if not 0 < step_share <= 1 or not 0 < max_share < 1:
+        raise ValueError(f"step_share must be in (0, 1] and max_share in (0, 1), got {step_share!r}, {max_share!r}")
+    total = total_heads(model.config)
+    records = [_record(model, total, evaluate_model)]
+    log(f"{criterion}: unpruned BLEU {records[0]['bleu']:.2f}")
+    importance = head_importance(model, importance_batches(), [criterion], seed=seed)[criterion]
+    limit = math.floor(max_share * total)
+    while pruned_count(model.config) < limit:
+        remaining = total - pruned_count(model.config)
+        count = min(max(1, round(step_share * remaining)), limit - pruned_count(model.config))
+        chosen = heads_to_prune(model, importance, count)
+        if not chosen:
+            break
+        model.prune_heads(chosen)
+        if finetune is not None:
+            finetune(model)
+        records.append(_record(model, total, evaluate_model))
+        log(f"{criterion}: {records[-1]['heads_pruned']}/{total} heads pruned, BLEU {records[-1]['bleu']:.2f}")
+        if recompute and pruned_count(model.config) < limit:
+            importance = head_importance(model, importance_batches(), [criterion], seed=seed)[criterion]
+    return records
+
+
+def _record(model, total: int, evaluate_model) -> dict:
+    pruned = pruned_count(model.config)
+    return {"share": pruned / total, "heads_pruned": pruned,
+            "pruned": {name: list(heads) for name, heads in (model.config.pruned_heads or {}).items()},
+            **evaluate_model(model)}
+
+
+def largest_share_within(records: Sequence[dict], tolerance: float = BLEU_TOLERANCE) -> dict:
+    """The record with the largest share pruned whose BLEU is within ``tolerance`` of the unpruned record's
+    (``records[0]``), before the first step that falls below it (the unpruned record if none is)."""
+    chosen = records[0]
+    for record in records[1:]:
+        if record["bleu"] < records[0]["bleu"] - tolerance:
+            break
+        chosen = record
+    return chosen
+
+
+def finetuning(batches: Callable[[], Iterable[dict]], steps: int, learning_rate: float) -> Callable:
+    """A ``finetune`` for :func:`iterative_pruning`: ``steps`` AdamW steps on ``batches()`` (cycled), then eval
+    mode."""
+    def finetune(model) -> None:
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
+        model.train()
+        done = 0
+        while done < steps:
+            for batch in batches():
+                batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+                model(**batch).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                done += 1
+                if done == steps:
+                    break
+        model.eval()
+    return finetune

@@ -1,0 +1,139 @@
+"""Head masks: scale each attention head's output before ``out_proj`` (transformers 4's ``head_mask``, removed in 5).
+
+Three kinds, each a (layers, heads) mask in the model's *original* head numbering (a pruned head keeps its number,
+see :mod:`hf_headattn.pruning`):
+
+* ``"encoder"``: encoder self-attention, forward argument ``head_mask``;
+* ``"decoder"``: decoder self-attention, ``decoder_head_mask``;
+* ``"cross"``: cross-attention, ``cross_attn_head_mask``.
+
+A forward argument may also be (batch, layers, heads), one mask per sentence (what ``generate`` expands for beams).
+A mask kept on the model (:meth:`set_head_mask`) applies to every forward and to ``generate``; with a forward argument
+too, their product applies. Head h of a module outputs ``m_h * O_h``: 1 keeps it, 0 removes it (as pruning it does,
+see the methods' :meth:`~hf_headattn.attention.AttentionMethod` docs for what a masked head means to a method that
+mixes heads), values between scale it. The mask is differentiable: with ``requires_grad`` its gradient is the head
+importance of Michel et al. (2019). With the eager backend, returned attention weights are scaled alike
+(transformers 4 did so).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: Mask kind -> (side, attention kind, forward argument).
+KINDS = {
+    "encoder": ("encoder", "self", "head_mask"),
+    "decoder": ("decoder", "self", "decoder_head_mask"),
+    "cross": ("decoder", "cross", "cross_attn_head_mask"),
+}
+#: The forward arguments, in :data:`KINDS` order.
+ARGUMENTS = tuple(argument for _, _, argument in KINDS.values())
+
+
+def kind_of(module: nn.Module) -> str:
+    """The mask kind of an attention module tagged by :func:`hf_headattn.attention.route`."""
+    return "cross" if module.headattn_kind == "cross" else module.headattn_side
+
+
+def mask_shape(config, kind: str) -> tuple[int, int]:
+    """(layers, heads) of a ``kind`` mask, heads in the original numbering."""
+    side = KINDS[kind][0]
+    return getattr(config, f"{side}_layers"), getattr(config, f"{side}_attention_heads")
+
+
+def check_head_mask(mask, config, kind: str, name: str, per_sentence: bool = True) -> torch.Tensor:
+    """``mask`` if it is a valid ``kind`` mask, else a ``ValueError`` naming ``name``, what it got and what was
+    expected: a floating tensor of shape (layers, heads), or (batch, layers, heads) with ``per_sentence``."""
+    layers, heads = mask_shape(config, kind)
+    shapes = f"(layers, heads) = {(layers, heads)}" + (" or (batch, layers, heads)" if per_sentence else "")
+    if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
+        got = type(mask).__name__ if not isinstance(mask, torch.Tensor) else f"a {mask.dtype} tensor"
+        raise ValueError(f"{name} must be a floating tensor of shape {shapes} (1 keeps a head, 0 removes it), "
+                         f"got {got}")
+    if tuple(mask.shape[-2:]) != (layers, heads) or mask.dim() not in ((2, 3) if per_sentence else (2,)):
+        hint = (" (generate repeats a (layers, heads) mask for beams: pass one mask per sentence, or keep it on the "
+                "model with set_head_mask)") if mask.dim() == 2 and mask.shape[1] == heads else ""
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {shapes}{hint}")
+    return mask
+
+
+def module_rows(mask: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """The rows of a (layers, heads) or (batch, layers, heads) mask for one attention module: (1 or batch, its
+    heads), in its current numbering (its pruned heads left out)."""
+    rows = mask[..., module.headattn_layer, :]
+    rows = rows if rows.dim() == 2 else rows.unsqueeze(0)
+    kept = module.headattn_heads
+    return rows if kept is None else rows.index_select(-1, kept.on(rows.device))
+
+
+def module_head_mask(module: nn.Module, kwargs: dict) -> torch.Tensor | None:
+    """The head mask of one attention call, (1 or batch, heads): the module's kept mask times the forward
+    argument's rows; ``None`` when neither is set. The forward arguments are removed from ``kwargs``."""
+    given = [kwargs.pop(argument, None) for argument in ARGUMENTS]
+    given = given[list(KINDS).index(kind_of(module))]
+    kept = module.headattn_head_mask
+    if given is None:
+        return kept
+    rows = module_rows(given, module)
+    return rows if kept is None else rows * kept
+
+
+def scale_heads(attn_output: torch.Tensor, head_mask: torch.Tensor) -> torch.Tensor:
+    """Each head's output times its mask: attn_output (B, T, H, D), head_mask (1 or B, H)."""
+    return attn_output * head_mask[:, None, :, None].to(attn_output.dtype)
+
+
+def scale_weights(attn_weights: torch.Tensor | None, head_mask: torch.Tensor) -> torch.Tensor | None:
+    """Attention weights (B, H, T, S), as the eager backend returns them, times the head mask."""
+    return None if attn_weights is None else attn_weights * head_mask[:, :, None, None].to(attn_weights.dtype)
+
+
+def live_heads(head_mask: torch.Tensor | None, heads: int) -> torch.Tensor | int:
+    """The number of heads a mask leaves (entries > 0), (1 or B,), or ``heads`` without a mask: what a method that
+    mixes heads counts instead of H, so that a masked head counts as a pruned one."""
+    return heads if head_mask is None else (head_mask > 0).sum(-1)
+
+
+def masked_logits(logits: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
+    """Logits over heads (..., H) for a softmax over the heads with masked heads left out: ``logit + log m``, the
+    most negative float where ``m = 0`` (a masked head gets weight exactly 0, the others are renormalised, as
+    after pruning it). ``head_mask`` (1 or B, H) broadcasts over the middle dimensions of (B, ..., H) logits.
+    Gradients to the mask are finite everywhere (0 at ``m = 0``)."""
+    if head_mask is None:
+        return logits
+    m = head_mask.to(logits.dtype).view(head_mask.shape[0], *([1] * (logits.dim() - 2)), head_mask.shape[-1])
+    tiny = torch.finfo(logits.dtype).tiny
+    return torch.where(m > 0, logits + m.clamp_min(tiny).log(), torch.finfo(logits.dtype).min)
+
+
+def set_head_mask(model: nn.Module, kind: str, mask: torch.Tensor | None) -> None:
+    """Keep a (layers, heads) mask of ``kind`` on ``model``'s attention modules (``None``: remove it); it applies to
+    every forward and ``generate`` until removed, and moves with the model (a non-persistent buffer: not saved)."""
+    if kind not in KINDS:
+        raise ValueError(f"head mask kind must be one of {list(KINDS)}, got {kind!r}")
+    if mask is not None:
+        check_head_mask(mask, model.config, kind, f"set_head_mask({kind!r}, ...)", per_sentence=False)
+    for module in attention_modules(model, kind):
+        row = None if mask is None else module_rows(mask.detach(), module).to(module.q_proj.weight.device)
+        module.register_buffer("headattn_head_mask", row, persistent=False)
+
+
+def get_head_mask(model: nn.Module, kind: str) -> torch.Tensor | None:
+    """The (layers, heads) mask of ``kind`` kept on ``model`` (0 at pruned heads), or ``None``."""
+    modules = attention_modules(model, kind)
+    if all(module.headattn_head_mask is None for module in modules):
+        return None
+    mask = torch.zeros(mask_shape(model.config, kind))
+    for module in modules:
+        row = torch.ones(module.num_heads) if module.headattn_head_mask is None else module.headattn_head_mask[0].cpu()
+        kept = slice(None) if module.headattn_heads is None else list(module.headattn_heads.numbers)
+        mask[module.headattn_layer, kept] = row.float()
+    return mask
+
+
+def attention_modules(model: nn.Module, kind: str) -> list[nn.Module]:
+    """The attention modules of ``kind`` in ``model`` (routed ones: hf-headattn models), in layer order."""
+    found = [module for module in model.modules()
+             if getattr(module, "headattn_layer", None) is not None and kind_of(module) == kind]
+    return sorted(found, key=lambda module: module.headattn_layer)

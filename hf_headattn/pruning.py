@@ -1,0 +1,147 @@
+"""Head pruning: physically remove attention heads (transformers 4's ``prune_heads``, removed in 5).
+
+``prune_heads(model, {"encoder.layers.0.self_attn": [1, 5], ...})`` removes those heads: the rows of ``q_proj``,
+``k_proj``, ``v_proj`` and the columns of ``out_proj`` (when ``out_proj`` reads the concatenated heads; DHICM's
+paper mode reads its d_m-dimensional mixture instead, so it keeps ``out_proj``), and every per-head thing a method
+keeps (:meth:`~hf_headattn.attention.AttentionMethod.prune_heads`: EaDRA's regularized heads). Heads are named by
+their original numbers, before any pruning, so importances and masks keep their coordinates across pruning steps.
+
+The pruned heads are recorded in ``config.pruned_heads`` (``{module name: [original head numbers]}``), so
+``save_pretrained``/``from_pretrained``, remote code and PEFT build the smaller modules. A pruned model equals the
+unpruned one with those heads masked (:mod:`hf_headattn.head_masks`): logits, loss and generated tokens.
+
+Pruning every head of a module is refused (a ``ValueError``): the papers' remaining-heads accounting (Michel et al.
+2019, Voita et al. 2019) never removes a whole attention sub-layer, and the methods that mix heads need one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import nn
+
+from .attention import HeadIndex
+
+#: The module names pruning takes, relative to the base model (the key of ``config.pruned_heads``).
+MODULE_NAME = re.compile(r"(?:.*\.)?((?:encoder|decoder)\.layers\.(\d+)\.(?:self_attn|encoder_attn))")
+
+
+def heads_of(config, name: str) -> int:
+    """The original number of heads of the attention module ``name`` (e.g. ``"decoder.layers.1.encoder_attn"``)."""
+    side = name.split(".", 1)[0]
+    return getattr(config, f"{side}_attention_heads")
+
+
+def check_pruned_heads(value, config, where: str = "pruned_heads") -> dict[str, list[int]]:
+    """``value`` as ``{module name: sorted original head numbers}`` if valid, else a ``ValueError`` naming the bad
+    entry and what was expected (``None`` or ``{}``: nothing pruned)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a dict {{module name: [head numbers]}} (or None), got {value!r}")
+    checked = {}
+    for name, heads in value.items():
+        match = MODULE_NAME.fullmatch(name) if isinstance(name, str) else None
+        if match is None or match.group(1) != name:
+            raise ValueError(f"{where} has the key {name!r}; expected an attention module's name in the base model, "
+                             "e.g. 'encoder.layers.0.self_attn' or 'decoder.layers.1.encoder_attn'")
+        side, layer = name.split(".", 1)[0], int(match.group(2))
+        layers, total = getattr(config, f"{side}_layers"), heads_of(config, name)
+        if layer >= layers:
+            raise ValueError(f"{where}[{name!r}]: the {side} has {layers} layers, expected a layer index below it")
+        checked[name] = _check_heads(heads, total, f"{where}[{name!r}]")
+    return checked
+
+
+def _check_heads(heads, total: int, where: str) -> list[int]:
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise ValueError(f"{where} must be a list of head numbers in [0, {total - 1}], got {heads!r}")
+    heads = [int(h) if isinstance(h, torch.Tensor) else h for h in heads]
+    if any(isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < total for h in heads):
+        raise ValueError(f"{where} must be a list of head numbers in [0, {total - 1}] (the original numbering), got "
+                         f"{heads!r}")
+    if len(set(heads)) == total:
+        raise ValueError(f"{where} would remove all {total} heads of the module; keep at least one (pruning a whole "
+                         "attention module is refused)")
+    return sorted(set(heads))
+
+
+def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
+    """Remove ``heads`` (``{module name: [original head numbers]}``) from ``model`` in place and record them in
+    ``model.config.pruned_heads``; returns the updated record.
+
+    Module names are relative to the base model (``"encoder.layers.0.self_attn"``) or the model's own
+    (``"model.encoder.layers.0.self_attn"``). A head already pruned, a number out of range and the last head of a
+    module are refused with a ``ValueError``, before anything changes. Prune before wrapping the model with PEFT
+    adapters (which wrap the projections).
+    """
+    modules = routed_modules(model)
+    record = check_pruned_heads(model.config.pruned_heads, model.config)
+    removals = {}
+    for path, numbers in heads.items():
+        match = MODULE_NAME.fullmatch(path) if isinstance(path, str) else None
+        if match is None or match.group(1) not in modules:
+            raise ValueError(f"prune_heads: {path!r} is no attention module of this model; expected names such as "
+                             f"{sorted(modules)[:3]}")
+        name = match.group(1)
+        numbers = _check_heads(numbers, heads_of(model.config, name), f"prune_heads[{path!r}]")
+        again = sorted(set(numbers) & set(record.get(name, ())))
+        if again:
+            raise ValueError(f"prune_heads[{path!r}]: heads {again} are already pruned (heads keep their original "
+                             f"numbers; pruned so far: {record[name]})")
+        removals[name] = numbers
+        record[name] = _check_heads([*record.get(name, ()), *numbers], heads_of(model.config, name),
+                                    f"prune_heads[{path!r}] with the heads pruned before")
+    for name, numbers in removals.items():
+        prune_module(modules[name], numbers)
+    model.config.pruned_heads = {name: record[name] for name in sorted(record)}
+    return model.config.pruned_heads
+
+
+def apply_pruned_heads(model: nn.Module, record: Mapping[str, list[int]]) -> None:
+    """Prune a freshly built model as ``record`` (``config.pruned_heads``) says, before its weights are loaded."""
+    modules = routed_modules(model)
+    for name, numbers in record.items():
+        if name in modules:  # a stack built alone holds one side
+            prune_module(modules[name], numbers)
+
+
+def routed_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """``{module name: attention module}`` of an hf-headattn model (or stack)."""
+    return {module.headattn_name: module for module in model.modules() if hasattr(module, "headattn_layer")}
+
+
+def prune_module(module: nn.Module, numbers: list[int]) -> None:
+    """Remove the heads with original numbers ``numbers`` (present in the module) from one attention module."""
+    original = module.headattn_heads
+    original = list(range(module.num_heads)) if original is None else list(original.numbers)
+    cpu = torch.device("cpu")  # (explicitly: from_pretrained builds under a meta device context)
+    keep = torch.tensor([i for i, number in enumerate(original) if number not in numbers], device=cpu)
+    rows = (keep[:, None] * module.head_dim + torch.arange(module.head_dim, device=cpu)).flatten()
+    for projection in (module.q_proj, module.k_proj, module.v_proj):
+        _select(projection, rows, dim=0)
+    methods = [getattr(module, name) for name in module.headattn_methods]
+    if all(method.out_proj_per_head for method in methods):
+        _select(module.out_proj, rows, dim=1)
+    for method in methods:
+        method.prune_heads(keep)
+    module.num_heads = len(keep)
+    module.headattn_heads = HeadIndex(original[i] for i in keep.tolist())
+    if module.headattn_head_mask is not None:
+        module.headattn_head_mask = module.headattn_head_mask[:, keep.to(module.headattn_head_mask.device)]
+
+
+def _select(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
+    """Keep the output rows (``dim`` 0, and the bias) or input columns (``dim`` 1) ``index`` of ``linear``."""
+    weight = linear.weight
+    index = index.to(weight.device)
+    linear.weight = nn.Parameter(weight.detach().index_select(dim, index).clone(), requires_grad=weight.requires_grad)
+    if dim == 0:
+        linear.out_features = len(index)
+        if linear.bias is not None:
+            linear.bias = nn.Parameter(linear.bias.detach().index_select(0, index).clone(),
+                                       requires_grad=linear.bias.requires_grad)
+    else:
+        linear.in_features = len(index)

@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""Iterative head pruning of a trained translation model, one curve per importance criterion (issue #25).
+
+As Michel et al. (2019, §6.1): each step prunes a share of the remaining heads, the least important by the
+criterion (``hf_headattn.analysis.head_ranking``: gradient, confidence, entropy, random, and the criteria of the
+methods the model carries, dhicm and rhe), optionally fine-tunes for N steps, recomputes the importance (unless
+``--no_recompute``) and scores the validation set. Importance is computed on training sentences, choices are made on
+validation, and ``--test_split`` is read once, for the chosen model only.
+
+Writes to ``--output_dir``:
+* ``pruning.json``: per criterion and step, the share of heads pruned, the heads, BLEU, chrF, parameters and
+  ``generate`` sentences/s; per criterion the largest share within 0.5 BLEU of the unpruned model on validation; the
+  best criterion (the largest such share; ties: the higher BLEU); after ``--test_split``, test BLEU/chrF of the
+  chosen model and its ``generate`` throughput as a ratio to the unpruned model in the same run. A restart skips the
+  criteria already done (same settings), and never reads the test set twice.
+* ``pruning.png``: validation BLEU against the share of heads pruned, one curve per criterion;
+* ``model/``: the model pruned by the best criterion at its chosen share, its tokenizer, and a model card that says
+  what was pruned and why.
+
+    python recipes/prune_heads.py --model_dir runs/converged/screen/baseline/seed1/best \\
+        --multi30k_dir ../shared/data/multi30k --criteria gradient confidence entropy random \\
+        --test_split test_2016_flickr --output_dir outputs/prune_heads
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import datasets
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+import hf_headattn  # noqa: F401  (registers the models)
+from hf_headattn.analysis.head_ranking import BUILT_IN, method_criteria
+from hf_headattn.analysis.plotting import pyplot, save_figure
+from hf_headattn.experiment.data import load_parallel_dataset
+from hf_headattn.experiment.evaluation import markdown_table
+from hf_headattn.experiment.head_pruning import (
+    BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within,
+)
+from hf_headattn.experiment.model_card import method_settings_of, write_model_card
+from hf_headattn.experiment.study import write_json_atomic
+from hf_headattn.experiment.training import collator, prepare_features
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_dir", required=True, help="a trained model and its tokenizer")
+    parser.add_argument("--output_dir", type=Path, default=Path("outputs/prune_heads"))
+    parser.add_argument("--multi30k_dir", type=Path, default=HERE.parent.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="de")
+    parser.add_argument("--criteria", nargs="+", help="default: the built-in ones and those of the model's methods")
+    parser.add_argument("--step_share", type=float, default=0.1, help="share of the remaining heads pruned per step")
+    parser.add_argument("--max_share", type=float, default=0.9, help="prune at most this share of all heads")
+    parser.add_argument("--no_recompute", action="store_true", help="rank once, on the unpruned model")
+    parser.add_argument("--finetune_steps", type=int, default=0, help="training steps after each pruning step")
+    parser.add_argument("--finetune_learning_rate", type=float, default=1e-4)
+    parser.add_argument("--importance_samples", type=int, default=512, help="training sentences for the importance")
+    parser.add_argument("--eval_samples", type=int, help="validation sentences scored (default: all)")
+    parser.add_argument("--parses_dir", help="CoNLL-U parses for models with SEA (recipes/parse_sources.py)")
+    parser.add_argument("--num_beams", type=int, default=5)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--test_split", help="read once, for the chosen model (e.g. test_2016_flickr)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for name in ("importance_samples", "num_beams", "batch_size", "max_length"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    return args
+
+
+class Study:
+    """The model, its data and the evaluation, shared by the criteria."""
+
+    def __init__(self, args):
+        self.args = args
+        self.tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+        self.settings = method_settings_of(self.load().config)
+        raw = load_parallel_dataset(args.source_lang, args.target_lang, multi30k_dir=args.multi30k_dir,
+                                    max_train_samples=args.importance_samples, max_eval_samples=args.eval_samples)
+        self.raw = raw
+        features = prepare_features(datasets.DatasetDict({"train": raw["train"]}), self.tokenizer, args.source_lang,
+                                    args.target_lang, self.settings, args.max_length, args.max_length,
+                                    parses_dir=args.parses_dir)["train"]
+        self.features = features.remove_columns([c for c in features.column_names if c == "translation"])
+
+    def load(self):
+        return AutoModelForSeq2SeqLM.from_pretrained(self.args.model_dir).eval()
+
+    def batches(self, model):
+        data_collator = collator(self.tokenizer, model, self.settings)
+        return lambda: torch.utils.data.DataLoader(self.features, batch_size=self.args.batch_size,
+                                                   collate_fn=data_collator)
+
+    def evaluate(self, model, split: str = "validation") -> dict:
+        rows = self.raw[split]["translation"]
+        return evaluate(model, self.tokenizer, [row[self.args.source_lang] for row in rows],
+                        [row[self.args.target_lang] for row in rows], num_beams=self.args.num_beams,
+                        max_length=self.args.max_length, batch_size=self.args.batch_size)
+
+    def criteria(self, model) -> list[str]:
+        on = {name for name, spec in method_criteria().items() if spec.name in model.config.headattn_settings}
+        return self.args.criteria or [*BUILT_IN, *sorted(on)]
+
+    def identity(self) -> dict:
+        keys = ("model_dir", "source_lang", "target_lang", "step_share", "max_share", "no_recompute", "finetune_steps",
+                "finetune_learning_rate", "importance_samples", "eval_samples", "num_beams", "max_length", "seed")
+        return {key: getattr(self.args, key) for key in keys}
+
+
+def run_criteria(study: Study, results: dict, path: Path) -> None:
+    for criterion in study.criteria(study.load()):
+        if criterion in results["criteria"]:
+            print(f"{criterion}: done before, skipped")
+            continue
+        model = study.load()
+        batches = study.batches(model)
+        finetune = (finetuning(batches, study.args.finetune_steps, study.args.finetune_learning_rate)
+                    if study.args.finetune_steps else None)
+        results["criteria"][criterion] = iterative_pruning(
+            model, criterion, batches, study.evaluate, step_share=study.args.step_share,
+            max_share=study.args.max_share, recompute=not study.args.no_recompute, finetune=finetune,
+            seed=study.args.seed)
+        write_json_atomic(path, results)
+
+
+def choose(results: dict) -> tuple[str, dict]:
+    """Per criterion the largest share within the tolerance; the best criterion and its record."""
+    chosen = {name: largest_share_within(records) for name, records in results["criteria"].items()}
+    results["chosen"] = {name: {"share": r["share"], "heads_pruned": r["heads_pruned"], "bleu": r["bleu"]}
+                         for name, r in chosen.items()}
+    best = max(chosen, key=lambda name: (chosen[name]["share"], chosen[name]["bleu"]))
+    results["best"] = best
+    return best, chosen[best]
+
+
+def save_chosen(study: Study, criterion: str, record: dict, results: dict) -> Path:
+    model = study.load()
+    if record["pruned"]:
+        model.prune_heads(record["pruned"])
+    folder = study.args.output_dir / "model"
+    model.save_pretrained(folder)
+    study.tokenizer.save_pretrained(folder)
+    card = write_model_card(model, folder, folder.name, results.get("test", {}).get("scores"))
+    card.write_text(card.read_text(encoding="utf-8") + (
+        f"\n## Pruned heads\n\n{record['heads_pruned']} heads ({100 * record['share']:.0f}% of all) pruned by the "
+        f"`{criterion}` criterion, iteratively (recipes/prune_heads.py): the largest share whose validation BLEU "
+        f"({record['bleu']:.2f}) stays within {BLEU_TOLERANCE} BLEU of the unpruned model's "
+        f"({results['criteria'][criterion][0]['bleu']:.2f}). `config.pruned_heads`:\n\n```json\n"
+        f"{json.dumps(record['pruned'], indent=2)}\n```\n"), encoding="utf-8")
+    return folder
+
+
+def test_once(study: Study, record: dict, results: dict, path: Path) -> None:
+    """Test BLEU of the chosen model and its throughput against the unpruned one, in one run; never twice."""
+    if "test" in results:
+        print(f"the test set was read before ({results['test']['split']}); not again")
+        return
+    split = study.args.test_split
+    unpruned, pruned = study.load(), study.load()
+    if record["pruned"]:
+        pruned.prune_heads(record["pruned"])
+    results["test"] = {"split": split}  # recorded before reading it
+    write_json_atomic(path, results)
+    base, scores = study.evaluate(unpruned, split), study.evaluate(pruned, split)
+    results["test"].update({"scores": {split: scores}, "unpruned": base,
+                            "throughput_ratio": scores["sentences_per_second"] / base["sentences_per_second"]})
+    write_json_atomic(path, results)
+
+
+def plot(results: dict, path: Path) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, records in results["criteria"].items():
+        ax.plot([100 * r["share"] for r in records], [r["bleu"] for r in records], marker="o", label=name)
+    ax.set_xlabel("heads pruned (%)")
+    ax.set_ylabel("validation BLEU")
+    ax.legend()
+    return save_figure(fig, path)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    path = args.output_dir / "pruning.json"
+    study = Study(args)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    if results.get("settings") != study.identity():
+        if results:
+            print(f"{path} was made with other settings; starting again")
+        results = {"settings": study.identity(), "criteria": {}}
+    run_criteria(study, results, path)
+    best, record = choose(results)
+    if args.test_split:
+        test_once(study, record, results, path)
+    write_json_atomic(path, results)
+    save_chosen(study, best, record, results)
+    plot(results, args.output_dir / "pruning.png")
+    print(markdown_table(["criterion", "largest share within 0.5 BLEU", "heads", "validation BLEU"],
+                         [[name, f"{100 * c['share']:.0f}%", c["heads_pruned"], f"{c['bleu']:.2f}"]
+                          for name, c in results["chosen"].items()]))
+    return results
+
+
+if __name__ == "__main__":
+    main()
