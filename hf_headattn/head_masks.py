@@ -70,8 +70,7 @@ def module_rows(mask: torch.Tensor, module: nn.Module) -> torch.Tensor:
 def module_head_mask(module: nn.Module, kwargs: dict) -> torch.Tensor | None:
     """The head mask of one attention call, (1 or batch, heads): the module's kept mask times the forward
     argument's rows; ``None`` when neither is set. The forward arguments are removed from ``kwargs``."""
-    given = [kwargs.pop(argument, None) for argument in ARGUMENTS]
-    given = given[list(KINDS).index(kind_of(module))]
+    given = {kind: kwargs.pop(argument, None) for kind, (_, _, argument) in KINDS.items()}[kind_of(module)]
     kept = module.headattn_head_mask
     if given is None:
         return kept
@@ -127,13 +126,22 @@ def get_head_mask(model: nn.Module, kind: str) -> torch.Tensor | None:
     mask = torch.zeros(mask_shape(model.config, kind))
     for module in modules:
         row = torch.ones(module.num_heads) if module.headattn_head_mask is None else module.headattn_head_mask[0].cpu()
-        kept = slice(None) if module.headattn_heads is None else list(module.headattn_heads.numbers)
-        mask[module.headattn_layer, kept] = row.float()
+        mask[module.headattn_layer, head_numbers(module)] = row.float()
     return mask
+
+
+def routed_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """``{module name: attention module}`` of an hf-headattn model (or stack): the modules
+    :func:`hf_headattn.attention.route` tagged."""
+    return {module.headattn_name: module for module in model.modules() if hasattr(module, "headattn_layer")}
 
 
 def attention_modules(model: nn.Module, kind: str) -> list[nn.Module]:
     """The attention modules of ``kind`` in ``model`` (routed ones: hf-headattn models), in layer order."""
-    found = [module for module in model.modules()
-             if getattr(module, "headattn_layer", None) is not None and kind_of(module) == kind]
+    found = [module for module in routed_modules(model).values() if kind_of(module) == kind]
     return sorted(found, key=lambda module: module.headattn_layer)
+
+
+def head_numbers(module: nn.Module) -> list[int]:
+    """The original numbers of the heads an attention module has (all of them until it is pruned)."""
+    return list(range(module.num_heads)) if module.headattn_heads is None else list(module.headattn_heads.numbers)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .attention import HeadIndex
+from .head_masks import head_numbers, routed_modules
 
 #: The module names pruning takes, relative to the base model (the key of ``config.pruned_heads``).
 MODULE_NAME = re.compile(r"(?:.*\.)?((?:encoder|decoder)\.layers\.(\d+)\.(?:self_attn|encoder_attn))")
@@ -108,15 +109,9 @@ def apply_pruned_heads(model: nn.Module, record: Mapping[str, list[int]]) -> Non
             prune_module(modules[name], numbers)
 
 
-def routed_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """``{module name: attention module}`` of an hf-headattn model (or stack)."""
-    return {module.headattn_name: module for module in model.modules() if hasattr(module, "headattn_layer")}
-
-
 def prune_module(module: nn.Module, numbers: list[int]) -> None:
     """Remove the heads with original numbers ``numbers`` (present in the module) from one attention module."""
-    original = module.headattn_heads
-    original = list(range(module.num_heads)) if original is None else list(original.numbers)
+    original = head_numbers(module)
     cpu = torch.device("cpu")  # (explicitly: from_pretrained builds under a meta device context)
     keep = torch.tensor([i for i, number in enumerate(original) if number not in numbers], device=cpu)
     rows = (keep[:, None] * module.head_dim + torch.arange(module.head_dim, device=cpu)).flatten()

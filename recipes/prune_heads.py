@@ -81,7 +81,8 @@ class Study:
     def __init__(self, args):
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-        self.settings = method_settings_of(self.load().config)
+        self.config = self.load().config
+        self.settings = method_settings_of(self.config)
         raw = load_parallel_dataset(args.source_lang, args.target_lang, multi30k_dir=args.multi30k_dir,
                                     max_train_samples=args.importance_samples, max_eval_samples=args.eval_samples)
         self.raw = raw
@@ -104,8 +105,8 @@ class Study:
                         [row[self.args.target_lang] for row in rows], num_beams=self.args.num_beams,
                         max_length=self.args.max_length, batch_size=self.args.batch_size)
 
-    def criteria(self, model) -> list[str]:
-        on = {name for name, spec in method_criteria().items() if spec.name in model.config.headattn_settings}
+    def criteria(self) -> list[str]:
+        on = {name for name, spec in method_criteria().items() if spec.name in self.config.headattn_settings}
         return self.args.criteria or [*BUILT_IN, *sorted(on)]
 
     def identity(self) -> dict:
@@ -115,7 +116,7 @@ class Study:
 
 
 def run_criteria(study: Study, results: dict, path: Path) -> None:
-    for criterion in study.criteria(study.load()):
+    for criterion in study.criteria():
         if criterion in results["criteria"]:
             print(f"{criterion}: done before, skipped")
             continue

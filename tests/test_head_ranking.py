@@ -136,6 +136,10 @@ def test_heads_to_prune_takes_the_least_important_and_never_a_last_head():
     assert heads_to_prune(model, {"encoder": importance["encoder"]}, 100) == {"encoder.layers.1.self_attn": [0, 1, 2],
                                                                             "encoder.layers.0.self_attn": [0, 1, 2]}
     model.prune_heads(chosen)
+    # the same importance again (as iterative pruning without recomputing uses it): the pruned heads are skipped
+    again = heads_to_prune(model, importance, 2)
+    assert again == {"decoder.layers.1.encoder_attn": [0, 1]}  # ties at 10.0: the first kind, layer and heads
+    model.prune_heads(again)
 
 
 def test_bad_criteria():

@@ -25,9 +25,8 @@ from collections.abc import Iterable
 import torch
 
 from ..eadra_math import normalized_entropy
-from ..head_masks import KINDS, kind_of, mask_shape
+from ..head_masks import KINDS, attention_modules, head_numbers, kind_of, mask_shape, module_rows, routed_modules
 from ..losses import IGNORE_INDEX
-from ..pruning import routed_modules
 from ..registry import readout, registered_methods
 
 BUILT_IN = ("gradient", "confidence", "entropy", "random")
@@ -57,8 +56,7 @@ class _Sums:
 
     def add(self, name: str, module, values: torch.Tensor, count) -> None:
         """Add (heads,) ``values`` (current numbering) of ``module`` and ``count`` items to criterion ``name``."""
-        heads = slice(None) if module.headattn_heads is None else list(module.headattn_heads.numbers)
-        kind, layer = kind_of(module), module.headattn_layer
+        kind, layer, heads = kind_of(module), module.headattn_layer, head_numbers(module)
         self.sums[name][kind][layer, heads] += values.detach().double().cpu()
         self.counts[name][kind][layer, heads] += float(count)
 
@@ -122,10 +120,8 @@ def _pruned(model) -> dict[str, torch.Tensor]:
     """(layers, heads) bool per kind, True at pruned heads."""
     pruned = {kind: torch.zeros(mask_shape(model.config, kind), dtype=torch.bool) for kind in KINDS}
     for module in routed_modules(model).values():
-        if module.headattn_heads is not None:
-            row = torch.ones(pruned[kind_of(module)].shape[1], dtype=torch.bool)
-            row[list(module.headattn_heads.numbers)] = False
-            pruned[kind_of(module)][module.headattn_layer] = row
+        pruned[kind_of(module)][module.headattn_layer] = True
+        pruned[kind_of(module)][module.headattn_layer, head_numbers(module)] = False
     return pruned
 
 
@@ -139,10 +135,8 @@ def _gradient(model, batch: dict, sums: _Sums) -> None:
     grads = torch.autograd.grad(out.nll_loss * tokens, list(masks.values()))
     for (kind, _), grad in zip(KINDS.items(), grads):
         table = grad.abs().sum(0)  # (layers, heads), original numbering (pruned heads: 0)
-        for module in routed_modules(model).values():
-            if kind_of(module) == kind:
-                heads = slice(None) if module.headattn_heads is None else list(module.headattn_heads.numbers)
-                sums.add("gradient", module, table[module.headattn_layer, heads], size)
+        for module in attention_modules(model, kind):
+            sums.add("gradient", module, module_rows(table, module)[0], size)
 
 
 @torch.no_grad()
@@ -187,8 +181,9 @@ def _method_criterion(model, batch: dict, sums: _Sums, name: str, spec) -> None:
 
 
 def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int) -> dict[str, list[int]]:
-    """The ``count`` least important heads by ``importance`` (``{kind: (layers, heads)}``, NaN: not a candidate),
-    as ``{module name: [original head numbers]}`` for :func:`hf_headattn.pruning.prune_heads`; the last head of a
+    """The ``count`` least important heads by ``importance`` (``{kind: (layers, heads)}``; NaN entries and heads
+    already pruned are no candidates, so an importance computed before pruning can be used again), as
+    ``{module name: [original head numbers]}`` for :func:`hf_headattn.pruning.prune_heads`; the last head of a
     module is never chosen. Fewer are returned when fewer are candidates."""
     modules = {(kind_of(module), module.headattn_layer): module for module in routed_modules(model).values()}
     candidates = sorted(
@@ -204,6 +199,6 @@ def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int) -> di
             break
         module = modules[(kind, layer)]
         taken = chosen.setdefault(module.headattn_name, [])
-        if module.num_heads - len(taken) > 1:
+        if head in head_numbers(module) and module.num_heads - len(taken) > 1:
             taken.append(head)
     return {name: sorted(heads) for name, heads in chosen.items() if heads}
