@@ -11,8 +11,11 @@ Writes to ``--output_dir``:
 * ``pruning.json``: per criterion and step, the share of heads pruned, the heads, BLEU, chrF, parameters and
   ``generate`` sentences/s; per criterion the largest share within 0.5 BLEU of the unpruned model on validation; the
   best criterion (the largest such share; ties: the higher BLEU); after ``--test_split``, test BLEU/chrF of the
-  chosen model and its ``generate`` throughput as a ratio to the unpruned model in the same run. A restart skips the
-  criteria already done (same settings), and never reads the test set twice.
+  chosen model and of the unpruned one, and their ``generate`` throughput on the test sources, timed alternately
+  ``--timing_repeats`` times in the same run (``throughput_ratio``: the median ratio). A restart skips the criteria
+  already done (same settings), and never reads the test set twice.
+* ``criteria/<criterion>/``: per criterion, the model at its largest share within the tolerance (fine-tuned, with
+  ``--finetune_steps``: AdamW steps on shuffled training sentences after each pruning step);
 * ``pruning.png``: validation BLEU against the share of heads pruned, one curve per criterion;
 * ``model/``: the model pruned by the best criterion at its chosen share, its tokenizer, and a model card that says
   what was pruned and why.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import datasets
@@ -38,7 +42,7 @@ from hf_headattn.analysis.plotting import pyplot, save_figure
 from hf_headattn.experiment.data import load_parallel_dataset
 from hf_headattn.experiment.evaluation import markdown_table
 from hf_headattn.experiment.head_pruning import (
-    BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within,
+    BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within, throughput_ratio,
 )
 from hf_headattn.experiment.model_card import method_settings_of, write_model_card
 from hf_headattn.experiment.study import write_json_atomic
@@ -60,6 +64,7 @@ def parse_args(argv=None):
     parser.add_argument("--no_recompute", action="store_true", help="rank once, on the unpruned model")
     parser.add_argument("--finetune_steps", type=int, default=0, help="training steps after each pruning step")
     parser.add_argument("--finetune_learning_rate", type=float, default=1e-4)
+    parser.add_argument("--finetune_samples", type=int, help="training sentences fine-tuned on (default: all)")
     parser.add_argument("--importance_samples", type=int, default=512, help="training sentences for the importance")
     parser.add_argument("--eval_samples", type=int, help="validation sentences scored (default: all)")
     parser.add_argument("--parses_dir", help="CoNLL-U parses for models with SEA (recipes/parse_sources.py)")
@@ -68,9 +73,11 @@ def parse_args(argv=None):
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--test_split", help="read once, for the chosen model (e.g. test_2016_flickr)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timing_repeats", type=int, default=3,
+                        help="generate timed this many times, alternately pruned and unpruned, for the ratio")
     args = parser.parse_args(argv)
-    for name in ("importance_samples", "num_beams", "batch_size", "max_length"):
-        if getattr(args, name) < 1:
+    for name in ("importance_samples", "num_beams", "batch_size", "max_length", "timing_repeats", "finetune_samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     return args
 
@@ -83,27 +90,57 @@ class Study:
         self.tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
         self.config = self.load().config
         self.settings = method_settings_of(self.config)
-        raw = load_parallel_dataset(args.source_lang, args.target_lang, multi30k_dir=args.multi30k_dir,
-                                    max_train_samples=args.importance_samples, max_eval_samples=args.eval_samples)
-        self.raw = raw
-        features = prepare_features(datasets.DatasetDict({"train": raw["train"]}), self.tokenizer, args.source_lang,
-                                    args.target_lang, self.settings, args.max_length, args.max_length,
-                                    parses_dir=args.parses_dir)["train"]
-        self.features = features.remove_columns([c for c in features.column_names if c == "translation"])
+        train_samples = args.importance_samples  # the first sentences score the heads; fine-tuning reads more
+        if args.finetune_steps:
+            train_samples = args.finetune_samples and max(train_samples, args.finetune_samples)  # None: all
+        self.raw = load_parallel_dataset(args.source_lang, args.target_lang, multi30k_dir=args.multi30k_dir,
+                                         max_train_samples=train_samples, max_eval_samples=args.eval_samples)
+        features = prepare_features(datasets.DatasetDict({"train": self.raw["train"]}), self.tokenizer,
+                                    args.source_lang, args.target_lang, self.settings, args.max_length,
+                                    args.max_length, parses_dir=args.parses_dir)["train"]
+        features = features.remove_columns([c for c in features.column_names if c == "translation"])
+        self.importance_features = features.select(range(min(args.importance_samples, len(features))))
+        self.finetune_features = features.select(range(min(args.finetune_samples or len(features), len(features))))
 
     def load(self):
         return AutoModelForSeq2SeqLM.from_pretrained(self.args.model_dir).eval()
 
-    def batches(self, model):
+    def batches(self, model, finetune: bool = False):
+        """Batches of the importance sentences (in order), or of the fine-tuning sentences (shuffled, seeded)."""
         data_collator = collator(self.tokenizer, model, self.settings)
-        return lambda: torch.utils.data.DataLoader(self.features, batch_size=self.args.batch_size,
-                                                   collate_fn=data_collator)
+        features = self.finetune_features if finetune else self.importance_features
+        generator = torch.Generator().manual_seed(self.args.seed)
+        return lambda: torch.utils.data.DataLoader(features, batch_size=self.args.batch_size, shuffle=finetune,
+                                                   generator=generator, collate_fn=data_collator)
+
+    def generate_kwargs(self) -> dict:
+        return {"num_beams": self.args.num_beams, "max_length": self.args.max_length,
+                "batch_size": self.args.batch_size}
+
+    def criterion_dir(self, criterion: str) -> Path:
+        """Where the model pruned by ``criterion`` at its largest share within the tolerance is kept."""
+        return self.args.output_dir / "criteria" / criterion
+
+    def chosen_model(self, criterion: str, record: dict):
+        """The model pruned (and fine-tuned) by ``criterion`` as in ``record``."""
+        if not record["pruned"]:
+            return self.load()
+        folder = self.criterion_dir(criterion)
+        if folder.exists():
+            model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+            if dict(model.config.pruned_heads) == record["pruned"]:
+                return model
+        if self.args.finetune_steps:
+            raise FileNotFoundError(f"{folder} does not hold the fine-tuned model of {criterion} at "
+                                    f"{record['heads_pruned']} heads pruned; delete pruning.json to run again")
+        model = self.load()
+        model.prune_heads(record["pruned"])
+        return model
 
     def evaluate(self, model, split: str = "validation") -> dict:
         rows = self.raw[split]["translation"]
         return evaluate(model, self.tokenizer, [row[self.args.source_lang] for row in rows],
-                        [row[self.args.target_lang] for row in rows], num_beams=self.args.num_beams,
-                        max_length=self.args.max_length, batch_size=self.args.batch_size)
+                        [row[self.args.target_lang] for row in rows], **self.generate_kwargs())
 
     def criteria(self) -> list[str]:
         on = {name for name, spec in method_criteria().items() if spec.name in self.config.headattn_settings}
@@ -111,7 +148,8 @@ class Study:
 
     def identity(self) -> dict:
         keys = ("model_dir", "source_lang", "target_lang", "step_share", "max_share", "no_recompute", "finetune_steps",
-                "finetune_learning_rate", "importance_samples", "eval_samples", "num_beams", "max_length", "seed")
+                "finetune_learning_rate", "finetune_samples", "importance_samples", "eval_samples", "num_beams",
+                "max_length", "seed")
         return {key: getattr(self.args, key) for key in keys}
 
 
@@ -121,13 +159,17 @@ def run_criteria(study: Study, results: dict, path: Path) -> None:
             print(f"{criterion}: done before, skipped")
             continue
         model = study.load()
-        batches = study.batches(model)
-        finetune = (finetuning(batches, study.args.finetune_steps, study.args.finetune_learning_rate)
-                    if study.args.finetune_steps else None)
+        finetune = (finetuning(study.batches(model, finetune=True), study.args.finetune_steps,
+                               study.args.finetune_learning_rate) if study.args.finetune_steps else None)
+
+        def keep_within_tolerance(model, records, folder=study.criterion_dir(criterion)):
+            if largest_share_within(records) is records[-1]:
+                model.save_pretrained(folder)
+
         results["criteria"][criterion] = iterative_pruning(
-            model, criterion, batches, study.evaluate, step_share=study.args.step_share,
+            model, criterion, study.batches(model), study.evaluate, step_share=study.args.step_share,
             max_share=study.args.max_share, recompute=not study.args.no_recompute, finetune=finetune,
-            seed=study.args.seed)
+            seed=study.args.seed, on_step=keep_within_tolerance)
         write_json_atomic(path, results)
 
 
@@ -142,36 +184,38 @@ def choose(results: dict) -> tuple[str, dict]:
 
 
 def save_chosen(study: Study, criterion: str, record: dict, results: dict) -> Path:
-    model = study.load()
-    if record["pruned"]:
-        model.prune_heads(record["pruned"])
+    model = study.chosen_model(criterion, record)
     folder = study.args.output_dir / "model"
     model.save_pretrained(folder)
     study.tokenizer.save_pretrained(folder)
     card = write_model_card(model, folder, folder.name, results.get("test", {}).get("scores"))
     card.write_text(card.read_text(encoding="utf-8") + (
         f"\n## Pruned heads\n\n{record['heads_pruned']} heads ({100 * record['share']:.0f}% of all) pruned by the "
-        f"`{criterion}` criterion, iteratively (recipes/prune_heads.py): the largest share whose validation BLEU "
+        f"`{criterion}` criterion, iteratively (recipes/prune_heads.py"
+        f"{f', {study.args.finetune_steps} fine-tuning steps after each' if study.args.finetune_steps else ''}): "
+        f"the largest share whose validation BLEU "
         f"({record['bleu']:.2f}) stays within {BLEU_TOLERANCE} BLEU of the unpruned model's "
         f"({results['criteria'][criterion][0]['bleu']:.2f}). `config.pruned_heads`:\n\n```json\n"
         f"{json.dumps(record['pruned'], indent=2)}\n```\n"), encoding="utf-8")
     return folder
 
 
-def test_once(study: Study, record: dict, results: dict, path: Path) -> None:
-    """Test BLEU of the chosen model and its throughput against the unpruned one, in one run; never twice."""
+def test_once(study: Study, criterion: str, record: dict, results: dict, path: Path) -> None:
+    """Test BLEU of the chosen model and of the unpruned one; then their ``generate`` throughput on the test
+    sources, timed alternately (``throughput_ratio``); never twice."""
     if "test" in results:
         print(f"the test set was read before ({results['test']['split']}); not again")
         return
     split = study.args.test_split
-    unpruned, pruned = study.load(), study.load()
-    if record["pruned"]:
-        pruned.prune_heads(record["pruned"])
+    unpruned, pruned = study.load(), study.chosen_model(criterion, record)
     results["test"] = {"split": split}  # recorded before reading it
     write_json_atomic(path, results)
     base, scores = study.evaluate(unpruned, split), study.evaluate(pruned, split)
-    results["test"].update({"scores": {split: scores}, "unpruned": base,
-                            "throughput_ratio": scores["sentences_per_second"] / base["sentences_per_second"]})
+    sources = [row[study.args.source_lang] for row in study.raw[split]["translation"]]
+    timing = throughput_ratio(pruned, unpruned, study.tokenizer, sources, study.args.timing_repeats,
+                              **study.generate_kwargs())
+    results["test"].update({"scores": {split: scores}, "unpruned": base, "throughput_ratio": timing["ratio"],
+                            "timing": timing["sentences_per_second"]})
     write_json_atomic(path, results)
 
 
@@ -195,11 +239,12 @@ def main(argv=None) -> dict:
     if results.get("settings") != study.identity():
         if results:
             print(f"{path} was made with other settings; starting again")
+        shutil.rmtree(args.output_dir / "criteria", ignore_errors=True)
         results = {"settings": study.identity(), "criteria": {}}
     run_criteria(study, results, path)
     best, record = choose(results)
     if args.test_split:
-        test_once(study, record, results, path)
+        test_once(study, best, record, results, path)
     write_json_atomic(path, results)
     save_chosen(study, best, record, results)
     plot(results, args.output_dir / "pruning.png")

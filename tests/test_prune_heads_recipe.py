@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForSeq2SeqLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +14,8 @@ sys.path.insert(0, str(ROOT / "recipes"))
 
 import prune_heads  # noqa: E402
 from hf_headattn.experiment import recipe as train_translation  # noqa: E402
-from hf_headattn.experiment.head_pruning import largest_share_within  # noqa: E402
+from hf_headattn.experiment import head_pruning  # noqa: E402
+from hf_headattn.experiment.head_pruning import largest_share_within, throughput_ratio  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,8 @@ def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_di
     argv = ["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path),
             "--criteria", "gradient", "confidence", "entropy", "dhicm", "random", "--importance_samples", "16",
             "--eval_samples", "8", "--num_beams", "1", "--max_length", "16", "--step_share", "0.3",
-            "--max_share", "0.5", "--finetune_steps", "1", "--test_split", "test_2016_flickr"]
+            "--max_share", "0.5", "--finetune_steps", "1", "--finetune_samples", "32", "--timing_repeats", "2",
+            "--test_split", "test_2016_flickr"]
     results = prune_heads.main(argv)
     saved = json.loads((tmp_path / "pruning.json").read_text())
     assert set(saved["criteria"]) == {"gradient", "confidence", "entropy", "dhicm", "random"}
@@ -54,10 +57,17 @@ def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_di
     chosen = largest_share_within(saved["criteria"][best])
     assert saved["chosen"][best]["share"] == chosen["share"]
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
-    assert dict(model.config.pruned_heads) == chosen["pruned"]
+    assert dict(model.config.pruned_heads) == chosen["pruned"] != {}
+    # the saved model is the fine-tuned one of the chosen step, not the trained model pruned again
+    kept = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "criteria" / best).state_dict()
+    pruned_again = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    pruned_again.prune_heads(chosen["pruned"])
+    assert all(torch.equal(value, kept[name]) for name, value in model.state_dict().items())
+    assert not all(torch.equal(value, kept[name]) for name, value in pruned_again.state_dict().items())
     card = (tmp_path / "model" / "README.md").read_text()
     assert f"`{best}` criterion" in card and "within 0.5 BLEU" in card
     assert saved["test"]["split"] == "test_2016_flickr" and saved["test"]["throughput_ratio"] > 0
+    assert [len(saved["test"]["timing"][name]) for name in ("model", "reference")] == [2, 2]
     assert (tmp_path / "pruning.png").stat().st_size > 0
     capsys.readouterr()
     prune_heads.main(argv)  # a restart: every criterion done before, and the test set is not read again
@@ -73,10 +83,47 @@ def test_largest_share_stops_at_the_first_step_below_the_tolerance():
     assert largest_share_within(records[:1])["share"] == 0
 
 
+def test_throughput_ratio_is_the_median_of_alternate_timings(monkeypatch):
+    clock, seconds = [0.0], {"pruned": [1.0, 1.0, 1.0], "unpruned": [2.0, 1.0, 3.0]}  # ratios 2, 1, 3
+    calls = []
+
+    def translate(model, tokenizer, sources, **kwargs):
+        calls.append(model)
+        clock[0] += seconds[model].pop(0)
+    monkeypatch.setattr(head_pruning, "translate", translate)
+    monkeypatch.setattr(head_pruning.time, "perf_counter", lambda: clock[0])
+    timing = throughput_ratio("pruned", "unpruned", None, ["a", "b"], repeats=3)
+    assert calls == ["unpruned", "pruned"] * 3
+    assert timing == {"ratio": 2.0, "sentences_per_second": {"model": [2.0, 2.0, 2.0], "reference": [1.0, 2.0, 2 / 3]}}
+
+
 def test_bad_arguments(model_dir, tmp_path):
     with pytest.raises(SystemExit):
         prune_heads.parse_args(["--model_dir", str(model_dir), "--num_beams", "0"])
+    with pytest.raises(SystemExit):
+        prune_heads.parse_args(["--model_dir", str(model_dir), "--finetune_samples", "0"])
     with pytest.raises(ValueError, match=r"step_share must be in \(0, 1\] and max_share in \(0, 1\), got 0.1, 1.0"):
         prune_heads.main(["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path),
                           "--criteria", "random", "--importance_samples", "4", "--eval_samples", "4",
                           "--num_beams", "1", "--max_share", "1.0"])
+
+
+def test_pruned_generate_speed_benchmark_times_every_step(model_dir, tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import pruned_generate_speed
+
+    steps = [{}, {"encoder.layers.0.self_attn": [1]},
+             {"encoder.layers.0.self_attn": [1], "decoder.layers.2.encoder_attn": [0, 3],
+              "decoder.layers.1.self_attn": [2]}]
+    records = [{"share": sum(map(len, p.values())) / 36, "heads_pruned": sum(map(len, p.values())), "pruned": p}
+               for p in steps]
+    (tmp_path / "pruning.json").write_text(json.dumps({"criteria": {"confidence": records}}))
+    argv = ["--model_dir", str(model_dir), "--pruning_json", str(tmp_path / "pruning.json"), "--multi30k_dir",
+            str(DATA), "--samples", "3", "--num_beams", "2", "--repeats", "2", "--forced_length", "3"]
+    rows = pruned_generate_speed.main([*argv, "--criterion", "confidence", "--out", str(tmp_path / "speed.json")])
+    assert [row["by_kind"] for row in rows] == [{"encoder": 1}, {"encoder": 1, "cross": 2, "decoder": 1}]
+    assert rows[0]["parameters"] > rows[1]["parameters"]
+    assert all(row["throughput_ratio"] > 0 and len(row["sentences_per_second"]["model"]) == 2 for row in rows)
+    assert json.loads((tmp_path / "speed.json").read_text())["rows"] == rows
+    with pytest.raises(ValueError, match="has no criterion 'gradient'"):
+        pruned_generate_speed.main([*argv, "--criterion", "gradient"])

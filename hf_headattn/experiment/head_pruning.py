@@ -48,13 +48,15 @@ def iterative_pruning(model, criterion: str, importance_batches: Callable[[], It
                       evaluate_model: Callable[[torch.nn.Module], dict], *, step_share: float = 0.1,
                       max_share: float = 0.9, recompute: bool = True,
                       finetune: Callable[[torch.nn.Module], None] | None = None, seed: int = 0,
+                      on_step: Callable[[torch.nn.Module, list[dict]], None] | None = None,
                       log: Callable[[str], None] = print) -> list[dict]:
     """Prune ``model`` in place step by step; returns one record per step, the unpruned model first.
 
     Each record: ``share`` (of all heads pruned), ``heads_pruned``, ``pruned`` (``config.pruned_heads``) and what
     ``evaluate_model`` returns. Each step prunes ``max(1, round(step_share * remaining heads))`` heads, never more
     than ``max_share`` of all heads and never a module's last head; it stops when nothing is left to prune.
-    ``importance_batches()`` gives the batches the importance is computed on (each time it is recomputed).
+    ``importance_batches()`` gives the batches the importance is computed on (each time it is recomputed);
+    ``on_step(model, records)`` is called after each step is scored (e.g. to keep the fine-tuned model).
     """
     if not 0 < step_share <= 1 or not 0 < max_share < 1:
         raise ValueError(f"step_share must be in (0, 1] and max_share in (0, 1), got {step_share!r}, {max_share!r}")
@@ -74,6 +76,8 @@ def iterative_pruning(model, criterion: str, importance_batches: Callable[[], It
             finetune(model)
         records.append(_record(model, total, evaluate_model))
         log(f"{criterion}: {records[-1]['heads_pruned']}/{total} heads pruned, BLEU {records[-1]['bleu']:.2f}")
+        if on_step is not None:
+            on_step(model, records)
         if recompute and pruned_count(model.config) < limit:
             importance = head_importance(model, importance_batches(), [criterion], seed=seed)[criterion]
     return records
@@ -95,6 +99,20 @@ def largest_share_within(records: Sequence[dict], tolerance: float = BLEU_TOLERA
             break
         chosen = record
     return chosen
+
+
+def throughput_ratio(model, reference, tokenizer, sources: Sequence[str], repeats: int = 3,
+                     **generate_kwargs) -> dict:
+    """``generate`` sentences/s of ``model`` and ``reference`` on ``sources``, timed alternately ``repeats`` times,
+    so that a load on the machine weighs on both alike; ``ratio`` is the median of the per-repeat ratios."""
+    speeds = {"model": [], "reference": []}
+    for _ in range(repeats):
+        for name, candidate in (("reference", reference), ("model", model)):
+            start = time.perf_counter()
+            translate(candidate, tokenizer, list(sources), **generate_kwargs)
+            speeds[name].append(len(sources) / (time.perf_counter() - start))
+    ratios = sorted(m / r for m, r in zip(speeds["model"], speeds["reference"]))
+    return {"ratio": ratios[len(ratios) // 2], "sentences_per_second": speeds}
 
 
 def finetuning(batches: Callable[[], Iterable[dict]], steps: int, learning_rate: float) -> Callable:
