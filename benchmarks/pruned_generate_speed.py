@@ -16,6 +16,7 @@ parameters.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from collections import Counter
 from pathlib import Path
@@ -58,7 +59,7 @@ def main(argv=None) -> list[dict]:
     forced = args.forced_length + 1  # the decoder start token counts in the length
     lengths = {"min_length": forced, "max_length": forced} if args.forced_length else {"max_length": 128}
     for record in records[1:]:
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).eval()
+        model = copy.deepcopy(unpruned)
         model.prune_heads(record["pruned"])
         timing = throughput_ratio(model, unpruned, tokenizer, sources, args.repeats, **lengths,
                                   num_beams=args.num_beams, batch_size=args.batch_size)

@@ -25,7 +25,6 @@ from .attention import key_allowed  # (sea.py imports it from here too: part of 
 NOT_IN_PHRASE = -10000
 
 
-
 def real_tokens(allowed: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
     """(B, S) bool, True at real tokens: the keys some query may attend to (bidirectional padding masks).
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..dhicm import METHOD
+from ..dhicm import METHOD, importance_sums
 from ..registry import readout
 from .plotting import pyplot, save_figure
 
@@ -37,10 +37,9 @@ def mean_head_importance(model, batches: Iterable[dict]) -> dict[str, list[float
         importances = getattr(model(**batch, **{FLAG: True}), FIELD)
         if not importances:
             raise ValueError(f"the model returned no head importances: switch DHICM on (config.{METHOD.name})")
-        for name, G in importances.items():  # (B, T, H), zero at padding
-            real = G.sum(-1) > 0
-            sums[name] = sums.get(name, 0) + G.sum((0, 1)).double()
-            counts[name] = counts.get(name, 0) + int(real.sum())
+        for name, (total, count) in importance_sums(importances).items():
+            sums[name] = sums.get(name, 0) + total.double()
+            counts[name] = counts.get(name, 0) + int(count)
     model.train(was_training)
     return {name: (sums[name] / max(counts[name], 1)).tolist() for name in sums}
 

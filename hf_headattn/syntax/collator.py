@@ -10,9 +10,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 from transformers.utils import PaddingStrategy
 
-from ..sea import METHOD as SEA
-from ..sea import SEASettings
-from ..sea import RULE2
+from ..sea import METHOD as SEA, RULE2, SEASettings
 from ..settings_checks import check_choice
 from .dataset import SPECIAL_TOKEN_VALUES, TOKEN_COLUMNS
 from .features import token_dependency_mask, token_phrase_positions
