@@ -37,9 +37,10 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn  # noqa: F401  (registers the models)
-from hf_headattn.analysis.head_ranking import BUILT_IN, method_criteria
+from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, head_importance, method_criteria
 from hf_headattn.analysis.plotting import pyplot, save_figure
 from hf_headattn.experiment.data import load_parallel_dataset
+from hf_headattn.head_masks import KINDS, mask_shape
 from hf_headattn.experiment.evaluation import markdown_table
 from hf_headattn.experiment.head_pruning import (
     BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within, throughput_ratio,
@@ -62,6 +63,9 @@ def parse_args(argv=None):
     parser.add_argument("--step_share", type=float, default=0.1, help="share of the remaining heads pruned per step")
     parser.add_argument("--max_share", type=float, default=0.9, help="prune at most this share of all heads")
     parser.add_argument("--no_recompute", action="store_true", help="rank once, on the unpruned model")
+    parser.add_argument("--common_heads", action="store_true",
+                        help="prune only heads that every one of --criteria scores (e.g. compare dhicm with gradient "
+                             "on DHICM's modules)")
     parser.add_argument("--finetune_steps", type=int, default=0, help="training steps after each pruning step")
     parser.add_argument("--finetune_learning_rate", type=float, default=1e-4)
     parser.add_argument("--finetune_samples", type=int, help="training sentences fine-tuned on (default: all)")
@@ -149,11 +153,27 @@ class Study:
     def identity(self) -> dict:
         keys = ("model_dir", "source_lang", "target_lang", "step_share", "max_share", "no_recompute", "finetune_steps",
                 "finetune_learning_rate", "finetune_samples", "importance_samples", "eval_samples", "num_beams",
-                "max_length", "seed")
+                "max_length", "seed", "common_heads")
         return {key: getattr(self.args, key) for key in keys}
 
 
+def candidate_heads(study: Study, results: dict) -> dict[str, torch.Tensor] | None:
+    """With ``--common_heads``, the heads that all the criteria score on the unpruned model (``common_heads``),
+    recorded in ``results`` as ``{kind: [[layer, head], ...]}``; else None (every head)."""
+    if not study.args.common_heads:
+        return None
+    if "common_heads" not in results:
+        model = study.load()
+        among = common_heads(head_importance(model, study.batches(model)(), study.criteria(), seed=study.args.seed))
+        results["common_heads"] = {kind: heads.nonzero().tolist() for kind, heads in among.items()}
+    among = {kind: torch.zeros(mask_shape(study.config, kind), dtype=torch.bool) for kind in KINDS}
+    for kind, heads in results["common_heads"].items():
+        among[kind][tuple(torch.tensor(heads).reshape(-1, 2).T)] = True
+    return among
+
+
 def run_criteria(study: Study, results: dict, path: Path) -> None:
+    among = candidate_heads(study, results)
     for criterion in study.criteria():
         if criterion in results["criteria"]:
             print(f"{criterion}: done before, skipped")
@@ -169,7 +189,7 @@ def run_criteria(study: Study, results: dict, path: Path) -> None:
         results["criteria"][criterion] = iterative_pruning(
             model, criterion, study.batches(model), study.evaluate, step_share=study.args.step_share,
             max_share=study.args.max_share, recompute=not study.args.no_recompute, finetune=finetune,
-            seed=study.args.seed, on_step=keep_within_tolerance)
+            seed=study.args.seed, on_step=keep_within_tolerance, among=among)
         write_json_atomic(path, results)
 
 

@@ -9,7 +9,7 @@ import torch
 from conftest import batch
 from test_head_pruning import METHODS, model_with, syntax
 from hf_headattn.analysis import count_redundant_heads, mean_head_importance
-from hf_headattn.analysis.head_ranking import criteria, head_importance, heads_to_prune
+from hf_headattn.analysis.head_ranking import common_heads, criteria, head_importance, heads_to_prune
 
 
 def batches():
@@ -94,7 +94,7 @@ def test_method_criteria_read_the_methods_read_outs():
     got = head_importance(model, data, ["dhicm", "rhe"])
     means = mean_head_importance(model, data)
     for name, values in means.items():
-        kind = "cross" if "encoder_attn" in name else name.split(".")[0]
+        kind = kind_of_module(name)
         np.testing.assert_allclose(got["dhicm"][kind][int(name.split(".")[2])].numpy(), values, rtol=1e-5)
     assert torch.isnan(got["dhicm"]["encoder"][0]).all()  # no DHICM in encoder layer 0
     with torch.no_grad():
@@ -140,6 +140,27 @@ def test_heads_to_prune_takes_the_least_important_and_never_a_last_head():
     again = heads_to_prune(model, importance, 2)
     assert again == {"decoder.layers.1.encoder_attn": [0, 1]}  # ties at 10.0: the first kind, layer and heads
     model.prune_heads(again)
+
+
+
+def test_common_heads_limit_the_candidates_to_what_every_criterion_scores():
+    model = model_with(METHODS["dhicm"])  # DHICM in encoder layer 1 and both decoder layers (self and cross)
+    scores = head_importance(model, batches(), ["gradient", "dhicm"])
+    among = common_heads(scores)
+    assert among["encoder"].tolist() == [[False] * 4, [True] * 4]
+    assert among["decoder"].all() and among["cross"].all()
+    assert common_heads({"gradient": scores["gradient"]})["encoder"].all()
+    chosen = heads_to_prune(model, scores["gradient"], 3, among)  # 3: no module's last head can be among them
+    assert sum(map(len, chosen.values())) == 3 and not any(name.startswith("encoder.layers.0.") for name in chosen)
+    allowed = sorted(value for kind, table in scores["gradient"].items() for value in table[among[kind]].tolist())
+    assert sorted(scores["gradient"][kind_of_module(name)][int(name.split(".")[2]), head].item()
+                  for name, heads in chosen.items() for head in heads) == allowed[:3]
+    everything = heads_to_prune(model, scores["gradient"], 100, among)
+    assert len(everything) == 5 and all(len(heads) == 3 for heads in everything.values())  # never a last head
+
+
+def kind_of_module(name: str) -> str:
+    return "cross" if "encoder_attn" in name else name.split(".")[0]
 
 
 def test_bad_criteria():

@@ -76,6 +76,20 @@ def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_di
     assert json.loads((tmp_path / "pruning.json").read_text())["test"] == saved["test"]
 
 
+
+def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_dir, tmp_path):
+    argv = ["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path),
+            "--criteria", "dhicm", "gradient", "--common_heads", "--importance_samples", "16", "--eval_samples", "4",
+            "--num_beams", "1", "--max_length", "8", "--step_share", "0.2", "--max_share", "0.8"]
+    saved = prune_heads.main(argv)
+    # the tiny model's DHICM: the last encoder layer and the last decoder layer's self- and cross-attention
+    assert saved["common_heads"] == {kind: [[2, head] for head in range(4)] for kind in ("encoder", "decoder", "cross")}
+    for records in saved["criteria"].values():
+        assert records[-1]["heads_pruned"] == 9  # three of each module's four heads, then nothing is left
+        assert all(".layers.2." in name for record in records for name in record["pruned"])
+    assert saved["settings"]["common_heads"] is True
+
+
 def test_largest_share_stops_at_the_first_step_below_the_tolerance():
     records = [{"share": 0, "bleu": 30.0}, {"share": 0.1, "bleu": 29.8}, {"share": 0.2, "bleu": 29.4},
                {"share": 0.3, "bleu": 29.9}]

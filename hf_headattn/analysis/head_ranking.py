@@ -180,11 +180,24 @@ def _method_criterion(model, batch: dict, sums: _Sums, name: str, spec) -> None:
                          "inputs in the batches")
 
 
-def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int) -> dict[str, list[int]]:
+def common_heads(importances: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The heads that every criterion of ``importances`` (``{criterion: {kind: (layers, heads)}}``, as
+    :func:`head_importance` returns) scores, as ``{kind: bool (layers, heads)}``: to compare a method's criterion
+    with the others on the heads it ranks (``dhicm`` scores only DHICM's modules, ``rhe`` only the first encoder
+    layer's)."""
+    tables = list(importances.values())
+    return {kind: torch.stack([table[kind].isfinite() for table in tables]).all(0) for kind in tables[0]}
+
+
+def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int,
+                   among: dict[str, torch.Tensor] | None = None) -> dict[str, list[int]]:
     """The ``count`` least important heads by ``importance`` (``{kind: (layers, heads)}``; NaN entries and heads
     already pruned are no candidates, so an importance computed before pruning can be used again), as
     ``{module name: [original head numbers]}`` for :func:`hf_headattn.pruning.prune_heads`; the last head of a
-    module is never chosen. Fewer are returned when fewer are candidates."""
+    module is never chosen. ``among`` (``{kind: bool (layers, heads)}``, e.g. :func:`common_heads`) limits the
+    candidates further. Fewer are returned when fewer are candidates."""
+    if among is not None:
+        importance = {kind: table.masked_fill(~among[kind], float("nan")) for kind, table in importance.items()}
     modules = {(kind_of(module), module.headattn_layer): module for module in routed_modules(model).values()}
     candidates = sorted(
         (float(value), kind, layer, head) for kind, table in importance.items()
