@@ -189,7 +189,8 @@ def run_criteria(study: Study, results: dict, path: Path) -> None:
         results["criteria"][criterion] = iterative_pruning(
             model, criterion, study.batches(model), study.evaluate, step_share=study.args.step_share,
             max_share=study.args.max_share, recompute=not study.args.no_recompute, finetune=finetune,
-            seed=study.args.seed, on_step=keep_within_tolerance, among=among)
+            seed=study.args.seed, on_step=keep_within_tolerance, among=among,
+            unpruned=next((records[0] for records in results["criteria"].values()), None))
         write_json_atomic(path, results)
 
 

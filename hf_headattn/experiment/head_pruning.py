@@ -49,7 +49,7 @@ def iterative_pruning(model, criterion: str, importance_batches: Callable[[], It
                       max_share: float = 0.9, recompute: bool = True,
                       finetune: Callable[[torch.nn.Module], None] | None = None, seed: int = 0,
                       on_step: Callable[[torch.nn.Module, list[dict]], None] | None = None,
-                      among: dict[str, torch.Tensor] | None = None,
+                      among: dict[str, torch.Tensor] | None = None, unpruned: dict | None = None,
                       log: Callable[[str], None] = print) -> list[dict]:
     """Prune ``model`` in place step by step; returns one record per step, the unpruned model first.
 
@@ -58,12 +58,13 @@ def iterative_pruning(model, criterion: str, importance_batches: Callable[[], It
     than ``max_share`` of all heads and never a module's last head; it stops when nothing is left to prune.
     ``importance_batches()`` gives the batches the importance is computed on (each time it is recomputed);
     ``on_step(model, records)`` is called after each step is scored (e.g. to keep the fine-tuned model).
-    ``among`` (``{kind: bool (layers, heads)}``) limits the heads that can be pruned (``heads_to_prune``).
+    ``among`` (``{kind: bool (layers, heads)}``) limits the heads that can be pruned (``heads_to_prune``);
+    ``unpruned``, the first record of an earlier run on the same model, saves evaluating the unpruned model again.
     """
     if not 0 < step_share <= 1 or not 0 < max_share < 1:
         raise ValueError(f"step_share must be in (0, 1] and max_share in (0, 1), got {step_share!r}, {max_share!r}")
     total = total_heads(model.config)
-    records = [_record(model, total, evaluate_model)]
+    records = [unpruned if unpruned is not None else _record(model, total, evaluate_model)]
     log(f"{criterion}: unpruned BLEU {records[0]['bleu']:.2f}")
     importance = head_importance(model, importance_batches(), [criterion], seed=seed)[criterion]
     limit = math.floor(max_share * total)
