@@ -40,7 +40,6 @@ import hf_headattn  # noqa: F401  (registers the models)
 from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, head_importance, method_criteria
 from hf_headattn.analysis.plotting import pyplot, save_figure
 from hf_headattn.experiment.data import load_parallel_dataset
-from hf_headattn.head_masks import KINDS, mask_shape
 from hf_headattn.experiment.evaluation import markdown_table
 from hf_headattn.experiment.head_pruning import (
     BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within, throughput_ratio,
@@ -48,6 +47,7 @@ from hf_headattn.experiment.head_pruning import (
 from hf_headattn.experiment.model_card import method_settings_of, write_model_card
 from hf_headattn.experiment.study import write_json_atomic
 from hf_headattn.experiment.training import collator, prepare_features
+from hf_headattn.head_masks import KINDS, mask_shape
 
 HERE = Path(__file__).resolve().parent
 
@@ -166,6 +166,9 @@ def candidate_heads(study: Study, results: dict) -> dict[str, torch.Tensor] | No
         model = study.load()
         among = common_heads(head_importance(model, study.batches(model)(), study.criteria(), seed=study.args.seed))
         results["common_heads"] = {kind: heads.nonzero().tolist() for kind, heads in among.items()}
+    if not any(results["common_heads"].values()):
+        raise ValueError(f"--common_heads: the criteria {study.criteria()} score no head in common (each method's "
+                         "criterion scores only the modules that carry the method)")
     among = {kind: torch.zeros(mask_shape(study.config, kind), dtype=torch.bool) for kind in KINDS}
     for kind, heads in results["common_heads"].items():
         among[kind][tuple(torch.tensor(heads).reshape(-1, 2).T)] = True

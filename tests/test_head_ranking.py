@@ -142,7 +142,6 @@ def test_heads_to_prune_takes_the_least_important_and_never_a_last_head():
     model.prune_heads(again)
 
 
-
 def test_common_heads_limit_the_candidates_to_what_every_criterion_scores():
     model = model_with(METHODS["dhicm"])  # DHICM in encoder layer 1 and both decoder layers (self and cross)
     scores = head_importance(model, batches(), ["gradient", "dhicm"])

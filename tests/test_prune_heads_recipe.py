@@ -3,6 +3,7 @@
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -78,7 +79,6 @@ def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_di
     assert json.loads((tmp_path / "pruning.json").read_text())["test"] == saved["test"]
 
 
-
 def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_dir, tmp_path):
     argv = ["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path),
             "--criteria", "dhicm", "gradient", "--common_heads", "--importance_samples", "16", "--eval_samples", "4",
@@ -90,6 +90,11 @@ def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_
         assert records[-1]["heads_pruned"] == 9  # three of each module's four heads, then nothing is left
         assert all(".layers.2." in name for record in records for name in record["pruned"])
     assert saved["settings"]["common_heads"] is True
+    # criteria that share no head (e.g. dhicm and rhe, in different layers) are refused, naming them
+    study = SimpleNamespace(args=SimpleNamespace(common_heads=True, criteria=["dhicm", "rhe"]),
+                            criteria=lambda: ["dhicm", "rhe"], config=None)
+    with pytest.raises(ValueError, match=r"the criteria \['dhicm', 'rhe'\] score no head in common"):
+        prune_heads.candidate_heads(study, {"common_heads": {"encoder": [], "decoder": [], "cross": []}})
 
 
 def test_largest_share_stops_at_the_first_step_below_the_tolerance():
