@@ -171,7 +171,7 @@ def candidate_heads(study: Study, results: dict) -> dict[str, torch.Tensor] | No
                          "criterion scores only the modules that carry the method)")
     among = {kind: torch.zeros(mask_shape(study.config, kind), dtype=torch.bool) for kind in KINDS}
     for kind, heads in results["common_heads"].items():
-        among[kind][tuple(torch.tensor(heads).reshape(-1, 2).T)] = True
+        among[kind][tuple(torch.tensor(heads, dtype=torch.long).reshape(-1, 2).T)] = True
     return among
 
 

@@ -95,6 +95,10 @@ def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_
                             criteria=lambda: ["dhicm", "rhe"], config=None)
     with pytest.raises(ValueError, match=r"the criteria \['dhicm', 'rhe'\] score no head in common"):
         prune_heads.candidate_heads(study, {"common_heads": {"encoder": [], "decoder": [], "cross": []}})
+    # a kind without common heads (rhe: the first encoder layer only)
+    study.config = AutoModelForSeq2SeqLM.from_pretrained(model_dir).config
+    among = prune_heads.candidate_heads(study, {"common_heads": {"encoder": [[0, 1]], "decoder": [], "cross": []}})
+    assert among["encoder"].nonzero().tolist() == [[0, 1]] and not among["decoder"].any() and not among["cross"].any()
 
 
 def test_largest_share_stops_at_the_first_step_below_the_tolerance():
