@@ -529,7 +529,7 @@ def screen_table(screen: dict[str, dict[int, dict]], refs: dict[str, list[str]])
                         "best_epoch": run["best_epoch"], "epochs": run["epochs"], "stop_reason": run["stop_reason"]})
         table.append([row, f"{run['validation']['bleu']:.2f}", f"{run['validation']['chrf']:.2f}",
                       per_seed(p, ".3f"), f"{run['best_greedy_validation_bleu']:.2f}", f"{run['best_epoch']:.0f}",
-                      _epochs(run), f"{run['train_time_s'] / 3600:.1f}"])
+                      _epochs(run), f"{run['train_time_s'] / 3600:.2f}"])
     return summary, markdown_table(header, table)
 
 
