@@ -23,7 +23,8 @@ reason (``early_stopping``, ``time_cap`` or ``max_epochs``) is recorded. The bes
 and scored (beam 5). A checkpoint is saved at each evaluation, so a restart resumes every unfinished run from its last
 checkpoint (the early-stopping counter and best score included) and skips the finished ones: each writes
 ``<results_dir>/<stage>-<row>-seed<k>.json`` the moment it finishes (settings, git commit, seed, epochs, stop reason,
-validation curve, best validation BLEU/chrF and predictions, train time). Checkpoints go to ``--output_dir``.
+validation curve, the training logs per epoch (the loss and the methods' terms and statistics), best validation
+BLEU/chrF and predictions, train time). Checkpoints go to ``--output_dir``.
 
 Stop the study with Ctrl-C (or kill its process group, ``kill -- -PGID``): killing the study's process alone leaves
 its training runs going, and a restart skips a run whose training process still runs. A session loses at most the
@@ -63,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -229,6 +231,26 @@ def validation_curve(log_history: list[dict]) -> list[dict]:
             for entry in log_history if "eval_bleu" in entry]
 
 
+#: Training-log values that describe the schedule, not the model: left out of :func:`training_curve`.
+SCHEDULE_LOG_KEYS = frozenset({"epoch", "step", "learning_rate", "grad_norm"})
+
+
+def training_curve(log_history: list[dict]) -> list[dict]:
+    """Per epoch k (the training logs with epoch in (k-1, k]), the mean of each logged training value: the loss, the
+    NLL and the methods' terms and statistics (e.g. ``dhicm_kl``, ``dhicm_stats/top_head_share``), as the Trainer
+    logged them every ``logging_steps``; ``logs`` says how many logs each mean joins."""
+    epochs: dict[int, list[dict]] = {}
+    for entry in log_history:
+        if "loss" in entry and not any(key.startswith("eval_") for key in entry):
+            epochs.setdefault(max(math.ceil(entry["epoch"] - 1e-9), 1), []).append(entry)
+    curve = []
+    for epoch, entries in sorted(epochs.items()):
+        keys = sorted({key for entry in entries for key in entry if key not in SCHEDULE_LOG_KEYS})
+        means = {key: sum(e[key] for e in entries if key in e) / sum(key in e for e in entries) for key in keys}
+        curve.append({"epoch": epoch, "logs": len(entries), **means})
+    return curve
+
+
 def best_index(curve: list[dict]) -> int | None:
     """The evaluation the Trainer keeps: the first with the highest BLEU (a later one must be strictly higher)."""
     return max(range(len(curve)), key=lambda i: (curve[i]["bleu"], -i)) if curve else None
@@ -265,6 +287,7 @@ def make_record(args, stage: str, row: str, seed: int, folder: Path, sessions: l
         "best_step": None if best is None else curve[best]["step"],
         "best_greedy_validation_bleu": None if best is None else curve[best]["bleu"],
         "validation_curve": curve,
+        "training_curve": training_curve(results["log_history"]),
         "validation": {"bleu": valid["bleu"], "chrf": valid["chrf"], "num_beams": TEST_BEAMS,
                        "bleu_signature": valid.get("bleu_signature"), "chrf_signature": valid.get("chrf_signature"),
                        "of": "the best checkpoint by greedy validation BLEU"},

@@ -229,9 +229,9 @@ def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, 
     markdown = cs.table(args)
     assert (tmp_path / "results" / "README.md").read_text() == markdown
     lines = markdown.splitlines()
-    assert "| baseline | 30.00 | 60.00 | - | 29.00 | 7 | 12 | 1.0 |" in lines
-    assert "| eadra_pair_mean_a1 | 5.00 | 10.00 | 0.001 | 4.00 | 7 | 12 | 1.0 |" in lines
-    assert "| lpea_rhe | 30.20 | 60.40 | 1.000 | 29.20 | 35 | 40 (time cap) | 1.0 |" in lines
+    assert "| baseline | 30.00 | 60.00 | - | 29.00 | 7 | 12 | 1.00 |" in lines
+    assert "| eadra_pair_mean_a1 | 5.00 | 10.00 | 0.001 | 4.00 | 7 | 12 | 1.00 |" in lines
+    assert "| lpea_rhe | 30.20 | 60.40 | 1.000 | 29.20 | 35 | 40 (time cap) | 1.00 |" in lines
     dea = next(line for line in lines if line.startswith("| dea_rhe | 2 |"))
     assert dea.startswith("| dea_rhe | 2 | 31.00 ± 0.00 | 1.000 / 1.000 | 25.00 ± 0.00 | 0.001 / 0.001 | "
                           "50.00 ± 0.00 |")
@@ -270,3 +270,21 @@ def test_a_real_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
     assert record["epochs"] == 3.0 and record["global_step"] == 6 and record["stop_reason"] == "max_epochs"
     assert record["train_time_s_is_total"] and record["train_time_s"] > 0
     assert len(record["validation_predictions"]) == 8 and 0 <= record["validation"]["bleu"] <= 100
+    # the training logs of both sessions, per epoch (2 steps an epoch, a log per step)
+    assert [(point["epoch"], point["logs"]) for point in record["training_curve"]] == [(1, 2), (2, 2), (3, 2)]
+    assert all(point["loss"] > 0 and "nll_loss" in point for point in record["training_curve"])
+
+
+def test_the_training_curve_averages_each_epochs_training_logs():
+    history = [
+        {"epoch": 0.5, "step": 1, "loss": 4.0, "nll_loss": 3.0, "learning_rate": 1e-3, "grad_norm": 2.0},
+        {"epoch": 1.0, "step": 2, "loss": 2.0, "nll_loss": 1.0, "dhicm_kl": 0.5, "learning_rate": 1e-3},
+        {"epoch": 1.0, "step": 2, "eval_loss": 9.0, "eval_bleu": 10.0},  # an evaluation, not a training log
+        {"epoch": 1.5, "step": 3, "loss": 1.0, "dhicm_kl": 1.5},
+        {"epoch": 1.5, "step": 3, "train_loss": 2.3, "train_runtime": 60.0},  # the run's summary
+    ]
+    assert cs.training_curve(history) == [
+        {"epoch": 1, "logs": 2, "dhicm_kl": 0.5, "loss": 3.0, "nll_loss": 2.0},  # a value's mean over the logs with it
+        {"epoch": 2, "logs": 1, "dhicm_kl": 1.5, "loss": 1.0},
+    ]
+    assert cs.training_curve([]) == []
