@@ -238,15 +238,19 @@ SCHEDULE_LOG_KEYS = frozenset({"epoch", "step", "learning_rate", "grad_norm"})
 def training_curve(log_history: list[dict]) -> list[dict]:
     """Per epoch k (the training logs with epoch in (k-1, k]), the mean of each logged training value: the loss, the
     NLL and the methods' terms and statistics (e.g. ``dhicm_kl``, ``dhicm_stats/top_head_share``), as the Trainer
-    logged them every ``logging_steps``; ``logs`` says how many logs each mean joins."""
+    logged them every ``logging_steps`` (numbers only); ``logs`` says how many logs each mean joins."""
     epochs: dict[int, list[dict]] = {}
     for entry in log_history:
         if "loss" in entry and not any(key.startswith("eval_") for key in entry):
             epochs.setdefault(max(math.ceil(entry["epoch"] - 1e-9), 1), []).append(entry)
     curve = []
     for epoch, entries in sorted(epochs.items()):
-        keys = sorted({key for entry in entries for key in entry if key not in SCHEDULE_LOG_KEYS})
-        means = {key: sum(e[key] for e in entries if key in e) / sum(key in e for e in entries) for key in keys}
+        values: dict[str, list[float]] = {}
+        for entry in entries:
+            for key, value in entry.items():
+                if key not in SCHEDULE_LOG_KEYS and isinstance(value, (int, float)):
+                    values.setdefault(key, []).append(value)
+        means = {key: sum(numbers) / len(numbers) for key, numbers in sorted(values.items())}
         curve.append({"epoch": epoch, "logs": len(entries), **means})
     return curve
 

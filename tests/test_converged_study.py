@@ -280,11 +280,12 @@ def test_the_training_curve_averages_each_epochs_training_logs():
         {"epoch": 0.5, "step": 1, "loss": 4.0, "nll_loss": 3.0, "learning_rate": 1e-3, "grad_norm": 2.0},
         {"epoch": 1.0, "step": 2, "loss": 2.0, "nll_loss": 1.0, "dhicm_kl": 0.5, "learning_rate": 1e-3},
         {"epoch": 1.0, "step": 2, "eval_loss": 9.0, "eval_bleu": 10.0},  # an evaluation, not a training log
-        {"epoch": 1.5, "step": 3, "loss": 1.0, "dhicm_kl": 1.5},
+        {"epoch": 1.5, "step": 3, "loss": 1.0, "dhicm_kl": 1.5, "note": "not a number"},
+        {"epoch": 2.0, "step": 4, "loss": 3.0, "note": 7.0},  # numbers only
         {"epoch": 1.5, "step": 3, "train_loss": 2.3, "train_runtime": 60.0},  # the run's summary
     ]
     assert cs.training_curve(history) == [
         {"epoch": 1, "logs": 2, "dhicm_kl": 0.5, "loss": 3.0, "nll_loss": 2.0},  # a value's mean over the logs with it
-        {"epoch": 2, "logs": 1, "dhicm_kl": 1.5, "loss": 1.0},
+        {"epoch": 2, "logs": 2, "dhicm_kl": 1.5, "loss": 2.0, "note": 7.0},
     ]
     assert cs.training_curve([]) == []
