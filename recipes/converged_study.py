@@ -241,7 +241,7 @@ def training_curve(log_history: list[dict]) -> list[dict]:
     logged them every ``logging_steps`` (numbers only); ``logs`` says how many logs each mean joins."""
     epochs: dict[int, list[dict]] = {}
     for entry in log_history:
-        if "loss" in entry and not any(key.startswith("eval_") for key in entry):
+        if "loss" in entry:  # a training log (evaluations log eval_loss, the run's summary train_loss)
             epochs.setdefault(max(math.ceil(entry["epoch"] - 1e-9), 1), []).append(entry)
     curve = []
     for epoch, entries in sorted(epochs.items()):

@@ -91,8 +91,7 @@ def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_
         assert all(".layers.2." in name for record in records for name in record["pruned"])
     assert saved["settings"]["common_heads"] is True
     # criteria that share no head (e.g. dhicm and rhe, in different layers) are refused, naming them
-    study = SimpleNamespace(args=SimpleNamespace(common_heads=True, criteria=["dhicm", "rhe"]),
-                            criteria=lambda: ["dhicm", "rhe"], config=None)
+    study = SimpleNamespace(args=SimpleNamespace(common_heads=True), criteria=lambda: ["dhicm", "rhe"], config=None)
     with pytest.raises(ValueError, match=r"the criteria \['dhicm', 'rhe'\] score no head in common"):
         prune_heads.candidate_heads(study, {"common_heads": {"encoder": [], "decoder": [], "cross": []}})
     # a kind without common heads (rhe: the first encoder layer only)
