@@ -39,7 +39,7 @@ class DHICMSettings(MethodSettings):
     attention: which attention modules of a decoder layer ("self", "cross"); None = both.
     dim: d_m of Eq. 2-3 (None: d_model). dropout: dropout after Ux (Eq. 2). kl_weight: lambda of Eq. 4-5.
     kl_reduction: how the KL of Eq. 5 joins the per-token NLL, see :func:`kl_objective_term` ("per_batch", the
-        fidelity study's choice; "per_token" is release 0.1's reading).
+        fidelity study's choice, kept by the converged study; "per_token" is release 0.1's reading).
     mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
     """
 

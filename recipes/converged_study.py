@@ -42,7 +42,9 @@ epoch in progress of each run.
     python recipes/converged_study.py status          # what is done, what is under way
 
     # GPU: the small shape, 10 runs sharing the GPU (start CUDA MPS first: nvidia-cuda-mps-control -d). On one H200
-    # the 8 rows of the screen, 8 at a time, stopped early after 24-40 epochs, 5-10 min of training each. Make the
+    # the 8 rows of the screen, 8 at a time, stopped early after 24-40 epochs, 5-10 min of training each; the
+    # confirmation's 8 runs and the test reading took 9 minutes. The checkpoints stay on that machine: confirm and
+    # test there (test scores the confirmed runs' checkpoints). Make the
     # tokenizer and the parses first where spaCy is installed (the CPU machine), then carry them over (or pass
     # --tokenizer_dir / --parses_dir):
     python recipes/converged_study.py prepare --device cuda       # -> runs/converged-cuda/{tokenizer,parses}
@@ -560,13 +562,21 @@ def screen_table(screen: dict[str, dict[int, dict]], refs: dict[str, list[str]])
     return summary, markdown_table(header, table)
 
 
+def against(scores: dict[int, float], baseline: dict[int, float], p_values: list[float]) -> str:
+    """Per seed that the baseline has too (ascending, as :func:`per_seed_p_values` gives ``p_values``): the signed
+    difference from the baseline of the same seed and its p, e.g. ``+0.49 (p 0.109) / +1.30 (p 0.005)``."""
+    seeds = [seed for seed in sorted(scores) if seed in baseline]
+    return " / ".join(f"{scores[s] - baseline[s]:+.2f} (p {p:.3f})" for s, p in zip(seeds, p_values)) or "-"
+
+
 def confirm_table(confirm: dict[str, dict[int, dict]], tests: dict[str, dict[int, dict]], rows: list[str],
                   refs: dict[str, list[str]]) -> tuple[list[dict], str]:
     """The confirmed rows over the fresh seeds: validation (beam 5, best checkpoint) and, once the test step ran,
-    test_2016_flickr; mean ± sd, the p of each seed against the baseline of the same seed, epochs to convergence."""
+    test_2016_flickr; mean ± sd, each seed's difference from the baseline of the same seed with its p, epochs to
+    convergence."""
     base, base_test = confirm.get("baseline", {}), tests.get("baseline", {})
-    header = ["row", "seeds", "valid BLEU", "p vs baseline (valid, per seed)", "test BLEU",
-              "p vs baseline (test, per seed)", "test chrF", "epochs to best", "epochs trained"]
+    header = ["row", "seeds", "valid BLEU", "vs baseline, valid (per seed)", "test BLEU", "vs baseline, test (per seed)",
+              "test chrF", "epochs to best", "epochs trained"]
     summary, table = [], []
     for row in rows:
         runs, test = confirm.get(row, {}), tests.get(row, {})
@@ -588,8 +598,12 @@ def confirm_table(confirm: dict[str, dict[int, dict]], tests: dict[str, dict[int
         }
         summary.append(entry)
         read = bool(test)
-        table.append([row, len(seeds), mean_sd(entry["validation_bleu"]), per_seed(entry["validation_p"], ".3f"),
-                      mean_sd(entry["test_bleu"]) if read else "not read yet", per_seed(entry["test_p"], ".3f"),
+        valid_vs = against({s: r["validation"]["bleu"] for s, r in runs.items()},
+                           {s: r["validation"]["bleu"] for s, r in base.items()}, entry["validation_p"])
+        test_vs = against({s: r["bleu"] for s, r in test.items()}, {s: r["bleu"] for s, r in base_test.items()},
+                          entry["test_p"])
+        table.append([row, len(seeds), mean_sd(entry["validation_bleu"]), valid_vs,
+                      mean_sd(entry["test_bleu"]) if read else "not read yet", test_vs,
                       mean_sd(entry["test_chrf"]) if read else "-", per_seed(entry["best_epoch"], ".0f"),
                       " / ".join(_epochs(runs[s]) for s in seeds)])
     return summary, markdown_table(header, table)
@@ -636,8 +650,8 @@ def table(args) -> str:
         confirm = {}
     signature = f" ({any_run['validation']['bleu_signature']})" if any_run else ""
     parts += ["", f"BLEU: sacreBLEU{signature}, beam 5, best checkpoint. p: sacreBLEU's paired bootstrap (1000 "
-              "resamples, seed 12345) of each seed against the baseline run of the same seed, two-sided: read the "
-              "direction from the scores. Epochs to best: the evaluation whose checkpoint is scored; epochs trained: "
+              "resamples, seed 12345) of each seed against the baseline run of the same seed, two-sided; the sign of "
+              "the difference gives the direction. Epochs to best: the evaluation whose checkpoint is scored; epochs trained: "
               "until early stopping unless marked (time cap, max epochs). The screen's seed chose the confirmed rows, "
               "so the confirmation reports fresh seeds only.", "",
               "## Validation curves (greedy BLEU at each epoch)", "", curves("screen", screen)]

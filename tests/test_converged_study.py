@@ -206,7 +206,7 @@ def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, 
     with pytest.raises(SystemExit, match=r"confirmation is not complete \(\['dea_rhe seed 2', 'dea_rhe seed 3'\]"):
         cs.test(args)
     markdown = cs.table(args)  # the table before the test set is read
-    assert "| dhicm_per_token | 2 | 32.50 ± 0.71 | 1.000 / 1.000 | not read yet |" in markdown
+    assert "| dhicm_per_token | 2 | 32.50 ± 0.71 | +0.00 (p 1.000) / +0.00 (p 1.000) | not read yet | - |" in markdown
     for seed in cs.CONFIRM_SEEDS:
         fake_record(args, "confirm", "dea_rhe", seed, 31.0, valid)
 
@@ -232,11 +232,12 @@ def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, 
     assert "| baseline | 30.00 | 60.00 | - | 29.00 | 7 | 12 | 1.00 |" in lines
     assert "| eadra_pair_mean_a1 | 5.00 | 10.00 | 0.001 | 4.00 | 7 | 12 | 1.00 |" in lines
     assert "| lpea_rhe | 30.20 | 60.40 | 1.000 | 29.20 | 35 | 40 (time cap) | 1.00 |" in lines
+    assert "| baseline | 2 | 32.50 ± 0.71 | - | 20.00 ± 0.00 | - | 50.00 ± 0.00 |" in markdown
     dea = next(line for line in lines if line.startswith("| dea_rhe | 2 |"))
-    assert dea.startswith("| dea_rhe | 2 | 31.00 ± 0.00 | 1.000 / 1.000 | 25.00 ± 0.00 | 0.001 / 0.001 | "
-                          "50.00 ± 0.00 |")
+    assert dea.startswith("| dea_rhe | 2 | 31.00 ± 0.00 | -1.00 (p 1.000) / -2.00 (p 1.000) | 25.00 ± 0.00 | "
+                          "+5.00 (p 0.001) / +5.00 (p 0.001) | 50.00 ± 0.00 |")
     eadra = next(line for line in lines if line.startswith("| eadra_pair_mean_a0.3 | 2 |"))
-    assert "| 0.001 / 0.001 |" in eadra  # its validation predictions are worse than the baseline's
+    assert "| +0.00 (p 0.001) / +0.00 (p 0.001) |" in eadra  # its validation predictions are worse than the baseline's
     assert "- screen lpea_rhe seed 1 (time_cap): 3.0, 9.5" in lines
     assert "Chosen on validation: {'dhicm': 'dhicm_per_token', 'eadra': 'eadra_pair_mean_a0.3', 'sea': 'dea_rhe'}" in (
         markdown)
