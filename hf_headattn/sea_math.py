@@ -174,8 +174,28 @@ def lpea_bias(phrase_positions: torch.Tensor, label_bias: torch.Tensor,
     k = (label_bias.shape[0] - 1) // 2
     allowed = dependency_allowed(phrase_positions != not_in_phrase)
     labels = phrase_positions.clamp(-k, k) + k  # (B, T, S) in [0, 2k]
-    bias = label_bias[labels]  # (B, T, S); backward: index_put_(accumulate) into the 2k+1 labels (sort-based on CUDA)
-    return bias, allowed
+    return _GatherLabels.apply(label_bias, labels), allowed
+
+
+class _GatherLabels(torch.autograd.Function):
+    """``table[labels]``, whose backward sums the gradient per label with one matrix product over the one-hot labels.
+
+    Autograd's own backward of the indexing, ``index_put_(accumulate=True)``, reduces each label's duplicates in one
+    warp on CUDA (pytorch/pytorch#41162): LPEA's 2k+1 labels over all B x T x S pairs leave the whole sum to 2k+1
+    warps. The product spreads it over the device, deterministically.
+    """
+
+    @staticmethod
+    def forward(ctx, table: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(labels)
+        ctx.num_labels = table.shape[0]
+        return table[labels]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (labels,) = ctx.saved_tensors
+        one_hot = labels.reshape(-1, 1) == torch.arange(ctx.num_labels, device=labels.device)  # (N, 2k+1)
+        return (grad.reshape(1, -1) @ one_hot.to(grad.dtype)).reshape(-1), None
 
 
 def enhanced_mask(attention_mask: torch.Tensor | None, syntax_bias: torch.Tensor, syntax_allowed: torch.Tensor,

@@ -114,6 +114,17 @@ def test_lpea_bias_gradcheck_float64():
     assert torch.autograd.gradcheck(gathered, params)
 
 
+def test_lpea_bias_gradient_sums_the_upstream_gradient_per_label():
+    _, _, _, rp, g = setup()
+    labels = lpea_label_bias(*lpea_params()).detach().requires_grad_()
+    bias, _ = lpea_bias(rp, labels, NOT_IN_PHRASE)
+    upstream = torch.randn(bias.shape, generator=g, dtype=torch.float64)
+    bias.backward(upstream)
+    index = np.clip(rp.numpy(), -K, K) + K  # every pair has a label, the sentinel clipped to -k
+    expected = np.bincount(index.ravel(), weights=upstream.numpy().ravel(), minlength=2 * K + 1)
+    np.testing.assert_allclose(labels.grad.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
 def padding_mask(real, dtype=None):
     """What HF gives encoder self-attention: (B, 1, T, T), keys masked (bool, or additive with finfo.min)."""
     allowed = real[:, None, None, :].expand(B, 1, T, T)
