@@ -575,8 +575,8 @@ def confirm_table(confirm: dict[str, dict[int, dict]], tests: dict[str, dict[int
     test_2016_flickr; mean ± sd, each seed's difference from the baseline of the same seed with its p, epochs to
     convergence."""
     base, base_test = confirm.get("baseline", {}), tests.get("baseline", {})
-    header = ["row", "seeds", "valid BLEU", "vs baseline, valid (per seed)", "test BLEU", "vs baseline, test (per seed)",
-              "test chrF", "epochs to best", "epochs trained"]
+    header = ["row", "seeds", "valid BLEU", "vs baseline, valid (per seed)", "test BLEU",
+              "vs baseline, test (per seed)", "test chrF", "epochs to best", "epochs trained"]
     summary, table = [], []
     for row in rows:
         runs, test = confirm.get(row, {}), tests.get(row, {})
@@ -651,9 +651,9 @@ def table(args) -> str:
     signature = f" ({any_run['validation']['bleu_signature']})" if any_run else ""
     parts += ["", f"BLEU: sacreBLEU{signature}, beam 5, best checkpoint. p: sacreBLEU's paired bootstrap (1000 "
               "resamples, seed 12345) of each seed against the baseline run of the same seed, two-sided; the sign of "
-              "the difference gives the direction. Epochs to best: the evaluation whose checkpoint is scored; epochs trained: "
-              "until early stopping unless marked (time cap, max epochs). The screen's seed chose the confirmed rows, "
-              "so the confirmation reports fresh seeds only.", "",
+              "the difference gives the direction. Epochs to best: the evaluation whose checkpoint is scored; epochs "
+              "trained: until early stopping unless marked (time cap, max epochs). The screen's seed chose the "
+              "confirmed rows, so the confirmation reports fresh seeds only.", "",
               "## Validation curves (greedy BLEU at each epoch)", "", curves("screen", screen)]
     if confirm:
         parts.append(curves("confirm", confirm))

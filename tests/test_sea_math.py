@@ -11,6 +11,7 @@ from hf_headattn.sea_math import (
     key_allowed,
     lpea_bias,
     lpea_label_bias,
+    sum_per_label,
     plain_probabilities,
     real_tokens,
     redundant_heads,
@@ -123,6 +124,9 @@ def test_lpea_bias_gradient_sums_the_upstream_gradient_per_label():
     index = np.clip(rp.numpy(), -K, K) + K  # every pair has a label, the sentinel clipped to -k
     expected = np.bincount(index.ravel(), weights=upstream.numpy().ravel(), minlength=2 * K + 1)
     np.testing.assert_allclose(labels.grad.numpy(), expected, rtol=1e-12, atol=1e-12)
+    for one_hot in (True, False):  # the GPU's way and the CPU's
+        summed = sum_per_label(upstream, torch.from_numpy(index), 2 * K + 1, one_hot=one_hot)
+        np.testing.assert_allclose(summed.numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
 def padding_mask(real, dtype=None):
