@@ -11,10 +11,10 @@ from hf_headattn.sea_math import (
     key_allowed,
     lpea_bias,
     lpea_label_bias,
-    sum_per_label,
     plain_probabilities,
     real_tokens,
     redundant_heads,
+    sum_per_label,
     syntactic_attention,
 )
 from hf_headattn.syntax import NOT_IN_PHRASE
