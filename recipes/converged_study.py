@@ -44,9 +44,8 @@ epoch in progress of each run.
     # GPU: the small shape, 10 runs sharing the GPU (start CUDA MPS first: nvidia-cuda-mps-control -d). On one H200
     # the 8 rows of the screen, 8 at a time, stopped early after 24-40 epochs, 5-10 min of training each; the
     # confirmation's 8 runs and the test reading took 9 minutes. The checkpoints stay on that machine: confirm and
-    # test there (test scores the confirmed runs' checkpoints). Make the
-    # tokenizer and the parses first where spaCy is installed (the CPU machine), then carry them over (or pass
-    # --tokenizer_dir / --parses_dir):
+    # test there (test scores the confirmed runs' checkpoints). Make the tokenizer and the parses first where spaCy
+    # is installed (the CPU machine), then carry them over (or pass --tokenizer_dir / --parses_dir):
     python recipes/converged_study.py prepare --device cuda       # -> runs/converged-cuda/{tokenizer,parses}
     python recipes/converged_study.py screen --device cuda --parallel 10 && \
     python recipes/converged_study.py confirm --device cuda --parallel 10 && \
