@@ -11,6 +11,11 @@ shapes and dtypes propagate, nothing is computed or allocated, so the largest sh
   forward), each counted once by storage identity (a view and its base are one storage), leaving out the storages of
   ``model.parameters()``. The batch's tensors saved by the graph (e.g. ``input_ids`` for the embedding backward) are
   counted, alike for every row.
+* A row ``<row>-no-logits`` (``loss_without_logits=True``: the loss from the decoder's hidden states, no (tokens,
+  vocabulary) logits; issue 37) counted beside ``<row>`` (the loss of the logits, the default) also records
+  ``saved_ratio_to_logits``, its bytes over ``<row>``'s. Torch's chunked ``F.linear_cross_entropy`` computes the
+  gradients in its forward and keeps them on its autograd context: they are counted as saved (``StashedGradients``),
+  its matmuls as FLOPs (:func:`register_chunked_cross_entropy_flops`).
 * SEA's value check of ``phrase_positions`` reads the values on the host on the CPU, which fake tensors cannot;
   counting takes the accelerator's path (an asynchronous assert) instead.
 """
@@ -23,6 +28,7 @@ from unittest import mock
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MBartConfig
 
 import overhead
@@ -34,7 +40,8 @@ FLOPS_TARGET = 1.05
 #: The counted run's default shapes and rows: from-scratch rows at transformer-base, fine-tuning rows at mbart-large.
 COUNT_PLAN = {
     "transformer-base": ["off", "dhicm", "eadra-scratch", "dea-rhe", "lpea-rhe"],
-    "mbart-large-8x512": ["off", "eadra-finetune", "dhicm-finetune", "dea-rhe"],
+    "mbart-large-8x512": ["off", "off-no-logits", "eadra-finetune", "eadra-finetune-no-logits", "dhicm-finetune",
+                          "dea-rhe"],
 }
 
 
@@ -51,6 +58,48 @@ def register_cpu_sdpa_flops() -> None:
         flop_counter.register_flop_formula(backward)(
             lambda grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs:
             flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
+
+
+def chunked_cross_entropy_op():
+    """torch's chunked ``F.linear_cross_entropy`` operator (torch >= 2.13), or None."""
+    try:
+        import torch.nn.modules.linear_cross_entropy  # noqa: F401 (defines the operator; F imports it lazily)
+    except ImportError:
+        return None
+    namespace = getattr(torch.ops, "torch_nn", None)
+    return getattr(getattr(namespace, "_linear_cross_entropy_batch_chunked", None), "default", None)
+
+
+def register_chunked_cross_entropy_flops() -> None:
+    """Count torch's chunked ``F.linear_cross_entropy`` operator (opaque to the flop counter, which would count
+    nothing) as the matmuls it runs in its forward: the logits, and the gradients of the input and weight it is asked
+    for (its backward only scales them), 2 * N * d * V each."""
+    op = chunked_cross_entropy_op()
+    if op is None or op.overloadpacket in flop_counter.flop_registry:
+        return
+
+    def formula(input_shape, weight_shape, *args, out_shape=None, **kwargs):
+        compute_input_grad, compute_weight_grad = args[-3], args[-2]
+        return 2 * input_shape[0] * input_shape[1] * weight_shape[0] * (1 + compute_input_grad + compute_weight_grad)
+
+    flop_counter.register_flop_formula(op.overloadpacket)(formula)
+
+
+class StashedGradients(TorchDispatchMode):
+    """Adds to ``counter`` what torch's chunked ``F.linear_cross_entropy`` keeps for its backward: the gradients it
+    computes in its forward, held as attributes of its autograd context, which saved-tensor hooks do not see."""
+
+    def __init__(self, counter: "SavedCounter"):
+        super().__init__()
+        self.counter, self.op = counter, chunked_cross_entropy_op()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is self.op:
+            for gradient in out[1:]:
+                if gradient.numel():
+                    self.counter._pack(gradient)
+        return out
 
 
 class SavedCounter:
@@ -82,15 +131,21 @@ class SavedCounter:
 def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, attn_implementation="sdpa") -> dict:
     """FLOPs and saved-for-backward bytes of one forward + backward of a row's model, under ``FakeTensorMode``."""
     register_cpu_sdpa_flops()
+    register_chunked_cross_entropy_flops()
     from hf_headattn import sea
 
     with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
         model = overhead.build(kind, settings, shape_kwargs, None, None, attn_implementation)
         step = overhead.step_fn(kind, model, batch)
-        with flop_counter.FlopCounterMode(display=False) as flops, SavedCounter(model.parameters()) as saved:
+        with flop_counter.FlopCounterMode(display=False) as flops, SavedCounter(model.parameters()) as saved, \
+                StashedGradients(saved):
             step.forward_backward()
     return {"flops": flops.get_total_flops(), "saved_bytes": saved.bytes, "saved_storages": len(saved.storages)}
+
+
+#: The suffix of a row that computes the loss without the logits (``overhead.ROWS``).
+NO_LOGITS = "-no-logits"
 
 
 def count_shape(shape: str, rows: list[str], naive: bool = True, attn_implementation: str = "sdpa") -> dict:
@@ -116,6 +171,9 @@ def count_shape(shape: str, rows: list[str], naive: bool = True, attn_implementa
         row["flops_ratio"] = round(row["flops"] / stock["flops"], 4)
         row["saved_ratio"] = round(row["saved_bytes"] / stock["saved_bytes"], 4)
         row["targets"] = check_targets(name, row)
+        with_logits = result["rows"].get(name.removesuffix(NO_LOGITS), {"error": "not counted"})
+        if name.endswith(NO_LOGITS) and "error" not in with_logits:
+            row["saved_ratio_to_logits"] = round(row["saved_bytes"] / with_logits["saved_bytes"], 4)
     return result
 
 

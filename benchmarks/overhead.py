@@ -7,9 +7,37 @@ over the rounds of a row's step time over stock's in the same round (``median_ra
 the JSON also holds each row's median step time and peak memory (GPU only), all from the same run.
 
     python benchmarks/overhead.py --shape tiny --rows off dhicm --out outputs/overhead-tiny.json
-    python benchmarks/overhead.py --shape transformer-base --rows off dhicm eadra-scratch --device cuda --dtype bf16
-    python benchmarks/overhead.py --shape mbart-large-8x512 --rows off eadra-finetune --device cuda --dtype bf16
+    python benchmarks/overhead.py --shape transformer-base --rows off dhicm eadra-scratch --device cuda
+    python benchmarks/overhead.py --shape mbart-large-8x512 --rows off eadra-finetune --device cuda --compile
     python benchmarks/overhead.py --count --out benchmarks/results/counted.json  # no kernels run: seconds, any shape
+    bash benchmarks/gpu.sh  # the whole GPU table (issue #36), see that script
+
+``--precision`` (``PRECISIONS``): ``autocast-bf16``, the default on CUDA, trains as ``Seq2SeqTrainer(bf16=True)``
+does: fp32 weights, forward and loss under ``torch.autocast(device, torch.bfloat16)``, backward outside it;
+``bf16``/``fp16`` cast the whole model (``--dtype``, deprecated, names these); ``fp32`` is the CPU's default. AdamW
+is ``fused`` on CUDA and ``foreach`` elsewhere. ``--compile`` compiles every model, stock included
+(``torch.compile(model, backend=--compile-backend)``), so compiled rows are timed against compiled stock; each row
+then records ``compile``: ``graphs`` and ``graph_breaks`` (``torch._dynamo.utils.counters``) of its warm-up,
+``recompiles``, the graphs compiled during the timed steps (0: no recompilation across steps; a row that compiles
+again after warm-up is timed alone, ``timed_alone``), ``settle_graphs``, those compiled in one more step of every
+row after all were warmed up (another model's compile can change a global that graphs guard on), and ``warmup_s``
+(compile included). Every model is built before any compiles. Compiled runs count no operators (a dispatch
+mode would recompile them): the eager run of the same rows has them. ``--generate-beams N`` adds ``generate_ms``
+and ``generate_ratio`` (eager only): a beam search of exactly ``--generate-tokens`` new tokens from the shape's batch,
+timed in rounds like the steps. Peak memory (CUDA) is a row's own: the bytes its parameters and optimizer state
+hold plus the batch, plus the most its step allocates above what was allocated before it, so the models of all rows
+can stay on the device for the timing rounds. A row that fails (a compile error, out of memory) gets ``error`` and
+the others go on. ``gpu_summary.py`` gathers the JSON files of ``gpu.sh``'s parts into ``summary.json`` with issue
+#36's targets, each met, not met or not measured.
+
+JSON of a timed run: ``shape``, ``batch_size``, ``length``, ``device``, ``device_name``, ``precision``, ``dtype`` (of
+the weights), ``autocast`` (its dtype or null), ``optimizer``, ``attn_implementation``, ``repeats``, ``warmup``,
+``compile`` (null, or the backend and dynamo's recompile limits), ``generate`` (null, or beams, new tokens, batch
+size and rounds), ``torch``, ``transformers``, ``rows`` (per row: ``settings``, ``median_ms``, ``time_ratio``,
+``median_ratio``, ``peak_gib``, ``memory_ratio``, ``spread_ms``, ``page_faults_per_step``, ``operators``,
+``operator_ratio``, ``syncs``, ``syncs_over_stock``, ``generate_operators``, ``generate_operator_ratio``,
+``compile``, and with ``--generate-beams`` ``generate_ms``, ``generate_ratio``; or ``settings`` and ``error``) and
+``targets`` (issue #18's).
 
 ``--count`` (``counting.py``, issue #27) counts instead of timing, under ``FakeTensorMode``: FLOPs of forward and
 backward and the bytes autograd saves for backward (distinct storages, parameters left out), as ratios to stock SDPA.
@@ -32,6 +60,7 @@ performance guide advises) removes it for every row alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -40,11 +69,14 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
+from torch._dynamo.utils import counters
 from transformers import MBartConfig, MBartForConditionalGeneration
 
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.registry import active_methods, method_inputs
+from compile_check import break_reasons, dynamo_counts, raise_recompile_limits
 from operator_count import count_operators, sync_operators
 
 SHAPES = {  # model shape, batch size, sequence length (source = target)
@@ -63,10 +95,14 @@ SHAPES = {  # model shape, batch size, sequence length (source = target)
 #: Row name -> config fields: a recipe method name's (``--method``), or written out where no name has them.
 ROWS = {
     "off": {},
+    # issue 37: "<row>-no-logits" is <row> with the loss from the decoder's hidden states, without the logits
+    "off-no-logits": {"loss_without_logits": True},
     "dhicm": method_settings("dhicm"),
     # DHICM's fine-tuning variant: the pretrained out_proj kept, scaled per head
     "dhicm-finetune": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1], "mode": "scaled_out_proj"}},
     "eadra-finetune": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}}},
+    "eadra-finetune-no-logits": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}},
+                                 "loss_without_logits": True},
     # num_heads default: three quarters of the heads, 6 of 8 at transformer-base (3 of 4 at tiny)
     "eadra-scratch": method_settings("eadra_all"),
     "dea-rhe": method_settings("dea_rhe"),
@@ -77,15 +113,22 @@ ROWS = {
 GENERATE_TOKENS = 8
 #: Issue #18's targets (ratios to stock SDPA in one run).
 TARGETS = {"operators": 1.20, "cpu_time": 1.10, "generate_operators": 1.10, "generate_operators_eadra": 1.0}
+#: ``--precision`` -> (weights dtype, autocast dtype or None). autocast-bf16 is ``Seq2SeqTrainer(bf16=True)``.
+PRECISIONS = {
+    "autocast-bf16": (torch.float32, torch.bfloat16),
+    "fp32": (torch.float32, None),
+    "bf16": (torch.bfloat16, None),
+    "fp16": (torch.float16, None),
+}
 
 
-def generate_operators(kind, model, batch) -> int:
+def generate_operators(kind, model, batch, autocast_dtype=None) -> int:
     """Operators of a greedy ``generate`` of exactly ``GENERATE_TOKENS`` tokens (no labels, eval mode, no grad)."""
     inputs = {k: v for k, v in model_inputs(kind, model, batch).items() if k != "labels"}
     kwargs = dict(max_new_tokens=GENERATE_TOKENS, min_new_tokens=GENERATE_TOKENS, num_beams=1, do_sample=False)
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(batch["input_ids"].device.type, autocast_dtype):
             model.generate(**inputs, **kwargs)  # warm-up
             return count_operators(lambda: model.generate(**inputs, **kwargs))
     finally:
@@ -135,13 +178,18 @@ def build(kind, settings, shape_kwargs, device, dtype, attn_implementation):
     return model.train()
 
 
-def step_fn(kind, model, batch):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+def step_fn(kind, model, batch, autocast_dtype=None):
+    """One optimizer step as the Trainer takes it: forward and loss under autocast (if ``autocast_dtype``), backward
+    outside it, AdamW fused on CUDA (foreach elsewhere). ``step.optimizer``, ``step.forward_backward``."""
+    device_type = next(model.parameters()).device.type
+    fused = {"fused": True} if device_type == "cuda" else {"foreach": True}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, **fused)
     inputs = model_inputs(kind, model, batch)
 
     def forward_backward():
-        outputs = model(**inputs, output_attentions=kind == "naive")
-        loss = outputs.loss + (naive_entropy_loss(outputs) if kind == "naive" else 0)
+        with autocast(device_type, autocast_dtype):
+            outputs = model(**inputs, output_attentions=kind == "naive")
+            loss = outputs.loss + (naive_entropy_loss(outputs) if kind == "naive" else 0)
         loss.backward()
 
     def step():
@@ -149,7 +197,7 @@ def step_fn(kind, model, batch):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    step.forward_backward = forward_backward
+    step.forward_backward, step.optimizer = forward_backward, optimizer
     return step
 
 
@@ -172,20 +220,118 @@ def minor_faults() -> int | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def peak_memory(step, device) -> float | None:
+def autocast(device_type: str, dtype):
+    """``torch.autocast`` to ``dtype`` on ``device_type``; a no-op where ``dtype`` is None."""
+    return torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def resident_bytes(tensors) -> int:
+    """Bytes of the CUDA storages behind ``tensors``, each storage once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.is_cuda}
+    return sum(storages.values())
+
+
+def peak_memory(step, batch, device) -> float | None:
+    """Take a step; GiB it needs alone on the device (None off CUDA): its parameters, optimizer state and the batch
+    (what it holds between steps, gradients set to None), plus the most the step allocates above what was allocated
+    before it. Other rows' models may stay on the device meanwhile."""
     if device.type != "cuda":
+        step()
         return None
+    optimizer = step.optimizer
+    own = [p for group in optimizer.param_groups for p in group["params"]]
+    own += [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
     torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() / 2**30
+    return (resident_bytes([*own, *batch.values()]) + torch.cuda.max_memory_allocated() - before) / 2**30
 
 
-def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warmup: int, naive: bool,
-        attn_implementation: str) -> dict:
+def build_on(device, *args):
+    """``build(*args)``, on CUDA initialised on the device (seconds saved per mbart-large model)."""
+    with torch.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        return build(*args)
+
+
+def prepare(kind, model, batch, device, precision, warmup, backend):
+    """Compile a row's model (``backend``), warm it up and measure what is measured once: peak memory; eager, the
+    operators, syncs and greedy ``generate`` operators; compiled, the warm-up's graphs and graph breaks, and whether
+    the step after warm-up compiled anything. Returns (step, measurements)."""
+    autocast_dtype = PRECISIONS[precision][1]
+    step = step_fn(kind, torch.compile(model, backend=backend) if backend else model, batch, autocast_dtype)
+    (graphs, breaks), reasons = dynamo_counts(), dict(counters["graph_break"])
+    start = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    row = {"compile": None, "operators": None, "syncs": None, "generate_operators": None}
+    if backend:
+        after_warmup = dynamo_counts()
+        row["compile"] = {"graphs": after_warmup[0] - graphs, "graph_breaks": after_warmup[1] - breaks,
+                          "break_reasons": break_reasons(since=reasons),
+                          "warmup_s": round(time.perf_counter() - start, 1)}
+    row["peak_gib"] = peak_memory(step, batch, device)
+    if backend:  # (a step after warm-up that compiles again would compile on every step: it is timed alone)
+        row["compile"]["timed_alone"] = dynamo_counts()[0] > after_warmup[0]
+        return step, row
+    row["operators"] = count_operators(step)
+    row["syncs"] = len(sync_operators(step.forward_backward))
+    step.forward_backward = None  # (its gradients are left for the next step's zero_grad)
+    if kind != "naive":
+        row["generate_operators"] = generate_operators(kind, model, batch, autocast_dtype)
+    return step, row
+
+
+def generate_fn(kind, model, batch, beams: int, tokens: int, autocast_dtype):
+    """A beam search of exactly ``tokens`` new tokens from the batch's sources (eval mode, no grad)."""
+    inputs = {k: v for k, v in model_inputs(kind, model, batch).items() if k != "labels"}
+    kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, num_beams=beams, do_sample=False)
+
+    def generate():
+        model.eval()
+        try:
+            with torch.no_grad(), autocast(batch["input_ids"].device.type, autocast_dtype):
+                model.generate(**inputs, **kwargs)
+        finally:
+            model.train()
+
+    return generate
+
+
+def rounds(calls: dict, repeats: int, device, counted=None, failures=None, untimed=True) -> dict:
+    """Times of ``repeats`` rounds of every call in a new random order (so drifts of the machine hit every row
+    alike); each timed call follows an untimed one of the same row (``untimed``: allocator and caches as its own
+    last call left them). ``counted``: name -> {"page_faults": [], "recompiles": 0}, filled in; ``failures``:
+    name -> error, for the calls that raised (left out of later rounds; stock's error is raised)."""
+    times, order, shuffle = {name: [] for name in calls}, list(calls), random.Random(0).shuffle
+    for _ in range(repeats):
+        shuffle(order)
+        for name in list(order):
+            try:
+                graphs = dynamo_counts()[0]
+                if untimed:
+                    calls[name]()
+                before = minor_faults()
+                times[name].append(timed(calls[name], device))
+            except Exception as error:
+                if failures is None or name == "stock":
+                    raise
+                failures[name] = f"{type(error).__name__}: {error}"[:2000]
+                order.remove(name)
+                continue
+            if counted is not None:
+                counted[name]["page_faults"].append(None if before is None else minor_faults() - before)
+                counted[name]["recompiles"] += dynamo_counts()[0] - graphs
+    return {name: t for name, t in times.items() if name not in (failures or {})}
+
+
+def run(shape: str, rows: list[str], device: str, precision: str, repeats: int, warmup: int, naive: bool,
+        attn_implementation: str, compile_backend: str | None = None, generate_beams: int = 0,
+        generate_tokens: int = 64, generate_repeats: int = 3) -> dict:
     device = torch.device(device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     shape_kwargs, batch_size, length = SHAPES[shape]
     shape_kwargs = {"max_position_embeddings": max(1024, length), **shape_kwargs}
     batch = make_batch(MBartConfig(**shape_kwargs), batch_size, length, device)
@@ -193,58 +339,100 @@ def run(shape: str, rows: list[str], device: str, dtype: str, repeats: int, warm
     runs.update({row: ("ours", ROWS[row]) for row in rows})
     if naive:
         runs["naive"] = ("naive", {})
-    steps, times, memory, operators = {}, {name: [] for name in runs}, {}, {}
-    faults = {name: [] for name in runs}
-    syncs, generated = {}, {}
-    for name, (kind, settings) in runs.items():  # one model on the device at a time for the memory numbers
-        model = build(kind, settings, shape_kwargs, device, dtype, attn_implementation)
-        steps[name] = step_fn(kind, model, batch)
-        for _ in range(warmup):
-            steps[name]()
-        memory[name] = peak_memory(steps[name], device)
-        operators[name] = count_operators(steps[name])
-        syncs[name] = len(sync_operators(steps[name].forward_backward))
-        steps[name].forward_backward = None  # (its gradients are left for the next step's zero_grad)
-        generated[name] = generate_operators(kind, model, batch) if kind != "naive" else None
+    limits = raise_recompile_limits(len(runs)) if compile_backend else None
+    models, steps, measured, errors = {}, {}, {}, {}
+
+    def failed(name, error):  # a row that fails (compile error, out of memory) is recorded; stock's failure is fatal
+        if name == "stock":
+            raise error
+        errors[name] = f"{type(error).__name__}: {error}"[:2000]
+        print(f"{name}: {errors[name][:300]}", file=sys.stderr)
+        models.pop(name, None)
         if device.type == "cuda":
-            del model, steps[name]
             torch.cuda.empty_cache()
-    if device.type == "cuda":  # rebuild for the timing loop (memory was measured alone)
-        for name, (kind, settings) in runs.items():
-            steps[name] = step_fn(kind, build(kind, settings, shape_kwargs, device, dtype, attn_implementation), batch)
-            for _ in range(warmup):
-                steps[name]()
-    order, shuffle = list(runs), random.Random(0).shuffle
-    for _ in range(repeats):  # rounds of every row in a new order, so drifts of the machine hit every row alike
-        shuffle(order)
-        for name in order:
-            steps[name]()  # untimed: the timed step follows one of its own model (allocator, caches), as in training
-            before = minor_faults()
-            times[name].append(timed(steps[name], device))
-            faults[name].append(None if before is None else minor_faults() - before)
-    median = {name: statistics.median(t) for name, t in times.items()}
-    ratio = {name: statistics.median(a / b for a, b in zip(t, times["stock"])) for name, t in times.items()}
-    result = {
-        "shape": shape, "batch_size": batch_size, "length": length, "device": str(device), "dtype": str(dtype),
-        "attn_implementation": attn_implementation, "repeats": repeats, "torch": torch.__version__,
-        "rows": {},
-    }
+
+    # Every model is built before any is compiled: each new model class adds to transformers' _CAN_RECORD_REGISTRY,
+    # a global the compiled graphs guard on, which would recompile the models compiled before it.
+    dtype = PRECISIONS[precision][0]
     for name, (kind, settings) in runs.items():
+        try:
+            models[name] = build_on(device, kind, settings, shape_kwargs, device, dtype, attn_implementation)
+        except Exception as error:
+            failed(name, error)
+    for name in list(models):
+        try:
+            steps[name], measured[name] = prepare(runs[name][0], models[name], batch, device, precision, warmup,
+                                                  compile_backend)
+        except Exception as error:
+            failed(name, error)
+    for name in steps if compile_backend else ():  # one more step each: what another model's compile changed
+        graphs = dynamo_counts()[0]  # (the naive port's output-capturing hooks recompile stock once, e.g.)
+        steps[name]()
+        measured[name]["compile"]["settle_graphs"] = dynamo_counts()[0] - graphs
+    alone = [name for name in steps if (measured[name]["compile"] or {}).get("timed_alone")]
+    counted, failures = {name: {"page_faults": [], "recompiles": 0} for name in steps}, {}
+    times = rounds({name: steps[name] for name in steps if name not in alone}, repeats, device, counted, failures)
+    for name in alone:  # each of its steps compiles: a few steps, on its own
+        times.update(rounds({name: steps[name]}, min(repeats, 2), device, counted, failures))
+    errors.update({name: f"timed steps: {error}" for name, error in failures.items()})
+    for name in times:
+        if measured[name]["compile"] is not None:
+            measured[name]["compile"]["recompiles"] = counted[name]["recompiles"]
+    generated, generate_failures = {}, {}
+    if generate_beams and not compile_backend:  # a compiled model's generate runs its eager forward: not timed
+        calls = {name: generate_fn(runs[name][0], models[name], batch, generate_beams, generate_tokens,
+                                   PRECISIONS[precision][1]) for name in times if runs[name][0] != "naive"}
+        generated = rounds(calls, 1, device, None, generate_failures, untimed=False)  # warm-up
+        generated = rounds({name: calls[name] for name in generated}, generate_repeats, device, None,
+                           generate_failures, untimed=False)
+    dtype, autocast_dtype = PRECISIONS[precision]
+    result = {
+        "shape": shape, "batch_size": batch_size, "length": length, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": precision, "dtype": str(dtype), "autocast": autocast_dtype and str(autocast_dtype),
+        "optimizer": "AdamW(fused=True)" if device.type == "cuda" else "AdamW(foreach=True)",
+        "attn_implementation": attn_implementation, "repeats": repeats, "warmup": warmup,
+        "compile": None if not compile_backend else {"call": "torch.compile(model)", "backend": compile_backend,
+                                                     **limits},
+        "generate": None if not generated else {"num_beams": generate_beams, "new_tokens": generate_tokens,
+                                                "batch_size": batch_size, "repeats": generate_repeats},
+        "torch": torch.__version__, "transformers": transformers.__version__, "rows": {},
+    }
+    median = {name: statistics.median(t) for name, t in times.items()}
+    for name, (kind, settings) in runs.items():
+        if name in errors:
+            result["rows"][name] = {"settings": settings, "error": errors[name]}
+            continue
+        row, faults = measured[name], counted[name]["page_faults"]
+        paired = name not in alone and "stock" not in alone
         result["rows"][name] = {
             "settings": settings, "median_ms": round(median[name], 3),
-            "time_ratio": round(ratio[name], 4), "median_ratio": round(median[name] / median["stock"], 4),
-            "peak_gib": None if memory[name] is None else round(memory[name], 3),
-            "memory_ratio": None if memory[name] is None else round(memory[name] / memory["stock"], 4),
+            "time_ratio": round(statistics.median(a / b for a, b in zip(times[name], times["stock"])) if paired
+                                else median[name] / median["stock"], 4),
+            "median_ratio": round(median[name] / median["stock"], 4),
+            "peak_gib": None if row["peak_gib"] is None else round(row["peak_gib"], 3),
+            "memory_ratio": ratio(row["peak_gib"], measured["stock"]["peak_gib"]),
             "spread_ms": [round(min(times[name]), 3), round(max(times[name]), 3)],
-            "page_faults_per_step": None if faults[name][0] is None else statistics.median(faults[name]),
-            "operators": operators[name], "operator_ratio": round(operators[name] / operators["stock"], 4),
-            "syncs": syncs[name], "syncs_over_stock": syncs[name] - syncs["stock"],
-            "generate_operators": generated[name],
-            "generate_operator_ratio": None if generated[name] is None else round(
-                generated[name] / generated["stock"], 4),
+            "page_faults_per_step": None if None in faults else statistics.median(faults),
+            "operators": row["operators"], "operator_ratio": ratio(row["operators"], measured["stock"]["operators"]),
+            "syncs": row["syncs"],
+            "syncs_over_stock": None if row["syncs"] is None else row["syncs"] - measured["stock"]["syncs"],
+            "generate_operators": row["generate_operators"],
+            "generate_operator_ratio": ratio(row["generate_operators"], measured["stock"]["generate_operators"]),
+            "compile": row["compile"],
         }
+        if name in generate_failures:
+            result["rows"][name]["generate_error"] = generate_failures[name]
+        if name in generated:
+            result["rows"][name]["generate_ms"] = round(statistics.median(generated[name]), 3)
+            result["rows"][name]["generate_ratio"] = round(statistics.median(
+                a / b for a, b in zip(generated[name], generated["stock"])), 4)
     result["targets"] = check_targets(result)
     return result
+
+
+def ratio(value, stock) -> float | None:
+    return None if value is None or not stock else round(value / stock, 4)
 
 
 def check_targets(result: dict) -> dict:
@@ -254,6 +442,9 @@ def check_targets(result: dict) -> dict:
     checks = {}
     for name, row in result["rows"].items():
         if name in ("stock", "naive"):
+            continue
+        if "error" in row or row["operators"] is None:
+            checks[name] = {"operators": row.get("error", "not counted: compiled (the eager run counts them)")}
             continue
         if name.startswith("eadra"):  # a training regularizer: no operator over the same model with methods off
             off = result["rows"].get("off", result["rows"]["stock"])["generate_operators"]
@@ -276,7 +467,17 @@ def main(argv=None):
     parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=None,
                         help="rows to time (default: off), or to count (default: counting.COUNT_PLAN's rows)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default=None,
+                        help="autocast-bf16: fp32 weights, bf16 autocast (Seq2SeqTrainer(bf16=True); the default on "
+                             "CUDA); bf16/fp16: the model cast; fp32 (the default elsewhere)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None,
+                        help="deprecated: --precision of the same name")
+    parser.add_argument("--compile", action="store_true", help="time every model, stock too, under torch.compile")
+    parser.add_argument("--compile-backend", default="inductor", help="with --compile (aot_eager: fast, no codegen)")
+    parser.add_argument("--generate-beams", type=int, default=0,
+                        help="also time generate: a beam search of this many beams (0: not timed)")
+    parser.add_argument("--generate-tokens", type=int, default=64, help="new tokens of the timed generate")
+    parser.add_argument("--generate-repeats", type=int, default=3, help="rounds of the timed generate")
     parser.add_argument("--attn-implementation", default="sdpa")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -290,6 +491,22 @@ def main(argv=None):
     parser.add_argument("--no-naive", action="store_true", help="--count: leave out the naive port")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.dtype is not None:
+        print(f"--dtype is deprecated: use --precision {args.dtype}", file=sys.stderr)
+        if args.precision not in (None, args.dtype):
+            parser.error(f"--dtype {args.dtype} contradicts --precision {args.precision}")
+        args.precision = args.dtype
+    args.precision = args.precision or ("autocast-bf16" if args.device.startswith("cuda") else "fp32")
+    if args.compile and args.compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
+        parser.error(f"--compile-backend {args.compile_backend!r}: not one of "
+                     f"{torch._dynamo.list_backends(exclude_tags=())}")
+    for name in ("repeats", "generate_tokens", "generate_repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: at least 1")
+    if args.generate_beams < 0:
+        parser.error(f"--generate-beams {args.generate_beams}: at least 0")
+    if args.warmup < (1 if args.compile else 0):
+        parser.error(f"--warmup {args.warmup}: at least {'1 with --compile (it compiles)' if args.compile else 0}")
     if args.count:
         import counting
 
@@ -298,8 +515,9 @@ def main(argv=None):
         result = counting.run_counted(plan, naive=not args.no_naive, attn_implementation=args.attn_implementation)
         print(counting.table(result), file=sys.stderr)
     else:
-        result = run(args.shape, args.rows or ["off"], args.device, args.dtype, args.repeats, args.warmup,
-                     args.naive, args.attn_implementation)
+        result = run(args.shape, args.rows or ["off"], args.device, args.precision, args.repeats, args.warmup,
+                     args.naive, args.attn_implementation, args.compile_backend if args.compile else None,
+                     args.generate_beams, args.generate_tokens, args.generate_repeats)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -22,7 +22,6 @@ keyword, which transformers forwards from the model to every attention call.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,13 +61,35 @@ class HeadAttnContext:
                  target_mask: torch.Tensor | None = None):
         self.flags = frozenset(flags)
         self.source_mask, self.target_mask = source_mask, target_mask
-        self.records: dict[str, list] = defaultdict(list)
-        self.cache: dict[Any, Any] = {}  # what the methods compute once per forward (e.g. DHICM's token weights)
+        self._chains: dict[str, tuple] = {}  # key -> (last value, (the one before, (...))): see record()
+        self.cache: dict[Any, Any] = {}  # what the model computes once per forward (e.g. the target tokens)
         self.grad_enabled = torch.is_grad_enabled()
         self.compute_losses = True
 
     def record(self, key: str, value: Any) -> None:
-        self.records[key].append(value)
+        """Add ``value`` to the records of ``key`` (read back in order with :attr:`records`).
+
+        Kept as a chain of pairs (value, the chain before), not as a list: torch.compile guards on the length of a
+        list that a compiled frame appends to, so under regional compilation (one code object for every layer)
+        each layer would compile a version of its own and exhaust dynamo's recompile limit; a new pair needs no
+        guard on the values before it."""
+        self._chains[key] = (value, self._chains.get(key))
+
+    def has(self, key: str) -> bool:
+        """Whether anything was recorded under ``key`` in this forward."""
+        return key in self._chains
+
+    @property
+    def records(self) -> dict[str, list]:
+        """``{key: [values in the order recorded]}``, built when read (by the methods' ``collect``)."""
+        records = {}
+        for key, chain in self._chains.items():
+            values = []
+            while chain is not None:
+                value, chain = chain
+                values.append(value)
+            records[key] = values[::-1]
+        return records
 
     def target_tokens(self) -> torch.Tensor | None:
         """The batch's real target tokens, ``target_mask.sum()`` (None without a target mask), counted once per
@@ -91,7 +112,10 @@ class HeadIndex:
         self._tensors: dict[torch.device, torch.Tensor] = {}
 
     def on(self, device: torch.device) -> torch.Tensor:
-        """The numbers as a LongTensor on ``device``."""
+        """The numbers as a LongTensor on ``device`` (made once per device; a constant of the graph under
+        torch.compile, where filling the cache would change what the compiled graph guards on and recompile it)."""
+        if torch.compiler.is_compiling():
+            return torch.tensor(self.numbers, dtype=torch.long, device=device)
         if device not in self._tensors:
             self._tensors[device] = torch.tensor(self.numbers, dtype=torch.long, device=device)
         return self._tensors[device]

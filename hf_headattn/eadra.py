@@ -200,8 +200,10 @@ class _Call(NamedTuple):
                    call.key_mask, call.query_mask, weights)
 
     def same_masks(self, other: "_Call") -> bool:
-        """Whether the support is the same (the layers of one component share their masks)."""
+        """Whether the support and the regularized heads are the same (the layers of one component share their
+        masks; pruning may leave two layers the same heads but different numbers of regularized ones)."""
         return (self.component == other.component and self.attention_mask is other.attention_mask
+                and self.num_heads == other.num_heads
                 and self.query.shape == other.query.shape and self.key.shape == other.key.shape)
 
 
@@ -327,7 +329,9 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
 
 def _head_weights(calls: list[_Call]) -> torch.Tensor | None:
     """(L, 1 or B, h): the calls' head masks on their regularized heads (1 where a call has none), or None when no
-    call has one. Each term of a head is multiplied by its mask (a masked head's terms drop out, as after pruning)."""
+    call has one; the calls share their number h of regularized heads (:meth:`_Call.same_masks`). Each term of a
+    head is multiplied by its mask (the rule of :mod:`hf_headattn.head_masks`: a head masked with 0 drops out, as
+    after pruning)."""
     if all(call.head_weights is None for call in calls):
         return None
     first = next(call.head_weights for call in calls if call.head_weights is not None)
@@ -370,7 +374,11 @@ def _padded_supports(fused: list[list[_Call]], supports) -> tuple[torch.Tensor |
     heads = max(support.shape[1] for _, support, _ in supports)
 
     def pad(tensor, padding, value=0.0):  # (F.pad copies even when it adds nothing)
-        return torch.nn.functional.pad(tensor, padding, value=value) if any(padding) else tensor
+        if not any(padding):
+            return tensor
+        if tensor.dtype == torch.bool and torch.compiler.is_compiling():  # Inductor's CPU code for a padded bool
+            return torch.nn.functional.pad(tensor.to(torch.uint8), padding, value=value).bool()  # fails (torch 2.13)
+        return torch.nn.functional.pad(tensor, padding, value=value)
 
     biases, masks, rows = [], [], []
     for group, (bias, support, queries) in zip(fused, supports):
@@ -391,6 +399,10 @@ class EaDRA(AttentionMethod):
 
     ``after`` only keeps the call's queries, keys and masks; the model's :func:`collect` computes the terms of all
     layers at once, and nothing at all when no loss is needed (``generate``, inference without labels).
+
+    Head masks follow :mod:`hf_headattn.head_masks`' rule: the terms of head h, summed over the heads (Eq. 9), are
+    weighted by its mask m_h (its attention probabilities do not depend on m_h), so a head masked with 0 counts
+    nowhere, as if pruned.
     """
 
     records_loss_terms = True

@@ -64,16 +64,22 @@ def _inverse_log(n: torch.Tensor) -> torch.Tensor:
     return n.log().reciprocal_().nan_to_num_(posinf=0.0)
 
 
+def _as_uint8(mask: torch.Tensor) -> torch.Tensor:
+    """A bool tensor as uint8: a free view in eager, a conversion under torch.compile (see :func:`_coefficients`)."""
+    return mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)
+
+
 def _coefficients(support, query_mask, dtype) -> tuple[torch.Tensor, ...]:
     """What the masks contribute, computed once per call: ``-w_i / log n_i`` (..., T) for R_peak, the query weights
     w (..., T) of the mean over real queries, the pairs of consecutive real queries (..., T-1) (bool) and
-    1 / log n_bar for the query-averaged attention. (Counted on uint8 views: bool reductions are slow on CPU.)"""
+    1 / log n_bar for the query-averaged attention. (Counted on uint8 views, as bool reductions are slow on the
+    CPU; a conversion under torch.compile, whose CUDA lowering refuses a bool-to-uint8 view, and which fuses it.)"""
     real = query_mask.to(dtype)
     weights = real / real.sum(-1, keepdim=True).clamp_(min=1)
     pairs = query_mask[..., :-1] & query_mask[..., 1:]
-    keys = support.view(torch.uint8)
+    keys, queries = _as_uint8(support), _as_uint8(query_mask)
     peak_coef = (_inverse_log(keys.sum(-1).to(dtype)) * weights).neg_()
-    union = (keys * query_mask.view(torch.uint8).unsqueeze(-1)).sum(-2) > 0  # keys some real query sees
+    union = (keys * queries.unsqueeze(-1)).sum(-2) > 0  # keys some real query sees
     bar_norm = _inverse_log(union.sum(-1).to(dtype))
     return peak_coef, weights, pairs, bar_norm
 

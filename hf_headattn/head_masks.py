@@ -7,12 +7,24 @@ see :mod:`hf_headattn.pruning`):
 * ``"decoder"``: decoder self-attention, ``decoder_head_mask``;
 * ``"cross"``: cross-attention, ``cross_attn_head_mask``.
 
-A forward argument may also be (batch, layers, heads), one mask per sentence (what ``generate`` expands for beams).
-A mask kept on the model (:meth:`set_head_mask`) applies to every forward and to ``generate``; with a forward argument
-too, their product applies. Head h of a module outputs ``m_h * O_h``: 1 keeps it, 0 removes it (as pruning it does,
-see the methods' :meth:`~hf_headattn.attention.AttentionMethod` docs for what a masked head means to a method that
-mixes heads), values between scale it. The mask is differentiable: with ``requires_grad`` its gradient is the head
-importance of Michel et al. (2019). With the eager backend, returned attention weights are scaled alike
+A forward argument may also be (batch, layers, heads), one mask per sentence (what ``generate`` expands for beams);
+its batch must be the batch that reaches those attention modules (the source's for ``head_mask``, the target's for
+the others). A mask kept on the model (:meth:`set_head_mask`) applies to every forward and to ``generate``; with a
+forward argument too, their product applies. Every value must be finite and in [0, 1] (checked once per forward, not
+under ``torch.compile``: :func:`check_head_mask`).
+
+What a value m_h means, one rule for every method: m_h is the share of head h that is kept.
+
+* Head h outputs ``m_h * O_h`` (Michel et al.'s xi_h; every method's ``after`` gets the scaled outputs).
+* Where a method sums, averages or normalises over heads, head h's term there is weighted by m_h: EaDRA's
+  regularizers of head h are multiplied by m_h (Eq. 9), DHICM's softmax over the heads weighs head h by
+  m_h exp(s_h) (Eq. 1, :func:`masked_logits`).
+* Where a method counts heads (DHICM's uniform reference in Eq. 4 and its ``scaled_out_proj`` factor H), a head
+  counts when m_h > 0 (:func:`live_heads`).
+
+So 1 keeps a head unchanged, 0 removes it everywhere exactly as pruning it does (outputs, loss terms, gradients),
+and values between weaken it continuously. The mask is differentiable: with ``requires_grad`` its gradient is the
+head importance of Michel et al. (2019). With the eager backend, returned attention weights are scaled alike
 (transformers 4 did so).
 """
 
@@ -42,9 +54,12 @@ def mask_shape(config, kind: str) -> tuple[int, int]:
     return getattr(config, f"{side}_layers"), getattr(config, f"{side}_attention_heads")
 
 
-def check_head_mask(mask, config, kind: str, name: str, per_sentence: bool = True) -> torch.Tensor:
+def check_head_mask(mask, config, kind: str, name: str, per_sentence: bool = True, batch: int | None = None,
+                    values: bool = True) -> torch.Tensor:
     """``mask`` if it is a valid ``kind`` mask, else a ``ValueError`` naming ``name``, what it got and what was
-    expected: a floating tensor of shape (layers, heads), or (batch, layers, heads) with ``per_sentence``."""
+    expected: a floating tensor of shape (layers, heads), or (batch, layers, heads) with ``per_sentence`` (its batch
+    ``batch``, that of the input it meets, when given), with ``values`` also finite values in [0, 1]
+    (:func:`check_values`)."""
     layers, heads = mask_shape(config, kind)
     shapes = f"(layers, heads) = {(layers, heads)}" + (" or (batch, layers, heads)" if per_sentence else "")
     if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
@@ -55,7 +70,58 @@ def check_head_mask(mask, config, kind: str, name: str, per_sentence: bool = Tru
         hint = (" (generate repeats a (layers, heads) mask for beams: pass one mask per sentence, or keep it on the "
                 "model with set_head_mask)") if mask.dim() == 2 and mask.shape[1] == heads else ""
         raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {shapes}{hint}")
+    if mask.dim() == 3 and batch is not None and mask.shape[0] != batch:
+        raise ValueError(f"{name} has one mask per sentence for a batch of {mask.shape[0]} (shape "
+                         f"{tuple(mask.shape)}), but its attention gets a batch of {batch}; expected "
+                         f"({batch}, {layers}, {heads}), or a (layers, heads) mask for every sentence")
+    if values:
+        check_values({name: mask})
     return mask
+
+
+def check_values(masks: dict[str, torch.Tensor]) -> None:
+    """A ``ValueError`` naming the first of ``masks`` ({name: mask}) with a value that is not finite or not in
+    [0, 1], and those values. One fused check with one host sync for all of them; none under ``torch.compile`` (a
+    data-dependent branch would break the graph) and no autograd use (a mask may require gradients)."""
+    if not masks or torch.compiler.is_compiling():
+        return
+    valid = {name: (mask.detach() >= 0) & (mask.detach() <= 1) for name, mask in masks.items()}  # False at NaN
+    device = next(iter(valid.values())).device
+    if bool(torch.stack([ok.all().to(device) for ok in valid.values()]).all()):
+        return
+    for name, ok in valid.items():
+        bad = masks[name].detach()[~ok]
+        if bad.numel():
+            shown = ", ".join(str(value) for value in bad[:5].tolist()) + (", ..." if bad.numel() > 5 else "")
+            raise ValueError(f"{name} must hold finite values in [0, 1] (1 keeps a head, 0 removes it as pruning "
+                             f"does, values between weaken it); got {bad.numel()} value(s) outside it: {shown}")
+
+
+def input_batches(values: dict) -> dict[str, int | None]:
+    """{kind: the batch that reaches its attention modules} in a forward with the arguments ``values``: the source's
+    (``input_ids``, ``inputs_embeds`` or ``encoder_outputs``) for ``"encoder"``, the target's (``decoder_input_ids``,
+    ``decoder_inputs_embeds``; else the source's, which mBART shifts into the target) for ``"decoder"`` and
+    ``"cross"``; None where the arguments do not say."""
+    def batch_of(*names):
+        for name in names:
+            value = values.get(name)
+            if value is not None:
+                return (value if torch.is_tensor(value) else value[0]).shape[0]  # encoder_outputs: (hidden, ...)
+        return None
+
+    source = batch_of("input_ids", "inputs_embeds", "encoder_outputs")
+    target = batch_of("decoder_input_ids", "decoder_inputs_embeds")
+    target = source if target is None else target
+    return {"encoder": source, "decoder": target, "cross": target}
+
+
+def check_forward_masks(values: dict, config) -> None:
+    """The head-mask forward arguments among ``values`` (a forward's arguments) checked by :func:`check_head_mask`,
+    each against the batch it meets (:func:`input_batches`), their values in one fused check."""
+    batches = input_batches(values)
+    masks = {argument: check_head_mask(values[argument], config, kind, argument, batch=batches[kind], values=False)
+             for kind, (_, _, argument) in KINDS.items() if values.get(argument) is not None}
+    check_values(masks)
 
 
 def module_rows(mask: torch.Tensor, module: nn.Module) -> torch.Tensor:

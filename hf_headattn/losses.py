@@ -18,7 +18,8 @@ def label_smoothed_nll_loss(
 
     Parameters
     ----------
-    logits : (B, T, V) tensor; half precision is computed in float32.
+    logits : (B, T, V) tensor; half precision is computed in float32, chunk by chunk (:class:`ChunkedSmoothedNLL`:
+        no float32 copy of the logits, nor of their log-probabilities, is kept).
     labels : (B, T) long tensor; ``ignore_index`` marks positions that do not count.
     epsilon : smoothing in [0, 1).
 
@@ -29,10 +30,14 @@ def label_smoothed_nll_loss(
     num_tokens : scalar long tensor, the number of counted tokens.
     """
     logits = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
     labels = labels.reshape(-1)
     num_tokens = labels.ne(ignore_index).sum()
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        if ignore_index != IGNORE_INDEX:
+            labels = labels.masked_fill(labels.eq(ignore_index), IGNORE_INDEX)
+        loss_sum, nll_sum = ChunkedSmoothedNLL.apply(logits, labels, float(epsilon),
+                                                     chunk_rows(*logits.shape))
+        return loss_sum, nll_sum, num_tokens
     if epsilon == 0.0:
         nll_sum = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
         return nll_sum, nll_sum, num_tokens
@@ -66,3 +71,196 @@ def total_objective(
     if method_term is not None:
         loss = loss + method_term * (num_tokens / denominator)
     return loss
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loss without the full logits (issue 37). Two identities make it cheap:
+#   -log p_v = lse - z_v, so mean_v(-log p_v) = lse - mean_v(z) and the smoothed loss is
+#   loss_t = (1 - eps) * nll_t + eps * (lse_t - zbar_t) = nll_t + eps * (z_{t,y} - zbar_t);
+#   z_{t,y} = h_t . W_y + b_y and zbar_t = h_t . mean_v(W_v) + mean_v(b_v) need no (N, V) tensor.
+# ----------------------------------------------------------------------------------------------------------------
+
+#: Rows of a chunk are chosen so that one chunk's float32 logits take about this many bytes (a (rows, V) buffer; the
+#: backward holds three of them). Measured on the CPU (README, "Memory: the loss without the logits").
+CHUNK_BYTES = 64 * 2**20
+
+
+def chunk_rows(num_rows: int, vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Rows per chunk: ``chunk_bytes`` of float32 logits, at least 1, at most ``num_rows``."""
+    return max(1, min(num_rows, chunk_bytes // (4 * vocab_size)))
+
+
+def smoothed_nll_terms(logits: torch.Tensor, labels: torch.Tensor, epsilon: float, ignore_index: int = IGNORE_INDEX):
+    """Per-token terms of one chunk of (n, V) logits (computed in ``logits``' dtype: pass float32 or float64).
+
+    Returns ``(loss (n,), nll (n,), lse (n,))``: ``nll_t = lse_t - z_{t,y}``, ``loss_t = nll_t + epsilon *
+    (z_{t,y} - mean_v z_{t,v})`` (= ``(1 - eps) * nll_t + eps * mean_v(-log p_v)``), both 0 where ``labels`` is
+    ``ignore_index``; ``lse_t = logsumexp_v z_{t,v}``, what the backward needs (:func:`smoothed_nll_grad`)."""
+    keep = labels.ne(ignore_index)
+    lse = logits.logsumexp(-1)
+    label_logit = logits.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    nll = (lse - label_logit) * keep
+    loss = nll + epsilon * (label_logit - logits.mean(-1)) * keep if epsilon else nll
+    return loss, nll, lse
+
+
+def smoothed_nll_grad(logits, lse, labels, epsilon, grad_loss, grad_nll, ignore_index: int = IGNORE_INDEX):
+    """Gradient w.r.t. one chunk of (n, V) logits of ``grad_loss * sum_t loss_t + grad_nll * sum_t nll_t``
+    (:func:`smoothed_nll_terms`): ``(grad_loss + grad_nll) * p - (grad_loss * (1 - eps) + grad_nll) * onehot(y) -
+    grad_loss * eps / V`` per counted row, 0 for an ignored one; ``p = exp(z - lse)``. Overwrites ``logits``."""
+    keep = labels.ne(ignore_index).unsqueeze(-1)
+    grad = logits.sub_(lse.unsqueeze(-1)).exp_().mul_(grad_loss + grad_nll)
+    if epsilon:
+        grad.sub_(grad_loss * epsilon / logits.shape[-1])
+    grad.scatter_add_(-1, labels.clamp(min=0).unsqueeze(-1),
+                      (-(grad_loss * (1.0 - epsilon) + grad_nll)).expand(labels.shape[0], 1).to(grad.dtype))
+    return grad.mul_(keep)
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class ChunkedSmoothedNLL(torch.autograd.Function):
+    """``(loss_sum, nll_sum)`` of (N, V) half-precision logits, computed in float32 chunk by chunk.
+
+    What ``label_smoothed_nll_loss`` of half-precision logits uses instead of a float32 copy of all of them (and of
+    their log-probabilities, which autograd would keep): it saves the logits themselves (the model returns them
+    anyway) and the (N,) logsumexp, and recomputes each chunk's probabilities in the backward."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, epsilon, rows):
+        acc = _accumulation_dtype(logits.dtype)
+        sums = torch.zeros(2, dtype=acc, device=logits.device)
+        lse = torch.empty(logits.shape[0], dtype=acc, device=logits.device)
+        for start in range(0, logits.shape[0], rows):
+            part = slice(start, start + rows)
+            loss, nll, lse[part] = smoothed_nll_terms(logits[part].to(acc), labels[part], epsilon)
+            sums += torch.stack([loss.sum(), nll.sum()])
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.epsilon, ctx.rows = epsilon, rows
+        return sums[0], sums[1]
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        logits, labels, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.rows):
+            part = slice(start, start + ctx.rows)
+            grad[part] = smoothed_nll_grad(logits[part].to(lse.dtype, copy=True), lse[part], labels[part], ctx.epsilon,
+                                           grad_loss, grad_nll)
+        return grad, None, None, None
+
+
+class ChunkedLinearSmoothedNLL(torch.autograd.Function):
+    """``(loss_sum, nll_sum)`` of the logits ``hidden @ weight.T + bias``, chunk by chunk over the N rows: the (N, V)
+    logits never exist. Forward: each chunk's logits (in the inputs' dtype, then float32), their logsumexp, label
+    logit and mean; backward: each chunk's logits again, their gradient (:func:`smoothed_nll_grad`), and from it the
+    gradients of ``hidden`` (n, d), ``weight`` (V, d, accumulated over the chunks) and ``bias`` (V,).
+
+    Our own, used where ``torch.nn.functional.linear_cross_entropy`` cannot be (see
+    :func:`linear_label_smoothed_nll_loss`). Saves ``hidden``, ``weight``, ``bias``, ``labels`` and the (N,)
+    logsumexp; costs one more (N, d) x (d, V) matmul than the logits path (the recomputation)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, epsilon, rows):
+        acc = _accumulation_dtype(hidden.dtype)
+        sums = torch.zeros(2, dtype=acc, device=hidden.device)
+        lse = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+        for start in range(0, hidden.shape[0], rows):
+            part = slice(start, start + rows)
+            logits = F.linear(hidden[part], weight, bias).to(acc)
+            loss, nll, lse[part] = smoothed_nll_terms(logits, labels[part], epsilon)
+            sums += torch.stack([loss.sum(), nll.sum()])
+        ctx.save_for_backward(hidden, weight, bias, labels, lse)
+        ctx.epsilon, ctx.rows = epsilon, rows
+        return sums[0], sums[1]
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        hidden, weight, bias, labels, lse = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=lse.dtype) if need_bias else None
+        for start in range(0, hidden.shape[0], ctx.rows):
+            part = slice(start, start + ctx.rows)
+            logits = F.linear(hidden[part], weight, bias).to(lse.dtype)
+            grad = smoothed_nll_grad(logits, lse[part], labels[part], ctx.epsilon, grad_loss, grad_nll)
+            if need_bias:
+                grad_bias += grad.sum(0)
+            grad = grad.to(hidden.dtype)
+            if need_hidden:
+                grad_hidden[part] = grad @ weight
+            if need_weight:
+                grad_weight.addmm_(grad.T, hidden[part])
+        return grad_hidden, grad_weight, None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None
+
+
+def _torch_linear_cross_entropy(hidden: torch.Tensor):
+    """``torch.nn.functional.linear_cross_entropy`` and its options class, or None where torch lacks them (before
+    2.13; ``pyproject`` allows 2.4): then our :class:`ChunkedLinearSmoothedNLL` computes the loss. Torch's computes
+    the gradients in its forward (no matmul repeated, ours repeats one) but cannot smooth labels in its chunked path
+    (the identity in :func:`linear_label_smoothed_nll_loss` adds the smoothing)."""
+    function = getattr(F, "linear_cross_entropy", None)
+    options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+    return None if function is None or options is None else (function, options)
+
+
+def linear_label_smoothed_nll_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+    epsilon: float = 0.0, rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`label_smoothed_nll_loss` of the logits ``hidden @ weight.T + bias``, without computing them all.
+
+    Parameters
+    ----------
+    hidden : (..., d) tensor, e.g. the decoder's (B, T, d) final hidden states.
+    weight : (V, d) output projection (the LM head's weight); bias: (V,) or None.
+    labels : (...) long tensor, ``IGNORE_INDEX`` where a position does not count.
+    epsilon : label smoothing in [0, 1).
+    rows : rows per chunk; default :func:`chunk_rows`.
+
+    Returns ``(loss_sum, nll_sum, num_tokens)`` as :func:`label_smoothed_nll_loss` does (float32 sums; float64 for
+    float64 inputs). Where torch has ``F.linear_cross_entropy`` (torch >= 2.13), its chunked path gives ``nll_sum``
+    (it computes the gradients in its forward, so no matmul is repeated; half-precision inputs get their sum back
+    rounded to their dtype, as a stock model's loss is, the gradients are not) and the smoothing term is added by the
+    identity ``loss_t = nll_t + eps * (z_{t,y} - mean_v z_{t,v})``, whose two logits are (n, d) dot products;
+    elsewhere :class:`ChunkedLinearSmoothedNLL` computes both sums. Under autocast the inputs are cast to its dtype
+    first, as ``F.linear`` would be.
+    """
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+    num_tokens = labels.ne(IGNORE_INDEX).sum()
+    rows = rows or chunk_rows(hidden.shape[0], weight.shape[0])
+    torch_path = _torch_linear_cross_entropy(hidden)
+    if torch_path is None:
+        loss_sum, nll_sum = ChunkedLinearSmoothedNLL.apply(hidden, weight, bias, labels, float(epsilon), rows)
+        return loss_sum, nll_sum, num_tokens
+    function, options = torch_path
+    # allow_retain_graph under torch.compile: what torch would force, with a warning that breaks the graph
+    nll_sum = function(hidden, weight, labels, linear_bias=bias, reduction="sum", ignore_index=IGNORE_INDEX,
+                       options=options(batch_chunk_size=rows, allow_retain_graph=torch.compiler.is_compiling()))
+    nll_sum = nll_sum.to(_accumulation_dtype(nll_sum.dtype))
+    if not epsilon:
+        return nll_sum, nll_sum, num_tokens
+    return nll_sum + epsilon * label_minus_mean_logit_sum(hidden, weight, bias, labels), nll_sum, num_tokens
+
+
+def label_minus_mean_logit_sum(hidden, weight, bias, labels) -> torch.Tensor:
+    """``sum_t [y_t counts] (z_{t,y_t} - mean_v z_{t,v})`` for ``z = hidden @ weight.T + bias`` (hidden (N, d),
+    labels (N,)), in float32 or float64, from (N, d) and (V,) products only: ``z_{t,y} = h_t . W_y + b_y`` and
+    ``sum_t mean_v z_{t,v} = mean_v(W_v . s) + n * mean_v(b_v)`` with ``s = sum_t h_t`` over the n counted rows."""
+    acc = _accumulation_dtype(hidden.dtype)
+    keep = labels.ne(IGNORE_INDEX)
+    counted = hidden.to(acc) * keep.unsqueeze(-1)  # (N, d)
+    target = labels.clamp(min=0)
+    # (V, d) @ (d,) in the weight's dtype: no float32 copy of the weight, nor of its gradient
+    mean_logit = (weight @ counted.sum(0).to(weight.dtype)).to(acc).mean()
+    total = (counted * weight.index_select(0, target).to(acc)).sum() - mean_logit
+    if bias is not None:
+        total = total + (bias.index_select(0, target).to(acc) * keep).sum() - keep.sum() * bias.to(acc).mean()
+    return total

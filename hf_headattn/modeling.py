@@ -30,10 +30,10 @@ from transformers.utils import TransformersKwargs
 
 from .attention import AttentionMethod, HeadAttnContext, attach_method, route
 from .head_masks import ARGUMENTS as HEAD_MASK_ARGUMENTS, KINDS as HEAD_MASK_KINDS
-from .head_masks import check_head_mask, get_head_mask, set_head_mask
+from .head_masks import check_forward_masks, check_head_mask, get_head_mask, set_head_mask
 from .pruning import apply_pruned_heads, prune_heads
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
-from .losses import IGNORE_INDEX, label_smoothed_nll_loss, total_objective
+from .losses import IGNORE_INDEX, label_smoothed_nll_loss, linear_label_smoothed_nll_loss, total_objective
 from .registry import method_inputs, readout_flags, registered_methods
 
 
@@ -205,14 +205,16 @@ def check_length(config, name: str, positions: int) -> None:
 
 def check_encoder_inputs(encoder: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook of the encoder: the source's length against the position embeddings, and the encoder's head
-    mask, in ``forward`` and in ``generate`` (which runs the encoder directly)."""
+    mask (shape, batch, values) where the encoder runs outside the model's forward, which checks it already
+    (``generate`` runs the encoder directly)."""
     source = kwargs.get("input_ids", args[0] if args else None)
     source = kwargs.get("inputs_embeds") if source is None else source
     if source is not None:
         check_length(encoder.config, "source", source.shape[1])
     argument = HEAD_MASK_KINDS["encoder"][2]
-    if kwargs.get(argument) is not None:
-        check_head_mask(kwargs[argument], encoder.config, "encoder", argument)
+    if kwargs.get(argument) is not None and kwargs.get("headattn_context") is None:
+        check_head_mask(kwargs[argument], encoder.config, "encoder", argument,
+                        batch=None if source is None else source.shape[0])
 
 
 class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
@@ -222,6 +224,10 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
     accepts_loss_kwargs = True
 
     def __init__(self, config):
+        # transformers' backward-compatible `config.gradient_checkpointing=True`: HF's post_init (inside
+        # super().__init__) switches checkpointing on for the stacks HF built (Marian's encoder deletes the flag before
+        # its decoder is built) and deletes it; the stacks _attach_methods rebuilds would stay off
+        legacy_checkpointing = getattr(config, "gradient_checkpointing", False)
         super().__init__(config)
         # resolved and validated by the config when set; the model keeps the objects its methods are built with
         self.headattn_settings, self._pruned_heads = config.headattn_settings, config.pruned_heads
@@ -230,6 +236,8 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
             self._refresh_forward_signature()
             self.get_encoder().register_forward_pre_hook(check_encoder_inputs, with_kwargs=True)
         self.post_init()  # initialises the new method parameters (HF skips what is already initialised)
+        if legacy_checkpointing and self.supports_gradient_checkpointing:
+            self.activation_checkpointing_enable()  # every stack and layer, as the flag asks
 
     def _attach_methods(self, config) -> None:
         """Rebuild each encoder/decoder that carries methods or pruned heads as our stack class, which attaches its
@@ -304,10 +312,10 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         if target is not None:
             check_length(self.config, "target", target.shape[1] + (cache.get_seq_length() if cache is not None else 0))
 
-    def _run_hf_forward(self, values: dict, target_mask, compute_losses: bool = True) -> tuple:
+    def _run_hf_forward(self, values: dict, target_mask, compute_losses: bool = True, base_only: bool = False) -> tuple:
         """Run the HF forward with the methods' inputs and a fresh :class:`HeadAttnContext` passed down to every
         attention call; returns ``(HF outputs, output fields of the methods, their weighted objective term or None,
-        return_dict)``."""
+        return_dict)``. ``base_only``: run the base model (``self.model``) instead, without the LM head."""
         self._check_settings_unchanged()
         return_dict = values.pop("return_dict", None)
         self._check_lengths(values)
@@ -317,12 +325,12 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         for name in method_inputs():
             if values.get(name, ...) is None:
                 del values[name]
-        for kind, (_, _, argument) in HEAD_MASK_KINDS.items():  # passed down to every attention call
-            mask = values.pop(argument, None)
-            if mask is not None:
-                values[argument] = check_head_mask(mask, self.config, kind, argument)
+        for argument in HEAD_MASK_ARGUMENTS:  # passed down to every attention call, checked once here
+            if values.get(argument, ...) is None:
+                del values[argument]
+        check_forward_masks(values, self.config)
         with hf_dict_outputs(self.config):
-            outputs = super().forward(**values, headattn_context=context)
+            outputs = (self.base_model if base_only else super().forward)(**values, headattn_context=context)
         fields, term = collect_method_outputs(context, self.headattn_settings)
         return outputs, fields, term, self.config.return_dict if return_dict is None else return_dict
 
@@ -342,7 +350,7 @@ class HeadAttnModelMixin(HeadAttnPreTrainedMixin):
 
 
 class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
-    forward_extra = ("num_items_in_batch",)
+    forward_extra = ("num_items_in_batch", "skip_logits")
 
     def _shift_labels(self, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -355,9 +363,16 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
         ``num_items_in_batch`` when the Trainer passes it (exact gradient accumulation and DDP, see
         :func:`hf_headattn.losses.total_objective`). With ``return_dict=False`` (argument or config) a tuple, as
         from the HF model, followed by the methods' fields and ``nll_loss`` that are set.
+
+        ``skip_logits`` (Liger Kernel's convention): True computes the loss from the decoder's last hidden states
+        and the output projection without the (B, T, V) logits
+        (:func:`~hf_headattn.losses.linear_label_smoothed_nll_loss`; ``logits`` is then None; labels are required);
+        False always returns the logits; None (default) skips them when training with labels and
+        ``config.loss_without_logits`` is on.
         """
         values = self._bind(args, kwargs)
         labels, num_items_in_batch = values.pop("labels", None), values.pop("num_items_in_batch", None)
+        skip_logits = self._skips_logits(values.pop("skip_logits", None), labels)
         target_mask = values.get("decoder_attention_mask")
         if labels is not None:
             values["use_cache"] = False
@@ -367,19 +382,50 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
                 target_mask = labels.ne(IGNORE_INDEX)
         # no loss terms in generate, nor in inference
         outputs, fields, method_term, return_dict = self._run_hf_forward(
-            values, target_mask, compute_losses=labels is not None or torch.is_grad_enabled()
+            values, target_mask, compute_losses=labels is not None or torch.is_grad_enabled(), base_only=skip_logits
         )
         loss = nll_loss = None
         if labels is not None:
-            loss_sum, nll_sum, num_tokens = label_smoothed_nll_loss(
-                outputs.logits, labels.to(outputs.logits.device), self.config.label_smoothing
-            )
+            if skip_logits:
+                hidden = outputs.last_hidden_state
+                weight, bias = self._output_projection()
+                loss_sum, nll_sum, num_tokens = linear_label_smoothed_nll_loss(
+                    hidden, weight, bias, labels.to(hidden.device), self.config.label_smoothing)
+            else:
+                loss_sum, nll_sum, num_tokens = label_smoothed_nll_loss(
+                    outputs.logits, labels.to(outputs.logits.device), self.config.label_smoothing
+                )
             nll_loss = nll_sum / num_tokens.clamp(min=1)
             loss = total_objective(loss_sum, num_tokens, method_term, num_items_in_batch)
         output = with_method_fields(HeadAttnSeq2SeqLMOutput(
-            loss=loss, nll_loss=nll_loss, **{k: v for k, v in outputs.items() if k != "loss"}
+            loss=loss, nll_loss=nll_loss, **{k: v for k, v in outputs.items() if k not in ("loss", "last_hidden_state")}
         ), fields)
         return output if return_dict else output.to_tuple()
+
+    def _skips_logits(self, skip_logits: bool | None, labels: torch.Tensor | None) -> bool:
+        """Whether this forward computes the loss without the logits (see ``_headattn_forward``)."""
+        if skip_logits is None:
+            return (self.training and labels is not None and getattr(self.config, "loss_without_logits", False)
+                    and self._output_projection() is not None)
+        if skip_logits not in (True, False):
+            raise ValueError(f"skip_logits must be True, False or None, got {skip_logits!r}")
+        if skip_logits and labels is None:
+            raise ValueError("skip_logits=True computes the loss without the logits and needs labels, got none; "
+                             "pass labels, or skip_logits=False/None for the logits")
+        if skip_logits and self._output_projection() is None:
+            raise ValueError(f"skip_logits=True needs a plain nn.Linear output projection (its weight), got "
+                             f"{type(self.get_output_embeddings()).__name__}; pass skip_logits=False/None")
+        return skip_logits
+
+    def _output_projection(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(weight (V, d), bias (V,))`` of ``logits = lm_head(h) + final_logits_bias``, or None where the LM head
+        is not a plain ``nn.Linear`` (e.g. wrapped by PEFT's LoRA or quantized), whose weight alone is not the
+        projection: the loss then goes through the logits."""
+        head = self.get_output_embeddings()
+        if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+            return None
+        bias = self.final_logits_bias.reshape(-1)
+        return head.weight, bias if head.bias is None else bias + head.bias
 
 
 class HeadAttnMBartModel(HeadAttnModelMixin, MBartModel):

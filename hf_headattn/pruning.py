@@ -12,17 +12,21 @@ unpruned one with those heads masked (:mod:`hf_headattn.head_masks`): logits, lo
 
 Pruning every head of a module is refused (a ``ValueError``): the papers' remaining-heads accounting (Michel et al.
 2019, Voita et al. 2019) never removes a whole attention sub-layer, and the methods that mix heads need one.
+
+A model wrapped with PEFT adapters (LoRA on the projections, the methods' modules saved with the adapter) is refused
+too, before anything changes: prune first, then attach the adapters (or ``merge_and_unload()``, prune, re-attach).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from numbers import Integral
 
 import torch
 from torch import nn
 
-from .attention import HeadIndex
+from .attention import AttentionMethod, HeadIndex
 from .head_masks import head_numbers, routed_modules
 
 #: The module names pruning takes, relative to the base model (the key of ``config.pruned_heads``).
@@ -57,16 +61,54 @@ def check_pruned_heads(value, config, where: str = "pruned_heads") -> dict[str, 
 
 
 def _check_heads(heads, total: int, where: str) -> list[int]:
-    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
-        raise ValueError(f"{where} must be a list of head numbers in [0, {total - 1}], got {heads!r}")
-    heads = [int(h) if isinstance(h, torch.Tensor) else h for h in heads]
-    if any(isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < total for h in heads):
-        raise ValueError(f"{where} must be a list of head numbers in [0, {total - 1}] (the original numbering), got "
-                         f"{heads!r}")
-    if len(set(heads)) == total:
+    """``heads`` (a list, tuple or set, or a 1-d integer array or tensor, of head numbers: ints, numpy integers or
+    0-d integer arrays/tensors) as sorted distinct ints, else a ``ValueError`` naming what was given."""
+    expected = f"a list of head numbers in [0, {total - 1}] (the original numbering)"
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable) or getattr(heads, "ndim", 1) != 1:
+        raise ValueError(f"{where} must be {expected}, got {heads!r}")
+    numbers = [_head_number(h) for h in heads]
+    if any(h is None or not 0 <= h < total for h in numbers):
+        raise ValueError(f"{where} must be {expected}, got {_listed(heads)!r}")
+    if len(set(numbers)) == total:
         raise ValueError(f"{where} would remove all {total} heads of the module; keep at least one (pruning a whole "
                          "attention module is refused)")
-    return sorted(set(heads))
+    return sorted(set(numbers))
+
+
+def _head_number(value) -> int | None:
+    """``value`` as an int if it is an integer (a Python or numpy integer, a 0-d integer array or tensor; no bool,
+    no float), else None."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # numpy scalars and 0-d arrays/tensors: a Python int, float or bool
+    return int(value) if isinstance(value, Integral) and not isinstance(value, bool) else None
+
+
+def _listed(heads) -> list:
+    """``heads`` as a list of Python scalars, for messages."""
+    return [h.item() if getattr(h, "ndim", None) == 0 and hasattr(h, "item") else h for h in heads]
+
+
+def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
+    """A ``ValueError`` unless ``model`` carries no PEFT adapters and ``modules`` (attention modules) have plain
+    ``nn.Linear`` projections and hf-headattn methods: pruning cuts those in place, and a wrapped one (LoRA's
+    ``lora_A``/``lora_B``, a ``ModulesToSaveWrapper``'s copies) would be left half-pruned."""
+    wrapped = next((name for name, module in model.named_modules() if type(module).__module__.startswith("peft.")),
+                   None)
+    if wrapped is not None:
+        kind = type(model.get_submodule(wrapped))
+        raise ValueError(f"prune_heads: the model carries PEFT adapters ({wrapped or 'the model itself'} is a "
+                         f"{kind.__module__}.{kind.__qualname__}); nothing was pruned. Prune first, then attach "
+                         "the adapters (prune_heads, then get_peft_model), or merge them first: model = "
+                         "peft_model.merge_and_unload(); model.prune_heads(...); then attach new adapters")
+    for module in modules:
+        parts = {name: getattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "out_proj")}
+        parts.update({name: getattr(module, name) for name in module.headattn_methods})
+        for name, part in parts.items():
+            expected = AttentionMethod if name in module.headattn_methods else nn.Linear
+            if not isinstance(part, expected):
+                raise ValueError(f"prune_heads: {module.headattn_name}.{name} is a {type(part).__name__}, expected "
+                                 f"a plain {expected.__name__} (prune before wrapping or replacing modules); nothing "
+                                 "was pruned")
 
 
 def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
@@ -76,8 +118,11 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[st
     Module names are relative to the base model (``"encoder.layers.0.self_attn"``) or the model's own
     (``"model.encoder.layers.0.self_attn"``). A head already pruned, a number out of range and the last head of a
     module are refused with a ``ValueError``, before anything changes. Prune before wrapping the model with PEFT
-    adapters (which wrap the projections).
+    adapters (which wrap the projections): a PEFT model is refused (see :func:`check_prunable`).
     """
+    if not isinstance(heads, Mapping):
+        raise ValueError(f"prune_heads expects a dict {{module name: [head numbers]}}, e.g. "
+                         f"{{'encoder.layers.0.self_attn': [1, 5]}}, got a {type(heads).__name__}: {heads!r}")
     modules = routed_modules(model)
     record = check_pruned_heads(model.config.pruned_heads, model.config)
     removals = {}
@@ -95,9 +140,13 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[st
         removals[name] = numbers
         record[name] = _check_heads([*record.get(name, ()), *numbers], heads_of(model.config, name),
                                     f"prune_heads[{path!r}] with the heads pruned before")
+    check_prunable(model, [modules[name] for name in removals])
     for name, numbers in removals.items():
         prune_module(modules[name], numbers)
     model.config.pruned_heads = {name: record[name] for name in sorted(record)}
+    for module in model.modules():  # the models (and stacks) check at each forward that they have what is recorded
+        if hasattr(module, "_pruned_heads") and module.config is model.config:
+            module._pruned_heads = model.config.pruned_heads
     return model.config.pruned_heads
 
 

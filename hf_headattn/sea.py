@@ -217,7 +217,7 @@ class SEA(AttentionMethod):
         readout = call.context is not None and "output_redundant_heads" in call.context.flags
         inputs = {name: call.kwargs.get(name) for name in needed_inputs(self.settings, readout)}
         context = call.context
-        if context is None or not context.records.get(CHECKED):  # once per forward, not once per SEA layer
+        if context is None or not context.has(CHECKED):  # once per forward, not once per SEA layer
             for name, tensor in inputs.items():
                 check_input(name, tensor, call.query, self.k)
             if context is not None:

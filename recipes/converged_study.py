@@ -73,6 +73,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed, per_seed_p_values
+from hf_headattn.experiment.arguments import existing_file, positive_float, positive_int
 from hf_headattn.experiment.jobs import run_jobs
 from hf_headattn.experiment.presets import uses_syntax as settings_use_syntax
 from hf_headattn.experiment.study import (
@@ -702,14 +703,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tokenizer_dir", type=Path, help="default <output_dir>/tokenizer (made when missing)")
     parser.add_argument("--parses_dir", type=Path, help="default <output_dir>/parses (made when missing, spaCy)")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), help="screen: these rows only (default: all)")
-    parser.add_argument("--parallel", type=int, help="runs at a time (default: 2 on the CPU, 10 on a GPU)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")
-    parser.add_argument("--patience", type=int, default=5, help="evaluations (epochs) without a better validation BLEU")
-    parser.add_argument("--max_epochs", type=int, help="the most epochs a run trains (default: 60 on the CPU, 150 on "
-                                                        "a GPU)")
-    parser.add_argument("--time_cap_minutes", type=float, help="training minutes per run, across sessions "
-                                                               "(default: 600 on the CPU, 180 on a GPU)")
-    parser.add_argument("--record", help=argparse.SUPPRESS)
+    parser.add_argument("--parallel", type=positive_int, help="runs at a time (default: 2 on the CPU, 10 on a GPU)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads per run")
+    parser.add_argument("--patience", type=positive_int, default=5,
+                        help="evaluations (epochs) without a better validation BLEU")
+    parser.add_argument("--max_epochs", type=positive_int, help="the most epochs a run trains (default: 60 on the "
+                                                                 "CPU, 150 on a GPU)")
+    parser.add_argument("--time_cap_minutes", type=positive_float, help="training minutes per run, across sessions "
+                                                                        "(default: 600 on the CPU, 180 on a GPU)")
+    parser.add_argument("--record", type=existing_file, help=argparse.SUPPRESS)
     parser.add_argument("--split", default=TEST, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -722,9 +724,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.tokenizer_dir = args.tokenizer_dir or args.output_dir / "tokenizer"
     args.parses_dir = args.parses_dir or args.output_dir / "parses"
     for name in ("parallel", "time_cap_minutes", "max_epochs"):
-        setattr(args, name, getattr(args, name) or defaults[name])
-    if args.parallel < 1 or args.threads < 1 or args.patience < 1 or args.max_epochs < 1:
-        parser.error("--parallel, --threads, --patience and --max_epochs must be at least 1")
+        if getattr(args, name) is None:  # not "or": an explicit 0 is refused above, never the default
+            setattr(args, name, defaults[name])
+    if args.command in {"confirm", "test", "table", "status"} and not args.results_dir.is_dir():
+        parser.error(f"--results_dir {args.results_dir} is not a folder; expected the study's records (made by "
+                     f"screen; the default for --device {args.device} is {defaults['results_dir']})")
+    if args.command != "status" and not args.multi30k_dir.is_dir():
+        parser.error(f"--multi30k_dir {args.multi30k_dir} is not a folder; expected the Multi30k data")
+    if args.command == "score" and not (args.record and args.out):
+        parser.error("score needs --record and --out (test runs it for each confirmed run)")
+    if args.rows and args.command != "screen":
+        parser.error(f"--rows chooses the rows of the screen only; {args.command} runs the rows of choice.json")
     return args
 
 

@@ -24,6 +24,8 @@ from hf_headattn.analysis import (
 )
 from hf_headattn.analysis.head_importance import METHOD as IMPORTANCE_METHOD
 from hf_headattn.experiment import recipe as train_translation
+from hf_headattn.experiment.arguments import existing_dir, positive_int
+from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.training import write_json
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
@@ -84,14 +86,20 @@ def pictures(args, methods) -> list[Path]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=["baseline", "dhicm", "eadra"])
-    parser.add_argument("--max_steps", type=int, default=500)
-    parser.add_argument("--num_beams", type=int, default=5)
+    parser.add_argument("--max_steps", type=positive_int, default=500)
+    parser.add_argument("--num_beams", type=positive_int, default=5)
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--output_dir", default="outputs/demo")
-    parser.add_argument("--tokenizer", default=None, help="reuse a saved tokenizer")
+    parser.add_argument("--tokenizer", type=existing_dir, default=None, help="reuse a saved tokenizer")
     args = parser.parse_args(argv)
     if not args.data.is_dir():
-        raise SystemExit(f"Multi30k not found at {args.data}: clone the project beside ../shared")
+        parser.error(f"--data: Multi30k not found at {args.data}; expected its folder (clone the project beside "
+                     "../shared)")
+    for method in args.methods:
+        try:
+            method_settings(method)
+        except ValueError as error:
+            parser.error(f"--methods: {error}")
     torch.manual_seed(0)
     start = time.perf_counter()
     results = {}

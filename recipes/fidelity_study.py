@@ -33,6 +33,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from hf_headattn.experiment.arguments import positive_int
 from hf_headattn.experiment.study import dhicm_settings, eadra_settings
 
 HERE = Path(__file__).resolve().parent
@@ -224,19 +225,24 @@ def main(argv=None) -> None:
     parser.add_argument("--choose", nargs="+", default=[], help="confirm: override the choice (rows of SCREEN)")
     parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS),
                         help="confirm: the methods whose choice is confirmed (the baseline always runs)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=list(CONFIRM_SEEDS), help="confirm: the seeds")
-    parser.add_argument("--top", type=int, default=1,
+    parser.add_argument("--seeds", nargs="+", type=positive_int, default=list(CONFIRM_SEEDS),
+                        help="confirm: the seeds")
+    parser.add_argument("--top", type=positive_int, default=1,
                         help="confirm: the N best screened rows per method (the confirmation's validation decides)")
     parser.add_argument("--with_paper_literal", action="store_true",
                         help="confirm: also the paper-literal readings (PAPER_LITERAL)")
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--parallel", type=positive_int, default=2)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", type=Path, help="table: write the raw summary here")
     args = parser.parse_args(argv)
     unknown = sorted(set((args.rows or []) + args.choose) - set(SCREEN))
     if unknown:
-        raise SystemExit(f"unknown rows {unknown}; expected names from {list(SCREEN)}")
+        parser.error(f"unknown rows {unknown} (--rows/--choose); expected names from {list(SCREEN)}")
+    if not args.multi30k_dir.is_dir():
+        parser.error(f"--multi30k_dir {args.multi30k_dir} is not a folder; expected the Multi30k data")
+    if args.command != "screen" and not args.output_dir.is_dir():
+        parser.error(f"--output_dir {args.output_dir} is not a folder; expected the study's runs (made by screen)")
     if args.command == "screen":
         launch(args, "screen", args.rows or list(SCREEN), [1])
     elif args.command == "confirm":

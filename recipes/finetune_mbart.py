@@ -72,10 +72,17 @@ def main(argv=None) -> dict:
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
-    eadra = json.loads(model_args.eadra)
-    raw = load_recipe_data(data_args)
+    try:
+        eadra = json.loads(model_args.eadra)
+    except json.JSONDecodeError as error:
+        parser.error(f"--eadra {model_args.eadra!r} is not valid JSON ({error}); expected an object such as "
+                     "'{\"encoder\": {\"num_heads\": 2}}'")
+    try:
+        raw = load_recipe_data(data_args)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))  # the data flags: missing files, unknown languages, unequal line counts
     if "train" not in raw:
-        raise ValueError(f"the data has no 'train' split; it has {sorted(raw)}")
+        parser.error(f"the data has no 'train' split; it has {sorted(raw)}")
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
     model = HeadAttnMBartForConditionalGeneration.from_pretrained(
         model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing,

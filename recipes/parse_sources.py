@@ -36,9 +36,14 @@ class ParseArguments:
 
 
 def main(argv=None) -> dict[str, str]:
-    data_args, parse_args = HfArgumentParser((ParallelDataArguments, ParseArguments)).parse_args_into_dataclasses(
-        args=argv)
-    raw = load_recipe_data(data_args)
+    parser = HfArgumentParser((ParallelDataArguments, ParseArguments))
+    data_args, parse_args = parser.parse_args_into_dataclasses(args=argv)
+    if parse_args.num_proc is not None and parse_args.num_proc < 1:
+        parser.error(f"--num_proc must be a positive integer, got {parse_args.num_proc}")
+    try:
+        raw = load_recipe_data(data_args)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))  # the data flags: missing files, unknown languages, unequal line counts
     src = data_args.source_lang
     parser = SpacyParser(parse_args.spacy_model, on_multiple_sentences="join")
     written = {}

@@ -5,7 +5,16 @@ As Michel et al. (2019, §6.1): each step prunes a share of the remaining heads,
 criterion (``hf_headattn.analysis.head_ranking``: gradient, confidence, entropy, random, and the criteria of the
 methods the model carries, dhicm and rhe), optionally fine-tunes for N steps, recomputes the importance (unless
 ``--no_recompute``) and scores the validation set. Importance is computed on training sentences, choices are made on
-validation, and ``--test_split`` is read once, for the chosen model only.
+validation, and ``--test_split`` is read once, for the chosen model only. ``--model_dir`` is an hf-headattn model
+with its tokenizer (a training run's ``--output_dir``: the run's final or, with ``--load_best_model_at_end``, best
+weights); a stock mBART/Marian checkpoint is refused (convert it first: ``HeadAttnMarianMTModel.from_pretrained`` loads
+it, ``save_pretrained`` writes it as ours). The criteria ``dhicm`` and ``rhe`` need a model that carries DHICM,
+resp. SEA with RHE.
+
+Every argument (criteria against the model, shares, counts, folders) is checked before anything is read, evaluated,
+written or deleted: a bad one is a usage error (exit 2). A rerun with the same settings continues the run; an
+``--output_dir`` that holds the results of a run with other settings is refused unless ``--overwrite``, which prints
+what it replaces and deletes it once the model and the data have loaded (the new run then writes its own).
 
 Writes to ``--output_dir``:
 * ``pruning.json``: per criterion and step, the share of heads pruned, the heads, BLEU, chrF, parameters and
@@ -20,7 +29,7 @@ Writes to ``--output_dir``:
 * ``model/``: the model pruned by the best criterion at its chosen share, its tokenizer, and a model card that says
   what was pruned and why.
 
-    python recipes/prune_heads.py --model_dir runs/converged/screen/baseline/seed1/best \\
+    python recipes/prune_heads.py --model_dir runs/converged/screen/baseline/seed1 \\
         --multi30k_dir ../shared/data/multi30k --criteria gradient confidence entropy random \\
         --test_split test_2016_flickr --output_dir outputs/prune_heads
 """
@@ -34,13 +43,14 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn  # noqa: F401  (registers the models)
-from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, head_importance, method_criteria
+from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, criteria, head_importance, method_criteria
 from hf_headattn.analysis.plotting import pyplot, save_figure
-from hf_headattn.experiment.data import load_parallel_dataset
+from hf_headattn.experiment.data import MULTI30K_SPLITS, load_parallel_dataset
 from hf_headattn.experiment.evaluation import markdown_table
+from hf_headattn.experiment.arguments import existing_dir, non_negative_int, positive_float, positive_int
 from hf_headattn.experiment.head_pruning import (
     BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within, throughput_ratio,
 )
@@ -50,40 +60,128 @@ from hf_headattn.experiment.training import collator, prepare_features
 from hf_headattn.head_masks import KINDS, mask_shape
 
 HERE = Path(__file__).resolve().parent
+#: What a run writes into --output_dir.
+EARLIER = ("pruning.json", "criteria", "model", "pruning.png")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model_dir", required=True, help="a trained model and its tokenizer")
+    parser.add_argument("--model_dir", type=existing_dir, required=True,
+                        help="a trained hf-headattn model and its tokenizer (a run's --output_dir)")
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/prune_heads"))
-    parser.add_argument("--multi30k_dir", type=Path, default=HERE.parent.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results of an earlier run with other settings in --output_dir")
+    parser.add_argument("--multi30k_dir", type=existing_dir,
+                        default=HERE.parent.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="de")
-    parser.add_argument("--criteria", nargs="+", help="default: the built-in ones and those of the model's methods")
+    parser.add_argument("--criteria", nargs="+", choices=criteria(),
+                        help="default: the built-in ones and those of the model's methods")
     parser.add_argument("--step_share", type=float, default=0.1, help="share of the remaining heads pruned per step")
     parser.add_argument("--max_share", type=float, default=0.9, help="prune at most this share of all heads")
     parser.add_argument("--no_recompute", action="store_true", help="rank once, on the unpruned model")
     parser.add_argument("--common_heads", action="store_true",
                         help="prune only heads that every one of --criteria scores (e.g. compare dhicm with gradient "
                              "on DHICM's modules)")
-    parser.add_argument("--finetune_steps", type=int, default=0, help="training steps after each pruning step")
-    parser.add_argument("--finetune_learning_rate", type=float, default=1e-4)
-    parser.add_argument("--finetune_samples", type=int, help="training sentences fine-tuned on (default: all)")
-    parser.add_argument("--importance_samples", type=int, default=512, help="training sentences for the importance")
-    parser.add_argument("--eval_samples", type=int, help="validation sentences scored (default: all)")
-    parser.add_argument("--parses_dir", help="CoNLL-U parses for models with SEA (recipes/parse_sources.py)")
-    parser.add_argument("--num_beams", type=int, default=5)
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--max_length", type=int, default=128)
-    parser.add_argument("--test_split", help="read once, for the chosen model (e.g. test_2016_flickr)")
+    parser.add_argument("--finetune_steps", type=non_negative_int, default=0,
+                        help="training steps after each pruning step")
+    parser.add_argument("--finetune_learning_rate", type=positive_float, default=1e-4)
+    parser.add_argument("--finetune_samples", type=positive_int,
+                        help="training sentences fine-tuned on (default: all)")
+    parser.add_argument("--importance_samples", type=positive_int, default=512,
+                        help="training sentences for the importance")
+    parser.add_argument("--eval_samples", type=positive_int, help="validation sentences scored (default: all)")
+    parser.add_argument("--parses_dir", type=existing_dir,
+                        help="CoNLL-U parses for models with SEA (recipes/parse_sources.py)")
+    parser.add_argument("--num_beams", type=positive_int, default=5)
+    parser.add_argument("--batch_size", type=positive_int, default=64)
+    parser.add_argument("--max_length", type=positive_int, default=128)
+    parser.add_argument("--test_split", choices=[name for name in MULTI30K_SPLITS if name.startswith("test")],
+                        help="read once, for the chosen model (e.g. test_2016_flickr)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timing_repeats", type=int, default=3,
+    parser.add_argument("--timing_repeats", type=positive_int, default=3,
                         help="generate timed this many times, alternately pruned and unpruned, for the ratio")
     args = parser.parse_args(argv)
-    for name in ("importance_samples", "num_beams", "batch_size", "max_length", "timing_repeats", "finetune_samples"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    check_args(parser, args)
     return args
+
+
+def identity(args) -> dict:
+    """The settings that make a run the run it is (``pruning.json``'s ``settings``): a restart with the same ones
+    continues it."""
+    keys = ("model_dir", "source_lang", "target_lang", "step_share", "max_share", "no_recompute", "finetune_steps",
+            "finetune_learning_rate", "finetune_samples", "importance_samples", "eval_samples", "num_beams",
+            "max_length", "seed", "common_heads")
+    return {key: str(getattr(args, key)) if key == "model_dir" else getattr(args, key) for key in keys}
+
+
+def check_args(parser, args) -> None:
+    """Every check that needs no data: run before anything is read, evaluated, written or deleted."""
+    if not 0 < args.step_share <= 1:
+        parser.error(f"--step_share must be in (0, 1], got {args.step_share}")
+    if not 0 < args.max_share < 1:
+        parser.error(f"--max_share must be in (0, 1), got {args.max_share}")
+    if args.output_dir.exists() and not args.output_dir.is_dir():
+        parser.error(f"--output_dir {args.output_dir} is a file; expected a folder (made when missing)")
+    splits = [MULTI30K_SPLITS[split] for split in ("train", "validation", args.test_split) if split]
+    missing = [f"{split}.{lang}[.gz]" for split in splits for lang in (args.source_lang, args.target_lang)
+               if not any((args.multi30k_dir / f"{split}.{lang}{gz}").is_file() for gz in ("", ".gz"))]
+    if missing:
+        parser.error(f"--multi30k_dir {args.multi30k_dir} lacks {missing}; expected the Multi30k files of "
+                     f"--source_lang {args.source_lang} and --target_lang {args.target_lang}")
+    check_model(parser, args)
+    args.replaced = earlier_results(parser, args)
+
+
+def check_model(parser, args) -> None:
+    """``--model_dir`` holds an hf-headattn model with the methods that ``--criteria`` read, and its tokenizer."""
+    if not (args.model_dir / "config.json").is_file():
+        parser.error(f"--model_dir {args.model_dir} holds no config.json; expected a saved model and its tokenizer "
+                     "(a training run's --output_dir)")
+    check_config(parser, args)
+    if not (args.model_dir / "tokenizer_config.json").is_file():
+        parser.error(f"--model_dir {args.model_dir} holds no tokenizer_config.json; expected the model's tokenizer "
+                     "beside it (a training run's --output_dir holds both)")
+
+
+def check_config(parser, args) -> None:
+    """An hf-headattn config that carries the methods of ``--criteria``."""
+    try:
+        config = AutoConfig.from_pretrained(args.model_dir)
+    except (OSError, ValueError) as error:
+        parser.error(f"--model_dir {args.model_dir}: its config.json does not load ({error})")
+    if not hasattr(config, "headattn_settings"):
+        parser.error(f"--model_dir {args.model_dir} holds a stock {config.model_type!r} model "
+                     f"({type(config).__name__}); prune_heads.py needs an hf-headattn model (head masks, pruning). "
+                     "Convert it: hf_headattn.HeadAttnMarianMTModel (mBART: HeadAttnMBartForConditionalGeneration)"
+                     f".from_pretrained({str(args.model_dir)!r}) loads stock checkpoints; save_pretrained it and its "
+                     "tokenizer into a new folder and pass that")
+    needs = {name: spec.name for name, spec in method_criteria().items()}
+    off = [name for name in args.criteria or [] if name in needs and needs[name] not in config.headattn_settings]
+    if off:
+        usable = [*BUILT_IN, *sorted(name for name, method in needs.items() if method in config.headattn_settings)]
+        parser.error(f"--criteria {off} need(s) the model to carry {sorted({needs[name] for name in off})}; the "
+                     f"model in {args.model_dir} carries {sorted(config.headattn_settings) or 'no method'}; "
+                     f"expected criteria among {usable}")
+
+
+def earlier_results(parser, args) -> list[str]:
+    """What an earlier run in ``--output_dir`` left with other settings (``[]``: none, or a restart of this run),
+    refused unless ``--overwrite``."""
+    found = [name for name in EARLIER if (args.output_dir / name).exists()]
+    try:
+        stored = json.loads((args.output_dir / "pruning.json").read_text()).get("settings") if found else None
+    except (OSError, ValueError, AttributeError):
+        stored = None
+    if not found or stored == identity(args):
+        return []
+    new = identity(args)
+    other = ("unknown settings (no readable pruning.json)" if not isinstance(stored, dict) else "other settings: " +
+             ", ".join(f"{key} {stored.get(key)!r} (now {new[key]!r})" for key in new if stored.get(key) != new[key]))
+    if not args.overwrite:
+        parser.error(f"--output_dir {args.output_dir} holds {found} of an earlier run with {other}; expected "
+                     "another --output_dir, or --overwrite to replace them")
+    return found
 
 
 class Study:
@@ -151,10 +249,7 @@ class Study:
         return self.args.criteria or [*BUILT_IN, *sorted(on)]
 
     def identity(self) -> dict:
-        keys = ("model_dir", "source_lang", "target_lang", "step_share", "max_share", "no_recompute", "finetune_steps",
-                "finetune_learning_rate", "finetune_samples", "importance_samples", "eval_samples", "num_beams",
-                "max_length", "seed", "common_heads")
-        return {key: getattr(self.args, key) for key in keys}
+        return identity(self.args)
 
 
 def candidate_heads(study: Study, results: dict) -> dict[str, torch.Tensor] | None:
@@ -254,17 +349,24 @@ def plot(results: dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def replace_earlier(args) -> None:
+    """Delete what ``earlier_results`` found (``--overwrite``), saying so first."""
+    if not args.replaced:
+        return
+    print(f"--overwrite: replacing the earlier run's {args.replaced} in {args.output_dir}", flush=True)
+    for name in args.replaced:
+        target = args.output_dir / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+
+
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
+    args = parse_args(argv)  # every check: nothing is read, evaluated, written or deleted before them
     path = args.output_dir / "pruning.json"
     study = Study(args)
-    results = json.loads(path.read_text()) if path.exists() else {}
-    if results.get("settings") != study.identity():
-        if results:
-            print(f"{path} was made with other settings; starting again")
-        shutil.rmtree(args.output_dir / "criteria", ignore_errors=True)
-        results = {"settings": study.identity(), "criteria": {}}
+    replace_earlier(args)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    results = json.loads(path.read_text()) if path.exists() else {"settings": study.identity(), "criteria": {}}
+    write_json_atomic(path, results)  # the settings first: an interrupted run restarts, not refused
     run_criteria(study, results, path)
     best, record = choose(results)
     if args.test_split:

@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hf_headattn.experiment.arguments import existing_dir, positive_float, positive_int
+
 HERE = Path(__file__).resolve().parent
 ROWS = ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe"]
 TEST_SPLIT = "test_2016_flickr"
@@ -176,28 +178,39 @@ def main(argv=None) -> None:
     run.add_argument("--output_dir", type=Path, required=True)
     run.add_argument("--rows", nargs="+", default=ROWS, help="method names (see presets.method_settings), '+' combines")
     run.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
-    run.add_argument("--parallel", type=int, default=1, help="runs at a time")
-    run.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    run.add_argument("--parallel", type=positive_int, default=1, help="runs at a time")
+    run.add_argument("--threads", type=positive_int, default=1, help="CPU threads per run")
     run.add_argument("--multi30k_dir", default=str(HERE.parent.parent / "shared" / "data" / "multi30k"))
     run.add_argument("--source_lang", default="en")
     run.add_argument("--target_lang", default="de")
-    run.add_argument("--vocab_size", type=int, default=8000)
-    run.add_argument("--tokenizer_dir", type=Path, help="a tokenizer made earlier (default: train one)")
-    run.add_argument("--parses_dir", type=Path, help="parses made earlier by parse_sources.py (default: parse)")
+    run.add_argument("--vocab_size", type=positive_int, default=8000)
+    run.add_argument("--tokenizer_dir", type=existing_dir, help="a tokenizer made earlier (default: train one)")
+    run.add_argument("--parses_dir", type=existing_dir,
+                     help="parses made earlier by parse_sources.py (default: parse)")
     table = sub.add_parser("table", help="summarise finished runs as a markdown table")
-    table.add_argument("--output_dir", type=Path, required=True)
+    table.add_argument("--output_dir", type=existing_dir, required=True)
     table.add_argument("--rows", nargs="+", help="rows in this order (default: every row found)")
     table.add_argument("--json", type=Path, help="also write the summary here")
-    table.add_argument("--at_epoch", type=float, help="add the validation BLEU after this many epochs")
+    table.add_argument("--at_epoch", type=positive_float, help="add the validation BLEU after this many epochs")
     argv = sys.argv[1:] if argv is None else list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.command == "run":
-        if args.parallel < 1 or args.threads < 1:
-            raise ValueError(f"--parallel and --threads must be at least 1, got {args.parallel} and {args.threads}")
+        from hf_headattn.experiment.presets import method_settings
+
+        if not Path(args.multi30k_dir).is_dir():
+            parser.error(f"--multi30k_dir {args.multi30k_dir} is not a folder; expected the Multi30k data")
+        for row in args.rows:
+            try:
+                method_settings(row)
+            except ValueError as error:
+                parser.error(f"--rows: {error}")
         launch(args, extra)
     else:
-        summary, markdown = summarize(args.output_dir, args.rows, args.at_epoch)
+        try:
+            summary, markdown = summarize(args.output_dir, args.rows, args.at_epoch)
+        except ValueError as error:  # e.g. no baseline runs under --output_dir
+            parser.error(str(error))
         print(markdown)
         if args.json:
             args.json.write_text(json.dumps(summary, indent=2) + "\n")

@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn
 from hf_headattn.experiment.evaluation import compute_translation_metrics
+from hf_headattn.experiment.arguments import positive_int
 from hf_headattn.syntax import SyntaxInputError
 
 
@@ -54,17 +55,6 @@ def write_lines(path: str, lines: list[str]) -> None:
         sys.stdout.flush()
     else:
         Path(path).write_text(text, encoding="utf-8")
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -100,7 +90,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     except LookupError as err:
         parser.error(f"{err}; expected a Python codec for --encoding (e.g. utf-8, latin-1) and an error handler for "
                      "--encoding_errors (e.g. strict, replace)")
+    check_files(parser, args)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is available here; expected --device cpu")
+    try:
+        config = AutoConfig.from_pretrained(args.model_name_or_path)
+    except (OSError, ValueError) as err:
+        parser.error(f"--model_name_or_path {args.model_name_or_path} does not load ({err}); expected a saved model "
+                     "folder or a Hub name")
+    limit = getattr(config, "max_position_embeddings", None)
+    if args.max_source_length is not None and limit is not None and args.max_source_length > limit:
+        parser.error(f"--max_source_length {args.max_source_length} is above the model's limit "
+                     f"(max_position_embeddings={limit}); expected at most {limit}")
     return args
+
+
+def check_files(parser, args) -> None:
+    """The input and reference files exist; without ``--input``, standard input is open (a hint where it is a
+    terminal)."""
+    for flag, path in (("--input", args.input), ("--reference", args.reference)):
+        if path not in (None, "-") and not Path(path).is_file():
+            parser.error(f"{flag} {path}: no such file; expected a text file of one sentence per line")
+    if "-" in (args.input, args.reference):
+        if sys.stdin is None:
+            parser.error("standard input is closed and no --input was given; expected --input FILE, or the source "
+                         "lines on standard input")
+        if sys.stdin.isatty():
+            print("reading the source lines from the terminal until end of input (Ctrl-D); --input FILE reads a "
+                  "file", file=sys.stderr)
 
 
 def main(argv=None) -> list[str]:

@@ -34,3 +34,14 @@ def batch():
     input_ids = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 12, 2, 1, 1]])
     labels = torch.tensor([[13, 14, 15, 2], [16, 2, -100, -100]])
     return {"input_ids": input_ids, "attention_mask": input_ids.ne(1).long(), "labels": labels}
+
+
+def syntax_batch():
+    """:func:`batch` with SEA's inputs: each token related to its neighbours (``dependency_mask``) and relative
+    phrase positions clipped to [-2, 2] (``phrase_positions``)."""
+    inputs = batch()
+    B, S = inputs["input_ids"].shape
+    near = (torch.arange(S)[None, :] - torch.arange(S)[:, None]).abs() <= 1
+    inputs["dependency_mask"] = near.expand(B, S, S)
+    inputs["phrase_positions"] = (torch.arange(S)[None, :] - torch.arange(S)[:, None]).clamp(-2, 2).expand(B, S, S)
+    return inputs

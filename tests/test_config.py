@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, MarianConfig
 
 from conftest import FAMILIES, TINY
+from hf_headattn.configuration import HeadAttnDeprecationWarning
 from hf_headattn import (
     HeadAttnMarianConfig,
     HeadAttnMarianModel,
@@ -213,3 +214,36 @@ def test_too_long_inputs_raise_a_clear_error(family):
             model.generate(input_ids=long_ids, num_beams=num_beams, max_new_tokens=2)
     with pytest.raises(ValueError, match="target sequence has 65 positions"):
         model.generate(input_ids=long_ids[:, :4], max_new_tokens=70, min_new_tokens=70)
+
+
+def test_a_flat_field_assigned_after_build_is_translated_saved_and_refused_by_the_built_model(tmp_path):
+    """Regression: ``config.dhicm_kl_weight = 0.5`` was kept as a stray attribute that changed nothing, and the
+    config.json it was written to was refused by from_pretrained (both conventions in one file)."""
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"decoder_layers": [-1]})).eval()
+    ids = torch.randint(3, 90, (1, 5))
+    with pytest.warns(HeadAttnDeprecationWarning, match=r"config.dhicm_kl_weight = 0.5: release 0.1's flat settings "
+                                                        r"\['dhicm_kl_weight'\] are deprecated.*dhicm\['kl_weight'\]"):
+        model.config.dhicm_kl_weight = 0.5
+    assert model.config.dhicm == {"decoder_layers": [-1], "kl_weight": 0.5}
+    assert model.config.headattn_settings["dhicm"].kl_weight == 0.5 and "dhicm_kl_weight" not in model.config.__dict__
+    with pytest.raises(ValueError, match=r"config.dhicm was changed after the model was built"):
+        model(input_ids=ids, labels=ids)  # as for config.dhicm = {...}
+    model.save_pretrained(tmp_path)
+    assert "dhicm_kl_weight" not in json.loads((tmp_path / "config.json").read_text())
+    loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.config.dhicm == {"decoder_layers": [-1], "kl_weight": 0.5}
+    assert loaded.headattn_settings["dhicm"].kl_weight == 0.5
+    with pytest.raises(ValueError, match=r"dhicm.kl_weight must be a number in \[0.0, inf\)"), pytest.warns(
+            HeadAttnDeprecationWarning):
+        loaded.config.dhicm_kl_weight = -1.0  # validated as the dict is, and not kept
+    assert loaded.config.dhicm["kl_weight"] == 0.5
+
+
+def test_a_flat_field_at_its_default_leaves_an_off_method_off():
+    config = HeadAttnMBartConfig(**TINY)
+    with pytest.warns(HeadAttnDeprecationWarning):
+        config.rhe_prune = False  # release 0.1's default
+    assert config.sea is None and config.headattn_settings == {}
+    with pytest.warns(HeadAttnDeprecationWarning):
+        config.sea_type = "dea"
+    assert config.sea == {"type": "dea"} and "sea" in config.headattn_settings

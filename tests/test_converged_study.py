@@ -290,3 +290,29 @@ def test_the_training_curve_averages_each_epochs_training_logs():
         {"epoch": 2, "logs": 2, "dhicm_kl": 1.5, "loss": 2.0, "note": 7.0},
     ]
     assert cs.training_curve([]) == []
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--parallel", "0", "an integer >= 1, got '0'"), ("--max_epochs", "0", "an integer >= 1, got '0'"),
+    ("--time_cap_minutes", "0", "a number > 0, got '0'"), ("--time_cap_minutes", "-5", "a number > 0, got '-5'"),
+    ("--threads", "0", "an integer >= 1"), ("--patience", "-1", "an integer >= 1"),
+])
+def test_a_value_below_the_minimum_is_a_usage_error_not_the_default(tmp_path, capsys, flag, value, expected):
+    with pytest.raises(SystemExit) as stop:
+        study_args(tmp_path, flag, value)
+    message = capsys.readouterr().err
+    assert stop.value.code == 2 and f"argument {flag}: expected {expected}" in message
+    assert study_args(tmp_path, flag, "3").__dict__[flag[2:]] == 3
+
+
+def test_a_missing_results_folder_is_a_usage_error_naming_it(tmp_path, capsys):
+    typo = tmp_path / "resluts"
+    for command in ("table", "status", "confirm", "test"):
+        with pytest.raises(SystemExit) as stop:
+            cs.main([command, "--results_dir", str(typo), "--output_dir", str(tmp_path / "runs"),
+                     "--multi30k_dir", str(DATA)])
+        assert stop.value.code == 2 and f"--results_dir {typo} is not a folder" in capsys.readouterr().err
+    assert not typo.exists()
+    with pytest.raises(SystemExit) as stop:
+        study_args(tmp_path, "--multi30k_dir", str(tmp_path / "nowhere"))
+    assert stop.value.code == 2 and "nowhere" in capsys.readouterr().err

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
+from transformers.modeling_layers import GradientCheckpointingLayer
 
-from conftest import TINY, batch
+from conftest import FAMILIES, TINY, batch
 from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
 
 SETTINGS = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]}, eadra={"encoder": {}, "decoder": {}, "cross": {}})
@@ -57,3 +58,61 @@ def test_no_grad_and_eval_are_not_refused():
     with torch.no_grad():
         assert torch.isfinite(model(**batch()).loss)  # training mode, but no gradients asked for
     assert model.eval()(**batch()).dhicm_kl.requires_grad  # eval: no checkpointing, the terms keep gradients
+
+
+def build(family, settings, how, path, checkpointing):
+    """A model in training mode with transformers' legacy flag when asked: built from a config, loaded with a config
+    given, or loaded from a config.json that holds the flag (as older checkpoints do)."""
+    model_cls = FAMILIES[family][2]
+    flag = {"gradient_checkpointing": True} if checkpointing else {}
+    torch.manual_seed(0)
+    if how == "config":
+        return model_cls(model_cls.config_class(**TINY, **settings, **flag)).train()
+    path = path / str(checkpointing)
+    if not path.exists():
+        torch.manual_seed(0)
+        model = model_cls(model_cls.config_class(**TINY, **settings))
+        if how == "config.json":
+            model.config.update(flag)  # saved with the flag, as older checkpoints are
+        model.save_pretrained(path)
+    if how == "config.json":
+        return model_cls.from_pretrained(path).train()
+    config = model_cls.config_class.from_pretrained(path)
+    config.update(flag)  # (from_pretrained(path, gradient_checkpointing=True) is a TypeError, as for HF's models)
+    return model_cls.from_pretrained(path, config=config).train()
+
+
+@pytest.mark.parametrize("how", ["config", "from_pretrained_config", "config.json"])
+@pytest.mark.parametrize("settings", [SETTINGS, {}], ids=["methods", "no_methods"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_legacy_config_flag_checkpoints_every_stack(family, settings, how, tmp_path):
+    """Regression: with ``gradient_checkpointing=True`` in the config, the stacks rebuilt for the methods (and
+    Marian's decoder, even without methods) ran without checkpointing, silently."""
+    model = build(family, settings, how, tmp_path, checkpointing=True)
+    stacks = [model.get_encoder(), model.get_decoder()]
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, GradientCheckpointingLayer)}
+    assert len(layers) == 4 and all(stack.gradient_checkpointing for stack in stacks)
+    assert all(layer.gradient_checkpointing for layer in layers.values())
+    assert not hasattr(model.config, "gradient_checkpointing")  # consumed, not saved
+    calls = []
+    for name, layer in layers.items():  # checkpointing actually runs: each layer goes through the checkpoint function
+        layer._gradient_checkpointing_func = _counted(layer._gradient_checkpointing_func, name, calls)
+    reference = build(family, settings, how, tmp_path, checkpointing=False)
+    checkpointed, plain = ({name: p.grad for name, p in m.named_parameters()} for m in (
+        _backward(model), _backward(reference)))
+    assert sorted(set(calls)) == sorted(layers)
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, msg=name)
+
+
+def _counted(function, name, calls):
+    def run(*args, **kwargs):
+        calls.append(name)
+        return function(*args, **kwargs)
+    return run
+
+
+def _backward(model):
+    torch.manual_seed(1)  # the same dropout masks
+    model(**batch()).loss.backward()
+    return model

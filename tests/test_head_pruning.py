@@ -20,6 +20,9 @@ METHODS = {
     "dhicm": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [0, 1]}},
     "dhicm_scaled_out_proj": {"dhicm": {"encoder_layers": [0], "decoder_layers": [-1], "mode": "scaled_out_proj"}},
     "eadra": {"eadra": {"encoder": {"heads": [0, 2]}, "decoder": {"num_heads": 3}, "cross": {}, "alpha_scale": 1.0}},
+    "eadra_default": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}, "alpha_scale": 1.0}},
+    "eadra_heads": {"eadra": {"encoder": {"heads": [1, 3]}, "decoder": {"heads": [0, 3]}, "cross": {"heads": [1, 2]},
+                              "alpha_scale": 1.0}},
     "dea_rhe": {"sea": {"type": "dea", "layers": [0, 1]}},
     "lpea_rhe": {"sea": {"type": "lpea", "layers": [1]}},
     "rhe_prune": {"sea": {"prune": True}},
@@ -27,6 +30,20 @@ METHODS = {
 #: Heads to prune (original numbers) and the same as masks.
 PRUNE = {"encoder.layers.1.self_attn": [0, 2], "encoder.layers.0.self_attn": [3],
          "decoder.layers.0.self_attn": [1], "decoder.layers.1.encoder_attn": [0, 1, 3]}
+#: Pruning patterns: :data:`PRUNE`, and one whose layers keep as many heads as each other but not the same ones (so
+#: EaDRA's default first 3 heads leave 3 regularized heads in one layer and 2 in the other).
+PATTERNS = {
+    "mixed": PRUNE,
+    "per_layer": {"encoder.layers.0.self_attn": [3], "encoder.layers.1.self_attn": [0],
+                  "decoder.layers.0.self_attn": [3], "decoder.layers.1.self_attn": [0],
+                  "decoder.layers.0.encoder_attn": [0], "decoder.layers.1.encoder_attn": [3]},
+}
+#: Heads masked on top of either pattern (a pruned model given a head mask).
+FURTHER = {"encoder.layers.1.self_attn": [1], "decoder.layers.0.self_attn": [2], "decoder.layers.0.encoder_attn": [1]}
+
+
+def union(*patterns):
+    return {name: sorted({h for p in patterns for h in p.get(name, [])}) for name in {n for p in patterns for n in p}}
 
 
 def masks_of(pruned, batch_size=None):
@@ -78,39 +95,75 @@ def test_all_ones_masks_give_exactly_the_unmasked_model(name, attn):
     assert torch.equal(plain.logits, masked.logits) and torch.equal(plain.loss, masked.loss)
 
 
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_pruning_equals_masking_logits_loss_and_generated_tokens(name):
+def test_pruning_equals_masking_logits_loss_and_generated_tokens(name, pattern):
+    prune = PATTERNS[pattern]
     model = model_with(METHODS[name])
     inputs = inputs_for(name)
-    masked = run(model, inputs, **masks_of(PRUNE))
+    masked = run(model, inputs, **masks_of(prune))
     assert not torch.allclose(masked.logits, run(model, inputs).logits)  # the masks matter
     generate_inputs = {k: v for k, v in inputs.items() if k != "labels"}
-    model.set_head_mask("encoder", masks_of(PRUNE)["head_mask"])
-    model.set_head_mask("decoder", masks_of(PRUNE)["decoder_head_mask"])
-    model.set_head_mask("cross", masks_of(PRUNE)["cross_attn_head_mask"])
+    model.set_head_mask("encoder", masks_of(prune)["head_mask"])
+    model.set_head_mask("decoder", masks_of(prune)["decoder_head_mask"])
+    model.set_head_mask("cross", masks_of(prune)["cross_attn_head_mask"])
     kept = run(model, inputs)
     masked_tokens = model.generate(**generate_inputs, num_beams=3, max_new_tokens=8, do_sample=False)
     for kind in ("encoder", "decoder", "cross"):
         model.set_head_mask(kind, None)
     before = sum(p.numel() for p in model.parameters())
-    model.prune_heads(PRUNE)
+    model.prune_heads(prune)
     pruned = run(model, inputs)
     torch.testing.assert_close(pruned.logits, masked.logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pruned.loss, masked.loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(kept.logits, masked.logits, rtol=0, atol=0)  # a kept mask = the forward argument
-    for field in ("dhicm_kl", "eadra_loss"):
+    for field in ("dhicm_kl", "eadra_loss", "eadra_terms"):
         if getattr(masked, field, None) is not None:
             torch.testing.assert_close(getattr(pruned, field), getattr(masked, field), rtol=1e-5, atol=1e-6)
     assert torch.equal(model.generate(**generate_inputs, num_beams=3, max_new_tokens=8, do_sample=False),
                        masked_tokens)
     modules = dict(model.model.named_modules())
-    for name, heads in PRUNE.items():
+    for name, heads in prune.items():
         module, width = modules[name], (4 - len(heads)) * 4
         assert module.num_heads == 4 - len(heads)
         assert [p.out_features for p in (module.q_proj, module.k_proj, module.v_proj)] == [width] * 3
         paper_dhicm = getattr(getattr(module, "dhicm", None), "mode", None) == "paper"  # out_proj is W_s (d_m in)
         assert module.out_proj.in_features == (16 if paper_dhicm else width)
     assert before - sum(p.numel() for p in model.parameters()) > 0
+
+
+def loss_and_gradients(model, inputs, masks):
+    model.zero_grad()
+    output = model(**inputs, **masks)
+    output.loss.backward()
+    return output, {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("further", [False, True], ids=["pruned", "pruned_and_masked"])
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_pruning_equals_masking_terms_and_gradients(name, pattern, further):
+    """Loss, the methods' terms and the gradients of the parameters both models have (same name and shape) of a
+    pruned model, given a head mask or not, equal the unpruned model's with all those heads masked. Regressions: with
+    two layers of one component keeping as many heads but different numbers of regularized ones, EaDRA gave them all
+    the first layer's number (another loss than masking), and crashed with a head mask."""
+    prune, extra = PATTERNS[pattern], FURTHER if further else {}
+    inputs = inputs_for(name)
+    masked, masked_grads = loss_and_gradients(model_with(METHODS[name]), inputs, masks_of(union(prune, extra)))
+    model = model_with(METHODS[name])
+    model.prune_heads(prune)
+    pruned, pruned_grads = loss_and_gradients(model, inputs, masks_of(extra) if further else {})
+    torch.testing.assert_close(pruned.loss, masked.loss, rtol=1e-5, atol=1e-6)
+    for field in ("dhicm_kl", "eadra_loss", "eadra_terms"):
+        assert (getattr(pruned, field) is None) == (getattr(masked, field) is None)
+        if getattr(masked, field) is not None:
+            torch.testing.assert_close(getattr(pruned, field), getattr(masked, field), rtol=1e-5, atol=1e-6)
+    shared = [n for n, g in pruned_grads.items() if g is not None and masked_grads[n] is not None
+              and g.shape == masked_grads[n].shape]
+    assert len(shared) > len(pruned_grads) // 2
+    for parameter in shared:
+        torch.testing.assert_close(pruned_grads[parameter], masked_grads[parameter], rtol=1e-4, atol=1e-5,
+                                   msg=lambda text: f"{parameter}: {text}")
 
 
 def test_per_sentence_masks_equal_one_mask_per_sentence():
@@ -133,12 +186,13 @@ def test_per_sentence_masks_equal_one_mask_per_sentence():
 @pytest.mark.parametrize("name", ["off", "dhicm", "dhicm_scaled_out_proj", "eadra"])
 def test_mask_gradient_is_exact_float64(name):
     """Michel et al.'s importance is the gradient of the loss to the mask: gradcheck in float64, at ones and at a
-    fractional mask (EaDRA computes its terms in float32: a float32 tolerance for its total loss). At 0, where a
-    head leaves DHICM's softmax (not differentiable there), the gradient is finite."""
+    fractional mask (EaDRA computes its terms in float32: a float32 tolerance for its total loss). Ones are probed
+    just below 1: masks must lie in [0, 1], and so must gradcheck's central differences. At 0, where a head leaves
+    DHICM's softmax (not differentiable there), the gradient is finite."""
     model = model_with(METHODS[name]).double()
     inputs = batch()
     for start in (torch.ones(2, 4), torch.tensor([[1.0, 0.2, 0.5, 1.0], [0.3, 1.0, 0.9, 0.7]])):
-        mask = start.double().requires_grad_()
+        mask = start.double().clamp(max=1 - 2e-3).requires_grad_()
         assert torch.autograd.gradcheck(lambda m: model(**inputs, decoder_head_mask=m).nll_loss, (mask,))
         tolerance = {"eps": 1e-3, "atol": 1e-3, "rtol": 1e-3} if name == "eadra" else {}
         assert torch.autograd.gradcheck(lambda m: model(**inputs, cross_attn_head_mask=m).loss, (mask,), **tolerance)
@@ -238,7 +292,7 @@ def test_pruned_marian_and_remote_code(tmp_path):
 def test_kept_masks_round_trip_and_move_with_the_model():
     model = model_with({})
     model.prune_heads({"decoder.layers.1.self_attn": [0]})
-    mask = torch.rand(2, 4) + 0.1
+    mask = torch.rand(2, 4) * 0.9 + 0.1  # in (0, 1]
     model.set_head_mask("decoder", mask)
     expected = mask.clone()
     expected[1, 0] = 0.0  # pruned

@@ -1,6 +1,7 @@
 """Head importance criteria (issue #25), each against an independent computation, and the choice of heads."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -170,3 +171,18 @@ def test_bad_criteria():
         head_importance(model, batches(), ["dhicm"])
     with pytest.raises(ValueError, match=r"needs batches with labels"):
         head_importance(model, [{"input_ids": batch()["input_ids"]}], ["gradient"])
+
+
+@pytest.mark.parametrize("count", [-1, -5, 1.5, 2.0, "3", True, None, np.float64(2), torch.tensor(-1)], ids=repr)
+def test_heads_to_prune_refuses_a_count_that_is_no_non_negative_integer(count):
+    """Regression: count=-1 returned every prunable head."""
+    importance = {kind: torch.rand(2, 4) for kind in ("encoder", "decoder", "cross")}
+    with pytest.raises(ValueError, match=r"count must be a non-negative integer .*, got " + re.escape(repr(count))):
+        heads_to_prune(model_with({}), importance, count)
+
+
+def test_heads_to_prune_takes_numpy_counts_and_zero():
+    importance = {kind: torch.rand(2, 4) for kind in ("encoder", "decoder", "cross")}
+    assert heads_to_prune(model_with({}), importance, 0) == {}
+    for count in (np.int64(2), torch.tensor(2)):
+        assert sum(map(len, heads_to_prune(model_with({}), importance, count).values())) == 2

@@ -111,9 +111,9 @@ def _toy_dataset():
     return Dataset.from_dict(rows).with_format("torch")
 
 
-def _one_step_grads(tmp_path, batch_size, accumulation, label_smoothing_factor=0.0):
+def _one_step_grads(tmp_path, batch_size, accumulation, label_smoothing_factor=0.0, **config):
     torch.manual_seed(0)
-    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dropout=0.0))
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dropout=0.0, **config))
     recorder = GradRecorder()
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path / f"run{batch_size}"), per_device_train_batch_size=batch_size,

@@ -49,3 +49,41 @@ def test_unknown_lora_target_is_named():
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY))
     with pytest.raises(ValueError, match=r"LoRA target modules \['query'\] are not linear layers.*'q_proj'"):
         lora_config(model, target_modules=["q_proj", "query"])
+
+
+def _prune_through_peft_model(peft_model, heads):
+    return peft_model.prune_heads(heads)
+
+
+def _prune_through_inner_model(peft_model, heads):
+    return peft_model.base_model.model.prune_heads(heads)
+
+
+def _prune_through_function(peft_model, heads):
+    from hf_headattn.pruning import prune_heads
+    return prune_heads(peft_model, heads)
+
+
+@pytest.mark.parametrize("targets", [None, ["out_proj"]], ids=["qkvo", "out_proj"])
+@pytest.mark.parametrize("prune", [_prune_through_peft_model, _prune_through_inner_model, _prune_through_function])
+def test_pruning_a_peft_model_is_refused_before_anything_changes(targets, prune):
+    """Regression: a raw KeyError ("attribute 'weight' already exists") left q/k/v cut and out_proj whole."""
+    torch.manual_seed(0)
+    base = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **METHODS))
+    kwargs = {} if targets is None else {"target_modules": targets}
+    peft_model = get_peft_model(base, lora_config(base, r=4, init_lora_weights=False, **kwargs)).eval()
+    with torch.no_grad():
+        expected = peft_model(**batch()).logits
+    shapes = {name: p.shape for name, p in peft_model.named_parameters()}
+    with pytest.raises(ValueError, match=r"carries PEFT adapters.*nothing was pruned\. Prune first, then attach the "
+                                         r"adapters.*merge_and_unload\(\)"):
+        prune(peft_model, {"encoder.layers.0.self_attn": [1], "decoder.layers.1.self_attn": [0]})
+    assert {name: p.shape for name, p in peft_model.named_parameters()} == shapes
+    assert base.config.pruned_heads is None
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**batch()).logits, expected)
+    # the order the message names: merge, prune, attach new adapters
+    merged = peft_model.merge_and_unload()
+    merged.prune_heads({"encoder.layers.0.self_attn": [1]})
+    again = get_peft_model(merged, lora_config(merged, r=4, **kwargs))
+    assert again(**batch()).logits.shape == expected.shape

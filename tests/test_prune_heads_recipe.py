@@ -126,10 +126,11 @@ def test_bad_arguments(model_dir, tmp_path):
         prune_heads.parse_args(["--model_dir", str(model_dir), "--num_beams", "0"])
     with pytest.raises(SystemExit):
         prune_heads.parse_args(["--model_dir", str(model_dir), "--finetune_samples", "0"])
-    with pytest.raises(ValueError, match=r"step_share must be in \(0, 1\] and max_share in \(0, 1\), got 0.1, 1.0"):
+    with pytest.raises(SystemExit) as stop:  # a usage error, before the unpruned model is evaluated
         prune_heads.main(["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path),
                           "--criteria", "random", "--importance_samples", "4", "--eval_samples", "4",
                           "--num_beams", "1", "--max_share", "1.0"])
+    assert stop.value.code == 2
 
 
 def test_pruned_generate_speed_benchmark_times_every_step(model_dir, tmp_path):
@@ -151,3 +152,72 @@ def test_pruned_generate_speed_benchmark_times_every_step(model_dir, tmp_path):
     assert json.loads((tmp_path / "speed.json").read_text())["rows"] == rows
     with pytest.raises(ValueError, match="has no criterion 'gradient'"):
         pruned_generate_speed.main([*argv, "--criterion", "gradient"])
+
+
+def quick_argv(model_dir, out, *extra):
+    return ["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(out), "--criteria",
+            "random", "--importance_samples", "4", "--eval_samples", "4", "--num_beams", "1", "--max_length", "8",
+            "--step_share", "0.5", "--max_share", "0.5", *extra]
+
+
+def usage_error(argv, capsys) -> str:
+    """The message of the usage error (exit 2) that ``prune_heads.main(argv)`` stops with."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        prune_heads.main(argv)
+    assert stop.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_a_bad_argument_stops_before_anything_is_read_or_deleted(model_dir, tmp_path, capsys, monkeypatch):
+    earlier = tmp_path / "out"
+    (earlier / "criteria" / "gradient").mkdir(parents=True)
+    (earlier / "criteria" / "gradient" / "config.json").write_text("{}")
+    (earlier / "pruning.json").write_text(json.dumps({"settings": {"step_share": 0.1}, "criteria": {}}))
+    monkeypatch.setattr(prune_heads, "load_parallel_dataset", lambda *a, **k: pytest.fail("data read"))
+    assert "--step_share must be in (0, 1], got 0.0" in usage_error(quick_argv(model_dir, earlier, "--step_share", "0"),
+                                                                     capsys)
+    assert "--max_share must be in (0, 1), got 1.0" in usage_error(quick_argv(model_dir, earlier, "--max_share", "1"),
+                                                                    capsys)
+    message = usage_error([*quick_argv(model_dir, earlier), "--criteria", "gradient", "rhe"], capsys)
+    assert "--criteria ['rhe'] need(s) the model to carry ['sea']" in message and "carries ['dhicm']" in message
+    for flag, value, expected in (("--eval_samples", "0", "an integer >= 1"), ("--finetune_steps", "-1", ">= 0"),
+                                  ("--finetune_learning_rate", "0", "a number > 0"),
+                                  ("--multi30k_dir", str(tmp_path / "nowhere"), "not found"),
+                                  ("--parses_dir", str(tmp_path / "nowhere"), "not found"),
+                                  ("--criteria", "gradients", "invalid choice")):
+        message = usage_error([*quick_argv(model_dir, earlier), flag, value], capsys)
+        assert flag in message and expected in message
+    message = usage_error(quick_argv(tmp_path, earlier), capsys)  # a folder without a model
+    assert f"--model_dir {tmp_path} holds no config.json" in message
+    assert (earlier / "criteria" / "gradient" / "config.json").is_file()  # the earlier results are all there
+    assert json.loads((earlier / "pruning.json").read_text())["settings"] == {"step_share": 0.1}
+
+
+def test_a_rerun_with_other_settings_is_refused_unless_overwrite_says_what_it_replaces(model_dir, tmp_path, capsys):
+    prune_heads.main(quick_argv(model_dir, tmp_path))
+    before = (tmp_path / "pruning.json").read_text()
+    message = usage_error(quick_argv(model_dir, tmp_path, "--seed", "1"), capsys)
+    assert f"--output_dir {tmp_path} holds ['pruning.json'," in message and "of an earlier run" in message
+    assert "seed 0 (now 1)" in message and "--overwrite" in message
+    assert (tmp_path / "pruning.json").read_text() == before and (tmp_path / "model" / "config.json").is_file()
+    capsys.readouterr()
+    prune_heads.main(quick_argv(model_dir, tmp_path, "--seed", "1", "--overwrite"))
+    assert "--overwrite: replacing the earlier run's ['pruning.json'" in capsys.readouterr().out
+    assert json.loads((tmp_path / "pruning.json").read_text())["settings"]["seed"] == 1
+
+
+def test_a_stock_checkpoint_is_a_usage_error_that_says_how_to_convert_it(tmp_path, capsys):
+    from transformers import MarianConfig, MarianMTModel
+
+    from hf_headattn.experiment.model_card import method_settings_of
+
+    config = MarianConfig(vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                          decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+                          max_position_embeddings=16, pad_token_id=0, decoder_start_token_id=0)
+    assert method_settings_of(config) == {}  # the model card of a stock model: no method, no loss settings
+    MarianMTModel(config).save_pretrained(tmp_path / "stock")
+    message = usage_error(quick_argv(tmp_path / "stock", tmp_path / "out"), capsys)
+    assert "holds a stock 'marian' model (MarianConfig)" in message
+    assert "HeadAttnMarianMTModel" in message and "from_pretrained" in message and "save_pretrained" in message
+    assert not (tmp_path / "out").exists()

@@ -1,6 +1,7 @@
 """The training recipe end to end on a few real Multi30k lines: one step per method, results JSON, bad input."""
 
 import json
+import re
 import sys
 from types import SimpleNamespace
 from pathlib import Path
@@ -164,20 +165,25 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
     (["--method", "dhicm+magic"], r"unknown method 'magic' in 'dhicm\+magic'"),
     (["--model_shape", "huge"], r"unknown model shape 'huge'"),
     (["--target_lang", "xx"], r"language 'xx' not found"),
-    (["--test_splits", "test_2017"], r"test_splits \['test_2017'\] are not in the data"),
+    (["--test_splits", "test_2017"], r"test_splits: \['test_2017'\] are not in the data"),
 ])
-def test_bad_input_is_refused_before_training(tmp_path, extra, message):
-    with pytest.raises(ValueError, match=message):
-        run(tmp_path, *extra)
+def test_bad_input_is_refused_before_training(tmp_path, extra, message, capsys):
+    # a usage error (exit 2) naming the value, before any tokenizer is trained or file written
+    with pytest.raises(SystemExit) as stop:
+        run(tmp_path / "out", *extra)
+    assert stop.value.code == 2 and re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
 
 
-def test_missing_data_and_unequal_line_counts(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nowhere"):
+def test_missing_data_and_unequal_line_counts(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
         run(tmp_path, "--train_file", str(tmp_path / "nowhere.tsv"), "--multi30k_dir", "")
+    assert stop.value.code == 2 and "nowhere" in capsys.readouterr().err
     (tmp_path / "corpus.en").write_text("a\nb\nc\n")
     (tmp_path / "corpus.de").write_text("x\ny\n")
-    with pytest.raises(ValueError, match=r"3 .* 2|2 .* 3"):
+    with pytest.raises(SystemExit) as stop:
         run(tmp_path, "--train_file", str(tmp_path / "corpus"), "--multi30k_dir", "")
+    assert stop.value.code == 2 and re.search(r"3 .* 2|2 .* 3", capsys.readouterr().err)
 
 
 TINY_RUN = ["--model_shape", "tiny", "--use_cpu", "true", "--max_train_samples", "200", "--max_eval_samples", "8",

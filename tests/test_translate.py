@@ -303,3 +303,22 @@ def test_import_does_not_load_the_experiment_kit():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+def test_cli_bad_input_source_and_length_are_usage_errors(tmp_path, saved_model, monkeypatch, capsys):
+    # regression: raw tracebacks (AttributeError on a closed stdin, FileNotFoundError, an index error in the
+    # position embeddings for a --max_source_length above the model's limit)
+    (tmp_path / "in.en").write_text("A dog runs.\n", encoding="utf-8")
+    cases = [(["--max_source_length", "65", "--input", str(tmp_path / "in.en")],
+              "--max_source_length 65 is above the model's limit (max_position_embeddings=64); expected at most 64"),
+             (["--input", str(tmp_path / "missing.en")], f"--input {tmp_path / 'missing.en'}: no such file"),
+             (["--input", str(tmp_path / "in.en"), "--reference", str(tmp_path / "missing.de")], "--reference"),
+             (["--model_name_or_path", str(tmp_path / "no_model"), "--input", str(tmp_path / "in.en")],
+              f"--model_name_or_path {tmp_path / 'no_model'}"),
+             ([], "standard input is closed and no --input was given")]
+    monkeypatch.setattr(sys, "stdin", None)
+    for extra, expected in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            cli(saved_model, *extra)
+        assert exit_info.value.code == 2 and expected in capsys.readouterr().err
+    assert len(cli(saved_model, "--max_source_length", "64", "--input", str(tmp_path / "in.en"))) == 1

@@ -21,6 +21,7 @@ modules that carry the method). Padding never counts. The criteria:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from numbers import Integral
 
 import torch
 
@@ -195,7 +196,13 @@ def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int,
     already pruned are no candidates, so an importance computed before pruning can be used again), as
     ``{module name: [original head numbers]}`` for :func:`hf_headattn.pruning.prune_heads`; the last head of a
     module is never chosen. ``among`` (``{kind: bool (layers, heads)}``, e.g. :func:`common_heads`) limits the
-    candidates further. Fewer are returned when fewer are candidates."""
+    candidates further. Fewer are returned when fewer are candidates. ``count`` must be a non-negative integer (a
+    ``ValueError`` otherwise)."""
+    value = count.item() if getattr(count, "ndim", None) == 0 and hasattr(count, "item") else count  # numpy, 0-d
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        raise ValueError(f"heads_to_prune: count must be a non-negative integer (the number of heads to prune), got "
+                         f"{count!r}")
+    count = int(value)
     if among is not None:
         importance = {kind: table.masked_fill(~among[kind], float("nan")) for kind, table in importance.items()}
     modules = {(kind_of(module), module.headattn_layer): module for module in routed_modules(model).values()}

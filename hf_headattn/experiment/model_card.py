@@ -34,9 +34,10 @@ runs the modeling code stored beside the weights; read it first.
 
 
 def method_settings_of(config) -> dict:
-    """The config's method settings and loss settings that differ from the defaults (``{}``: the stock model)."""
+    """The config's method settings and loss settings that differ from the defaults (``{}``: a stock model, whose
+    config has neither)."""
     settings = {spec.name: getattr(config, spec.name) for spec in active_methods(config)}
-    if config.label_smoothing:
+    if getattr(config, "label_smoothing", None):
         settings["label_smoothing"] = config.label_smoothing
     return settings
 

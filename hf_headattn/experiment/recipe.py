@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArgumen
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.registry import registered_methods
 from hf_headattn.experiment.presets import (
-    check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, preset,
+    check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, model_shape, preset,
     refuse_architecture, split_architecture,
 )
 from hf_headattn.experiment.trainer import (
@@ -115,7 +115,12 @@ def main(argv=None) -> dict:
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=expand_argv(argv))
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
-    settings = settings_from(model_args)
+    try:
+        settings = settings_from(model_args)
+        if not model_args.model_name_or_path:
+            model_shape(split_architecture(model_args.model_shape, settings)[0])  # a named shape
+    except ValueError as error:
+        parser.error(str(error))  # a usage error (exit 2): the flags' settings, before anything is read or written
     resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
     if resume is None and last_checkpoint(training_args.output_dir):
         logger.warning(f"{training_args.output_dir} holds checkpoints of an earlier run; this run starts at step 0 and "
@@ -130,11 +135,14 @@ def main(argv=None) -> dict:
                        "results.json's total_train_time_s will be null")
     else:
         callbacks.append(TrainingClock(previous_time))
-    raw = load_recipe_data(data_args)
+    try:
+        raw = load_recipe_data(data_args)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))  # the data flags: missing files, unknown languages, unequal line counts
     test_splits = data_args.test_splits.split(",") if data_args.test_splits else [s for s in raw if s != "train"]
     unknown = sorted(set(test_splits) - set(raw))
     if unknown:
-        raise ValueError(f"test_splits {unknown} are not in the data; it has {sorted(raw)}")
+        parser.error(f"--test_splits: {unknown} are not in the data; it has {sorted(raw)}")
     src, tgt = data_args.source_lang, data_args.target_lang
     max_length = max(data_args.max_source_length, data_args.max_target_length)
 

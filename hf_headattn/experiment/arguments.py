@@ -1,0 +1,53 @@
+"""The recipes' argparse checks: ``type=`` functions that turn a bad value into a usage error (exit 2) naming it
+and what was expected."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _number(text: str, kind: type, expected: str, ok) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _number(text, int, "an integer >= 1", lambda value: value >= 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    return _number(text, int, "an integer >= 0", lambda value: value >= 0)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    return _number(text, float, "a number > 0", lambda value: 0 < value < float("inf"))
+
+
+def share(text: str) -> float:
+    """A share: a number in [0, 1]."""
+    return _number(text, float, "a share in [0, 1]", lambda value: 0 <= value <= 1)
+
+
+def existing_dir(text: str) -> Path:
+    """A folder that exists."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"expected an existing folder, got {text!r}"
+                                         + (" (a file)" if Path(text).exists() else " (not found)"))
+    return Path(text)
+
+
+def existing_file(text: str) -> Path:
+    """A file that exists."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"expected an existing file, got {text!r}"
+                                         + (" (a folder)" if Path(text).exists() else " (not found)"))
+    return Path(text)

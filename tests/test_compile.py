@@ -1,0 +1,130 @@
+"""torch.compile with every method and their combination, on the CPU: compiled loss and gradients equal eager ones,
+no graph break inside the model's forward, no recompilation across steps of one shape, and ``generate`` with a
+compiled forward gives eager's tokens.
+
+Users compile in two ways, both checked: the whole model (``torch.compile(model)``, the Trainer's
+``torch_compile=True``) and each layer on its own (regional compilation, accelerate's ``use_regional_compilation``).
+The second makes the per-forward :class:`~hf_headattn.attention.HeadAttnContext` an input of every compiled frame, as
+a graph break above the layers does: a guard on per-step state in the context (a tensor's identity, a list's length)
+then shows here as a recompilation. On an H200 (torch 2.11) the whole-model compile broke above the layers and DHICM
+recompiled every step on its mask's identity, which a whole-model compile on the CPU, one graph with the context
+inside it, cannot show.
+
+The backend is ``aot_eager`` (dynamo and AOTAutograd, forward and backward, without code generation: fast); one test
+runs Inductor on the combination.
+"""
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from conftest import TINY, batch, syntax_batch
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from compile_check import NO_DROPOUT, SETTINGS  # noqa: E402  (the rows the GPU script checks on CUDA)
+
+
+def model_and_inputs(name: str, layers: int = 2):
+    torch.manual_seed(0)
+    shape = {**TINY, "encoder_layers": layers, "decoder_layers": layers}
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**shape, **NO_DROPOUT, **SETTINGS[name]))
+    return model.train(), (syntax_batch() if "sea" in SETTINGS[name] else batch())
+
+
+def step(model, inputs) -> tuple[torch.Tensor, dict]:
+    """One training step's loss and gradients, on fresh copies of the inputs (new tensors each step, as a data
+    loader gives)."""
+    model.zero_grad(set_to_none=True)
+    loss = model(**{key: value.clone() for key, value in inputs.items()}).loss
+    loss.backward()
+    grads = {name.removeprefix("_orig_mod."): p.grad for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def compiled_steps(name: str, regional: bool, steps: int = 3, layers: int = 2, backend: str = "aot_eager"):
+    """Eager and compiled copies of one model stepped side by side: [(eager, compiled) per step], the graphs
+    compiled after the first step and after the last, and the graph breaks."""
+    eager, inputs = model_and_inputs(name, layers)
+    model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    counters.clear()
+    if regional:
+        for stack in (model.model.encoder, model.model.decoder):
+            for layer in stack.layers:
+                layer.compile(backend=backend)
+        run = model
+    else:
+        run = torch.compile(model, backend=backend)
+    results, graphs = [], []
+    for _ in range(steps):
+        results.append((step(eager, inputs), step(run, inputs)))
+        graphs.append(counters["stats"]["unique_graphs"])
+    breaks = sum(counters["graph_break"].values())
+    torch._dynamo.reset()
+    return results, graphs, breaks
+
+
+def assert_equal_steps(results):
+    for (eager_loss, eager_grads), (loss, grads) in results:
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+        assert grads.keys() == eager_grads.keys()
+        for key in grads:
+            torch.testing.assert_close(grads[key], eager_grads[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_whole_model_compiles_in_one_graph_and_equals_eager(name):
+    results, graphs, breaks = compiled_steps(name, regional=False)
+    assert breaks == 0  # as the stock model (the "off" row)
+    assert graphs[0] >= 1 and graphs[-1] == graphs[0]  # nothing compiled after the first step
+    assert_equal_steps(results)
+
+
+def test_regional_compilation_compiles_each_layer_kind_once():
+    """Four layers a side: the layers of one kind share one compiled version (a version per layer would exhaust
+    dynamo's recompile limit, 8, at mBART-large's 12 + 12 layers and run the rest eagerly), and no step after the
+    first compiles anything (the H200's failure: DHICM's cache keyed by the mask's identity recompiled every step)."""
+    results, graphs, breaks = compiled_steps("all", regional=True, layers=4)
+    assert breaks == 0
+    assert graphs[-1] == graphs[0]
+    # 5 versions of the layers' shared code: enough to tell the encoder's and the decoder's layers apart, with and
+    # without methods, and the first layer that records (a version per layer would stop at the limit, 8, and run the
+    # layers after it eagerly: what a list of records, guarded on its length, did)
+    assert graphs[0] == 5
+    assert_equal_steps(results)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_every_method_at_once():
+    results, graphs, breaks = compiled_steps("all", regional=False, steps=2, backend="inductor")
+    assert breaks == 0 and graphs[-1] == graphs[0]
+    assert_equal_steps(results)
+
+
+def test_generate_with_a_compiled_forward_gives_eager_tokens():
+    """Every method at once (each one's own path under generate: DHICM's fused mixing, SEA's masks, EaDRA idle)."""
+    model, inputs = model_and_inputs("all")
+    model.eval()
+    source = {key: inputs[key] for key in ("input_ids", "attention_mask", "dependency_mask", "phrase_positions")
+              if key in inputs}
+    expected = model.generate(**source, max_new_tokens=6, num_beams=2, do_sample=False)
+    torch._dynamo.reset()
+    counters.clear()
+    model.forward = torch.compile(model.forward, backend="aot_eager")
+    try:
+        first = model.generate(**source, max_new_tokens=6, num_beams=2, do_sample=False)
+        graphs = counters["stats"]["unique_graphs"]
+        second = model.generate(**{k: v.clone() for k, v in source.items()}, max_new_tokens=6, num_beams=2,
+                                do_sample=False)
+        assert sum(counters["graph_break"].values()) == 0
+        assert counters["stats"]["unique_graphs"] == graphs  # a second call compiles nothing
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(first, expected) and torch.equal(second, expected)

@@ -1,0 +1,65 @@
+"""Every recipe turns a bad value into a usage error (argparse's exit 2, naming the value), not a traceback; the
+shared argparse types of hf_headattn.experiment.arguments."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_headattn.experiment.arguments import (
+    existing_dir, existing_file, non_negative_int, positive_float, positive_int, share,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+sys.path.insert(0, str(ROOT / "recipes"))
+
+import demo  # noqa: E402
+import fidelity_study  # noqa: E402
+import finetune_mbart  # noqa: E402
+import parse_sources  # noqa: E402
+import reproduce_multi30k  # noqa: E402
+
+
+def test_the_argparse_types_name_the_value_and_what_was_expected(tmp_path):
+    assert (positive_int("3"), non_negative_int("0"), positive_float("0.5"), share("1")) == (3, 0, 0.5, 1.0)
+    assert existing_dir(str(tmp_path)) == tmp_path
+    (tmp_path / "f").write_text("")
+    assert existing_file(str(tmp_path / "f")) == tmp_path / "f"
+    for check, text, message in ((positive_int, "0", "expected an integer >= 1, got '0'"),
+                                 (positive_int, "two", "expected an integer >= 1, got 'two'"),
+                                 (non_negative_int, "-1", "expected an integer >= 0, got '-1'"),
+                                 (positive_float, "-5", "expected a number > 0, got '-5'"),
+                                 (positive_float, "nan", "expected a number > 0, got 'nan'"),
+                                 (share, "1.5", "expected a share in [0, 1], got '1.5'"),
+                                 (existing_dir, str(tmp_path / "f"), "(a file)"),
+                                 (existing_dir, str(tmp_path / "typo"), "(not found)"),
+                                 (existing_file, str(tmp_path), "(a folder)")):
+        with pytest.raises(argparse.ArgumentTypeError) as error:
+            check(text)
+        assert message in str(error.value)
+
+
+@pytest.mark.parametrize("main, argv, expected", [
+    (demo.main, ["--methods", "baseline", "dhicm+magic"], "unknown method 'magic'"),
+    (demo.main, ["--max_steps", "0"], "argument --max_steps: expected an integer >= 1, got '0'"),
+    (demo.main, ["--data", "/nowhere/multi30k"], "--data: Multi30k not found at /nowhere/multi30k"),
+    (fidelity_study.main, ["screen", "--parallel", "0"], "argument --parallel: expected an integer >= 1"),
+    (fidelity_study.main, ["screen", "--rows", "magic"], "unknown rows ['magic']"),
+    (fidelity_study.main, ["table", "--output_dir", "/nowhere/fidelity"], "--output_dir /nowhere/fidelity is not"),
+    (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--parallel", "0"], "argument --parallel"),
+    (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--rows", "magic"], "unknown method 'magic'"),
+    (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--multi30k_dir", "/nowhere/m"], "/nowhere/m"),
+    (reproduce_multi30k.main, ["table", "--output_dir", "/nowhere/x"], "/nowhere/x' (not found)"),
+    (parse_sources.main, ["--multi30k_dir", str(DATA), "--output_dir", "/nowhere/p", "--num_proc", "0",
+                          "--max_train_samples", "2", "--max_eval_samples", "2"], "--num_proc must be a positive"),
+    (parse_sources.main, ["--multi30k_dir", str(DATA), "--output_dir", "/nowhere/p", "--target_lang", "xx"],
+     "language 'xx' not found"),
+    (finetune_mbart.main, ["--model_name_or_path", "m", "--output_dir", "/nowhere/f", "--eadra", "{bad"],
+     "--eadra '{bad' is not valid JSON"),
+])
+def test_a_bad_value_is_a_usage_error(main, argv, expected, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and expected in capsys.readouterr().err
