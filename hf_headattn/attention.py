@@ -46,7 +46,7 @@ class HeadAttnContext:
 
     ``flags``: the read-out flags (``MethodSpec.flags``) set in this forward, e.g. ``"output_head_importance"``.
 
-    ``records[key]`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
+    ``record(key, value)`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
     the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
     are True at real (non-padding) tokens; ``None`` means every token is real. ``grad_enabled``: whether the forward
     that created the context records gradients (see :func:`check_loss_terms_get_gradients`). ``compute_losses``: False when no
@@ -79,17 +79,18 @@ class HeadAttnContext:
         """Whether anything was recorded under ``key`` in this forward."""
         return key in self._chains
 
+    def recorded(self, key: str) -> list:
+        """The values recorded under ``key``, in the order recorded (``[]``: none), what a ``collect`` reads."""
+        values, chain = [], self._chains.get(key)
+        while chain is not None:
+            value, chain = chain
+            values.append(value)
+        return values[::-1]
+
     @property
     def records(self) -> dict[str, list]:
-        """``{key: [values in the order recorded]}``, built when read (by the methods' ``collect``)."""
-        records = {}
-        for key, chain in self._chains.items():
-            values = []
-            while chain is not None:
-                value, chain = chain
-                values.append(value)
-            records[key] = values[::-1]
-        return records
+        """``{key: [values in the order recorded]}`` for every key (:meth:`recorded` reads one)."""
+        return {key: self.recorded(key) for key in self._chains}
 
     def target_tokens(self) -> torch.Tensor | None:
         """The batch's real target tokens, ``target_mask.sum()`` (None without a target mask), counted once per

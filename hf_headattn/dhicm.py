@@ -342,14 +342,14 @@ def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None
     For ``"per_batch"`` N is the batch's real target tokens (the context's target mask; the model always has one
     when it computes a loss, and without one the term is not used, so N = 1 there).
     """
-    records = context.records.get(NAME)
+    records = context.recorded(NAME)
     if not records:
         return {}, None
     kls, entropies, shares = zip(*records)
     kl, entropy, top_share = (torch.stack(values).mean() for values in (kls, entropies, shares))  # over modules
     fields = {"dhicm_kl": kl, "dhicm_stats": {"importance_entropy": entropy, "top_head_share": top_share}}
     if "output_head_importance" in context.flags:
-        fields["head_importances"] = dict(context.records["head_importances"])
+        fields["head_importances"] = dict(context.recorded("head_importances"))
     tokens = context.target_tokens()
     tokens = 1 if tokens is None else tokens.clamp(min=1)
     return fields, kl_objective_term(kl, settings.kl_weight, settings.kl_reduction, tokens)

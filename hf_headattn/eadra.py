@@ -466,7 +466,7 @@ def _warmup(context: HeadAttnContext, warmup_steps: int) -> torch.Tensor | float
     module's ``step`` buffer and advanced here, once per forward (so not again when gradient checkpointing recomputes
     a layer); it is saved with the weights, so a resumed run continues where it stopped. With gradient accumulation a
     step is a micro-batch: set ``warmup_steps`` = optimizer steps x accumulation steps."""
-    modules = {id(module): module for module in context.records.get("eadra_modules", [])}
+    modules = {id(module): module for module in context.recorded("eadra_modules")}
     if not warmup_steps or not modules:
         return 1.0
     first = next(iter(modules.values()))
@@ -487,7 +487,7 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
     (logged as
     ``eadra_terms["warmup"]``).
     """
-    records = context.records.get(NAME)
+    records = context.recorded(NAME)
     if not records:
         return {}, None
     tokens = _target_tokens(context, records)

@@ -258,9 +258,9 @@ def build(settings: SEASettings, config, module) -> SEA:
 
 def collect(context, settings: SEASettings) -> tuple[dict, None]:
     """``redundant_heads``: {module name: (batch, heads) bool} when asked for; SEA adds no objective term."""
-    if "output_redundant_heads" not in context.flags or not context.records.get("redundant_heads"):
+    if "output_redundant_heads" not in context.flags or not context.recorded("redundant_heads"):
         return {}, None
-    return {"redundant_heads": dict(context.records["redundant_heads"])}, None
+    return {"redundant_heads": dict(context.recorded("redundant_heads"))}, None
 
 
 def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:
