@@ -3,6 +3,9 @@
 # eager and torch.compile(model), each row against stock HF SDPA in the same process. From the repository root:
 #
 #   bash benchmarks/gpu.sh                           # on a GPU machine: under 6 minutes (DEADLINE)
+#   RESUME=1 RESULTS=<the first run's> bash benchmarks/gpu.sh   # a second run: the parts the deadline cut
+#       (measured on an H100: tb-eager 70 s, mbart-eager 45 s, mbart-no-logits 36 s, tb-profile 45 s; a compile
+#        takes about 30 s a model, so compile-check's 7 rows and tb-compiled's 5 do not fit one 6-minute run)
 #   WHEELS=.whl bash benchmarks/gpu.sh               # first install the wheels in .whl (a machine without them)
 #       (make them here: pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
 #        transformers==5.23.0 regex; the lent GPU's python3 has transformers 5.17, below our 5.23)
@@ -10,16 +13,22 @@
 #   RESULTS=outputs/gpu RESUME=1 bash benchmarks/gpu.sh   # again: keeps the parts that finished, runs the rest
 #
 # Parts, in this order (each a process of its own with a time limit; its JSON is written as soon as it finishes):
-#   tb-eager         transformer-base 32x256, eager: off dhicm eadra-scratch dea-rhe lpea-rhe, the naive port, and
-#                    generate (beam 4, 64 new tokens, batch 32)
-#   mbart-eager      mbart-large-8x512, eager: off dhicm-finetune eadra-finetune
+#   tb-eager         transformer-base 32x256, eager: off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe
+#                    lpea-rhe, the naive port, and generate (beam 4, 64 new tokens, batch 32); "-eager-pass": EaDRA's
+#                    regularizer pass not compiled (its "auto" compiles it on CUDA), the comparison that chose "auto"
+#   mbart-eager      mbart-large-8x512, eager: off dhicm-finetune eadra-finetune eadra-finetune-eager-pass
 #   mbart-eager-sea  mbart-large-8x512, eager: dea-rhe lpea-rhe and the naive port (apart from mbart-eager: seven
 #                    mbart-large models with fp32 weights and AdamW state do not fit an H100's 80 GB at once)
-#   compile-check    benchmarks/compile_check.py: every method and all at once, tiny model, inductor on the device
+#   compile-check    benchmarks/compile_check.py: tiny model, inductor on the device, CHECK_ROWS (default eadra and
+#                    all, every method at once: about 30 s each on an H100; DHICM's rows passed on CUDA already)
 #   tb-compiled      transformer-base, torch.compile(model) against compiled stock: off dhicm eadra-scratch dea-rhe
 #                    lpea-rhe
 #   mbart-no-logits  mbart-large-8x512, eager: off off-no-logits eadra-finetune-no-logits (issue #37's loss without
 #                    the logits, against stock and the logits path)
+#   tb-profile       benchmarks/profile_step.py: transformer-base, eager, a torch.profiler profile of 2 steps of
+#                    stock and off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe: each row's kernel
+#                    time per step and the operators and kernels with the most self device time over stock's (not
+#                    judged)
 #   tb-bf16          transformer-base, the model cast to bf16 (the earlier pure-bf16 runs): off off-no-logits
 #   mbart-compiled   mbart-large-8x512 compiled: eadra-finetune only, the row whose target is judged there (an
 #                    mbart-large compile takes about a minute a model); last, so the deadline cuts it first
@@ -28,10 +37,10 @@
 #                    EXTRA_PARTS='tb-no-logits|transformer-base|eager|autocast-bf16|off off-no-logits|60|--repeats 6'
 #
 # Output: RESULTS (default benchmarks/results/gpu/<gpu>-<date>-<time>; outputs/gpu-smoke-<time> with SMOKE=1) holds
-# <part>.json (overhead.py's JSON, or compile_check.py's for compile-check), logs/<part>.log and logs/<part>.tsv
-# (status line), parts.tsv (every part's status, seconds, shape, mode, precision and rows) and summary.json
-# (gpu_summary.py: issue #36's targets, each met / not met / not measured, and one line per part and row),
-# whose table is printed at the end.
+# <part>.json (overhead.py's JSON; compile_check.py's for compile-check, profile_step.py's for tb-profile),
+# logs/<part>.log and logs/<part>.tsv (status line), parts.tsv (every part's status, seconds, shape, mode, precision
+# and rows) and summary.json (gpu_summary.py: issue #36's targets, each met / not met / not measured, and one line per
+# part and row of the timing parts), whose table is printed at the end; tb-profile's table is in logs/tb-profile.log.
 #
 # Environment: PYTHON (python3), DEVICE (cuda; cpu with SMOKE=1), DEADLINE (seconds from the start for all parts,
 # 340: a part gets the least of its own limit times LIMIT_SCALE (1; 10 with SMOKE=1) and what is left, and is skipped
@@ -67,13 +76,15 @@ if [[ $SMOKE == 1 ]]; then
     TB_TIMING=(--repeats 1 --warmup 1) LARGE_TIMING=(--repeats 1 --warmup 1) COMPILED_TIMING=(--repeats 1 --warmup 1)
     GENERATE=(--generate-beams 2 --generate-tokens 4 --generate-repeats 1)
     CHECK_ROWS=(dhicm all)
+    PROFILE_TIMING=(--warmup 1 --steps 1)
     RESULTS=${RESULTS:-outputs/gpu-smoke-$(date +%Y%m%d-%H%M%S)}
 else
     DEVICE=${DEVICE:-cuda} BACKEND=${BACKEND:-inductor} DEADLINE=${DEADLINE:-340} LIMIT_SCALE=${LIMIT_SCALE:-1}
     TB=transformer-base LARGE=mbart-large-8x512 PRECISION=autocast-bf16
     TB_TIMING=(--repeats 12 --warmup 3) LARGE_TIMING=(--repeats 6 --warmup 2) COMPILED_TIMING=(--repeats 8 --warmup 2)
     GENERATE=(--generate-beams 4 --generate-tokens 64 --generate-repeats 2)
-    CHECK_ROWS=(off dhicm dhicm-scaled eadra dea-rhe lpea-rhe all)
+    read -ra CHECK_ROWS <<<"${CHECK_ROWS:-eadra all}"  # or: off dhicm dhicm-scaled eadra dea-rhe lpea-rhe all
+    PROFILE_TIMING=(--warmup 3 --steps 2)
     gpu=${gpu%% / torch*}
     slug=$(tr -cs 'a-z0-9' '-' <<<"${gpu,,}" | sed 's/-$//')  # e.g. nvidia-h100-80gb-hbm3
     RESULTS=${RESULTS:-benchmarks/results/gpu/$slug-$(date +%Y%m%d-%H%M)}
@@ -129,16 +140,21 @@ timing() {
         --device "$DEVICE" --precision "$precision" --rows $rows "${compile[@]}" "$@" --out "$RESULTS/$name.json"
 }
 
-timing tb-eager "$TB" eager "$PRECISION" "off dhicm eadra-scratch dea-rhe lpea-rhe" 110 \
+timing tb-eager "$TB" eager "$PRECISION" "off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe" 150 \
     --naive "${TB_TIMING[@]}" "${GENERATE[@]}"
-timing mbart-eager "$LARGE" eager "$PRECISION" "off dhicm-finetune eadra-finetune" 70 "${LARGE_TIMING[@]}"
+timing mbart-eager "$LARGE" eager "$PRECISION" "off dhicm-finetune eadra-finetune eadra-finetune-eager-pass" 90 \
+    "${LARGE_TIMING[@]}"
 timing mbart-eager-sea "$LARGE" eager "$PRECISION" "dea-rhe lpea-rhe" 70 --naive "${LARGE_TIMING[@]}"
-part compile-check tiny check "$PRECISION" "${CHECK_ROWS[*]}" 120 -- "$PYTHON" benchmarks/compile_check.py \
+part compile-check tiny check "$PRECISION" "${CHECK_ROWS[*]}" 100 -- "$PYTHON" benchmarks/compile_check.py \
     --device "$DEVICE" --backend "$BACKEND" --precision "$PRECISION" --rows "${CHECK_ROWS[@]}" \
     --out "$RESULTS/compile-check.json"
 # issue #37: the loss without the logits (config.loss_without_logits), against stock and the logits path
 timing mbart-no-logits "$LARGE" eager "$PRECISION" "off off-no-logits eadra-finetune-no-logits" 70 "${LARGE_TIMING[@]}"
 timing tb-compiled "$TB" compiled "$PRECISION" "off dhicm eadra-scratch dea-rhe lpea-rhe" 200 "${COMPILED_TIMING[@]}"
+PROFILE_ROWS=(off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe)
+part tb-profile "$TB" profile "$PRECISION" "${PROFILE_ROWS[*]}" 60 -- "$PYTHON" benchmarks/profile_step.py \
+    --shape "$TB" --device "$DEVICE" --precision "$PRECISION" --rows "${PROFILE_ROWS[@]}" "${PROFILE_TIMING[@]}" \
+    --out "$RESULTS/tb-profile.json"
 timing tb-bf16 "$TB" eager bf16 "off off-no-logits" 40 "${TB_TIMING[@]}"
 timing mbart-compiled "$LARGE" compiled "$PRECISION" "eadra-finetune" 150 "${COMPILED_TIMING[@]}"
 

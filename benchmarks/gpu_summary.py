@@ -94,6 +94,8 @@ def summarize(folder: Path) -> dict:
                                "measured": measured, "met": verdict(found[row]["ok"] if row in found else measured,
                                                                     None)})
             continue
+        if mode == "profile":  # profile_step.py's JSON (a kernel profile): no target, no timing table line
+            continue
         checks += part_checks(name, plan, result)
         for row_name, row in (result or {}).get("rows", {}).items():
             compiled = row.get("compile") or {}

@@ -105,6 +105,10 @@ ROWS = {
                                  "loss_without_logits": True},
     # num_heads default: three quarters of the heads, 6 of 8 at transformer-base (3 of 4 at tiny)
     "eadra-scratch": method_settings("eadra_all"),
+    # issue 36: "<row>-eager-pass": EaDRA's regularizer pass run eagerly ("auto" compiles it on CUDA, fused_passes)
+    "eadra-scratch-eager-pass": {"eadra": {**method_settings("eadra_all")["eadra"], "implementation": "eager"}},
+    "eadra-finetune-eager-pass": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2},
+                                            "implementation": "eager"}},
     "dea-rhe": method_settings("dea_rhe"),
     "lpea-rhe": method_settings("lpea_rhe"),
 }

@@ -249,6 +249,33 @@ def collapse_statistics(importance: torch.Tensor, mask: torch.Tensor | None = No
     return token_mean(entropy, weights), token_mean(top, weights)
 
 
+def mix_heads(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
+              v: torch.Tensor | None, head_mask: torch.Tensor | None, query_mask: torch.Tensor | None, p: float,
+              losses: bool) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+    """Eq. 1-3 of one module: U x with dropout ``p`` (Eq. 2), the importances G (Eq. 1, with the head mask's
+    ``log m``), and the heads mixed by them: with ``v`` (paper mode) sum_h G_h V O^h (Eq. 3 without W_s, (B, T, d_m)),
+    else (``scaled_out_proj``) each head's output scaled by H G_h ((B, T, H, d_k)); with ``losses`` also
+    :func:`importance_statistics` over the real tokens of ``query_mask`` (else None). (Compiled on its own, as
+    :mod:`hf_headattn.fused_passes` compiles EaDRA's pass, it did not make an H100 step faster: 1.144 against 1.129
+    eager at transformer-base, ``benchmarks/results/gpu``.)
+
+    hidden (B, T, d), head_outputs (B, T, H, d_k) -> (output, G (B, T, H), statistics)."""
+    ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ u.T, p, p > 0)  # (B * T, d_m)
+    scores = masked_logits(importance_scores(head_outputs, ux, w), head_mask)  # (B, T, H)
+    heads = live_heads(head_mask, scores.shape[-1])
+    heads = heads if isinstance(heads, int) else heads[:, None, None]  # (1 or B, 1, 1)
+    statistics = None
+    if losses:
+        log_importance = torch.log_softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
+        importance = log_importance.exp()
+        statistics = importance_statistics(importance, log_importance, token_weights(query_mask), heads)
+    else:
+        importance = head_importance(scores)
+    if v is not None:
+        return combine_heads(head_outputs, importance.to(head_outputs.dtype), v), importance, statistics
+    return head_outputs * (heads * importance).unsqueeze(-1).to(head_outputs.dtype), importance, statistics
+
+
 # --- the module attached to an attention module ---------------------------------------------------------------
 
 
@@ -289,35 +316,26 @@ class DHICM(AttentionMethod):
             init.zeros_(self.u)
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
-        """Eq. 1-3 on the per-head output. Head masks (``call.head_mask``, already applied to the per-head output)
-        follow :mod:`hf_headattn.head_masks`' rule: head h's weight in the softmax over heads (Eq. 1) is
-        m_h exp(s_h) (``log m`` is added to its score), and it counts in H (Eq. 4's uniform reference,
-        ``scaled_out_proj``'s factor) when m_h > 0; so a head masked with 0 counts nowhere, as if pruned. A mask
-        that leaves no head outputs 0 (``out_proj``'s bias in paper mode) with KL 0."""
-        hidden = call.hidden_states
-        ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T, self.dropout.p, self.training)  # (B * T, d_m)
+        """Eq. 1-3 on the per-head output (:func:`mix_heads`). Head masks
+        (``call.head_mask``, already applied to the per-head output) follow :mod:`hf_headattn.head_masks`' rule: head
+        h's weight in the softmax over heads (Eq. 1) is m_h exp(s_h) (``log m`` is added to its score), and it counts
+        in H (Eq. 4's uniform reference, ``scaled_out_proj``'s factor) when m_h > 0; so a head masked with 0 counts
+        nowhere, as if pruned. A mask that leaves no head outputs 0 (``out_proj``'s bias in paper mode) with KL 0."""
         context, head_mask = call.context, call.head_mask
         losses = context is not None and context.compute_losses  # KL (Eq. 4-5) only when a loss is needed
         readout = context is not None and "output_head_importance" in context.flags
         if self.mode == "paper" and not losses and not readout:  # e.g. generate: G is not needed, one fused call
+            hidden = call.hidden_states
+            ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T, self.dropout.p, self.training)
             return attend_over_heads(attn_output, ux @ self.w, self.v, head_mask)  # (B, T, d_m), to out_proj = W_s
-        scores = masked_logits(importance_scores(attn_output, ux, self.w), head_mask)  # (B, T, H)
-        heads = live_heads(head_mask, scores.shape[-1])
-        heads = heads if isinstance(heads, int) else heads[:, None, None]  # (1 or B, 1, 1)
+        output, importance, statistics = mix_heads(
+            call.hidden_states, attn_output, self.u, self.w, self.v, head_mask, call.query_mask if losses else None,
+            self.dropout.p if self.training else 0.0, losses)
         if losses:
-            log_importance = torch.log_softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
-            importance = log_importance.exp()
-            # (recomputed per module, two small operations: a cache keyed by the mask would make torch.compile guard
-            # on the mask's identity and recompile every step where a graph break leaves the context an input)
-            weights = token_weights(call.query_mask)
-            context.record(NAME, importance_statistics(importance, log_importance, weights, heads))
-        else:
-            importance = head_importance(scores)
+            context.record(NAME, statistics)
         if readout:
             self._read_out(call, importance)
-        if self.mode == "paper":
-            return combine_heads(attn_output, importance.to(attn_output.dtype), self.v)  # (B, T, d_m), to out_proj = W_s
-        return attn_output * (heads * importance).unsqueeze(-1).to(attn_output.dtype)
+        return output
 
     @staticmethod
     def _read_out(call: AttentionCall, importance: torch.Tensor) -> None:

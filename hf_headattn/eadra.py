@@ -113,6 +113,10 @@ class EaDRASettings(MethodSettings):
     multiplied by it: the paper tunes its alphas per component, §5.3, and Table 6's, the per-component defaults, were
     tuned for Transformer-base on 100k WMT sentences; 1.0 uses them as they are).
 
+    ``implementation`` changes no value, only how the regularizer pass runs
+    (:data:`~.eadra_math.IMPLEMENTATIONS`): "auto" (under ``torch.compile`` on CUDA, where the eager pass is some
+    twenty memory-bound passes over float32 maps; eager on the CPU), "eager" or "compiled".
+
     Resolved, each component is a :class:`ComponentSettings` with every field resolved
     (:meth:`ComponentSettings.resolved_for`).
     """
@@ -124,6 +128,7 @@ class EaDRASettings(MethodSettings):
     peak_reduction: Literal["mean", "sum"] = "mean"
     warmup_steps: int = 0
     alpha_scale: float = ALPHA_SCALE
+    implementation: Literal["auto", "eager", "compiled"] = "auto"
 
     @property
     def components(self) -> dict[str, ComponentSettings]:
@@ -289,8 +294,8 @@ def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, querie
 MAX_PADDING = 0.5
 
 
-def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
-                peak_reduction: str = "mean") -> dict[str, list[torch.Tensor]]:
+def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction: str = "mean",
+                implementation: str = "auto") -> dict[str, list[torch.Tensor]]:
     """Per component, [R_peak, R_sent, R_dist] (after :func:`rescale_terms`) summed over its regularized heads,
     layers and sentences.
 
@@ -313,7 +318,7 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum",
         supports = [head_support(group[0]) for group in fused]
         bias, support, queries = supports[0] if len(fused) == 1 else _padded_supports(fused, supports)
         terms = layer_regularizers([c.query for c in members], [c.key for c in members], first.num_heads,
-                                   first.scaling, support, queries, bias)  # each (L, B, h)
+                                   first.scaling, support, queries, bias, implementation=implementation)  # (L, B, h)
         terms = rescale_terms(terms, support, queries, dist_reduction, peak_reduction)
         weights = _head_weights(members)
         if weights is not None:  # a head masked with 0 counts nowhere, as if pruned
@@ -492,7 +497,7 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
         return {}, None
     tokens = _target_tokens(context, records)
     tokens = tokens.clamp(min=1) if torch.is_tensor(tokens) else max(tokens, 1)
-    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction)
+    totals = layer_terms(records, settings.dist_reduction, settings.peak_reduction, settings.implementation)
     loss, names, values = None, [], []
     for component, sums in totals.items():
         resolved = settings.components[component]

@@ -22,12 +22,22 @@ Choices (the paper leaves them open):
 pass, few operations), with a hand-written backward that keeps only the probabilities and skips the terms outside the
 objective; :func:`normalized_entropy` is Eq. 1-2 (the analysis reads attention maps with it). The definitions of the
 three terms, differentiable by autograd, are the tests' references (``tests/test_eadra_math.py``).
+
+Its map-sized work (scores, probabilities, terms; in the backward the probabilities again and the scores' gradient)
+is two functions, :func:`_forward_maps` and :func:`_backward_maps`, run one operation at a time ("eager", the CPU's
+fastest) or under ``torch.compile`` ("compiled", CUDA's default; :mod:`hf_headattn.fused_passes`): on a GPU each eager
+operation is a pass over float32 maps of (layers x batch x heads x T x S) in memory, some twenty of them, and Inductor
+fuses them into a few kernels. On CUDA the products of half-precision heads run in TF32 (:func:`_matmul_precision`).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.autograd.function import once_differentiable
+
+from .fused_passes import check_implementation, run
 
 TERMS = ("peak", "sent", "dist")
 
@@ -144,6 +154,38 @@ def _scores_gradient(a, coefficients, g_peak, g_sent, g_dist) -> torch.Tensor | 
     return None if grad is None else torch.ops.aten._softmax_backward_data(grad, a, -1, a.dtype)
 
 
+def _forward_maps(query, key, scaling, shape, support, bias, query_mask, keep_probs: bool):
+    """The forward's map-sized work, from the stacked heads (:func:`_stacked`): the terms, the probabilities with
+    ``keep_probs`` (else None), and what the backward needs besides them."""
+    terms, a, saved = _terms(_masked_scores(query, key, scaling, shape, support, bias), support, query_mask)
+    return terms, (a if keep_probs else None), saved
+
+
+def _backward_maps(query, key, scaling, shape, support, bias, coefficients, grads):
+    """The backward's map-sized work when it recomputes: the probabilities again, and d(objective) / d scores
+    (``grads``: g_peak, g_sent, g_dist, each None for a term outside the objective)."""
+    a = torch.softmax(_masked_scores(query, key, scaling, shape, support, bias), dim=-1)
+    return _scores_gradient(a, coefficients, *grads)
+
+
+@contextlib.contextmanager
+def _matmul_precision(dtype: torch.dtype, device: torch.device):
+    """TF32 matrix products for half-precision heads on CUDA, outside ``torch.compile``: their values (8 or 11
+    significant bits, unscaled) are exact in TF32's 11, so the float32 scores are the same, with tensor cores (the
+    float32 products took 3.2 ms of an H100 step at transformer-base, ``tb-profile.json``); the backward's products
+    round the float32 score gradients to 11 bits before they are summed into gradients of the heads' own half
+    precision. Float32 and float64 heads keep the user's setting."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 class _LayerRegularizers(torch.autograd.Function):
     """:func:`layer_regularizers`: the scores are formed inside, and the backward returns each layer's query/key
     gradient directly (one operation for all layers). With ``recompute`` it keeps nothing of size T x S for the
@@ -152,62 +194,58 @@ class _LayerRegularizers(torch.autograd.Function):
     the stacked float32 heads."""
 
     @staticmethod
-    def forward(ctx, num_heads, scaling, recompute, support, query_mask, bias, *queries_and_keys):
+    def forward(ctx, num_heads, scaling, recompute, implementation, support, query_mask, bias, *queries_and_keys):
         ctx.set_materialize_grads(False)
         layers, first = len(queries_and_keys) // 2, queries_and_keys[0]
         queries, keys = queries_and_keys[:layers], queries_and_keys[layers:]
-        ctx.dtype, ctx.heads, ctx.num_heads, ctx.scaling = first.dtype, first.shape[1], num_heads, scaling
-        ctx.compute_dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
-        ctx.lengths = ([q.shape[2] for q in queries], [k.shape[2] for k in keys])
-        ctx.token_major = (_token_major(queries), _token_major(keys))
-        ctx.bias_shape, ctx.recompute = None if bias is None else bias.shape, recompute
-        with torch.autocast(first.device.type, enabled=False):  # float32 (or float64), also under autocast
-            query, key, shape = _stacked(ctx, queries, keys)
-            terms, a, saved = _terms(_masked_scores(query, key, shape, support, bias), support, query_mask)
-        if recompute:
-            del a, query, key
-            ctx.save_for_backward(support, bias, *saved, *queries_and_keys)
-        else:
-            ctx.save_for_backward(support, bias, *saved, a, query, key)
+        ctx.num_heads, ctx.scaling, ctx.implementation, ctx.layers = num_heads, scaling, implementation, layers
+        with torch.autocast(first.device.type, enabled=False), _matmul_precision(first.dtype, first.device):
+            query, key, shape = _stacked(queries, keys, num_heads)  # float32 (float64), also under autocast
+            terms, a, saved = run(_forward_maps, implementation, first.device, query, key, scaling, shape, support,
+                                  bias, query_mask, not recompute)
+        kept = () if recompute else (a, query, key)
+        ctx.save_for_backward(support, bias, *saved, *queries_and_keys, *kept)
         return terms
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_peak, g_sent, g_dist):
         support, bias, *saved = ctx.saved_tensors
-        coefficients, rest = saved[:5], saved[5:]
-        with torch.autocast(support.device.type, enabled=False):
-            if ctx.recompute:
-                layers = len(rest) // 2
-                query, key, shape = _stacked(ctx, rest[:layers], rest[layers:])
-                a = torch.softmax(_masked_scores(query, key, shape, support, bias), dim=-1)
+        coefficients, rest, layers = saved[:5], saved[5:], ctx.layers
+        queries, keys, kept = rest[:layers], rest[layers:2 * layers], rest[2 * layers:]
+        first, grads = queries[0], (g_peak, g_sent, g_dist)
+        with torch.autocast(first.device.type, enabled=False), _matmul_precision(first.dtype, first.device):
+            if kept:
+                a, query, key = kept
+                grad = _scores_gradient(a, coefficients, *grads)
+                del a
             else:
-                a, query, key = rest
-            grad = _scores_gradient(a, coefficients, g_peak, g_sent, g_dist)  # (L, B, h, T, S)
-            del a
+                query, key, shape = _stacked(queries, keys, ctx.num_heads)
+                grad = run(_backward_maps, ctx.implementation, first.device, query, key, ctx.scaling, shape, support,
+                           bias, coefficients, grads)  # (L, B, h, T, S)
             if grad is None:
-                return (None,) * (6 + 2 * len(ctx.lengths[0]))
-            grad_bias = grad.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[5] else None  # e.g. LPEA's bias
+                return (None,) * (7 + 2 * layers)
+            grad_bias = grad.sum_to_size(bias.shape) if ctx.needs_input_grad[6] else None  # e.g. LPEA's bias
             shape, grad = grad.shape, grad.flatten(0, 2)  # (L * B * h, T, S)
-            grad_query = _unstack_heads(torch.bmm(grad, key).mul_(ctx.scaling), shape, ctx.heads, ctx.dtype,
-                                        ctx.lengths[0], ctx.token_major[0])
-            grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query), shape, ctx.heads, ctx.dtype,
-                                      ctx.lengths[1], ctx.token_major[1])
-        return None, None, None, None, None, grad_bias, *grad_query, *grad_key
+            grad_query = _unstack_heads(torch.bmm(grad, key).mul_(ctx.scaling), shape, queries)
+            grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query).mul_(ctx.scaling), shape, keys)
+        return None, None, None, None, None, None, grad_bias, *grad_query, *grad_key
 
 
-def _stacked(ctx, queries, keys) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
-    """The regularized heads of all layers stacked in the compute dtype, the queries scaled: (L * B * h, T, D) and
-    (L * B * h, S, D), and the scores' shape (L, B, h, T, S)."""
-    length, key_length = max(ctx.lengths[0]), max(ctx.lengths[1])
-    query = _stack_heads(queries, ctx.num_heads, ctx.compute_dtype, length).mul_(ctx.scaling)
-    key = _stack_heads(keys, ctx.num_heads, ctx.compute_dtype, key_length)
-    return query, key, (len(queries), queries[0].shape[0], ctx.num_heads, length, key_length)
+def _stacked(queries, keys, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """The first ``num_heads`` heads of all layers stacked in float32 (float64 for float64 heads): (L * B * h, T, D)
+    and (L * B * h, S, D), T and S the longest lengths, and the scores' shape (L, B, h, T, S)."""
+    dtype = torch.float64 if queries[0].dtype == torch.float64 else torch.float32
+    length, key_length = max(q.shape[2] for q in queries), max(k.shape[2] for k in keys)
+    query = _stack_heads(queries, num_heads, dtype, length)
+    key = _stack_heads(keys, num_heads, dtype, key_length)
+    return query, key, (len(queries), queries[0].shape[0], num_heads, length, key_length)
 
 
-def _masked_scores(query, key, shape, support, bias) -> torch.Tensor:
-    """``query @ key^T`` viewed as ``shape``, plus ``bias`` (or 0) on the support and OUTSIDE_SUPPORT elsewhere."""
-    scores = torch.bmm(query, key.transpose(1, 2)).view(shape)
+def _masked_scores(query, key, scaling, shape, support, bias) -> torch.Tensor:
+    """``query @ key^T * scaling`` (scaled after the product, which is then exact in TF32 for half-precision
+    heads, :func:`_matmul_precision`) viewed as ``shape``, plus ``bias`` (or 0) on the support and OUTSIDE_SUPPORT elsewhere."""
+    scores = torch.baddbmm(query.new_zeros(()), query, key.transpose(1, 2), beta=0, alpha=scaling).view(shape)
     return scores.add_(torch.where(support, 0.0 if bias is None else bias, OUTSIDE_SUPPORT))
 
 
@@ -238,16 +276,17 @@ def _token_major(tensors) -> bool:
     return all(t.transpose(1, 2).is_contiguous() for t in tensors)
 
 
-def _unstack_heads(grad: torch.Tensor, shape, heads: int, dtype: torch.dtype, lengths: list[int],
-                   token_major: bool = False):
-    """The L gradients (B, H, n_l, D) in ``dtype`` of :func:`_stack_heads`'s inputs, zero on the heads it left out.
+def _unstack_heads(grad: torch.Tensor, shape, inputs) -> tuple[torch.Tensor, ...]:
+    """The gradients of the L ``inputs`` (B, H, n_l, D) of :func:`_stack_heads`, in their dtype, zero on the heads
+    it left out.
 
-    ``grad``: (L * B * h, ., D); ``shape``: (L, B, h, ...); ``lengths``: n_l of each input. ``token_major``: lay
-    the gradients out as (B, n, H, D) in memory, like inputs for which :func:`_token_major` holds: autograd then adds
-    them to the attention's own gradients, and reshapes the sum back to the projection's output, without a copy."""
+    ``grad``: (L * B * h, ., D); ``shape``: (L, B, h, ...). Inputs laid out as (B, n, H, D) in memory
+    (:func:`_token_major`) get gradients laid out so too: autograd then adds them to the attention's own gradients,
+    and reshapes the sum back to the projection's output, without a copy."""
+    heads, dtype, lengths = inputs[0].shape[1], inputs[0].dtype, [x.shape[2] for x in inputs]
     grad = grad.view(*shape[:3], *grad.shape[1:])  # (L, B, h, n, D)
     regularized, length = grad.shape[2], grad.shape[3]
-    if token_major:  # one copy into (L, B, n, H, D), the left-out heads zero
+    if _token_major(inputs):  # one copy into (L, B, n, H, D), the left-out heads zero
         rows = grad.transpose(2, 3).to(dtype)  # (L, B, n, h, D)
         rows = torch.nn.functional.pad(rows, (0, 0, 0, heads - regularized)) if regularized < heads else rows.contiguous()
         grad = rows.transpose(2, 3)  # (L, B, H, n, D)
@@ -263,7 +302,7 @@ def _unstack_heads(grad: torch.Tensor, shape, heads: int, dtype: torch.dtype, le
 
 def layer_regularizers(
     queries, keys, num_heads: int, scaling: float, support: torch.Tensor, query_mask: torch.Tensor,
-    bias: torch.Tensor | None = None, recompute: bool = True,
+    bias: torch.Tensor | None = None, recompute: bool = True, implementation: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """R_peak, R_sent and R_dist (Eq. 4, 6, 8) of the first ``num_heads`` heads of several layers, fused into one pass.
 
@@ -285,9 +324,12 @@ def layer_regularizers(
     recompute : keep nothing of size (L, B, h, T, S) for the backward pass, and recompute the probabilities there
         from the queries and keys (the default: the attention keeps those anyway; one more ``q k^T`` and softmax);
         False keeps the probabilities and float32 copies of the heads instead.
+    implementation : "auto", "eager" or "compiled": how the pass runs (:mod:`hf_headattn.fused_passes`).
 
     Returns
     -------
     ``(R_peak, R_sent, R_dist)``, each (L, B, h): per layer, sentence and head.
     """
-    return _LayerRegularizers.apply(num_heads, scaling, recompute, support, query_mask, bias, *queries, *keys)
+    check_implementation(implementation)
+    return _LayerRegularizers.apply(num_heads, scaling, recompute, implementation, support, query_mask, bias, *queries,
+                                    *keys)

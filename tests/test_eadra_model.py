@@ -303,7 +303,8 @@ def test_components_in_one_fused_pass_equal_separate_passes(monkeypatch, impl):
     gradients equal those of one pass per component (MAX_PADDING < 0: no fusion)."""
     passes = []
     fused_pass = eadra.layer_regularizers
-    monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: passes.append(1) or fused_pass(*args))
+    monkeypatch.setattr(eadra, "layer_regularizers",
+                        lambda *args, **kwargs: passes.append(1) or fused_pass(*args, **kwargs))
     results = []
     for max_padding in (eadra.MAX_PADDING, -1.0):
         monkeypatch.setattr(eadra, "MAX_PADDING", max_padding)
@@ -327,7 +328,8 @@ def test_components_with_other_head_shapes_get_their_own_pass(monkeypatch):
     """Encoder 4 heads of 4, decoder 2 heads of 8: one regularized head each, but no shared pass (other shapes)."""
     passes = []
     fused_pass = eadra.layer_regularizers
-    monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: passes.append(1) or fused_pass(*args))
+    monkeypatch.setattr(eadra, "layer_regularizers",
+                        lambda *args, **kwargs: passes.append(1) or fused_pass(*args, **kwargs))
     torch.manual_seed(0)
     config = HeadAttnMBartConfig(**{**TINY, "decoder_attention_heads": 2}, dropout=0.0, attention_dropout=0.0,
                                  eadra={c: {"num_heads": 1} for c in ("encoder", "decoder", "cross")})
@@ -377,7 +379,8 @@ def test_the_backward_recomputes_the_probabilities_instead_of_keeping_them(monke
     fused_pass = eadra.layer_regularizers
     grads = []
     for recompute in (True, False):
-        monkeypatch.setattr(eadra, "layer_regularizers", lambda *args: fused_pass(*args, recompute=recompute))
+        monkeypatch.setattr(eadra, "layer_regularizers",
+                            lambda *args, **kwargs: fused_pass(*args, **kwargs, recompute=recompute))
         torch.manual_seed(0)
         config = HeadAttnMBartConfig(**TINY, dropout=0.0, attention_dropout=0.0, eadra={
             c: {"alpha_dist": 0.5, "alpha_sent": 0.3, "alpha_peak": 0.2} for c in ("encoder", "decoder", "cross")})
