@@ -1,6 +1,6 @@
 """Counted overhead (issue #27, item 1): FLOPs and bytes saved for backward of one training step, no real kernels.
 
-Every row's model, batch and step (``overhead.build``/``make_batch``/``step_fn``) run under ``FakeTensorMode``:
+Every row's model, batch and step (``setups.build``/``make_batch``/``step_fn``) run under ``FakeTensorMode``:
 shapes and dtypes propagate, nothing is computed or allocated, so the largest shapes count in seconds on a CPU.
 
 * ``flops``: ``torch.utils.flop_counter.FlopCounterMode`` over forward + backward (the optimizer step is left out).
@@ -31,7 +31,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MBartConfig
 
-import overhead
+import setups
 
 #: Issue #27's targets: ratios to stock SDPA in one run, per row name prefix (saved bytes) and for every row (FLOPs).
 SAVED_TARGETS = {"eadra": 1.10, "dhicm": 1.05, "dea-rhe": 1.05, "lpea-rhe": 1.05}
@@ -136,24 +136,24 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
 
     with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
-        model = overhead.build(kind, settings, shape_kwargs, None, None, attn_implementation)
-        step = overhead.step_fn(kind, model, batch)
+        model = setups.build(kind, settings, shape_kwargs, None, None, attn_implementation)
+        step = setups.step_fn(kind, model, batch)
         with flop_counter.FlopCounterMode(display=False) as flops, SavedCounter(model.parameters()) as saved, \
                 StashedGradients(saved):
             step.forward_backward()
     return {"flops": flops.get_total_flops(), "saved_bytes": saved.bytes, "saved_storages": len(saved.storages)}
 
 
-#: The suffix of a row that computes the loss without the logits (``overhead.ROWS``).
+#: The suffix of a row that computes the loss without the logits (``setups.ROWS``).
 NO_LOGITS = "-no-logits"
 
 
 def count_shape(shape: str, rows: list[str], naive: bool = True, attn_implementation: str = "sdpa") -> dict:
-    shape_kwargs, batch_size, length = overhead.SHAPES[shape]
+    shape_kwargs, batch_size, length = setups.SHAPES[shape]
     shape_kwargs = {"max_position_embeddings": max(1024, length), **shape_kwargs}
-    real_batch = overhead.make_batch(MBartConfig(**shape_kwargs), batch_size, length, "cpu")
+    real_batch = setups.make_batch(MBartConfig(**shape_kwargs), batch_size, length, "cpu")
     runs = {"stock": ("stock", {})}
-    runs.update({row: ("ours", overhead.ROWS[row]) for row in rows})
+    runs.update({row: ("ours", setups.ROWS[row]) for row in rows})
     if naive:
         runs["naive"] = ("naive", {})
     result = {"shape": shape, "batch_size": batch_size, "length": length, "rows": {}}

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import SHAPES, make_batch  # noqa: E402
+from setups import SHAPES, make_batch  # noqa: E402
 
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration  # noqa: E402
 from hf_headattn.experiment.presets import method_settings  # noqa: E402

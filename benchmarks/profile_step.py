@@ -33,7 +33,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from transformers import MBartConfig
 
-from overhead import PRECISIONS, ROWS, SHAPES, build_on, make_batch, step_fn
+from setups import PRECISIONS, ROWS, SHAPES, build_on, make_batch, step_fn
 
 NAME_CHARS = 120
 DEFAULT_ROWS = ["off", "dhicm", "eadra-scratch", "dea-rhe", "lpea-rhe"]

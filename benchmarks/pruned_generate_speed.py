@@ -27,7 +27,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 import hf_headattn  # noqa: F401  (registers the models)
 from hf_headattn.experiment.data import load_parallel_dataset
 from hf_headattn.experiment.head_pruning import throughput_ratio
-from hf_headattn.head_masks import kind_of, routed_modules
+from hf_headattn.head_masks import routed_modules
+from hf_headattn.sites import component_of
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
@@ -65,7 +66,7 @@ def main(argv=None) -> list[dict]:
                                   num_beams=args.num_beams, batch_size=args.batch_size)
         by_kind = Counter()
         for name, heads in record["pruned"].items():
-            by_kind[kind_of(modules[name])] += len(heads)
+            by_kind[component_of(modules[name])] += len(heads)
         rows.append({"share": record["share"], "heads_pruned": record["heads_pruned"], "by_kind": dict(by_kind),
                      "parameters": sum(p.numel() for p in model.parameters()), "throughput_ratio": timing["ratio"],
                      "sentences_per_second": timing["sentences_per_second"]})

@@ -6,6 +6,7 @@ Importing the package registers the configs and models with the Auto classes.
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .attention import HeadAttnContext
+from .version import __version__
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
 from .losses import label_smoothed_nll_loss
 from .modeling import (
@@ -29,8 +30,6 @@ for _config, _model, _lm in (
     _config.register_for_auto_class()
     _model.register_for_auto_class("AutoModel")
     _lm.register_for_auto_class("AutoModelForSeq2SeqLM")
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name):

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.mbart.modeling_mbart import eager_attention_forward
 
 from .head_masks import module_head_mask, scale_heads, scale_weights
+from .sites import AttentionSite
+from .hf_compat import ALL_ATTENTION_FUNCTIONS, ConfigStandIn, attention_query_input, eager_attention_forward
 
 #: The registry name of our attention function, unique to this copy of the code: a checkpoint loaded with
 #: ``trust_remote_code`` brings its own copy of this module, which registers its own function under its own name, so
@@ -212,23 +212,10 @@ def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext |
         )
 
 
-class _HeadAttnDispatch:
-    """Stands in for ``config`` inside an attention module that carries a method.
-
-    ``_attn_implementation`` answers :data:`ATTENTION_NAME`; every other attribute is the model config's (read
-    through, so a later change of the model config is seen). The dispatcher finds the backend the user chose in
-    ``model_config._attn_implementation`` (which may change after construction, e.g. ``set_attn_implementation``).
-    """
+class _RoutedConfig(ConfigStandIn):
+    """The ``config`` of a routed attention module: it reads its attention function from :data:`ATTENTION_NAME`."""
 
     _attn_implementation = ATTENTION_NAME
-
-    def __init__(self, model_config):
-        self.model_config = model_config
-
-    def __getattr__(self, name: str):
-        if name == "model_config":  # not set yet (copy, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.model_config, name)
 
 
 def _pass_query_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -238,26 +225,26 @@ def _pass_query_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tup
     HF's attention ``forward`` passes its ``**kwargs`` on to the attention function, as peft passes its adapter
     arguments; so nothing of HF's signature is restated here beyond the name and place of that first parameter.
     """
-    hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    return args, {**kwargs, "headattn_hidden_states": hidden_states}
+    return args, {**kwargs, "headattn_hidden_states": attention_query_input(args, kwargs)}
 
 
 def route(module: nn.Module, model_config, side: str, layer: int, kind: str) -> None:
-    """Route an HF attention module's calls to :data:`ATTENTION_NAME` (see :class:`_HeadAttnDispatch`), and tag it:
+    """Route an HF attention module's calls to :data:`ATTENTION_NAME` (a :class:`~.hf_compat.ConfigStandIn` for its
+    ``config``), and tag it:
     ``headattn_side`` ("encoder"/"decoder"), ``headattn_layer``, ``headattn_kind`` ("self"/"cross"),
     ``headattn_name`` (its path in the base model), the buffer ``headattn_head_mask`` (the mask kept on the model,
     :mod:`hf_headattn.head_masks`) and ``headattn_heads`` (its heads' original numbers once pruned, a
     :class:`HeadIndex`, :mod:`hf_headattn.pruning`), both ``None`` at first. Every attention module of an
     hf-headattn model is routed: without a method or a head mask, the function calls the backend unchanged.
     Idempotent."""
-    if isinstance(module.config, _HeadAttnDispatch):
+    if isinstance(module.config, ConfigStandIn):
         return
     module.headattn_side, module.headattn_layer, module.headattn_kind = side, layer, kind
-    module.headattn_name = f"{side}.layers.{layer}.{'encoder_attn' if kind == 'cross' else 'self_attn'}"
+    module.headattn_name = AttentionSite(side, layer, kind).name
     module.headattn_methods = ()
     module.register_buffer("headattn_head_mask", None, persistent=False)
     module.headattn_heads = None  # a HeadIndex once pruned
-    module.config = _HeadAttnDispatch(model_config)
+    module.config = _RoutedConfig(model_config)
 
 
 def attach_method(module: nn.Module, name: str, method: nn.Module) -> None:

@@ -8,34 +8,47 @@ field, the bad value and what was expected, raised where the bad value is set. R
 (``dhicm_encoder_layers``, ``sea_type``, ``rhe_prune``, ...) are translated into the dicts in one place,
 :func:`translate_flat_fields`, when a config is built or loaded or such a field is assigned, with a
 ``FutureWarning``.
+
+Every saved ``config.json`` records the hf-headattn release that wrote it, ``headattn_version`` (as transformers
+records itself in ``transformers_version``): a loaded config keeps the file's value, and ``to_dict`` (so
+``save_pretrained``, ``push_to_hub``, ``to_json_string``) writes the running release. Release 0.1's readings of the
+settings whose default has changed since are kept for the files recorded by release 0.1 (< 0.2) alone; a file that
+records no version (release 0.1 and 0.2 wrote none) is recognised by its fields (:func:`translate_flat_fields`).
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
+from packaging.version import InvalidVersion, Version
 from transformers import MarianConfig, MBartConfig
 from transformers.utils import logging
 
 # importing .methods registers the built-in methods ("from .x import", which save_pretrained ships, not "from . import")
 from .methods import register_method  # noqa: F401
+from .hf_compat import config_fields
 from .pruning import check_pruned_heads
 from .registry import readout_fields, registered_methods
+from .version import __version__ as HEADATTN_VERSION  # the running release (shipped with remote code too)
 
 logger = logging.get_logger(__name__)
+
+#: The first release that saves the methods' dicts: files recorded by an earlier one are release 0.1's.
+FIRST_RELEASE_WITH_DICTS = (0, 2)
 
 
 class HeadAttnDeprecationWarning(FutureWarning):
     """What hf-headattn says of its own deprecated spellings (shown by default, as every ``FutureWarning``)."""
 
 #: The shared fields checked whenever they are set (:meth:`HeadAttnSettings._resolve_headattn_settings`).
-CHECKED_FIELDS = ("label_smoothing", "loss_without_logits", "syntax_parser")
+CHECKED_FIELDS = ("label_smoothing", "loss_without_logits", "syntax_parser", "headattn_version")
 
 #: The config fields the methods' settings are resolved against (layer and head counts, sizes).
 SHAPE_FIELDS = ("encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads", "d_model")
@@ -116,6 +129,10 @@ class HeadAttnSettings:
         (``MethodSpec.settings``) as a dict, e.g. ``dhicm``: :class:`hf_headattn.dhicm.DHICMSettings`.
     pruned_heads: ``{attention module name: [original head numbers]}`` removed by
         :func:`hf_headattn.pruning.prune_heads` (None: none); the model is built without them.
+    headattn_version: the hf-headattn release that wrote the config.json this config was loaded from, e.g. "0.3.0"
+        (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
+        release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
+        0.1's translation on it (:func:`translate_flat_fields`).
 
     (Annotated ``Any``: these fields are checked here, with ``ValueError``s, not by the strict dataclass.)
     """
@@ -124,6 +141,7 @@ class HeadAttnSettings:
     loss_without_logits: Any = False
     syntax_parser: Any = None
     pruned_heads: Any = None
+    headattn_version: Any = None
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -148,6 +166,22 @@ class HeadAttnSettings:
                 if name not in given:
                     kwargs[name] = {**(config_dict.get(name) or {}), **values}
         return config_dict, kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """A dict of ``config.json`` fields is read as a saved file: release 0.1's flat fields translated, keyed on its
+        ``headattn_version`` (:func:`translate_flat_fields`). ``AutoConfig.from_pretrained`` (so the Auto model
+        classes) reads the file with transformers' ``get_config_dict`` and hands it here; from ours, the dict is
+        translated already and this changes nothing."""
+        config_dict = dict(config_dict)
+        translate_flat_fields(config_dict, f"{cls.__name__}.from_dict(...)", saved_file=True)
+        return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_json_file(cls, json_file):
+        """A ``config.json``, read as :meth:`from_dict` reads its fields."""
+        with open(json_file, encoding="utf-8") as file:
+            return cls.from_dict(json.load(file))
 
     def __post_init__(self, **kwargs):
         legacy = {key: kwargs.pop(key) for key in kwargs.keys() & _flat_fields()}
@@ -209,8 +243,10 @@ class HeadAttnSettings:
         return ["past_key_values", "nll_loss", *readout_fields()]
 
     def to_dict(self) -> dict[str, Any]:
+        """HF's, plus the release that writes it: ``headattn_version`` is the running release."""
         output = super().to_dict()
         output.pop("_headattn_resolved", None)  # derived from the fields
+        output["headattn_version"] = HEADATTN_VERSION
         return output
 
     def _resolve_headattn_settings(self) -> None:
@@ -223,6 +259,8 @@ class HeadAttnSettings:
         if self.syntax_parser is not None and not isinstance(self.syntax_parser, str):
             raise ValueError(f"syntax_parser must be a string such as 'spacy:en_core_web_sm' or None, got "
                              f"{self.syntax_parser!r}")
+        if self.headattn_version is not None:
+            recorded_release(self.headattn_version, "headattn_version")
         resolved = {}
         for spec in registered_methods():
             values = getattr(self, spec.name, None)
@@ -246,20 +284,45 @@ def _flat_fields() -> dict[str, tuple]:
     return {flat: (spec, key) for spec in registered_methods() for flat, key in spec.legacy_fields.items()}
 
 
+def recorded_release(version, where: str) -> tuple[int, ...]:
+    """The release numbers of a recorded ``headattn_version`` (e.g. ``"0.2.1"`` -> ``(0, 2, 1)``; pre-releases of 0.2
+    count as 0.2); a ``ValueError`` naming ``where`` unless it is a version string."""
+    try:
+        if not isinstance(version, str):
+            raise InvalidVersion
+        return Version(version).release
+    except InvalidVersion:
+        raise ValueError(f"{where} must be the version string of the hf-headattn release that wrote the config, "
+                         f"such as '0.3.0' (or None: not recorded), got {version!r}") from None
+
+
+def written_by_release_0_1(values: Mapping, where: str = "config.json") -> bool:
+    """Whether saved config fields ``values`` were written by release 0.1: by their ``headattn_version`` when they
+    record one (< 0.2), else by their fields: release 0.1's flat fields and no dict field of a method that has flat
+    fields (later releases save those, ``null`` when off)."""
+    version = values.get("headattn_version")
+    if version is not None:
+        return recorded_release(version, f"{where}: headattn_version") < FIRST_RELEASE_WITH_DICTS
+    specs = registered_methods()
+    return (any(key in _flat_fields() for key in values)
+            and not any(spec.name in values for spec in specs if spec.legacy_fields))
+
+
 def translate_flat_fields(values: dict, where: str, saved_file: bool = False, stacklevel: int = 4) -> None:
     """Move release 0.1's flat fields in ``values`` (config fields: a loaded ``config.json`` or keyword arguments)
     into their methods' dicts, in place, with one ``FutureWarning`` naming them.
 
     * A flat field at its default leaves an off method off (release 0.1 saved every field, defaults included).
     * A method given both ways (its dict and its flat fields) is refused: a ``ValueError`` naming both.
-    * A config file saved by release 0.1 (``saved_file``, with flat fields and no dict field of a method that has flat
-      fields: later releases save those, ``null`` when off) keeps release 0.1's values of the settings whose default
-      has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on. No other config does.
+    * A config file saved by release 0.1 (``saved_file`` and :func:`written_by_release_0_1`: its recorded
+      ``headattn_version`` is < 0.2, or it records none and has release 0.1's fields) keeps release 0.1's values of
+      the settings whose default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on.
+      No other config does: not a file recorded by 0.2 or later, whatever its fields, nor keyword arguments.
     """
     flat_fields = _flat_fields()
     found = sorted(key for key in values if key in flat_fields)
     specs = registered_methods()
-    release_0_1 = saved_file and bool(found) and not any(spec.name in values for spec in specs if spec.legacy_fields)
+    release_0_1 = saved_file and written_by_release_0_1(values, where)
     for spec in specs:
         flat = {key: values.pop(key) for key in list(values) if key in spec.legacy_fields}
         given = values.get(spec.name)
@@ -291,7 +354,7 @@ def _warn_unknown_flat_fields(values: Mapping, where: str) -> None:
     would be kept on the config and do nothing."""
     known = _flat_fields()
     prefixes = tuple({f"{flat.split('_')[0]}_" for flat in known} | {f"{spec.name}_" for spec in registered_methods()})
-    fields = {name for cls in (MBartConfig, MarianConfig) for name in cls.__dataclass_fields__}
+    fields = config_fields(MBartConfig) | config_fields(MarianConfig)
     for key in values:
         if key.startswith(prefixes) and key not in known and key not in fields:
             hint = difflib.get_close_matches(key, known, n=1)

@@ -161,15 +161,6 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * keep.to(x.dtype).mul_(LANE_VALUES / (LANE_VALUES - dropped))
 
 
-def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:
-    """Eq. 4: KL(a || b) = sum_h a_h ln(a_h / b_h) with a = softmax(scores), b uniform over the H heads.
-
-    Computed from log-softmax (= ln H - entropy(a)), so one-hot importances give ln H without NaN. (..., H) -> (...).
-    """
-    log_a = torch.log_softmax(scores, dim=-1)
-    return (log_a.exp() * (log_a + math.log(scores.shape[-1]))).sum(-1)
-
-
 def token_weights(mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B, T) weights of a mean over the real tokens (``mask`` True): 1 / their number there, 0 elsewhere (None for
     None: every token counts)."""
@@ -187,13 +178,13 @@ def token_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tens
 def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor, weights: torch.Tensor | None,
                           heads: int | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 4-5 for one module and its collapse statistics, from G and log G (B, T, H): the mean over real tokens
-    (``weights`` from :func:`token_weights`, None: all) of :func:`kl_from_uniform`, the mean normalised entropy
+    (``weights`` from :func:`token_weights`, None: all) of KL(G || uniform) (Eq. 4), the mean normalised entropy
     H(G) / ln H (no gradient) and the share of real tokens whose top head carries more than ``TOP_HEAD_THRESHOLD``
     (no gradient).
 
     ``heads``: the number of heads the uniform distribution spreads over, an int or (1 or B, 1, 1) per sentence (the
     heads a head mask leaves, :func:`hf_headattn.head_masks.live_heads`; None: H). KL = sum_h G_h (log G_h + ln H),
-    as :func:`kl_from_uniform` (precise for nearly uniform G); H(G) / ln H = 1 - KL / ln H (0 for a single head).
+    from log-softmax (precise for nearly uniform G); H(G) / ln H = 1 - KL / ln H (0 for a single head).
     A sentence whose mask leaves no head has KL 0 and entropy 0 there (the module mixes nothing), with finite
     gradients.
     """
@@ -234,19 +225,6 @@ def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target
     if reduction == "per_batch":
         return -kl_weight * kl / target_tokens
     raise ValueError(f"{NAME}.kl_reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
-
-
-def collapse_statistics(importance: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """How close the importances are to one-hot: (mean normalised entropy, share of tokens with a top head > 0.9).
-
-    importance (B, T, H) rows of G (Eq. 1); mask (B, T) bool, the real tokens (None: all). The normalised entropy
-    H(G) / ln H is 1 for uniform and 0 for one-hot importances. Both are means over the real tokens, detached.
-    """
-    g = importance.detach().float()
-    entropy = -(g * g.clamp_min(torch.finfo(g.dtype).tiny).log()).sum(-1) / math.log(g.shape[-1])  # (B, T)
-    top = g.amax(-1) > TOP_HEAD_THRESHOLD
-    weights = token_weights(mask)
-    return token_mean(entropy, weights), token_mean(top, weights)
 
 
 def mix_heads(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
@@ -354,8 +332,8 @@ def build(settings: DHICMSettings, config, module) -> DHICM:
 
 def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None]:
     """Mean KL over tokens and DHICM modules (Eq. 5), the objective term (:func:`kl_objective_term` with
-    ``settings.kl_reduction``), and ``dhicm_stats`` (:func:`collapse_statistics` averaged over the modules, from
-    :func:`importance_statistics`).
+    ``settings.kl_reduction``), and ``dhicm_stats`` (the modules' collapse statistics averaged over the modules,
+    from :func:`importance_statistics`).
 
     For ``"per_batch"`` N is the batch's real target tokens (the context's target mask; the model always has one
     when it computes a loss, and without one the term is not used, so N = 1 there).
@@ -380,7 +358,8 @@ def importance_sums(importances: dict) -> dict[str, tuple[torch.Tensor, torch.Te
 
 
 METHOD = MethodSpec(
-    NAME, DHICMSettings, placements, build, collect, order=30,
+    NAME, DHICMSettings, placements, build, collect,
+    runs_after=("sea",),  # mixes the per-head outputs that SEA's RHE pruning has zeroed
     flags=("output_head_importance",),
     outputs={
         "dhicm_kl": "mean KL of the head-importance distributions from uniform (Eq. 5), unweighted",
@@ -392,7 +371,7 @@ METHOD = MethodSpec(
     paper="Goindani & Shrivastava 2021, dynamic head importance computation (DHICM)",
     presets={
         # the last encoder and last decoder layer, self- and cross-attention (§4.3), lambda 0.1, the KL reduced as the
-        # fidelity study chose (README "The papers' open choices")
+        # fidelity study chose (README "The papers' open choices"; docs/results/fidelity-study.md)
         "dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
         # the same with the per-token reading of Eq. 5 released in 0.1 (lambda 0.1 against the per-token NLL)
         "dhicm_paper_literal": {"encoder_layers": [-1], "decoder_layers": [-1], "kl_reduction": "per_token",

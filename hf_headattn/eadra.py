@@ -44,12 +44,13 @@ from transformers import initialization as init
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from .eadra_math import TERMS, layer_regularizers
 from .registry import MethodSettings, MethodSpec
+from .sites import COMPONENTS, component_of, component_shape
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 
 NAME = "eadra"
-COMPONENTS = ("encoder", "decoder", "cross")
-#: Every alpha's factor by default (``EaDRASettings.alpha_scale``): the fidelity study's choice on Multi30k (README
-#: "The papers' open choices"), kept by the converged study ("The methods at convergence": 0.1 ahead of 0.3 and 1.0).
+#: Every alpha's factor by default (``EaDRASettings.alpha_scale``): the fidelity study's choice on Multi30k
+#: (docs/results/fidelity-study.md), kept by the converged study (docs/results/converged-study.md: 0.1 ahead of 0.3
+#: and 1.0).
 ALPHA_SCALE = 0.1
 #: Table 6, WMT En-De (100k) rows; alpha_peak 0 because "alpha_dist appears to render alpha_peak redundant"
 #: (Appendix A). num_heads None = three quarters of the heads (6 of 8 from scratch, §5.3); layers None = all.
@@ -81,7 +82,7 @@ class ComponentSettings(MethodSettings):
                   for key, default in DEFAULTS[component].items()}
         for key, value in alphas.items():
             check_range(value, f"{where}[{key!r}]", 0.0)
-        num_layers, heads = _shape(config, component)
+        num_layers, heads = component_shape(config, component)
         chosen, num_heads = None, self.num_heads
         if self.heads is not None:
             if not self.heads or any(not -heads <= h < heads for h in self.heads):
@@ -106,7 +107,7 @@ class ComponentSettings(MethodSettings):
 class EaDRASettings(MethodSettings):
     """EaDRA's settings (``config.eadra``): one dict per regularized component, absent or None = not regularized.
 
-    The readings of the paper's open choices (README "The papers' open choices"; defaults: the fidelity study's):
+    The readings of the paper's open choices (README "The papers' open choices", docs/results/fidelity-study.md):
     ``dist_reduction`` and ``peak_reduction`` (how R_dist, Eq. 8, and R_peak, Eq. 4, are reduced per sentence and
     head, :func:`rescale_terms`; "sum" and "sum" read the equations literally), ``warmup_steps`` (the alphas grow
     linearly from 0 over that many training steps, :func:`_warmup`; 0: off) and ``alpha_scale`` (every alpha is
@@ -156,23 +157,12 @@ PEAK_REDUCTIONS = allowed_values(EaDRASettings, "peak_reduction")
 DIST_REDUCTIONS = allowed_values(EaDRASettings, "dist_reduction")
 
 
-def _shape(config, component: str) -> tuple[int, int]:
-    if component == "encoder":
-        return config.encoder_layers, config.encoder_attention_heads
-    return config.decoder_layers, config.decoder_attention_heads
-
-
 def placements(settings: EaDRASettings, config) -> list[tuple[str, int, str]]:
     where = []
     for component, resolved in settings.components.items():
         side, kind = ("encoder", "self") if component == "encoder" else ("decoder", "cross" if component == "cross" else "self")
         where += [(side, layer, kind) for layer in resolved.layers]
     return where
-
-
-def component_of(module) -> str:
-    """"encoder", "decoder" or "cross" for an attention module tagged by ``modeling.attach_methods``."""
-    return "cross" if module.headattn_kind == "cross" else module.headattn_side
 
 
 class _Call(NamedTuple):
@@ -242,21 +232,6 @@ def head_support(call: _Call) -> tuple[torch.Tensor | None, torch.Tensor, torch.
     if call.query_mask is not None:
         queries = queries & call.query_mask[:, None, :]
     return bias, support, queries
-
-
-def head_scores(call: AttentionCall, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float32 scores, support and real queries of the first ``num_heads`` heads of one attention call.
-
-    Returns
-    -------
-    scores : (B, h, T, S) ``q k^T * scaling`` plus the additive mask, if any.
-    support, queries : as :func:`head_support`.
-    """
-    bias, support, queries = head_support(_Call.of(call, "", num_heads))
-    query, key = call.query[:, :num_heads], call.key[:, :num_heads]  # (B, h, T, D), (B, h, S, D)
-    with torch.autocast(query.device.type, enabled=False):
-        scores = torch.matmul(query.float() * call.scaling, key.float().transpose(-1, -2))  # (B, h, T, S)
-    return (scores if bias is None else scores + bias), support, queries
 
 
 def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, queries: torch.Tensor,
@@ -517,7 +492,7 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
 
 
 METHOD = MethodSpec(
-    NAME, EaDRASettings, placements, build, collect, order=20,
+    NAME, EaDRASettings, placements, build, collect,
     outputs={
         "eadra_loss": "the weighted EaDRA regularizer (Eq. 9), included in loss",
         "eadra_terms": "{'<component>/<term>': unweighted term}, term in peak, sent, dist",

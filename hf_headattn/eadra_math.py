@@ -38,6 +38,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .fused_passes import check_implementation, run
+from .hf_compat import softmax_backward
 
 TERMS = ("peak", "sent", "dist")
 
@@ -151,7 +152,7 @@ def _terms(scores, support, query_mask) -> tuple[tuple[torch.Tensor, ...], torch
 def _scores_gradient(a, coefficients, g_peak, g_sent, g_dist) -> torch.Tensor | None:
     """d(objective) / d scores, through the softmax (``None`` when no term is in the objective)."""
     grad = _gradient_wrt_probs(a, *coefficients, g_peak, g_sent, g_dist)
-    return None if grad is None else torch.ops.aten._softmax_backward_data(grad, a, -1, a.dtype)
+    return None if grad is None else softmax_backward(grad, a)
 
 
 def _forward_maps(query, key, scaling, shape, support, bias, query_mask, keep_probs: bool):

@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .sites import component_of, component_shape
+
 #: Mask kind -> (side, attention kind, forward argument).
 KINDS = {
     "encoder": ("encoder", "self", "head_mask"),
@@ -43,24 +45,13 @@ KINDS = {
 ARGUMENTS = tuple(argument for _, _, argument in KINDS.values())
 
 
-def kind_of(module: nn.Module) -> str:
-    """The mask kind of an attention module tagged by :func:`hf_headattn.attention.route`."""
-    return "cross" if module.headattn_kind == "cross" else module.headattn_side
-
-
-def mask_shape(config, kind: str) -> tuple[int, int]:
-    """(layers, heads) of a ``kind`` mask, heads in the original numbering."""
-    side = KINDS[kind][0]
-    return getattr(config, f"{side}_layers"), getattr(config, f"{side}_attention_heads")
-
-
 def check_head_mask(mask, config, kind: str, name: str, per_sentence: bool = True, batch: int | None = None,
                     values: bool = True) -> torch.Tensor:
     """``mask`` if it is a valid ``kind`` mask, else a ``ValueError`` naming ``name``, what it got and what was
     expected: a floating tensor of shape (layers, heads), or (batch, layers, heads) with ``per_sentence`` (its batch
     ``batch``, that of the input it meets, when given), with ``values`` also finite values in [0, 1]
     (:func:`check_values`)."""
-    layers, heads = mask_shape(config, kind)
+    layers, heads = component_shape(config, kind)
     shapes = f"(layers, heads) = {(layers, heads)}" + (" or (batch, layers, heads)" if per_sentence else "")
     if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
         got = type(mask).__name__ if not isinstance(mask, torch.Tensor) else f"a {mask.dtype} tensor"
@@ -136,7 +127,7 @@ def module_rows(mask: torch.Tensor, module: nn.Module) -> torch.Tensor:
 def module_head_mask(module: nn.Module, kwargs: dict) -> torch.Tensor | None:
     """The head mask of one attention call, (1 or batch, heads): the module's kept mask times the forward
     argument's rows; ``None`` when neither is set. The forward arguments are removed from ``kwargs``."""
-    given = {kind: kwargs.pop(argument, None) for kind, (_, _, argument) in KINDS.items()}[kind_of(module)]
+    given = {kind: kwargs.pop(argument, None) for kind, (_, _, argument) in KINDS.items()}[component_of(module)]
     kept = module.headattn_head_mask
     if given is None:
         return kept
@@ -189,7 +180,7 @@ def get_head_mask(model: nn.Module, kind: str) -> torch.Tensor | None:
     modules = attention_modules(model, kind)
     if all(module.headattn_head_mask is None for module in modules):
         return None
-    mask = torch.zeros(mask_shape(model.config, kind))
+    mask = torch.zeros(component_shape(model.config, kind))
     for module in modules:
         row = torch.ones(module.num_heads) if module.headattn_head_mask is None else module.headattn_head_mask[0].cpu()
         mask[module.headattn_layer, head_numbers(module)] = row.float()
@@ -204,7 +195,7 @@ def routed_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 def attention_modules(model: nn.Module, kind: str) -> list[nn.Module]:
     """The attention modules of ``kind`` in ``model`` (routed ones: hf-headattn models), in layer order."""
-    found = [module for module in routed_modules(model).values() if kind_of(module) == kind]
+    found = [module for module in routed_modules(model).values() if component_of(module) == kind]
     return sorted(found, key=lambda module: module.headattn_layer)
 
 

@@ -81,7 +81,7 @@ def total_objective(
 # ----------------------------------------------------------------------------------------------------------------
 
 #: Rows of a chunk are chosen so that one chunk's float32 logits take about this many bytes (a (rows, V) buffer; the
-#: backward holds three of them). Measured on the CPU (README, "Memory: the loss without the logits").
+#: backward holds three of them). Measured on the CPU (docs/results/benchmarks.md, "The loss without the logits").
 CHUNK_BYTES = 64 * 2**20
 
 
@@ -199,9 +199,9 @@ class ChunkedLinearSmoothedNLL(torch.autograd.Function):
 
 def _torch_linear_cross_entropy(hidden: torch.Tensor):
     """``torch.nn.functional.linear_cross_entropy`` and its options class, or None where torch lacks them (before
-    2.13; ``pyproject`` allows 2.4): then our :class:`ChunkedLinearSmoothedNLL` computes the loss. Torch's computes
-    the gradients in its forward (no matmul repeated, ours repeats one) but cannot smooth labels in its chunked path
-    (the identity in :func:`linear_label_smoothed_nll_loss` adds the smoothing)."""
+    2.13, the oldest ``pyproject`` declares, e.g. 2.11 on the lent GPUs): then :class:`ChunkedLinearSmoothedNLL`
+    computes the loss. Torch's computes the gradients in its forward (no matmul repeated, ours repeats one) but
+    cannot smooth labels in its chunked path (the identity in :func:`linear_label_smoothed_nll_loss` adds it)."""
     function = getattr(F, "linear_cross_entropy", None)
     options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
     return None if function is None or options is None else (function, options)

@@ -14,7 +14,6 @@ Identical to the HF parents except:
 # No `from __future__ import annotations`: HF's tooling reads `**kwargs: Unpack[TransformersKwargs]` from the
 # signature (e.g. to know that the models can output attentions), which needs evaluated annotations.
 import inspect
-from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -22,9 +21,6 @@ import torch
 from torch import nn
 from transformers import MarianModel, PreTrainedModel, MarianMTModel, MBartForConditionalGeneration, MBartModel
 from transformers.modeling_outputs import Seq2SeqLMOutput, Seq2SeqModelOutput
-from transformers.models.marian.modeling_marian import MarianDecoder, MarianEncoder
-from transformers.models.marian.modeling_marian import shift_tokens_right as marian_shift_tokens_right
-from transformers.models.mbart.modeling_mbart import MBartDecoder, MBartEncoder
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
@@ -33,8 +29,11 @@ from .head_masks import ARGUMENTS as HEAD_MASK_ARGUMENTS, KINDS as HEAD_MASK_KIN
 from .head_masks import check_forward_masks, check_head_mask, get_head_mask, set_head_mask
 from .pruning import apply_pruned_heads, prune_heads
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
+from .hf_compat import (MarianDecoder, MarianEncoder, MBartDecoder, MBartEncoder, dict_outputs,
+                        marian_shift_tokens_right, transformers_forward)
 from .losses import IGNORE_INDEX, label_smoothed_nll_loss, linear_label_smoothed_nll_loss, total_objective
 from .registry import method_inputs, readout_flags, registered_methods
+from .sites import AttentionSite
 
 
 def _method_output_fields(cls: type) -> type:
@@ -70,12 +69,6 @@ class HeadAttnSeq2SeqLMOutput(HeadAttnOutputMixin, Seq2SeqLMOutput):
     nll_loss: torch.FloatTensor | None = None
 
 
-def attention_module(base_model: nn.Module, side: str, layer: int, kind: str) -> nn.Module:
-    """The attention module of ``side`` ("encoder"/"decoder"), ``layer`` and ``kind`` ("self"/"cross")."""
-    block = getattr(base_model, side).layers[layer]
-    return block.encoder_attn if kind == "cross" else block.self_attn
-
-
 def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encoder", "decoder")) -> None:
     """Route every attention module of ``sides`` to our attention function (:func:`~.attention.route`), attach every
     method switched on (``settings``: {name: resolved settings}) to its modules, then prune the heads
@@ -90,7 +83,7 @@ def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encode
             continue
         for side, layer, kind in spec.placements(settings[spec.name], config):
             if side in sides:
-                module = attention_module(base_model, side, layer, kind)
+                module = AttentionSite(side, layer, kind).module(base_model)
                 attach_method(module, spec.name, spec.build(settings[spec.name], config, module))
     for side in sides:
         apply_pruned_heads(getattr(base_model, side), config.pruned_heads or {})
@@ -123,23 +116,6 @@ def _token_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask.bool() if mask is not None and mask.dim() == 2 else None
 
 
-@contextmanager
-def hf_dict_outputs(config):
-    """Let the HF forward return output objects even when ``config.return_dict`` is False.
-
-    HF's bodies (and its encoders/decoders) read ``config.return_dict``; with False, MBart returns tuples we cannot
-    add fields to and Marian crashes. The flag is set for the call and restored; nothing changes when it is True.
-    """
-    if config.return_dict:
-        yield
-        return
-    config.return_dict = True
-    try:
-        yield
-    finally:
-        config.return_dict = False
-
-
 def forward_signature(cls, extra: tuple = ()) -> inspect.Signature:
     """The forward signature of the HF model ``cls`` derives from, as the installed transformers release defines it,
     plus the registered methods' inputs (default None) and read-out flags (default False), and ``extra``.
@@ -148,8 +124,7 @@ def forward_signature(cls, extra: tuple = ()) -> inspect.Signature:
     they pass the methods' inputs on, and a release that renames an HF argument (5.24: ``past_key_values`` ->
     ``cache``) needs no change here.
     """
-    parent = next(base for base in cls.__mro__ if base.__module__.startswith("transformers.")).forward
-    parameters = list(inspect.signature(parent).parameters.values())
+    parameters = list(inspect.signature(transformers_forward(cls)).parameters.values())
     var_keyword = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
     ours = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
             for names, default in ((method_inputs(), None), (readout_flags(), False),
@@ -329,7 +304,7 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
             if values.get(argument, ...) is None:
                 del values[argument]
         check_forward_masks(values, self.config)
-        with hf_dict_outputs(self.config):
+        with dict_outputs(self.config):
             outputs = (self.base_model if base_only else super().forward)(**values, headattn_context=context)
         fields, term = collect_method_outputs(context, self.headattn_settings)
         return outputs, fields, term, self.config.return_dict if return_dict is None else return_dict

@@ -19,7 +19,6 @@ too, before anything changes: prune first, then attach the adapters (or ``merge_
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from numbers import Integral
 
@@ -28,16 +27,7 @@ from torch import nn
 
 from .attention import AttentionMethod, HeadIndex
 from .head_masks import head_numbers, routed_modules
-
-#: The module names pruning takes, relative to the base model (the key of ``config.pruned_heads``).
-MODULE_NAME = re.compile(r"(?:.*\.)?((?:encoder|decoder)\.layers\.(\d+)\.(?:self_attn|encoder_attn))")
-
-
-def heads_of(config, name: str) -> int:
-    """The original number of heads of the attention module ``name`` (e.g. ``"decoder.layers.1.encoder_attn"``)."""
-    side = name.split(".", 1)[0]
-    return getattr(config, f"{side}_attention_heads")
-
+from .sites import AttentionSite, component_shape
 
 def check_pruned_heads(value, config, where: str = "pruned_heads") -> dict[str, list[int]]:
     """``value`` as ``{module name: sorted original head numbers}`` if valid, else a ``ValueError`` naming the bad
@@ -48,14 +38,13 @@ def check_pruned_heads(value, config, where: str = "pruned_heads") -> dict[str, 
         raise ValueError(f"{where} must be a dict {{module name: [head numbers]}} (or None), got {value!r}")
     checked = {}
     for name, heads in value.items():
-        match = MODULE_NAME.fullmatch(name) if isinstance(name, str) else None
-        if match is None or match.group(1) != name:
+        site = AttentionSite.parse(name)
+        if site is None or site.name != name:
             raise ValueError(f"{where} has the key {name!r}; expected an attention module's name in the base model, "
                              "e.g. 'encoder.layers.0.self_attn' or 'decoder.layers.1.encoder_attn'")
-        side, layer = name.split(".", 1)[0], int(match.group(2))
-        layers, total = getattr(config, f"{side}_layers"), heads_of(config, name)
-        if layer >= layers:
-            raise ValueError(f"{where}[{name!r}]: the {side} has {layers} layers, expected a layer index below it")
+        layers, total = component_shape(config, site.component)
+        if site.layer >= layers:
+            raise ValueError(f"{where}[{name!r}]: the {site.side} has {layers} layers, expected a layer index below it")
         checked[name] = _check_heads(heads, total, f"{where}[{name!r}]")
     return checked
 
@@ -127,18 +116,18 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[st
     record = check_pruned_heads(model.config.pruned_heads, model.config)
     removals = {}
     for path, numbers in heads.items():
-        match = MODULE_NAME.fullmatch(path) if isinstance(path, str) else None
-        if match is None or match.group(1) not in modules:
+        site = AttentionSite.parse(path)
+        if site is None or site.name not in modules:
             raise ValueError(f"prune_heads: {path!r} is no attention module of this model; expected names such as "
                              f"{sorted(modules)[:3]}")
-        name = match.group(1)
-        numbers = _check_heads(numbers, heads_of(model.config, name), f"prune_heads[{path!r}]")
+        name, total = site.name, component_shape(model.config, site.component)[1]
+        numbers = _check_heads(numbers, total, f"prune_heads[{path!r}]")
         again = sorted(set(numbers) & set(record.get(name, ())))
         if again:
             raise ValueError(f"prune_heads[{path!r}]: heads {again} are already pruned (heads keep their original "
                              f"numbers; pruned so far: {record[name]})")
         removals[name] = numbers
-        record[name] = _check_heads([*record.get(name, ()), *numbers], heads_of(model.config, name),
+        record[name] = _check_heads([*record.get(name, ()), *numbers], total,
                                     f"prune_heads[{path!r}] with the heads pruned before")
     check_prunable(model, [modules[name] for name in removals])
     for name, numbers in removals.items():

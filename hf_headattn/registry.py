@@ -110,8 +110,11 @@ class MethodSpec:
         kind "self"/"cross"; an empty list means the settings place the method nowhere (refused: it would be off).
     build: ``build(settings, model_config, attention_module) -> AttentionMethod``.
     collect: ``collect(context, settings) -> (output fields, weighted objective term or None)`` after each forward.
-    order: methods run in increasing order in each attention call (SEA changes the mask before the backend, EaDRA
-        reads the probabilities, DHICM reweights the head outputs).
+    runs_after / runs_before: names of methods whose hooks must run before / after this method's on an attention
+        module that carries both (a method not registered is ignored). Each attention call runs every ``before``
+        hook, then the backend, then every ``after`` hook, the methods in :func:`registered_methods` order: the
+        registration order, moved as these constraints ask; a cycle is refused when the method is registered.
+        (How the built-in methods interact on one module: docs/design.md.)
     inputs: forward arguments (batch columns) it reads, ``None`` when not given; the model's ``forward`` names them
         (so that ``generate`` and the Trainer pass them on) and hands them to every attention call.
     flags: boolean forward arguments (default False) that ask for read-outs, e.g. ``output_head_importance``; the
@@ -139,7 +142,8 @@ class MethodSpec:
     placements: Callable
     build: Callable
     collect: Callable
-    order: int = 50
+    runs_after: tuple[str, ...] = ()
+    runs_before: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
     neutral_inputs: Callable | None = None
@@ -165,7 +169,13 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     clash = {preset for other in _REGISTRY.values() if other.name != spec.name for preset in other.presets}
     if clash & set(spec.presets):
         raise ValueError(f"method {spec.name!r} reuses preset names {sorted(clash & set(spec.presets))}")
+    previous = _REGISTRY.get(spec.name)
     _REGISTRY[spec.name] = spec
+    try:
+        registered_methods()
+    except ValueError:
+        _REGISTRY.pop(spec.name) if previous is None else _REGISTRY.update({spec.name: previous})
+        raise
     return spec
 
 
@@ -174,8 +184,25 @@ def unregister_method(name: str) -> None:
 
 
 def registered_methods() -> list[MethodSpec]:
-    """The registered methods in the order their hooks run."""
-    return sorted(_REGISTRY.values(), key=lambda spec: spec.order)
+    """The registered methods in the order their hooks run: registration order, each method after those its
+    ``runs_after`` names and before those its ``runs_before`` names (a stable topological order)."""
+    specs = list(_REGISTRY.values())
+    earlier = {spec.name: set() for spec in specs}  # name -> the methods that must run before it
+    for spec in specs:
+        earlier[spec.name] |= {name for name in spec.runs_after if name in earlier}
+        for name in spec.runs_before:
+            if name in earlier:
+                earlier[name].add(spec.name)
+    ordered: list[MethodSpec] = []
+    while len(ordered) < len(specs):
+        placed = {spec.name for spec in ordered}
+        ready = next((spec for spec in specs if spec.name not in placed and earlier[spec.name] <= placed), None)
+        if ready is None:
+            stuck = sorted(name for name in earlier if name not in placed)
+            raise ValueError(f"the methods {stuck} declare a cycle in runs_after/runs_before; expected an order "
+                             "in which each runs after the methods it names")
+        ordered.append(ready)
+    return ordered
 
 
 def active_methods(model_config) -> list[MethodSpec]:

@@ -24,6 +24,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod
+from .hf_compat import assert_async
 from .registry import MethodSettings, MethodSpec
 from .losses import IGNORE_INDEX
 from .sea_math import (
@@ -161,7 +162,7 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
                 f"NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase and on padding, as "
                 "DataCollatorForSyntaxSeq2Seq writes it")
     if not _checks_on_host(tensor):  # no host-device synchronisation, no graph break
-        torch._assert_async(~bad.any(), f"phrase_positions contains an invalid value: {expected}")
+        assert_async(~bad.any(), f"phrase_positions contains an invalid value: {expected}")
     elif bad.any():
         value = tensor[bad][0].item()
         padding = f" (the label padding value {IGNORE_INDEX}: padded like labels?)" if value == IGNORE_INDEX else ""
@@ -270,7 +271,7 @@ def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:
 
 
 METHOD = MethodSpec(
-    NAME, SEASettings, placements, build, collect, order=10,
+    NAME, SEASettings, placements, build, collect,
     inputs=("dependency_mask", "phrase_positions"), neutral_inputs=neutral_inputs,
     flags=("output_redundant_heads",),
     outputs={"redundant_heads": "{module name: (batch, heads) bool}, with output_redundant_heads=True"},

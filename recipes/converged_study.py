@@ -72,6 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed, per_seed_p_values
 from hf_headattn.experiment.arguments import existing_file, positive_float, positive_int
 from hf_headattn.experiment.jobs import run_jobs
@@ -83,7 +84,7 @@ from hf_headattn.experiment.study import (
 
 HERE = Path(__file__).resolve().parent
 STUDY = "converged"
-VALID, TEST = "validation", "test_2016_flickr"
+VALID, TEST = "validation", TEST_SPLIT
 SCREEN_SEEDS = (1,)
 #: Fresh seeds: the screen's seed 1 chose the rows, so its scores carry the choice's optimism.
 CONFIRM_SEEDS = (2, 3)

@@ -2,7 +2,7 @@
 """`make demo`: a baseline and two method-enhanced models on Multi30k En-De, on the CPU, in about 15 minutes.
 
 Trains the same tiny Transformer three times with a short schedule (baseline, DHICM, EaDRA, each at its default
-settings: the readings the fidelity study chose and the converged study kept, README "The methods at convergence"),
+settings: the readings the fidelity study chose and the converged study kept, docs/results/converged-study.md),
 translates test_2016_flickr with beam search, prints a sacreBLEU/chrF table with DHICM's top-head share and writes the
 analysis pictures (DHICM head importance like the paper's Figure 3; per-head attention entropy) as PNG files whose
 paths it prints.
@@ -25,6 +25,7 @@ from hf_headattn.analysis import (
 from hf_headattn.analysis.head_importance import METHOD as IMPORTANCE_METHOD
 from hf_headattn.experiment import recipe as train_translation
 from hf_headattn.experiment.arguments import existing_dir, positive_int
+from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.training import write_json
 
@@ -40,7 +41,7 @@ def train(method: str, args) -> dict:
         "--learning_rate", "2e-3", "--warmup_steps", "100", "--lr_scheduler_type", "inverse_sqrt",
         "--adam_beta2", "0.98", "--weight_decay", "0.0001", "--eval_strategy", "no", "--save_strategy", "no",
         "--logging_steps", "50", "--report_to", "none", "--num_beams", str(args.num_beams),
-        "--test_splits", "test_2016_flickr", "--per_device_eval_batch_size", "100", "--seed", "1",
+        "--test_splits", TEST_SPLIT, "--per_device_eval_batch_size", "100", "--seed", "1",
         "--use_cpu", "true",
     ]
     if args.tokenizer:
@@ -63,7 +64,7 @@ def pictures(args, methods) -> list[Path]:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     out, paths = Path(args.output_dir), []
-    sources = [line.strip() for line in gzip.open(args.data / "test_2016_flickr.en.gz", "rt")][:200]
+    sources = [line.strip() for line in gzip.open(args.data / f"{TEST_SPLIT}.en.gz", "rt")][:200]
     for method in methods:
         model = AutoModelForSeq2SeqLM.from_pretrained(out / method).eval()
         tokenizer = AutoTokenizer.from_pretrained(out / method)
@@ -108,14 +109,14 @@ def main(argv=None):
         args.tokenizer = args.tokenizer or Path(args.output_dir) / method / "tokenizer"  # one vocabulary for all
     print("\n| method | BLEU | chrF | train time (s) | DHICM top-head share |\n|---|---|---|---|---|")
     for method, result in results.items():
-        scores = result["scores"]["test_2016_flickr"]
+        scores = result["scores"][TEST_SPLIT]
         share = top_head_share(result)
         print(f"| {method} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {result['train_time_s']:.0f} | "
               f"{'-' if share is None else f'{share:.2f}'} |")
     print(f"\nsacreBLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}")
-    print("(test_2016_flickr, 1000 sentences; a short CPU schedule, so scores are far below converged ones)")
-    print("(the methods' defaults are the readings that the study at convergence kept: README \"The methods at "
-          "convergence\")")
+    print(f"({TEST_SPLIT}, 1000 sentences; a short CPU schedule, so scores are far below converged ones)")
+    print("(the methods' defaults are the readings that the study at convergence kept: "
+          "docs/results/converged-study.md)")
     for path in pictures(args, list(results)):
         print(f"picture: {path}")
     summary = write_json(Path(args.output_dir) / "summary.json", {

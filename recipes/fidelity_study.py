@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from hf_headattn.experiment.arguments import positive_int
+from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.study import dhicm_settings, eadra_settings
 
 HERE = Path(__file__).resolve().parent
@@ -47,7 +48,7 @@ SCHEDULE = [
     "--per_device_eval_batch_size", "100",
 ]
 SCREEN_FLAGS = ["--num_beams", "1", "--test_splits", "validation"]
-CONFIRM_FLAGS = ["--num_beams", "1", "--test_splits", "validation,test_2016_flickr"]
+CONFIRM_FLAGS = ["--num_beams", "1", "--test_splits", f"validation,{TEST_SPLIT}"]
 #: Fresh seeds: the screen's seed 1 chose the rows, so its scores carry the choice's optimism.
 CONFIRM_SEEDS = (2, 3, 4)
 
@@ -190,7 +191,7 @@ def confirm_table(confirm, multi30k_dir) -> tuple[list[dict], str]:
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir)))
     references = {split: [pair["de"] for pair in raw[split]["translation"]]
-                  for split in ("validation", "test_2016_flickr")}
+                  for split in ("validation", TEST_SPLIT)}
     base = confirm["baseline"]
     header = ["row", "seeds", "valid BLEU", "p vs baseline (valid, per seed)", "test BLEU",
               "p vs baseline (test, per seed)", "test chrF", "top-head share"]
@@ -208,8 +209,8 @@ def confirm_table(confirm, multi30k_dir) -> tuple[list[dict], str]:
         summary.append(entry)
         share = [v for v in entry["top_head_share"] if v is not None]
         table.append([row, len(seeds), mean_sd(entry["validation_bleu"]),
-                      per_seed(entry["validation_p_values"], ".3f"), mean_sd(entry["test_2016_flickr_bleu"]),
-                      per_seed(entry["test_2016_flickr_p_values"], ".3f"), mean_sd(entry["test_2016_flickr_chrf"]),
+                      per_seed(entry["validation_p_values"], ".3f"), mean_sd(entry[f"{TEST_SPLIT}_bleu"]),
+                      per_seed(entry[f"{TEST_SPLIT}_p_values"], ".3f"), mean_sd(entry[f"{TEST_SPLIT}_chrf"]),
                       mean_sd(share) if share else "-"])
     return summary, markdown_table(header, table) + (
         "\n\nBLEU: sacreBLEU 13a, mixed case; p: sacreBLEU's paired bootstrap (1000 resamples, seed 12345) of each "

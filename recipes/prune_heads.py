@@ -57,7 +57,8 @@ from hf_headattn.experiment.head_pruning import (
 from hf_headattn.experiment.model_card import method_settings_of, write_model_card
 from hf_headattn.experiment.study import write_json_atomic
 from hf_headattn.experiment.training import collator, prepare_features
-from hf_headattn.head_masks import KINDS, mask_shape
+from hf_headattn.head_masks import KINDS
+from hf_headattn.sites import component_shape
 
 HERE = Path(__file__).resolve().parent
 #: What a run writes into --output_dir.
@@ -264,7 +265,7 @@ def candidate_heads(study: Study, results: dict) -> dict[str, torch.Tensor] | No
     if not any(results["common_heads"].values()):
         raise ValueError(f"--common_heads: the criteria {study.criteria()} score no head in common (each method's "
                          "criterion scores only the modules that carry the method)")
-    among = {kind: torch.zeros(mask_shape(study.config, kind), dtype=torch.bool) for kind in KINDS}
+    among = {kind: torch.zeros(component_shape(study.config, kind), dtype=torch.bool) for kind in KINDS}
     for kind, heads in results["common_heads"].items():
         among[kind][tuple(torch.tensor(heads, dtype=torch.long).reshape(-1, 2).T)] = True
     return among

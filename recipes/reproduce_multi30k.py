@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""The README's reproduction table: Multi30k En-De from scratch, one row per method, several seeds, one set of
-hyperparameters (``COMMON_FLAGS``), scored on ``test_2016_flickr`` with sacreBLEU and paired bootstrap.
+"""The reproduction table (docs/results/reproduction-multi30k.md): Multi30k En-De from scratch, one row per method,
+several seeds, one set of hyperparameters (``COMMON_FLAGS``), scored on ``test_2016_flickr`` with sacreBLEU and paired
+bootstrap.
 
     # train every row and seed (runs side by side; on one GPU they share it), then print the table
     python recipes/reproduce_multi30k.py run --output_dir runs/multi30k --seeds 1 2 --parallel 10

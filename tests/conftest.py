@@ -45,3 +45,26 @@ def syntax_batch():
     inputs["dependency_mask"] = near.expand(B, S, S)
     inputs["phrase_positions"] = (torch.arange(S)[None, :] - torch.arange(S)[:, None]).clamp(-2, 2).expand(B, S, S)
     return inputs
+
+
+#: What ``slow`` marks (``pytest -m "not slow"``, the quick loop, leaves them out; ``make test`` runs everything): the
+#: test modules that train with the Trainer, start processes, execute notebooks or compile with Inductor, and the
+#: single tests of other modules that do so.
+SLOW_MODULES = {
+    "test_compile", "test_converged_study", "test_distributed", "test_fidelity_study", "test_fused_passes",
+    "test_gpu_script", "test_long_run", "test_notebooks", "test_overhead", "test_prune_heads_recipe",
+    "test_recipe_finetune_mbart", "test_recipes", "test_search", "test_benchmarks_profile",
+}
+SLOW_TESTS = {
+    "test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli", "test_import_does_not_load_the_experiment_kit",
+    "test_the_stand_in_config_reads_through_and_backends_are_checked", "test_pruned_marian_and_remote_code",
+    "test_remote_code_loads_without_the_package_with_same_outputs",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = getattr(item, "module", None)
+        if (module is not None and module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES) or \
+                getattr(item, "originalname", None) in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

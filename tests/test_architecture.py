@@ -51,7 +51,12 @@ def run_method(spec):
 
 def test_every_registered_method_is_wired(toy, tmp_path):
     """Outputs, logged components, evaluation read-outs, model card and recipe names come from each MethodSpec."""
-    assert [spec.name for spec in registered_methods()] == ["sea", "eadra", "dhicm", "toy"]  # the hooks' order
+    names = [spec.name for spec in registered_methods()]  # the hooks' order: each after what it runs after
+    assert all(names.index(other) < names.index(spec.name) for spec in registered_methods()
+               for other in spec.runs_after if other in names)
+    assert all(names.index(spec.name) < names.index(other) for spec in registered_methods()
+               for other in spec.runs_before if other in names)
+    assert names.index("toy") < names.index("dhicm")  # the toy's runs_before moved it ahead of a method registered earlier
     for spec in registered_methods():
         model, out = run_method(spec)
         assert model.config.keys_to_ignore_at_inference[:2] == ["past_key_values", "nll_loss"]
@@ -120,7 +125,8 @@ def test_config_fields_and_read_outs_come_from_the_specs(toy):
     registered later is an undeclared attribute (saved as well, above). ``readout`` pairs a spec's one flag with its
     one output field that is not logged."""
     fields = {f.name: f.default for f in dataclasses.fields(HeadAttnMBartConfig)}
-    assert {name: fields[name] for name in ("dhicm", "eadra", "sea")} == dict.fromkeys(("dhicm", "eadra", "sea"))
+    built_in = [spec.name for spec in registered_methods() if spec is not toy]
+    assert built_in and {name: fields[name] for name in built_in} == dict.fromkeys(built_in)
     assert "toy" not in fields and HeadAttnMBartConfig(**TINY).to_dict()["sea"] is None
     assert {spec.name: readout(spec) for spec in registered_methods() if spec.flags} == {
         "sea": ("output_redundant_heads", "redundant_heads"), "dhicm": ("output_head_importance", "head_importances"),
@@ -240,3 +246,12 @@ def test_recipes_import_only_the_package():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not set(names) & siblings, f"{path.name} imports another recipe: {set(names) & siblings}"
         assert "sys.path.insert" not in path.read_text(), path.name
+
+
+def test_a_cycle_of_hook_constraints_is_refused_at_registration(toy):
+    """A method that must run both before and after another cannot be placed: refused, the registry unchanged."""
+    before = [spec.name for spec in registered_methods()]
+    looped = dataclasses.replace(toy, runs_before=("dhicm",), runs_after=("dhicm",))
+    with pytest.raises(ValueError, match=r"the methods \[.*'dhicm'.*'toy'\] declare a cycle"):
+        register_method(looped)
+    assert [spec.name for spec in registered_methods()] == before and registered_methods()[before.index("toy")] is toy

@@ -8,12 +8,19 @@ import torch
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
-from hf_headattn.dhicm import (
-    attend_over_heads, combine_heads, dropout, head_importance, importance_scores, kl_from_uniform,
-)
+from hf_headattn.dhicm import attend_over_heads, combine_heads, dropout, head_importance, importance_scores
 
 DHICM = {"encoder_layers": [-1], "decoder_layers": [-1]}
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
+
+
+def kl_from_uniform(scores: torch.Tensor) -> torch.Tensor:
+    """Eq. 4: KL(a || b) = sum_h a_h ln(a_h / b_h) with a = softmax(scores), b uniform over the H heads.
+
+    Computed from log-softmax (= ln H - entropy(a)), so one-hot importances give ln H without NaN. (..., H) -> (...).
+    """
+    log_a = torch.log_softmax(scores, dim=-1)
+    return (log_a.exp() * (log_a + math.log(scores.shape[-1]))).sum(-1)
 
 
 def numpy_dhicm(O, x, W, U, V):

@@ -262,10 +262,19 @@ def fake_call(kind, side, T, S, attention_mask=None, source_mask=None, target_ma
     return AttentionCall(module, query, key, key, attention_mask, 0.5, None, context, {})
 
 
+def head_scores(call, num_heads: int):
+    """The test's reference: float32 scores ``q k^T * scaling`` (B, h, T, S) of the first ``num_heads`` heads of one
+    attention call, plus its additive mask if any, with its support and real queries (:func:`eadra.head_support`)."""
+    bias, support, queries = eadra.head_support(eadra._Call.of(call, "", num_heads))
+    query, key = call.query[:, :num_heads].float(), call.key[:, :num_heads].float()
+    scores = torch.matmul(query * call.scaling, key.transpose(-1, -2))
+    return (scores if bias is None else scores + bias), support, queries
+
+
 def test_support_combines_mask_causality_with_offset_and_key_padding():
     target = torch.tensor([[True] * 5, [False, True, True, True, True]])  # left padding in the second row
     call = fake_call("self", "decoder", 2, 5, target_mask=target)  # 2 new queries after 3 cached keys, no mask
-    scores, support, queries = eadra.head_scores(call, 2)
+    scores, support, queries = head_scores(call, 2)
     assert scores.shape == (2, 2, 2, 5)
     torch.testing.assert_close(scores, (call.query[:, :2] @ call.key[:, :2].transpose(-1, -2)) * 0.5)
     causal = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
@@ -280,8 +289,8 @@ def test_support_from_bool_and_additive_masks():
     bias = torch.zeros(2, 3, 3, 4).masked_fill(~allowed, torch.finfo(torch.float32).min)
     bias[:, :, 0, 0] = 1.5  # an additive bias on a visible key (per head, as SEA may add)
     float_call = fake_call("cross", "decoder", 3, 4, bias, source_mask=source)
-    s_bool, support_bool, _ = eadra.head_scores(bool_call, 2)
-    s_float, support_float, _ = eadra.head_scores(float_call, 2)
+    s_bool, support_bool, _ = head_scores(bool_call, 2)
+    s_float, support_float, _ = head_scores(float_call, 2)
     assert torch.equal(support_bool.expand(2, 2, 3, 4), support_float.expand(2, 2, 3, 4))
     assert torch.equal(support_bool[:, 0], allowed[:, 0])
     torch.testing.assert_close(s_float[:, :, 0, 0], s_bool[:, :, 0, 0] + 1.5)
@@ -291,7 +300,7 @@ def test_support_from_bool_and_additive_masks():
 def test_padding_queries_and_empty_rows_do_not_count():
     source = torch.tensor([[True, True, True], [False, False, False]])  # an all-padding sentence
     call = fake_call("self", "encoder", 3, 3, source_mask=source)
-    scores, support, queries = eadra.head_scores(call, 1)
+    scores, support, queries = head_scores(call, 1)
     assert queries[0].all() and not queries[1].any()
     out = torch.stack(eadra_regularizers(scores, support, queries), -1)
     assert torch.isfinite(out).all() and out[1].eq(0).all()

@@ -1,5 +1,5 @@
-"""A toy fourth method, written as the README's Design section says a new method is: one module and one
-registration line (here the test registers it; a built-in one gets its line in ``hf_headattn/methods.py``).
+"""A toy fourth method, written as docs/design.md ("Adding a fourth method") says a new method is: one module and
+one registration line (here the test registers it; a built-in one gets its line in ``hf_headattn/methods.py``).
 
 "Head scaling": each head's output is multiplied by a learned scale (times the optional forward input ``toy_gate``,
 one number per sentence); the objective adds ``weight * mean(scale^2)``; ``output_toy_scales=True`` reads the scales
@@ -69,7 +69,8 @@ def collect(context, settings):
 
 
 METHOD = MethodSpec(
-    "toy", ToySettings, placements, build, collect, order=40,
+    "toy", ToySettings, placements, build, collect,
+    runs_before=("dhicm",),  # scales per-head outputs, which DHICM's paper mode mixes into one (B, T, d_m) output
     inputs=("toy_gate",), flags=("output_toy_scales",),
     outputs={"toy_penalty": "mean squared head scale", "toy_scales": "{module name: (heads,)} with output_toy_scales"},
     logged=("toy_penalty",),

@@ -26,7 +26,8 @@ from numbers import Integral
 import torch
 
 from ..eadra_math import normalized_entropy
-from ..head_masks import KINDS, attention_modules, head_numbers, kind_of, mask_shape, module_rows, routed_modules
+from ..head_masks import KINDS, attention_modules, head_numbers, module_rows, routed_modules
+from ..sites import component_of, component_shape
 from ..losses import IGNORE_INDEX
 from ..registry import readout, registered_methods
 
@@ -50,14 +51,14 @@ class _Sums:
 
     def __init__(self, model, names):
         self.modules = routed_modules(model)
-        self.sums = {name: {kind: torch.zeros(mask_shape(model.config, kind), dtype=torch.float64) for kind in KINDS}
+        self.sums = {name: {kind: torch.zeros(component_shape(model.config, kind), dtype=torch.float64) for kind in KINDS}
                      for name in names}
         self.counts = {name: {kind: torch.zeros_like(table) for kind, table in kinds.items()}
                        for name, kinds in self.sums.items()}
 
     def add(self, name: str, module, values: torch.Tensor, count) -> None:
         """Add (heads,) ``values`` (current numbering) of ``module`` and ``count`` items to criterion ``name``."""
-        kind, layer, heads = kind_of(module), module.headattn_layer, head_numbers(module)
+        kind, layer, heads = component_of(module), module.headattn_layer, head_numbers(module)
         self.sums[name][kind][layer, heads] += values.detach().double().cpu()
         self.counts[name][kind][layer, heads] += float(count)
 
@@ -104,7 +105,7 @@ def head_importance(model, batches: Iterable[dict], criteria_: Iterable[str] = B
         results["gradient"] = {kind: _per_layer_l2(table) for kind, table in results["gradient"].items()}
     if "random" in names:
         generator = torch.Generator().manual_seed(seed)
-        results["random"] = {kind: torch.rand(mask_shape(model.config, kind), generator=generator) for kind in KINDS}
+        results["random"] = {kind: torch.rand(component_shape(model.config, kind), generator=generator) for kind in KINDS}
         pruned = _pruned(model)
         for kind, table in results["random"].items():
             table[pruned[kind]] = float("nan")
@@ -119,17 +120,17 @@ def _per_layer_l2(table: torch.Tensor) -> torch.Tensor:
 
 def _pruned(model) -> dict[str, torch.Tensor]:
     """(layers, heads) bool per kind, True at pruned heads."""
-    pruned = {kind: torch.zeros(mask_shape(model.config, kind), dtype=torch.bool) for kind in KINDS}
+    pruned = {kind: torch.zeros(component_shape(model.config, kind), dtype=torch.bool) for kind in KINDS}
     for module in routed_modules(model).values():
-        pruned[kind_of(module)][module.headattn_layer] = True
-        pruned[kind_of(module)][module.headattn_layer, head_numbers(module)] = False
+        pruned[component_of(module)][module.headattn_layer] = True
+        pruned[component_of(module)][module.headattn_layer, head_numbers(module)] = False
     return pruned
 
 
 def _gradient(model, batch: dict, sums: _Sums) -> None:
     """Michel et al.: |dL_b / d xi| per sentence b from per-sentence masks of ones, in one backward pass."""
     size = batch["labels"].shape[0]
-    masks = {argument: torch.ones(size, *mask_shape(model.config, kind), device=model.device, requires_grad=True)
+    masks = {argument: torch.ones(size, *component_shape(model.config, kind), device=model.device, requires_grad=True)
              for kind, (_, _, argument) in KINDS.items()}
     out = model(**batch, **masks)
     tokens = batch["labels"].ne(IGNORE_INDEX).sum()
@@ -153,7 +154,7 @@ def _attention_statistics(model, batch: dict, sums: _Sums, names: list[str]) -> 
     queries["cross"] = queries["decoder"]
     keys = {"encoder": source, "decoder": target, "cross": source}
     for module in routed_modules(model).values():
-        kind = kind_of(module)
+        kind = component_of(module)
         probs = getattr(out, ATTENTION_OUTPUTS[kind])[module.headattn_layer].float()  # (B, H, T, S)
         query = queries[kind][:, None, :].to(probs.dtype)  # (B, 1, T)
         count = query.sum()
@@ -205,7 +206,7 @@ def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int,
     count = int(value)
     if among is not None:
         importance = {kind: table.masked_fill(~among[kind], float("nan")) for kind, table in importance.items()}
-    modules = {(kind_of(module), module.headattn_layer): module for module in routed_modules(model).values()}
+    modules = {(component_of(module), module.headattn_layer): module for module in routed_modules(model).values()}
     candidates = sorted(
         (float(value), kind, layer, head) for kind, table in importance.items()
         for (layer, head), value in zip(torch.cartesian_prod(torch.arange(table.shape[0]),

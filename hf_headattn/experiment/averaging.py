@@ -21,7 +21,8 @@ from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM
 
 #: Config fields that differ between checkpoints of one architecture without meaning anything.
-IGNORED_CONFIG_FIELDS = ("transformers_version", "_name_or_path", "dtype", "torch_dtype", "_commit_hash")
+IGNORED_CONFIG_FIELDS = ("transformers_version", "headattn_version", "_name_or_path", "dtype", "torch_dtype",
+                         "_commit_hash")
 #: Files of a Trainer checkpoint that are training state, not model or tokenizer (never copied).
 TRAINING_STATE = re.compile(r"(optimizer|scheduler|scaler)\.pt|rng_state.*\.pth|trainer_state\.json|training_args\.bin")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")

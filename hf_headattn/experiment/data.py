@@ -25,7 +25,9 @@ from pathlib import Path
 import datasets
 
 # DatasetDict split name -> file prefix in the Multi30k task 1 raw data.
-MULTI30K_SPLITS = {"train": "train", "validation": "val", "test_2016_flickr": "test_2016_flickr"}
+#: The Multi30k test set the recipes score (read once, after every choice is made on ``validation``).
+TEST_SPLIT = "test_2016_flickr"
+MULTI30K_SPLITS = {"train": "train", "validation": "val", TEST_SPLIT: TEST_SPLIT}
 
 # A TSV first line whose every field looks like this is a header (en, de, en_XX, pt-BR, ...).
 _LANG_CODE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2,4})?$")

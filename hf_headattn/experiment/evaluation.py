@@ -19,6 +19,8 @@ import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
+from ..losses import IGNORE_INDEX
+
 _METRICS = {"bleu": BLEU, "chrf": CHRF}
 
 
@@ -190,7 +192,7 @@ def make_compute_metrics(tokenizer):
     Parameters
     ----------
     tokenizer : transformers.PreTrainedTokenizerBase
-        Decodes generated ids and labels; its ``pad_token_id`` replaces the -100 padding.
+        Decodes generated ids and labels; its ``pad_token_id`` replaces the ``IGNORE_INDEX`` padding.
 
     Returns
     -------
@@ -213,8 +215,8 @@ def make_compute_metrics(tokenizer):
                 f"expected generated token ids of shape (batch, length), got shape {preds.shape}; "
                 "set predict_with_generate=True in Seq2SeqTrainingArguments"
             )
-        preds = np.where(preds == -100, pad_id, preds)
-        labels = np.where(labels == -100, pad_id, labels)
+        preds = np.where(preds == IGNORE_INDEX, pad_id, preds)
+        labels = np.where(labels == IGNORE_INDEX, pad_id, labels)
         hyps = [s.strip() for s in tokenizer.batch_decode(preds, skip_special_tokens=True)]
         refs = [s.strip() for s in tokenizer.batch_decode(labels, skip_special_tokens=True)]
         scores = compute_translation_metrics(hyps, refs)

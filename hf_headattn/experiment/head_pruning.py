@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from ..analysis.head_ranking import head_importance, heads_to_prune
-from ..head_masks import KINDS, mask_shape
+from ..head_masks import KINDS
+from ..sites import component_shape
 from .evaluation import compute_translation_metrics
 from .translate import translate
 
@@ -26,7 +27,7 @@ BLEU_TOLERANCE = 0.5
 
 def total_heads(config) -> int:
     """All attention heads of the unpruned model (encoder self, decoder self and cross)."""
-    return sum(math.prod(mask_shape(config, kind)) for kind in KINDS)
+    return sum(math.prod(component_shape(config, kind)) for kind in KINDS)
 
 
 def pruned_count(config) -> int:

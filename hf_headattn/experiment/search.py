@@ -20,7 +20,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +38,7 @@ ARCHITECTURE = {
 #: Grid keys that are regularization config fields (DHICM §4.2 and Table 2); ``<method>.dropout`` is the ``dropout``
 #: setting of a registered method's dict (``dhicm.dropout``: ``config.dhicm["dropout"]``).
 METHOD_DROPOUTS = tuple(f"{spec.name}.dropout" for spec in registered_methods()
-                        if "dropout" in spec.settings.__dataclass_fields__)
+                        if "dropout" in {f.name for f in fields(spec.settings)})
 REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout", *METHOD_DROPOUTS, "label_smoothing")
 #: Grid keys that are ``TrainingArguments`` fields (``hyperparameter_search`` sets them on the trial's arguments).
 TRAINING = ("learning_rate", "warmup_steps", "weight_decay")

@@ -28,7 +28,8 @@ DEMO_SCHEDULE = [
 
 DHICM_LAYERS = {"encoder_layers": [-1], "decoder_layers": [-1]}
 #: The EaDRA components the studies regularize: encoder and decoder self-attention.
-EADRA_COMPONENTS = ("encoder", "decoder")
+#: The components the studies' EaDRA rows regularize (the "eadra" preset's).
+STUDY_COMPONENTS = ("encoder", "decoder")
 
 
 def dhicm_settings(reduction: str, weight: float, mode: str = "paper") -> dict:
@@ -41,7 +42,7 @@ def eadra_settings(dist: str, *, warmup: int = 0, scale: float = 1.0, alpha_scal
     alpha_peak 0) times ``scale``, written out, and the ``alpha_scale`` option (every alpha's factor in the model)
     explicit, so that later default changes do not change a row."""
     components = {name: {"alpha_peak": 0.0, "alpha_sent": EADRA_DEFAULTS[name]["alpha_sent"] * scale,
-                         "alpha_dist": EADRA_DEFAULTS[name]["alpha_dist"] * scale} for name in EADRA_COMPONENTS}
+                         "alpha_dist": EADRA_DEFAULTS[name]["alpha_dist"] * scale} for name in STUDY_COMPONENTS}
     return {EADRA.name: {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup,
                          "alpha_scale": alpha_scale}}
 

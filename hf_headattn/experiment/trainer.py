@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 from transformers import Seq2SeqTrainer, TrainerCallback
-from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
+from ..hf_compat import nested_gather
 from ..registry import logged_fields
 
 logger = logging.get_logger(__name__)

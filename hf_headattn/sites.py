@@ -1,0 +1,65 @@
+"""Where an attention module sits: one description for routing, head masks, pruning and the methods.
+
+An attention module of an encoder-decoder is a :class:`AttentionSite`: ``side`` ("encoder" / "decoder"), ``layer``
+and ``kind`` ("self" / "cross"). Its ``component`` is what head masks and EaDRA tell apart: encoder self-attention
+("encoder"), decoder self-attention ("decoder") and cross-attention ("cross"); its ``name`` is its path in the base
+model (``decoder.layers.1.encoder_attn``), the key of ``config.pruned_heads`` and of the read-outs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from torch import nn
+
+SIDES = ("encoder", "decoder")
+KINDS = ("self", "cross")
+COMPONENTS = ("encoder", "decoder", "cross")
+_NAME = re.compile(r"(?:.*\.)?((encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn))")
+
+
+class AttentionSite(NamedTuple):
+    side: str
+    layer: int
+    kind: str
+
+    @property
+    def component(self) -> str:
+        return "cross" if self.kind == "cross" else self.side
+
+    @property
+    def name(self) -> str:
+        return f"{self.side}.layers.{self.layer}.{'encoder_attn' if self.kind == 'cross' else 'self_attn'}"
+
+    @classmethod
+    def parse(cls, name) -> AttentionSite | None:
+        """The site of a module path (relative to the base model, or ending in one, e.g. ``model.encoder...``), or
+        None for anything else."""
+        match = _NAME.fullmatch(name) if isinstance(name, str) else None
+        if match is None:
+            return None
+        _, side, layer, attribute = match.groups()
+        return cls(side, int(layer), "cross" if attribute == "encoder_attn" else "self")
+
+    @classmethod
+    def of(cls, module: nn.Module) -> AttentionSite:
+        """The site of an attention module tagged by :func:`hf_headattn.attention.route`."""
+        return cls(module.headattn_side, module.headattn_layer, module.headattn_kind)
+
+    def module(self, base_model: nn.Module) -> nn.Module:
+        """This site's attention module in ``base_model`` (one with ``encoder`` and ``decoder`` stacks)."""
+        block = getattr(base_model, self.side).layers[self.layer]
+        return block.encoder_attn if self.kind == "cross" else block.self_attn
+
+
+def component_of(module: nn.Module) -> str:
+    """"encoder", "decoder" or "cross" for an attention module tagged by :func:`hf_headattn.attention.route`. (It
+    reads the side and kind alone: a compiled layer that read the layer number too would be compiled once per layer.)"""
+    return "cross" if module.headattn_kind == "cross" else module.headattn_side
+
+
+def component_shape(config, component: str) -> tuple[int, int]:
+    """(layers, heads) of a component in the model config (heads in the original numbering: before pruning)."""
+    side = "decoder" if component == "cross" else component
+    return getattr(config, f"{side}_layers"), getattr(config, f"{side}_attention_heads")
