@@ -36,6 +36,7 @@ import transformers
 from torch._dynamo.utils import counters
 
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from setups import default_precision
 
 TINY = dict(vocab_size=99, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
             decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
@@ -179,7 +180,7 @@ def main(argv=None) -> dict:
         parser.error(f"--backend {args.backend!r}: not one of {torch._dynamo.list_backends(exclude_tags=())}")
     if args.steps < 2:
         parser.error(f"--steps {args.steps}: at least 2 (recompilation shows from the second step)")
-    precision = args.precision or ("autocast-bf16" if args.device.startswith("cuda") else "fp32")
+    precision = args.precision or default_precision(args.device)
     device = torch.device(args.device)
     result = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "torch": torch.__version__, "transformers": transformers.__version__,

@@ -74,7 +74,8 @@ from transformers import MBartConfig
 
 from compile_check import break_reasons, dynamo_counts, raise_recompile_limits
 from operator_count import count_operators, sync_operators
-from setups import PRECISIONS, ROWS, SHAPES, autocast, build_on, make_batch, model_inputs, step_fn
+from setups import (PRECISIONS, ROWS, SHAPES, add_model_arguments, autocast, build_on, default_precision, make_batch,
+                    model_inputs, step_fn)
 
 GENERATE_TOKENS = 8
 #: Issue #18's targets (ratios to stock SDPA in one run).
@@ -343,13 +344,8 @@ def check_targets(result: dict) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=None,
-                        help="rows to time (default: off), or to count (default: counting.COUNT_PLAN's rows)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--precision", choices=list(PRECISIONS), default=None,
-                        help="autocast-bf16: fp32 weights, bf16 autocast (Seq2SeqTrainer(bf16=True); the default on "
-                             "CUDA); bf16/fp16: the model cast; fp32 (the default elsewhere)")
+    add_model_arguments(parser, "tiny", None,
+                        "rows to time (default: off), or to count (default: counting.COUNT_PLAN's rows)")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None,
                         help="deprecated: --precision of the same name")
     parser.add_argument("--compile", action="store_true", help="time every model, stock too, under torch.compile")
@@ -358,7 +354,6 @@ def main(argv=None):
                         help="also time generate: a beam search of this many beams (0: not timed)")
     parser.add_argument("--generate-tokens", type=int, default=64, help="new tokens of the timed generate")
     parser.add_argument("--generate-repeats", type=int, default=3, help="rounds of the timed generate")
-    parser.add_argument("--attn-implementation", default="sdpa")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--naive", action="store_true", help="add the naive EaDRA port as a second baseline")
@@ -376,7 +371,7 @@ def main(argv=None):
         if args.precision not in (None, args.dtype):
             parser.error(f"--dtype {args.dtype} contradicts --precision {args.precision}")
         args.precision = args.dtype
-    args.precision = args.precision or ("autocast-bf16" if args.device.startswith("cuda") else "fp32")
+    args.precision = args.precision or default_precision(args.device)
     if args.compile and args.compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
         parser.error(f"--compile-backend {args.compile_backend!r}: not one of "
                      f"{torch._dynamo.list_backends(exclude_tags=())}")

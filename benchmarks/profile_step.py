@@ -33,7 +33,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from transformers import MBartConfig
 
-from setups import PRECISIONS, ROWS, SHAPES, build_on, make_batch, step_fn
+from setups import PRECISIONS, ROWS, SHAPES, add_model_arguments, build_on, default_precision, make_batch, step_fn
 
 NAME_CHARS = 120
 DEFAULT_ROWS = ["off", "dhicm", "eadra-scratch", "dea-rhe", "lpea-rhe"]
@@ -155,13 +155,8 @@ def table(result: dict, extras: int = 5) -> str:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="transformer-base")
-    parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=DEFAULT_ROWS,
-                        help="rows to profile (stock is always profiled, first, as the reference)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--precision", choices=list(PRECISIONS), default=None,
-                        help="overhead.py's: autocast-bf16 (the default on CUDA), fp32 (elsewhere), bf16, fp16")
-    parser.add_argument("--attn-implementation", default="sdpa")
+    add_model_arguments(parser, "transformer-base", DEFAULT_ROWS,
+                        "rows to profile (stock is always profiled, first, as the reference)")
     parser.add_argument("--warmup", type=int, default=3, help="unprofiled steps first")
     parser.add_argument("--steps", type=int, default=2, help="profiled steps")
     parser.add_argument("--top", type=int, default=15, help="entries of each top and extra list")
@@ -170,7 +165,7 @@ def main(argv=None) -> dict:
     for name, least in (("warmup", 0), ("steps", 1), ("top", 1)):
         if getattr(args, name) < least:
             parser.error(f"--{name} {getattr(args, name)}: at least {least}")
-    args.precision = args.precision or ("autocast-bf16" if args.device.startswith("cuda") else "fp32")
+    args.precision = args.precision or default_precision(args.device)
     rows = list(dict.fromkeys(args.rows))
     result = run(args.shape, rows, args.device, args.precision, args.warmup, args.steps, args.top,
                  args.attn_implementation)

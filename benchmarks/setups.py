@@ -136,3 +136,20 @@ def build_on(device, *args):
     """``build(*args)``, on CUDA initialised on the device (seconds saved per mbart-large model)."""
     with torch.device(device) if device.type == "cuda" else contextlib.nullcontext():
         return build(*args)
+
+
+def add_model_arguments(parser, shape: str, rows, rows_help: str) -> None:
+    """The arguments that choose the models and how a step runs, shared by the scripts: ``--shape``, ``--rows``,
+    ``--device``, ``--precision`` (None: :func:`default_precision`) and ``--attn-implementation``."""
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=shape)
+    parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=rows, help=rows_help)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default=None,
+                        help="autocast-bf16: fp32 weights, bf16 autocast (Seq2SeqTrainer(bf16=True); the default on "
+                             "CUDA); bf16/fp16: the model cast; fp32 (the default elsewhere)")
+    parser.add_argument("--attn-implementation", default="sdpa")
+
+
+def default_precision(device: str) -> str:
+    """How the Trainer trains there: bf16 autocast on CUDA, fp32 elsewhere."""
+    return "autocast-bf16" if device.startswith("cuda") else "fp32"

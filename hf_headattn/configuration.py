@@ -303,9 +303,9 @@ def written_by_release_0_1(values: Mapping, where: str = "config.json") -> bool:
     version = values.get("headattn_version")
     if version is not None:
         return recorded_release(version, f"{where}: headattn_version") < FIRST_RELEASE_WITH_DICTS
-    specs = registered_methods()
-    return (any(key in _flat_fields() for key in values)
-            and not any(spec.name in values for spec in specs if spec.legacy_fields))
+    flat_fields = _flat_fields()
+    return (any(key in flat_fields for key in values)
+            and not any(spec.name in values for spec in registered_methods() if spec.legacy_fields))
 
 
 def translate_flat_fields(values: dict, where: str, saved_file: bool = False, stacklevel: int = 4) -> None:

@@ -227,6 +227,11 @@ def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target
     raise ValueError(f"{NAME}.kl_reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
 
 
+def projected_input(hidden: torch.Tensor, u: torch.Tensor, p: float) -> torch.Tensor:
+    """U x of Eq. 2 with the dropout ``p`` the paper applies to it (0: none): (B, T, d) -> (B * T, d_m)."""
+    return dropout(hidden.reshape(-1, hidden.shape[-1]) @ u.T, p, p > 0)
+
+
 def mix_heads(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
               v: torch.Tensor | None, head_mask: torch.Tensor | None, query_mask: torch.Tensor | None, p: float,
               losses: bool) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
@@ -238,7 +243,7 @@ def mix_heads(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor,
     eager at transformer-base, ``benchmarks/results/gpu``.)
 
     hidden (B, T, d), head_outputs (B, T, H, d_k) -> (output, G (B, T, H), statistics)."""
-    ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ u.T, p, p > 0)  # (B * T, d_m)
+    ux = projected_input(hidden, u, p)
     scores = masked_logits(importance_scores(head_outputs, ux, w), head_mask)  # (B, T, H)
     heads = live_heads(head_mask, scores.shape[-1])
     heads = heads if isinstance(heads, int) else heads[:, None, None]  # (1 or B, 1, 1)
@@ -303,8 +308,7 @@ class DHICM(AttentionMethod):
         losses = context is not None and context.compute_losses  # KL (Eq. 4-5) only when a loss is needed
         readout = context is not None and "output_head_importance" in context.flags
         if self.mode == "paper" and not losses and not readout:  # e.g. generate: G is not needed, one fused call
-            hidden = call.hidden_states
-            ux = dropout(hidden.reshape(-1, hidden.shape[-1]) @ self.u.T, self.dropout.p, self.training)
+            ux = projected_input(call.hidden_states, self.u, self.dropout.p if self.training else 0.0)
             return attend_over_heads(attn_output, ux @ self.w, self.v, head_mask)  # (B, T, d_m), to out_proj = W_s
         output, importance, statistics = mix_heads(
             call.hidden_states, attn_output, self.u, self.w, self.v, head_mask, call.query_mask if losses else None,

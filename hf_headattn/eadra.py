@@ -44,7 +44,7 @@ from transformers import initialization as init
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from .eadra_math import TERMS, layer_regularizers
 from .registry import MethodSettings, MethodSpec
-from .sites import COMPONENTS, component_of, component_shape
+from .sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 
 NAME = "eadra"
@@ -115,7 +115,7 @@ class EaDRASettings(MethodSettings):
     tuned for Transformer-base on 100k WMT sentences; 1.0 uses them as they are).
 
     ``implementation`` changes no value, only how the regularizer pass runs
-    (:data:`~.eadra_math.IMPLEMENTATIONS`): "auto" (under ``torch.compile`` on CUDA, where the eager pass is some
+    (:mod:`hf_headattn.fused_passes`): "auto" (under ``torch.compile`` on CUDA, where the eager pass is some
     twenty memory-bound passes over float32 maps; eager on the CPU), "eager" or "compiled".
 
     Resolved, each component is a :class:`ComponentSettings` with every field resolved
@@ -160,7 +160,7 @@ DIST_REDUCTIONS = allowed_values(EaDRASettings, "dist_reduction")
 def placements(settings: EaDRASettings, config) -> list[tuple[str, int, str]]:
     where = []
     for component, resolved in settings.components.items():
-        side, kind = ("encoder", "self") if component == "encoder" else ("decoder", "cross" if component == "cross" else "self")
+        side, kind = COMPONENT_SITES[component]
         where += [(side, layer, kind) for layer in resolved.layers]
     return where
 

@@ -245,7 +245,8 @@ def _stacked(queries, keys, num_heads: int) -> tuple[torch.Tensor, torch.Tensor,
 
 def _masked_scores(query, key, scaling, shape, support, bias) -> torch.Tensor:
     """``query @ key^T * scaling`` (scaled after the product, which is then exact in TF32 for half-precision
-    heads, :func:`_matmul_precision`) viewed as ``shape``, plus ``bias`` (or 0) on the support and OUTSIDE_SUPPORT elsewhere."""
+    heads, :func:`_matmul_precision`) viewed as ``shape``, plus ``bias`` (or 0) on the support and
+    OUTSIDE_SUPPORT elsewhere."""
     scores = torch.baddbmm(query.new_zeros(()), query, key.transpose(1, 2), beta=0, alpha=scaling).view(shape)
     return scores.add_(torch.where(support, 0.0 if bias is None else bias, OUTSIDE_SUPPORT))
 

@@ -8,7 +8,7 @@ bf16 autocast) the step went from 1.48 to 1.20 times stock's, from 2.13 to 1.59 
 the GPU no idle time to hide it in, and its peak memory from 1.26 to 1.03 times stock's. (DHICM's
 :func:`hf_headattn.dhicm.mix_heads`, compiled the same way, was not faster: it stays eager.)
 
-``implementation`` (a setting of each method) says how its pass runs:
+``implementation`` (EaDRA's setting, ``eadra["implementation"]``) says how a pass runs:
 
 * ``"auto"`` (the default): compiled for CUDA tensors where Triton is installed, eager elsewhere (on a CPU the eager
   pass is as fast, and compiling costs seconds per kind of call);
@@ -23,6 +23,7 @@ length does not compile again. Inside a model that is compiled already (``torch.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import warnings
 
@@ -36,6 +37,7 @@ _compiled: dict = {}
 _auto_failed: list[str] = []  # the error that made "auto" eager for this process
 
 
+@functools.cache  # asked at every pass: the answer does not change within a process
 def _has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 

@@ -15,7 +15,9 @@ from torch import nn
 
 SIDES = ("encoder", "decoder")
 KINDS = ("self", "cross")
-COMPONENTS = ("encoder", "decoder", "cross")
+#: Each component's (side, kind): encoder self-, decoder self- and cross-attention.
+COMPONENT_SITES = {"encoder": ("encoder", "self"), "decoder": ("decoder", "self"), "cross": ("decoder", "cross")}
+COMPONENTS = tuple(COMPONENT_SITES)
 _NAME = re.compile(r"(?:.*\.)?((encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn))")
 
 
@@ -61,5 +63,5 @@ def component_of(module: nn.Module) -> str:
 
 def component_shape(config, component: str) -> tuple[int, int]:
     """(layers, heads) of a component in the model config (heads in the original numbering: before pruning)."""
-    side = "decoder" if component == "cross" else component
+    side = COMPONENT_SITES[component][0]
     return getattr(config, f"{side}_layers"), getattr(config, f"{side}_attention_heads")
