@@ -19,13 +19,13 @@ PYTEST := -m pytest -q -p no:cacheprovider
 $(VENV)/.installed: pyproject.toml tests/hf_common/VERSION
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(TORCH)
-	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search]" "$(TRANSFORMERS)"
+	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search,triton]" "$(TRANSFORMERS)"
 	touch $@
 
 $(NEWEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(NEWEST_VENV)
 	$(NEWEST_PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -e ".[dev,parsers,search]"
+	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -e ".[dev,parsers,search,triton]"
 	touch $@
 
 env: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""torch.compile of every method row and their combination on one device (issue #36, item 1; the CUDA half of
+"""torch.compile of every method row and their combination on one device (the CUDA half of
 ``tests/test_compile.py``, which checks the same on the CPU with ``aot_eager``).
 
 For each row of ``SETTINGS`` the tiny model is compiled whole (``torch.compile(model)``, as the Trainer's

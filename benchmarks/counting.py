@@ -1,4 +1,4 @@
-"""Counted overhead (issue #27, item 1): FLOPs and bytes saved for backward of one training step, no real kernels.
+"""Counted overhead: FLOPs and bytes saved for backward of one training step, no real kernels.
 
 Every row's model, batch and step (``setups.build``/``make_batch``/``step_fn``) run under ``FakeTensorMode``:
 shapes and dtypes propagate, nothing is computed or allocated, so the largest shapes count in seconds on a CPU.
@@ -12,7 +12,7 @@ shapes and dtypes propagate, nothing is computed or allocated, so the largest sh
   ``model.parameters()``. The batch's tensors saved by the graph (e.g. ``input_ids`` for the embedding backward) are
   counted, alike for every row.
 * A row ``<row>-no-logits`` (``loss_without_logits=True``: the loss from the decoder's hidden states, no (tokens,
-  vocabulary) logits; issue 37) counted beside ``<row>`` (the loss of the logits, the default) also records
+  vocabulary) logits) counted beside ``<row>`` (the loss of the logits, the default) also records
   ``saved_ratio_to_logits``, its bytes over ``<row>``'s. Torch's chunked ``F.linear_cross_entropy`` computes the
   gradients in its forward and keeps them on its autograd context: they are counted as saved (``StashedGradients``),
   its matmuls as FLOPs (:func:`register_chunked_cross_entropy_flops`).
@@ -33,7 +33,7 @@ from transformers import MBartConfig
 
 import setups
 
-#: Issue #27's targets: ratios to stock SDPA in one run, per row name prefix (saved bytes) and for every row (FLOPs).
+#: The counted targets: ratios to stock SDPA in one run, per row name prefix (saved bytes) and for every row (FLOPs).
 SAVED_TARGETS = {"eadra": 1.10, "dhicm": 1.05, "dea-rhe": 1.05, "lpea-rhe": 1.05}
 FLOPS_TARGET = 1.05
 

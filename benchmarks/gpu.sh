@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU table of issue #36, as users train: fp32 weights + bf16 autocast (Seq2SeqTrainer(bf16=True)), fused AdamW,
+# The GPU table, as users train: fp32 weights + bf16 autocast (Seq2SeqTrainer(bf16=True)), fused AdamW,
 # eager and torch.compile(model), each row against stock HF SDPA in the same process. From the repository root:
 #
 #   bash benchmarks/gpu.sh                           # on a GPU machine: under 6 minutes (DEADLINE)
@@ -23,7 +23,7 @@
 #                    all, every method at once: about 30 s each on an H100; DHICM's rows passed on CUDA already)
 #   tb-compiled      transformer-base, torch.compile(model) against compiled stock: off dhicm eadra-scratch dea-rhe
 #                    lpea-rhe
-#   mbart-no-logits  mbart-large-8x512, eager: off off-no-logits eadra-finetune-no-logits (issue #37's loss without
+#   mbart-no-logits  mbart-large-8x512, eager: off off-no-logits eadra-finetune-no-logits (the loss without
 #                    the logits, against stock and the logits path)
 #   tb-profile       benchmarks/profile_step.py: transformer-base, eager, a torch.profiler profile of 2 steps of
 #                    stock and off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe: each row's kernel
@@ -39,7 +39,7 @@
 # Output: RESULTS (default benchmarks/results/gpu/<gpu>-<date>-<time>; outputs/gpu-smoke-<time> with SMOKE=1) holds
 # <part>.json (overhead.py's JSON; compile_check.py's for compile-check, profile_step.py's for tb-profile),
 # logs/<part>.log and logs/<part>.tsv (status line), parts.tsv (every part's status, seconds, shape, mode, precision
-# and rows) and summary.json (gpu_summary.py: issue #36's targets, each met / not met / not measured, and one line per
+# and rows) and summary.json (gpu_summary.py: the GPU targets, each met / not met / not measured, and one line per
 # part and row of the timing parts), whose table is printed at the end; tb-profile's table is in logs/tb-profile.log.
 #
 # Environment: PYTHON (python3), DEVICE (cuda; cpu with SMOKE=1), DEADLINE (seconds from the start for all parts,
@@ -148,7 +148,7 @@ timing mbart-eager-sea "$LARGE" eager "$PRECISION" "dea-rhe lpea-rhe" 70 --naive
 part compile-check tiny check "$PRECISION" "${CHECK_ROWS[*]}" 100 -- "$PYTHON" benchmarks/compile_check.py \
     --device "$DEVICE" --backend "$BACKEND" --precision "$PRECISION" --rows "${CHECK_ROWS[@]}" \
     --out "$RESULTS/compile-check.json"
-# issue #37: the loss without the logits (config.loss_without_logits), against stock and the logits path
+# the loss without the logits (config.loss_without_logits), against stock and the logits path
 timing mbart-no-logits "$LARGE" eager "$PRECISION" "off off-no-logits eadra-finetune-no-logits" 70 "${LARGE_TIMING[@]}"
 timing tb-compiled "$TB" compiled "$PRECISION" "off dhicm eadra-scratch dea-rhe lpea-rhe" 200 "${COMPILED_TIMING[@]}"
 PROFILE_ROWS=(off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe)

@@ -1,4 +1,4 @@
-"""The summary of a ``benchmarks/gpu.sh`` run: issue #36's targets judged from its parts' JSON.
+"""The summary of a ``benchmarks/gpu.sh`` run: the GPU targets judged from its parts' JSON.
 
     python benchmarks/gpu_summary.py outputs/gpu   # writes outputs/gpu/summary.json, prints a short table
 """
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 
-#: Issue #36's targets: GPU, autocast-bf16, ratios to stock SDPA in the same run. Eager time by row (at the shapes
+#: The GPU targets: GPU, autocast-bf16, ratios to stock SDPA in the same run. Eager time by row (at the shapes
 #: ``gpu.sh`` runs them: eadra-scratch at transformer-base, eadra-finetune at mbart-large-8x512); compiled time (against
 #: compiled stock) and peak memory for every row but the naive port. Besides (``summarize``): each compiled row
 #: compiles cleanly (no recompilation after warm-up, no more graph breaks than stock) and every ``compile_check.py``
@@ -21,7 +21,7 @@ GPU_TARGETS = {
                    "dea-rhe": 1.05, "lpea-rhe": 1.05},
     "compiled_time": 1.10,
     "peak_memory": 1.05,
-    # issue #37, the loss without the logits (rows "<row>-no-logits"): peak memory against stock at mbart-large-8x512,
+    # the loss without the logits (rows "<row>-no-logits"): peak memory against stock at mbart-large-8x512,
     # step time against the same row with the logits ("off-no-logits" against "off")
     "no_logits_peak_memory": 0.80,
     "no_logits_time": 1.05,
@@ -36,7 +36,7 @@ def verdict(measured, limit) -> bool | str:
 
 
 def part_checks(part: str, plan: dict, result: dict | None) -> list[dict]:
-    """Issue #36's checks of one ``gpu.sh`` timing part (``plan``: its line of ``parts.tsv``; ``result``: its JSON,
+    """The checks of one ``gpu.sh`` timing part (``plan``: its line of ``parts.tsv``; ``result``: its JSON,
     None if it did not finish). Parts in another precision than autocast-bf16 are not judged."""
     if plan["precision"] != "autocast-bf16":
         return []
@@ -45,7 +45,7 @@ def part_checks(part: str, plan: dict, result: dict | None) -> list[dict]:
         row = rows.get(name) or {"error": f"part {plan['status']}"}
         targets = [("peak memory", "memory_ratio", GPU_TARGETS["peak_memory"])]
         base = name.removesuffix("-no-logits")
-        if base != name:  # issue #37's rows
+        if base != name:  # the loss-without-logits rows
             targets = [("peak memory", "memory_ratio", GPU_TARGETS["no_logits_peak_memory"])]
             if base in rows and "error" not in row and row.get("median_ms") and rows[base].get("median_ms"):
                 row = {**row, "time_over_logits": round(row["median_ms"] / rows[base]["median_ms"], 4)}

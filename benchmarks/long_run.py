@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""A long run stays flat (issue 28): 2,000 training steps of the tiny shape with every method on; resident memory
+"""A long run stays flat: 2,000 training steps of the tiny shape with every method on; resident memory
 and step time per block of steps, and whether they grew from the first block to the last.
 
     python benchmarks/long_run.py --steps 2000 --out benchmarks/results/long_run_cpu_tiny.json

@@ -10,7 +10,7 @@ the JSON also holds each row's median step time and peak memory (GPU only), all 
     python benchmarks/overhead.py --shape transformer-base --rows off dhicm eadra-scratch --device cuda
     python benchmarks/overhead.py --shape mbart-large-8x512 --rows off eadra-finetune --device cuda --compile
     python benchmarks/overhead.py --count --out benchmarks/results/counted.json  # no kernels run: seconds, any shape
-    bash benchmarks/gpu.sh  # the whole GPU table (issue #36), see that script
+    bash benchmarks/gpu.sh  # the whole GPU table, see that script
 
 ``--precision`` (``PRECISIONS``): ``autocast-bf16``, the default on CUDA, trains as ``Seq2SeqTrainer(bf16=True)``
 does: fp32 weights, forward and loss under ``torch.autocast(device, torch.bfloat16)``, backward outside it;
@@ -28,7 +28,7 @@ timed in rounds like the steps. Peak memory (CUDA) is a row's own: the bytes its
 hold plus the batch, plus the most its step allocates above what was allocated before it, so the models of all rows
 can stay on the device for the timing rounds. A row that fails (a compile error, out of memory) gets ``error`` and
 the others go on. ``gpu_summary.py`` gathers the JSON files of ``gpu.sh``'s parts into ``summary.json`` with issue
-#36's targets, each met, not met or not measured.
+GPU targets, each met, not met or not measured.
 
 JSON of a timed run: ``shape``, ``batch_size``, ``length``, ``device``, ``device_name``, ``precision``, ``dtype`` (of
 the weights), ``autocast`` (its dtype or null), ``optimizer``, ``attn_implementation``, ``repeats``, ``warmup``,
@@ -37,9 +37,9 @@ size and rounds), ``torch``, ``transformers``, ``rows`` (per row: ``settings``, 
 ``median_ratio``, ``peak_gib``, ``memory_ratio``, ``spread_ms``, ``page_faults_per_step``, ``operators``,
 ``operator_ratio``, ``syncs``, ``syncs_over_stock``, ``generate_operators``, ``generate_operator_ratio``,
 ``compile``, and with ``--generate-beams`` ``generate_ms``, ``generate_ratio``; or ``settings`` and ``error``) and
-``targets`` (issue #18's).
+``targets`` (:data:`TARGETS`).
 
-``--count`` (``counting.py``, issue #27) counts instead of timing, under ``FakeTensorMode``: FLOPs of forward and
+``--count`` (``counting.py``) counts instead of timing, under ``FakeTensorMode``: FLOPs of forward and
 backward and the bytes autograd saves for backward (distinct storages, parameters left out), as ratios to stock SDPA.
 
 Rows name method settings (``ROWS``); ``naive`` rows time the direct port of the public EaDRA code (eager
@@ -49,7 +49,7 @@ launches, not arithmetic, set the step time, so the operator ratio predicts the 
 operators of forward and backward that need a tensor's value on the host (``.item()``, ``bool(t)``, ``nonzero``, ...:
 ``operator_count.SYNC_OPERATORS``; each a host-device synchronisation on a GPU; the optimizer's CPU step counters
 are left out), and ``generate_operators`` the operators of a greedy ``generate`` of ``GENERATE_TOKENS`` tokens (eval
-mode, no labels). ``targets`` checks the ratios against issue #18's targets; GPU timing targets are "unmeasured" on
+mode, no labels). ``targets`` checks the ratios against :data:`TARGETS`; GPU timing targets are "unmeasured" on
 a CPU run. ``page_faults_per_step`` (median minor page faults of a timed step): on the CPU, glibc's malloc returns
 freed memory at the top of its heap to the system and the next step faults it back in (about 2 us per 4 KiB page on
 a small VM), which moves a row's time by several percent with its allocation pattern;
@@ -78,7 +78,7 @@ from setups import (PRECISIONS, ROWS, SHAPES, add_model_arguments, autocast, bui
                     model_inputs, step_fn)
 
 GENERATE_TOKENS = 8
-#: Issue #18's targets (ratios to stock SDPA in one run).
+#: The targets (ratios to stock SDPA in one run).
 TARGETS = {"operators": 1.20, "cpu_time": 1.10, "generate_operators": 1.10, "generate_operators_eadra": 1.0}
 def generate_operators(kind, model, batch, autocast_dtype=None) -> int:
     """Operators of a greedy ``generate`` of exactly ``GENERATE_TOKENS`` tokens (no labels, eval mode, no grad)."""
@@ -317,7 +317,7 @@ def ratio(value, stock) -> float | None:
 
 
 def check_targets(result: dict) -> dict:
-    """Issue #18's targets per row: ``True``/``False``, or a string saying why it was not measured."""
+    """The targets per row: ``True``/``False``, or a string saying why it was not measured."""
     on_gpu = result["device"].startswith("cuda")
     cpu_shape = result["shape"] in ("tiny", "small")
     checks = {}

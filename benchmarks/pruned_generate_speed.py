@@ -1,8 +1,8 @@
-"""``generate`` throughput of pruned models against the unpruned one, at every step of a pruning run (issue #25).
+"""``generate`` throughput of pruned models against the unpruned one, at every step of a pruning run.
 
 For each step that ``recipes/prune_heads.py`` recorded for ``--criterion`` (its ``pruning.json``), the trained model is
 pruned as at that step and timed against the unpruned model on the same sources, alternately ``--repeats`` times in
-one run (``hf_headattn.experiment.head_pruning.throughput_ratio``: the median of the per-repeat ratios). A model
+one run (``hf_headattn.analysis.head_pruning.throughput_ratio``: the median of the per-repeat ratios). A model
 pruned without its fine-tuning translates worse, and its translations have other lengths, which would time the
 lengths rather than the heads: every translation is therefore exactly ``--forced_length`` tokens (``min_length`` =
 ``max_length``), so both models decode the same number of steps (``--forced_length 0``: real translations, up to
@@ -26,7 +26,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn  # noqa: F401  (registers the models)
 from hf_headattn.experiment.data import load_parallel_dataset
-from hf_headattn.experiment.head_pruning import throughput_ratio
+from hf_headattn.analysis.head_pruning import throughput_ratio
 from hf_headattn.head_masks import routed_modules
 from hf_headattn.sites import component_of
 

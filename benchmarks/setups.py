@@ -33,7 +33,7 @@ SHAPES = {  # model shape, batch size, sequence length (source = target)
 #: Row name -> config fields: a recipe method name's (``--method``), or written out where no name has them.
 ROWS = {
     "off": {},
-    # issue 37: "<row>-no-logits" is <row> with the loss from the decoder's hidden states, without the logits
+    # "<row>-no-logits" is <row> with the loss from the decoder's hidden states, without the logits
     "off-no-logits": {"loss_without_logits": True},
     "dhicm": method_settings("dhicm"),
     # DHICM's fine-tuning variant: the pretrained out_proj kept, scaled per head
@@ -43,7 +43,7 @@ ROWS = {
                                  "loss_without_logits": True},
     # num_heads default: three quarters of the heads, 6 of 8 at transformer-base (3 of 4 at tiny)
     "eadra-scratch": method_settings("eadra_all"),
-    # issue 36: "<row>-eager-pass": EaDRA's regularizer pass run eagerly ("auto" compiles it on CUDA, fused_passes)
+    # "<row>-eager-pass": EaDRA's regularizer pass run eagerly ("auto" compiles it on CUDA, fused_passes)
     "eadra-scratch-eager-pass": {"eadra": {**method_settings("eadra_all")["eadra"], "implementation": "eager"}},
     "eadra-finetune-eager-pass": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2},
                                             "implementation": "eager"}},

@@ -36,6 +36,7 @@ from .methods import register_method  # noqa: F401
 from .hf_compat import config_fields
 from .pruning import check_pruned_heads
 from .registry import readout_fields, registered_methods
+from .version import HeadAttnDeprecationWarning
 from .version import __version__ as HEADATTN_VERSION  # the running release (shipped with remote code too)
 
 logger = logging.get_logger(__name__)
@@ -44,8 +45,6 @@ logger = logging.get_logger(__name__)
 FIRST_RELEASE_WITH_DICTS = (0, 2)
 
 
-class HeadAttnDeprecationWarning(FutureWarning):
-    """What hf-headattn says of its own deprecated spellings (shown by default, as every ``FutureWarning``)."""
 
 #: The shared fields checked whenever they are set (:meth:`HeadAttnSettings._resolve_headattn_settings`).
 CHECKED_FIELDS = ("label_smoothing", "loss_without_logits", "syntax_parser", "headattn_version")

@@ -102,8 +102,8 @@ def importance_scores(head_outputs: torch.Tensor, ux: torch.Tensor, w: torch.Ten
     return (head_outputs * projected).sum(-1) / math.sqrt(w.shape[0])
 
 
-def head_importance(scores: torch.Tensor) -> torch.Tensor:
-    """Eq. 1: G(x, O^h), the softmax of the scores over the heads (last dimension)."""
+def importance_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Eq. 1: the head importances G(x, O^h), the softmax of the scores over the heads (last dimension)."""
     return torch.softmax(scores, dim=-1)
 
 
@@ -122,8 +122,9 @@ def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: to
 
     Eq. 1-3 are an attention over the heads: the query is W^T U x, the keys and values are the head outputs O^h and
     the scale is 1 / sqrt(d_m), so ``scaled_dot_product_attention`` gives sum_h G_h O^h in one fused operation; V is
-    applied after. Equal to ``combine_heads(head_outputs, head_importance(importance_scores(head_outputs, ux, w)), v)``
-    with ``projected = ux @ w``.
+    applied after. Equal to
+    ``combine_heads(head_outputs, importance_softmax(importance_scores(head_outputs, ux, w)), v)`` with
+    ``projected = ux @ w``.
 
     head_outputs (B, T, H, d_k), projected (B, T, d_k) or (B * T, d_k), v (d_m, d_k) -> (B, T, d_m); ``head_mask``
     (1 or B, H) leaves masked heads out of the softmax as :func:`hf_headattn.head_masks.masked_logits` does.
@@ -253,7 +254,7 @@ def mix_heads(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor,
         importance = log_importance.exp()
         statistics = importance_statistics(importance, log_importance, token_weights(query_mask), heads)
     else:
-        importance = head_importance(scores)
+        importance = importance_softmax(scores)
     if v is not None:
         return combine_heads(head_outputs, importance.to(head_outputs.dtype), v), importance, statistics
     return head_outputs * (heads * importance).unsqueeze(-1).to(head_outputs.dtype), importance, statistics
@@ -355,12 +356,6 @@ def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None
     return fields, kl_objective_term(kl, settings.kl_weight, settings.kl_reduction, tokens)
 
 
-def importance_sums(importances: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """The ``dhicm`` head-importance criterion: per module, G summed over the real tokens of the batch (G is zero at
-    padding) and their number, from the ``head_importances`` read-out."""
-    return {name: (G.sum((0, 1)), (G.sum(-1) > 0).sum()) for name, G in importances.items()}
-
-
 METHOD = MethodSpec(
     NAME, DHICMSettings, placements, build, collect,
     runs_after=("sea",),  # mixes the per-head outputs that SEA's RHE pruning has zeroed
@@ -372,17 +367,8 @@ METHOD = MethodSpec(
         "head_importances": "{module name: (batch, tokens, heads) importance G}, with output_head_importance=True",
     },
     logged=("dhicm_kl", "dhicm_stats"),
-    paper="Goindani & Shrivastava 2021, dynamic head importance computation (DHICM)",
-    presets={
-        # the last encoder and last decoder layer, self- and cross-attention (§4.3), lambda 0.1, the KL reduced as the
-        # fidelity study chose (README "The papers' open choices"; docs/results/fidelity-study.md)
-        "dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
-        # the same with the per-token reading of Eq. 5 released in 0.1 (lambda 0.1 against the per-token NLL)
-        "dhicm_paper_literal": {"encoder_layers": [-1], "decoder_layers": [-1], "kl_reduction": "per_token",
-                                "kl_weight": 0.1},
-    },
     legacy_fields={f"dhicm_{key}": key for key in (
         "encoder_layers", "decoder_layers", "attention", "dim", "dropout", "kl_weight", "kl_reduction", "mode")},
     legacy_defaults={"kl_reduction": "per_token"},
-    head_importance=(NAME, importance_sums),
+    kit="hf_headattn.experiment.methods.dhicm",
 )

@@ -43,6 +43,7 @@ from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from .eadra_math import TERMS, layer_regularizers
+from .eadra_triton import layer_regularizers as triton_layer_regularizers
 from .registry import MethodSettings, MethodSpec
 from .sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
@@ -114,9 +115,12 @@ class EaDRASettings(MethodSettings):
     multiplied by it: the paper tunes its alphas per component, §5.3, and Table 6's, the per-component defaults, were
     tuned for Transformer-base on 100k WMT sentences; 1.0 uses them as they are).
 
-    ``implementation`` changes no value, only how the regularizer pass runs
-    (:mod:`hf_headattn.fused_passes`): "auto" (under ``torch.compile`` on CUDA, where the eager pass is some
-    twenty memory-bound passes over float32 maps; eager on the CPU), "eager" or "compiled".
+    ``implementation`` changes no value, only how the regularizer pass runs: "auto" (under ``torch.compile`` on CUDA,
+    where the eager pass is some twenty memory-bound passes over float32 maps; eager on the CPU), "eager" or
+    "compiled" (:mod:`hf_headattn.fused_passes`), or "triton": Triton kernels that never write a (queries x keys)
+    map (:mod:`hf_headattn.eadra_triton`; CUDA, or the CPU under ``TRITON_INTERPRET=1``; no LPEA bias gradient;
+    inside a compiled model the model's graph takes the pass instead). Tested against the other passes on the CPU
+    with Triton's interpreter and not yet timed on a GPU, so "auto" does not choose it.
 
     Resolved, each component is a :class:`ComponentSettings` with every field resolved
     (:meth:`ComponentSettings.resolved_for`).
@@ -129,7 +133,7 @@ class EaDRASettings(MethodSettings):
     peak_reduction: Literal["mean", "sum"] = "mean"
     warmup_steps: int = 0
     alpha_scale: float = ALPHA_SCALE
-    implementation: Literal["auto", "eager", "compiled"] = "auto"
+    implementation: Literal["auto", "eager", "compiled", "triton"] = "auto"
 
     @property
     def components(self) -> dict[str, ComponentSettings]:
@@ -292,8 +296,12 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction:
         first, members = fused[0][0], [call for group in fused for call in group]
         supports = [head_support(group[0]) for group in fused]
         bias, support, queries = supports[0] if len(fused) == 1 else _padded_supports(fused, supports)
-        terms = layer_regularizers([c.query for c in members], [c.key for c in members], first.num_heads,
-                                   first.scaling, support, queries, bias, implementation=implementation)  # (L, B, h)
+        heads = ([c.query for c in members], [c.key for c in members], first.num_heads, first.scaling, support,
+                 queries, bias)
+        if implementation == "triton" and not torch.compiler.is_compiling():
+            terms = triton_layer_regularizers(*heads)  # (L, B, h)
+        else:  # in a compiled model, the model's graph fuses the pass ("auto" is then the plain function)
+            terms = layer_regularizers(*heads, implementation="auto" if implementation == "triton" else implementation)
         terms = rescale_terms(terms, support, queries, dist_reduction, peak_reduction)
         weights = _head_weights(members)
         if weights is not None:  # a head masked with 0 counts nowhere, as if pruned
@@ -499,13 +507,5 @@ METHOD = MethodSpec(
     },
     logged=("eadra_loss", "eadra_terms"),
     legacy_defaults={"dist_reduction": "sum", "alpha_scale": 1.0},
-    paper="Araabi, Niculae & Monz, entropy- and distance-regularized attention (EaDRA)",
-    presets={
-        # encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas
-        "eadra": {"encoder": {}, "decoder": {}},
-        "eadra_all": {"encoder": {}, "decoder": {}, "cross": {}},
-        # the same as "eadra" with Eq. 4 and Eq. 8 read literally (sums over queries and query pairs), no warm-up
-        "eadra_paper_literal": {"encoder": {}, "decoder": {}, "dist_reduction": "sum", "peak_reduction": "sum",
-                                "warmup_steps": 0, "alpha_scale": 1.0},
-    },
+    kit="hf_headattn.experiment.methods.eadra",
 )

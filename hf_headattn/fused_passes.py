@@ -1,4 +1,4 @@
-"""The methods' passes, run one operation at a time or fused by ``torch.compile`` (issue #36).
+"""The methods' passes, run one operation at a time or fused by ``torch.compile``.
 
 A method's work beside the attention can be a pure function of tensors; on a GPU it then costs what its operations
 cost to stream through memory, not what they compute. EaDRA's regularizer pass

@@ -1,7 +1,7 @@
 """Head masks: scale each attention head's output before ``out_proj`` (transformers 4's ``head_mask``, removed in 5).
 
-Three kinds, each a (layers, heads) mask in the model's *original* head numbering (a pruned head keeps its number,
-see :mod:`hf_headattn.pruning`):
+One mask per component (:mod:`hf_headattn.sites`), each (layers, heads) in the model's *original* head numbering (a
+pruned head keeps its number, see :mod:`hf_headattn.pruning`):
 
 * ``"encoder"``: encoder self-attention, forward argument ``head_mask``;
 * ``"decoder"``: decoder self-attention, ``decoder_head_mask``;
@@ -30,28 +30,41 @@ head importance of Michel et al. (2019). With the eager backend, returned attent
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 from torch import nn
 
-from .sites import component_of, component_shape
+from .sites import COMPONENTS, component_of, component_shape
+from .version import HeadAttnDeprecationWarning
 
-#: Mask kind -> (side, attention kind, forward argument).
-KINDS = {
-    "encoder": ("encoder", "self", "head_mask"),
-    "decoder": ("decoder", "self", "decoder_head_mask"),
-    "cross": ("decoder", "cross", "cross_attn_head_mask"),
-}
-#: The forward arguments, in :data:`KINDS` order.
-ARGUMENTS = tuple(argument for _, _, argument in KINDS.values())
+#: Each component's forward argument.
+ARGUMENTS_BY_COMPONENT = {"encoder": "head_mask", "decoder": "decoder_head_mask", "cross": "cross_attn_head_mask"}
+#: The forward arguments, in :data:`ARGUMENTS_BY_COMPONENT` order.
+ARGUMENTS = tuple(ARGUMENTS_BY_COMPONENT.values())
 
 
-def check_head_mask(mask, config, kind: str, name: str, per_sentence: bool = True, batch: int | None = None,
+def accepts_kind(function):
+    """``function`` also taking its argument ``component`` as ``kind=``, its deprecated name (with a
+    :class:`~hf_headattn.version.HeadAttnDeprecationWarning`)."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if "kind" in kwargs and "component" not in kwargs:
+            warnings.warn(f"{function.__name__}: the keyword kind= is deprecated, use component=",
+                          HeadAttnDeprecationWarning, stacklevel=2)
+            kwargs["component"] = kwargs.pop("kind")
+        return function(*args, **kwargs)
+    return wrapper
+
+
+def check_head_mask(mask, config, component: str, name: str, per_sentence: bool = True, batch: int | None = None,
                     values: bool = True) -> torch.Tensor:
-    """``mask`` if it is a valid ``kind`` mask, else a ``ValueError`` naming ``name``, what it got and what was
+    """``mask`` if it is a valid ``component`` mask, else a ``ValueError`` naming ``name``, what it got and what was
     expected: a floating tensor of shape (layers, heads), or (batch, layers, heads) with ``per_sentence`` (its batch
     ``batch``, that of the input it meets, when given), with ``values`` also finite values in [0, 1]
     (:func:`check_values`)."""
-    layers, heads = component_shape(config, kind)
+    layers, heads = component_shape(config, component)
     shapes = f"(layers, heads) = {(layers, heads)}" + (" or (batch, layers, heads)" if per_sentence else "")
     if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
         got = type(mask).__name__ if not isinstance(mask, torch.Tensor) else f"a {mask.dtype} tensor"
@@ -89,10 +102,10 @@ def check_values(masks: dict[str, torch.Tensor]) -> None:
 
 
 def input_batches(values: dict) -> dict[str, int | None]:
-    """{kind: the batch that reaches its attention modules} in a forward with the arguments ``values``: the source's
-    (``input_ids``, ``inputs_embeds`` or ``encoder_outputs``) for ``"encoder"``, the target's (``decoder_input_ids``,
-    ``decoder_inputs_embeds``; else the source's, which mBART shifts into the target) for ``"decoder"`` and
-    ``"cross"``; None where the arguments do not say."""
+    """{component: the batch that reaches its attention modules} in a forward with the arguments ``values``: the
+    source's (``input_ids``, ``inputs_embeds`` or ``encoder_outputs``) for ``"encoder"``, the target's
+    (``decoder_input_ids``, ``decoder_inputs_embeds``; else the source's, which mBART shifts into the target) for
+    ``"decoder"`` and ``"cross"``; None where the arguments do not say."""
     def batch_of(*names):
         for name in names:
             value = values.get(name)
@@ -110,8 +123,9 @@ def check_forward_masks(values: dict, config) -> None:
     """The head-mask forward arguments among ``values`` (a forward's arguments) checked by :func:`check_head_mask`,
     each against the batch it meets (:func:`input_batches`), their values in one fused check."""
     batches = input_batches(values)
-    masks = {argument: check_head_mask(values[argument], config, kind, argument, batch=batches[kind], values=False)
-             for kind, (_, _, argument) in KINDS.items() if values.get(argument) is not None}
+    masks = {argument: check_head_mask(values[argument], config, component, argument, batch=batches[component],
+                                       values=False)
+             for component, argument in ARGUMENTS_BY_COMPONENT.items() if values.get(argument) is not None}
     check_values(masks)
 
 
@@ -127,7 +141,8 @@ def module_rows(mask: torch.Tensor, module: nn.Module) -> torch.Tensor:
 def module_head_mask(module: nn.Module, kwargs: dict) -> torch.Tensor | None:
     """The head mask of one attention call, (1 or batch, heads): the module's kept mask times the forward
     argument's rows; ``None`` when neither is set. The forward arguments are removed from ``kwargs``."""
-    given = {kind: kwargs.pop(argument, None) for kind, (_, _, argument) in KINDS.items()}[component_of(module)]
+    given = {component: kwargs.pop(argument, None)
+             for component, argument in ARGUMENTS_BY_COMPONENT.items()}[component_of(module)]
     kept = module.headattn_head_mask
     if given is None:
         return kept
@@ -163,24 +178,26 @@ def masked_logits(logits: torch.Tensor, head_mask: torch.Tensor | None) -> torch
     return torch.where(m > 0, logits + m.clamp_min(tiny).log(), torch.finfo(logits.dtype).min)
 
 
-def set_head_mask(model: nn.Module, kind: str, mask: torch.Tensor | None) -> None:
-    """Keep a (layers, heads) mask of ``kind`` on ``model``'s attention modules (``None``: remove it); it applies to
-    every forward and ``generate`` until removed, and moves with the model (a non-persistent buffer: not saved)."""
-    if kind not in KINDS:
-        raise ValueError(f"head mask kind must be one of {list(KINDS)}, got {kind!r}")
+@accepts_kind
+def set_head_mask(model: nn.Module, component: str, mask: torch.Tensor | None) -> None:
+    """Keep a (layers, heads) mask of ``component`` on ``model``'s attention modules (``None``: remove it); it applies
+    to every forward and ``generate`` until removed, and moves with the model (a non-persistent buffer: not saved)."""
+    if component not in COMPONENTS:
+        raise ValueError(f"head mask component must be one of {list(COMPONENTS)}, got {component!r}")
     if mask is not None:
-        check_head_mask(mask, model.config, kind, f"set_head_mask({kind!r}, ...)", per_sentence=False)
-    for module in attention_modules(model, kind):
+        check_head_mask(mask, model.config, component, f"set_head_mask({component!r}, ...)", per_sentence=False)
+    for module in attention_modules(model, component):
         row = None if mask is None else module_rows(mask.detach(), module).to(module.q_proj.weight.device)
         module.register_buffer("headattn_head_mask", row, persistent=False)
 
 
-def get_head_mask(model: nn.Module, kind: str) -> torch.Tensor | None:
-    """The (layers, heads) mask of ``kind`` kept on ``model`` (0 at pruned heads), or ``None``."""
-    modules = attention_modules(model, kind)
+@accepts_kind
+def get_head_mask(model: nn.Module, component: str) -> torch.Tensor | None:
+    """The (layers, heads) mask of ``component`` kept on ``model`` (0 at pruned heads), or ``None``."""
+    modules = attention_modules(model, component)
     if all(module.headattn_head_mask is None for module in modules):
         return None
-    mask = torch.zeros(component_shape(model.config, kind))
+    mask = torch.zeros(component_shape(model.config, component))
     for module in modules:
         row = torch.ones(module.num_heads) if module.headattn_head_mask is None else module.headattn_head_mask[0].cpu()
         mask[module.headattn_layer, head_numbers(module)] = row.float()
@@ -193,9 +210,9 @@ def routed_modules(model: nn.Module) -> dict[str, nn.Module]:
     return {module.headattn_name: module for module in model.modules() if hasattr(module, "headattn_layer")}
 
 
-def attention_modules(model: nn.Module, kind: str) -> list[nn.Module]:
-    """The attention modules of ``kind`` in ``model`` (routed ones: hf-headattn models), in layer order."""
-    found = [module for module in routed_modules(model).values() if component_of(module) == kind]
+def attention_modules(model: nn.Module, component: str) -> list[nn.Module]:
+    """The attention modules of ``component`` in ``model`` (routed ones: hf-headattn models), in layer order."""
+    found = [module for module in routed_modules(model).values() if component_of(module) == component]
     return sorted(found, key=lambda module: module.headattn_layer)
 
 

@@ -74,7 +74,7 @@ def total_objective(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The loss without the full logits (issue 37). Two identities make it cheap:
+# The loss without the full logits. Two identities make it cheap:
 #   -log p_v = lse - z_v, so mean_v(-log p_v) = lse - mean_v(z) and the smoothed loss is
 #   loss_t = (1 - eps) * nll_t + eps * (lse_t - zbar_t) = nll_t + eps * (z_{t,y} - zbar_t);
 #   z_{t,y} = h_t . W_y + b_y and zbar_t = h_t . mean_v(W_v) + mean_v(b_v) need no (N, V) tensor.

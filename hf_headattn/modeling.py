@@ -25,8 +25,8 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
 from .attention import AttentionMethod, HeadAttnContext, attach_method, route
-from .head_masks import ARGUMENTS as HEAD_MASK_ARGUMENTS, KINDS as HEAD_MASK_KINDS
-from .head_masks import check_forward_masks, check_head_mask, get_head_mask, set_head_mask
+from .head_masks import ARGUMENTS as HEAD_MASK_ARGUMENTS, ARGUMENTS_BY_COMPONENT as HEAD_MASK_ARGUMENTS_BY_COMPONENT
+from .head_masks import accepts_kind, check_forward_masks, check_head_mask, get_head_mask, set_head_mask
 from .pruning import apply_pruned_heads, prune_heads
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
 from .hf_compat import (MarianDecoder, MarianEncoder, MBartDecoder, MBartEncoder, dict_outputs,
@@ -186,7 +186,7 @@ def check_encoder_inputs(encoder: nn.Module, args: tuple, kwargs: dict) -> None:
     source = kwargs.get("inputs_embeds") if source is None else source
     if source is not None:
         check_length(encoder.config, "source", source.shape[1])
-    argument = HEAD_MASK_KINDS["encoder"][2]
+    argument = HEAD_MASK_ARGUMENTS_BY_COMPONENT["encoder"]
     if kwargs.get(argument) is not None and kwargs.get("headattn_context") is None:
         check_head_mask(kwargs[argument], encoder.config, "encoder", argument,
                         batch=None if source is None else source.shape[0])
@@ -229,14 +229,16 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
             setattr(base, side, STACK_CLASSES[type(getattr(base, side))](config))
         attach_methods(base, config, {}, sides=tuple(side for side in ("encoder", "decoder") if side not in ours))
 
-    def set_head_mask(self, kind: str, mask: torch.Tensor | None) -> None:
-        """Keep a (layers, heads) head mask of ``kind`` ("encoder", "decoder", "cross") on the model, for every
+    @accepts_kind
+    def set_head_mask(self, component: str, mask: torch.Tensor | None) -> None:
+        """Keep a (layers, heads) head mask of ``component`` ("encoder", "decoder", "cross") on the model, for every
         forward and ``generate`` (``None`` removes it); see :mod:`hf_headattn.head_masks`."""
-        set_head_mask(self, kind, mask)
+        set_head_mask(self, component, mask)
 
-    def get_head_mask(self, kind: str) -> torch.Tensor | None:
-        """The (layers, heads) head mask of ``kind`` kept on the model (0 at pruned heads), or ``None``."""
-        return get_head_mask(self, kind)
+    @accepts_kind
+    def get_head_mask(self, component: str) -> torch.Tensor | None:
+        """The (layers, heads) head mask of ``component`` kept on the model (0 at pruned heads), or ``None``."""
+        return get_head_mask(self, component)
 
     def prune_heads(self, heads: dict) -> dict:
         """Remove attention heads: ``{module name: [original head numbers]}``, e.g.

@@ -84,10 +84,10 @@ def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
     wrapped = next((name for name, module in model.named_modules() if type(module).__module__.startswith("peft.")),
                    None)
     if wrapped is not None:
-        kind = type(model.get_submodule(wrapped))
+        peft_class = type(model.get_submodule(wrapped))
         raise ValueError(f"prune_heads: the model carries PEFT adapters ({wrapped or 'the model itself'} is a "
-                         f"{kind.__module__}.{kind.__qualname__}); nothing was pruned. Prune first, then attach "
-                         "the adapters (prune_heads, then get_peft_model), or merge them first: model = "
+                         f"{peft_class.__module__}.{peft_class.__qualname__}); nothing was pruned. Prune first, then "
+                         "attach the adapters (prune_heads, then get_peft_model), or merge them first: model = "
                          "peft_model.merge_and_unload(); model.prune_heads(...); then attach new adapters")
     for module in modules:
         parts = {name: getattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "out_proj")}

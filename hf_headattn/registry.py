@@ -1,9 +1,10 @@
-"""The method registry: one :class:`MethodSpec` per method names everything the library needs from it.
+"""The method registry: one :class:`MethodSpec` per method names everything the model needs from it.
 
-A method is one module that defines a settings dataclass (a :class:`MethodSettings`), an
+A method is one core module that defines a settings dataclass (a :class:`MethodSettings`), an
 :class:`~hf_headattn.attention.AttentionMethod` and a ``MethodSpec``, and one line in :mod:`hf_headattn.methods`
-registers it. The config, the model, the Trainer's logging, the model card, the recipes' ``--method`` names and the
-analyses read the registry; nothing else lists the methods. (The peft tuners are the model: one config dataclass per
+registers it. The config, the model and the Trainer's logging read the registry; the recipes, the model card and the
+analyses read the method's kit (``MethodSpec.kit``, :mod:`hf_headattn.experiment.kit`), found through it; nothing
+else lists the methods. (The peft tuners are the model: one config dataclass per
 method, validated when it is built, and one registration call.)
 
 Settings live on the model config under the method's name, as a read-only dict (JSON in ``config.json``), e.g.
@@ -101,7 +102,7 @@ def _matches(value, annotation) -> bool:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """Everything a method contributes.
+    """What a method contributes to the model (its core; what the recipes know of it is its kit, ``kit``).
 
     name: the config field holding its settings, the attribute of its module on an attention module, and the prefix
         of its parameters (``...self_attn.<name>.*``).
@@ -125,16 +126,12 @@ class MethodSpec:
         them out of ``logits``).
     logged: the output fields logged as loss components (dict fields flattened as ``<field>/<key>``); the other
         output fields are the read-outs that ``flags`` ask for (:func:`readout`).
-    paper: one line for the model card.
-    presets: recipe method names (``--method NAME``) -> this method's settings dict.
     legacy_fields: flat config fields of release 0.1 -> settings field, so old saved configs still load.
     legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
-    uses_syntax: whether the method needs the syntax inputs (the recipes then parse and collate them).
-    head_importance: ``(criterion name, function)``: the method's head importance criterion for
-        :func:`hf_headattn.analysis.head_ranking.head_importance`; the function maps one batch's read-out (the value
-        of its read-out field, :func:`readout`) to ``{module name: (per-head sums (heads,), number of items)}``,
-        higher = more important.
+    kit: the import path of the method's kit module (``KIT = MethodKit(...)``: recipe names, presets, model card
+        line, head-importance criterion; :mod:`hf_headattn.experiment.kit`), or ``None``. Only the experiment kit
+        imports it: the model, and the code ``save_pretrained`` ships, never do.
     """
 
     name: str
@@ -149,12 +146,9 @@ class MethodSpec:
     neutral_inputs: Callable | None = None
     outputs: Mapping[str, str] = field(default_factory=dict)
     logged: tuple[str, ...] = ()
-    paper: str = ""
-    presets: Mapping[str, dict] = field(default_factory=dict)
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
-    uses_syntax: bool = False
-    head_importance: tuple[str, Callable] | None = None
+    kit: str | None = None
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
@@ -166,9 +160,6 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     if not dataclasses.is_dataclass(spec.settings) or not spec.settings.__dataclass_params__.frozen:
         raise ValueError(f"method {spec.name!r}: its settings class {spec.settings.__name__} must be a "
                          "@dataclass(frozen=True) (the model keeps the object it was built with)")
-    clash = {preset for other in _REGISTRY.values() if other.name != spec.name for preset in other.presets}
-    if clash & set(spec.presets):
-        raise ValueError(f"method {spec.name!r} reuses preset names {sorted(clash & set(spec.presets))}")
     previous = _REGISTRY.get(spec.name)
     _REGISTRY[spec.name] = spec
     try:
@@ -240,7 +231,3 @@ def readout(spec: MethodSpec) -> tuple[str, str]:
                          "expected one of each")
     return spec.flags[0], fields[0]
 
-
-def uses_syntax(settings: Mapping[str, Any]) -> bool:
-    """Whether config settings (a dict of config fields, e.g. a recipe's) switch on a method that needs syntax."""
-    return any(spec.uses_syntax and settings.get(spec.name) is not None for spec in registered_methods())

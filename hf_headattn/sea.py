@@ -6,7 +6,7 @@ Variants (Tables 1-2), on the encoder self-attention of ``sea["layers"]`` (defau
 * ``"heads": "redundant"`` (default): +DEA+RHE / +LPEA+RHE, only on the heads Eq. 10 finds redundant, per sentence;
 * ``sea={"type": None, "prune": True}``: RHE pruning, the redundant heads' outputs are zeroed.
 
-Inputs (named forward arguments, from :class:`hf_headattn.syntax.DataCollatorForSyntaxSeq2Seq`; only the SEA
+Inputs (named forward arguments, from :class:`hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq`; only the SEA
 module reads them, so the decoder and cross-attention ignore them; ``generate()`` passes them to the encoder and
 expands them for beams): ``dependency_mask`` (B, S, S) bool, needed by DEA and by every RHE variant (Eq. 9 reads
 it, LPEA+RHE included); ``phrase_positions`` (B, S, S) integer, needed by LPEA. Label rule: a value is either
@@ -80,7 +80,7 @@ class SEASettings(MethodSettings):
 
 #: Readings of the RHE paper's Rule 2 (§4.1.2) for the local phrases (from the settings' ``Literal``): "symmetric"
 #: (its symmetric closure, our default) or "literal" (as printed: only for j < i); see
-#: :func:`hf_headattn.syntax.features.local_phrases`.
+#: :func:`hf_headattn.experiment.methods.sea.syntax.features.local_phrases`.
 RULE2 = allowed_values(SEASettings, "rule2")
 
 
@@ -103,7 +103,7 @@ def placements(settings: SEASettings, config) -> list[tuple[str, int, str]]:
 
 # --- inputs ------------------------------------------------------------------------------------------------------
 
-_HOW = ("build batches with hf_headattn.syntax.DataCollatorForSyntaxSeq2Seq (after add_syntax_features), or pass "
+_HOW = ("build batches with hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq (after add_syntax_features), or pass "
         "it yourself: model(..., {name}=...) or model.generate(..., {name}=...)")
 
 
@@ -264,28 +264,12 @@ def collect(context, settings: SEASettings) -> tuple[dict, None]:
     return {"redundant_heads": dict(context.recorded("redundant_heads"))}, None
 
 
-def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:
-    """The ``rhe`` head-importance criterion: per module, the number of sentences in which RHE (Eq. 10) does *not*
-    mark the head redundant, and the number of sentences, from the ``redundant_heads`` read-out."""
-    return {name: ((~heads).sum(0), heads.shape[0]) for name, heads in redundant.items()}
-
-
 METHOD = MethodSpec(
     NAME, SEASettings, placements, build, collect,
     inputs=("dependency_mask", "phrase_positions"), neutral_inputs=neutral_inputs,
     flags=("output_redundant_heads",),
     outputs={"redundant_heads": "{module name: (batch, heads) bool}, with output_redundant_heads=True"},
-    paper="Zhang et al. 2021, syntax-enhanced attention on redundant heads (SEA + RHE)",
-    presets={
-        # SEA on the first encoder layer (Appendix A.2): on every head, or on the redundant ones (RHE)
-        "dea": {"type": "dea", "heads": "all"},
-        "lpea": {"type": "lpea", "heads": "all"},
-        "dea_rhe": {"type": "dea", "heads": "redundant"},
-        "lpea_rhe": {"type": "lpea", "heads": "redundant"},
-        "rhe_prune": {"prune": True},
-    },
     legacy_fields={"sea_type": "type", "sea_heads": "heads", "sea_layers": "layers", "rhe_prune": "prune",
                    "lpea_max_relative_position": "max_relative_position", "lpea_rule2": "rule2"},
-    uses_syntax=True,
-    head_importance=("rhe", importance_sums),
+    kit="hf_headattn.experiment.methods.sea",
 )

@@ -22,12 +22,12 @@ import torch
 from hf_headattn.analysis import (
     encoder_attention_entropy, plot_head_importance, sentence_head_importance, write_entropy_report,
 )
-from hf_headattn.analysis.head_importance import METHOD as IMPORTANCE_METHOD
-from hf_headattn.experiment import recipe as train_translation
+from hf_headattn.dhicm import METHOD as IMPORTANCE_METHOD
+from hf_headattn.experiment import translation_recipe as train_translation
 from hf_headattn.experiment.arguments import existing_dir, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.presets import method_settings
-from hf_headattn.experiment.training import write_json
+from hf_headattn.experiment.recipe_parts import write_json
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 

@@ -35,7 +35,13 @@ from pathlib import Path
 
 from hf_headattn.experiment.arguments import positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
-from hf_headattn.experiment.study import dhicm_settings, eadra_settings
+from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
+from hf_headattn.experiment.jobs import run_jobs
+from hf_headattn.experiment.methods import dhicm, eadra
+from hf_headattn.experiment.study import prepare_tokenizer, references
+from hf_headattn.experiment.study.protocol import best_rows
+from hf_headattn.experiment.study.runs import load_results, run_dir, training_jobs
+from hf_headattn.experiment.study.tables import p_values_vs_baseline
 
 HERE = Path(__file__).resolve().parent
 
@@ -58,20 +64,20 @@ CONFIRM_SEEDS = (2, 3, 4)
 #: ``alpha_scale`` 1.0 (the option came after these runs).
 SCREEN: dict[str, tuple[dict, bool]] = {
     "baseline": ({}, False),
-    "dhicm_per_token_l0.1": (dhicm_settings("per_token", 0.1), True),  # paper literal as released (0.1)
-    "dhicm_per_token_l1e-3": (dhicm_settings("per_token", 1e-3), True),
-    "dhicm_per_token_l1e-4": (dhicm_settings("per_token", 1e-4), True),
-    "dhicm_per_batch_l0.1": (dhicm_settings("per_batch", 0.1), True),
-    "dhicm_per_batch_l1": (dhicm_settings("per_batch", 1.0), True),
+    "dhicm_per_token_l0.1": (dhicm.study_settings("per_token", 0.1), True),  # paper literal as released (0.1)
+    "dhicm_per_token_l1e-3": (dhicm.study_settings("per_token", 1e-3), True),
+    "dhicm_per_token_l1e-4": (dhicm.study_settings("per_token", 1e-4), True),
+    "dhicm_per_batch_l0.1": (dhicm.study_settings("per_batch", 0.1), True),
+    "dhicm_per_batch_l1": (dhicm.study_settings("per_batch", 1.0), True),
     # diagnostic, not a reading of an open choice (Eq. 3 is explicit): our fine-tuning variant, which keeps the
     # concatenation of the heads (weighted by H * G) instead of Eq. 3's mixture through one shared V
-    "dhicm_scaled_out_proj_per_batch_l0.1": (dhicm_settings("per_batch", 0.1, "scaled_out_proj"), False),
-    "eadra_sum": (eadra_settings("sum"), True),  # Eq. 8 literal, as released
-    "eadra_sum_a0.01": (eadra_settings("sum", scale=0.01), True),
-    "eadra_pair_mean": (eadra_settings("pair_mean"), True),
-    "eadra_pair_mean_warmup": (eadra_settings("pair_mean", warmup=250), True),
-    "eadra_pair_mean_a0.3": (eadra_settings("pair_mean", scale=0.3), True),
-    "eadra_pair_mean_a0.1": (eadra_settings("pair_mean", scale=0.1), True),
+    "dhicm_scaled_out_proj_per_batch_l0.1": (dhicm.study_settings("per_batch", 0.1, "scaled_out_proj"), False),
+    "eadra_sum": (eadra.study_settings("sum"), True),  # Eq. 8 literal, as released
+    "eadra_sum_a0.01": (eadra.study_settings("sum", scale=0.01), True),
+    "eadra_pair_mean": (eadra.study_settings("pair_mean"), True),
+    "eadra_pair_mean_warmup": (eadra.study_settings("pair_mean", warmup=250), True),
+    "eadra_pair_mean_a0.3": (eadra.study_settings("pair_mean", scale=0.3), True),
+    "eadra_pair_mean_a0.1": (eadra.study_settings("pair_mean", scale=0.1), True),
     # Not screened (2 CPU cores): lambda 0, sentence-only EaDRA and the literal sum warmed up (diagnostics); a
     # "normalized_positions" row: on self-attention n_keys - 1 = the number of query pairs, so it equals pair_mean;
     # R_peak's reduction: alpha_peak is 0 in every Table 6 row, so "mean" and "sum" train the same model.
@@ -87,12 +93,9 @@ def method_of(row: str) -> str:
 METHODS = tuple(dict.fromkeys(method_of(row) for row, (_, eligible) in SCREEN.items() if eligible))
 
 
-def run_dir(output_dir: Path, stage: str, row: str, seed: int) -> Path:
-    return output_dir / stage / row / f"seed{seed}"
-
-
 def command(args, stage: str, row: str, seed: int) -> list[str]:
-    out = run_dir(args.output_dir, stage, row, seed)
+    """The ``train_translation.py`` command of a run."""
+    out = run_dir(args.output_dir / stage, row, seed)
     settings = SCREEN[row][0]
     return [
         sys.executable, str(HERE / "train_translation.py"), "--multi30k_dir", str(args.multi30k_dir), *SCHEDULE,
@@ -102,34 +105,14 @@ def command(args, stage: str, row: str, seed: int) -> list[str]:
     ]
 
 
-def prepare_tokenizer(args) -> None:
-    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
-
-    data = ParallelDataArguments(multi30k_dir=str(args.multi30k_dir))
-    scratch_tokenizer(load_recipe_data(data)["train"], 6000, args.output_dir / "tokenizer", "en", "de")
-
-
 def launch(args, stage: str, rows: list[str], seeds) -> None:
-    from hf_headattn.experiment.jobs import run_jobs
-
-    prepare_tokenizer(args)
-    jobs = [(f"{row} seed {seed}", command(args, stage, row, seed), run_dir(args.output_dir, stage, row, seed) /
-             "train.log") for seed in seeds for row in rows
-            if not (run_dir(args.output_dir, stage, row, seed) / "results.json").is_file()]
+    """Train the unfinished runs of ``rows`` x ``seeds`` (``results.json`` missing) with the shared tokenizer."""
+    prepare_tokenizer(args.output_dir / "tokenizer", args.multi30k_dir, 6000)
+    jobs = training_jobs(args.output_dir / stage, rows, seeds, lambda row, seed: command(args, stage, row, seed),
+                         skip_finished=True)
     failed = run_jobs(jobs, args.parallel, args.threads)
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed: {failed}; see their train.log")
-
-
-def load(output_dir: Path, stage: str) -> dict[str, dict[int, dict]]:
-    runs = {}
-    for path in sorted((output_dir / stage).glob("*/seed*/results.json")):
-        result = json.loads(path.read_text())
-        for split in result["scores"]:
-            result.setdefault("predictions", {})[split] = (path.parent / f"predictions_{split}.txt").read_text(
-                encoding="utf-8").splitlines()
-        runs.setdefault(path.parent.parent.name, {})[int(path.parent.name.removeprefix("seed"))] = result
-    return runs
 
 
 def last_logged(result: dict, key: str) -> float | None:
@@ -139,12 +122,9 @@ def last_logged(result: dict, key: str) -> float | None:
 
 def choose(screen: dict[str, dict[int, dict]], top: int = 1) -> dict[str, list[str]]:
     """Per method, the ``top`` eligible rows with the highest seed-1 validation BLEU of the screen, best first."""
-    chosen = {}
-    for method in METHODS:
-        rows = [row for row in screen if method_of(row) == method and SCREEN[row][1] and 1 in screen[row]]
-        if rows:
-            chosen[method] = sorted(rows, key=lambda row: -screen[row][1]["scores"]["validation"]["bleu"])[:top]
-    return chosen
+    candidates = {method: [row for row in screen if method_of(row) == method and SCREEN[row][1] and 1 in screen[row]]
+                  for method in METHODS}
+    return best_rows(candidates, lambda row: screen[row][1]["scores"]["validation"]["bleu"], top)
 
 
 def confirmed_choice(confirm: dict[str, dict[int, dict]]) -> dict[str, str]:
@@ -152,12 +132,8 @@ def confirmed_choice(confirm: dict[str, dict[int, dict]]) -> dict[str, str]:
     def mean_bleu(row):
         return statistics.mean(run["scores"]["validation"]["bleu"] for run in confirm[row].values())
 
-    chosen = {}
-    for method in METHODS:
-        rows = [row for row in confirm if method_of(row) == method]
-        if rows:
-            chosen[method] = max(rows, key=mean_bleu)
-    return chosen
+    best = best_rows({method: [row for row in confirm if method_of(row) == method] for method in METHODS}, mean_bleu)
+    return {method: rows[0] for method, rows in best.items()}
 
 
 def screen_table(screen) -> tuple[list[dict], str]:
@@ -186,12 +162,7 @@ def screen_table(screen) -> tuple[list[dict], str]:
 
 
 def confirm_table(confirm, multi30k_dir) -> tuple[list[dict], str]:
-    from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed, per_seed_p_values
-    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data
-
-    raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir)))
-    references = {split: [pair["de"] for pair in raw[split]["translation"]]
-                  for split in ("validation", TEST_SPLIT)}
+    refs = references(multi30k_dir, ("validation", TEST_SPLIT))
     base = confirm["baseline"]
     header = ["row", "seeds", "valid BLEU", "p vs baseline (valid, per seed)", "test BLEU",
               "p vs baseline (test, per seed)", "test chrF", "top-head share"]
@@ -199,12 +170,11 @@ def confirm_table(confirm, multi30k_dir) -> tuple[list[dict], str]:
     for row in sorted(confirm, key=lambda r: (r != "baseline", r)):
         seeds = sorted(confirm[row])
         entry = {"row": row, "seeds": seeds, "settings": SCREEN[row][0] if row in SCREEN else None}
-        for split in references:
+        for split in refs:
             entry[f"{split}_bleu"] = [confirm[row][s]["scores"][split]["bleu"] for s in seeds]
             entry[f"{split}_chrf"] = [confirm[row][s]["scores"][split]["chrf"] for s in seeds]
-            entry[f"{split}_p_values"] = [] if row == "baseline" else per_seed_p_values(
-                {s: run["predictions"][split] for s, run in base.items()},
-                {s: run["predictions"][split] for s, run in confirm[row].items()}, references[split])
+            entry[f"{split}_p_values"] = p_values_vs_baseline(row, base, confirm[row], refs[split],
+                                                              lambda run: run["predictions"][split])
         entry["top_head_share"] = [last_logged(confirm[row][s], "dhicm_stats/top_head_share") for s in seeds]
         summary.append(entry)
         share = [v for v in entry["top_head_share"] if v is not None]
@@ -247,7 +217,7 @@ def main(argv=None) -> None:
     if args.command == "screen":
         launch(args, "screen", args.rows or list(SCREEN), [1])
     elif args.command == "confirm":
-        chosen = {**choose(load(args.output_dir, "screen"), args.top),
+        chosen = {**choose(load_results(args.output_dir / "screen"), args.top),
                   **{method_of(row): [row] for row in args.choose}}
         chosen = {method: rows for method, rows in chosen.items() if method in args.methods}
         literal = PAPER_LITERAL.values() if args.with_paper_literal else ()
@@ -255,13 +225,13 @@ def main(argv=None) -> None:
         print(f"chosen on validation: {chosen}; confirming {rows} with seeds {args.seeds}", flush=True)
         launch(args, "confirm", rows, args.seeds)
     else:
-        screen = load(args.output_dir, "screen")
+        screen = load_results(args.output_dir / "screen")
         summary, markdown = screen_table(screen)
         print("## Screening (seed 1, validation)\n\n" + markdown)
         payload = {"schedule": SCHEDULE, "screen_flags": SCREEN_FLAGS, "confirm_flags": CONFIRM_FLAGS,
                    "screen": summary, "chosen": choose(screen)}
         print(f"\nchosen on validation: {payload['chosen']}")
-        confirm = load(args.output_dir, "confirm")
+        confirm = load_results(args.output_dir / "confirm")
         if "baseline" in confirm:
             payload["confirm"], markdown = confirm_table(confirm, args.multi30k_dir)
             payload["confirmed_choice"] = confirmed_choice(confirm)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Iterative head pruning of a trained translation model, one curve per importance criterion (issue #25).
+"""Iterative head pruning of a trained translation model, one curve per importance criterion.
 
 As Michel et al. (2019, §6.1): each step prunes a share of the remaining heads, the least important by the
 criterion (``hf_headattn.analysis.head_ranking``: gradient, confidence, entropy, random, and the criteria of the
@@ -46,19 +46,18 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn  # noqa: F401  (registers the models)
-from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, criteria, head_importance, method_criteria
-from hf_headattn.analysis.plotting import pyplot, save_figure
+from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, criteria, method_criteria, score_heads
+from hf_headattn.experiment.plotting import pyplot, save_figure
 from hf_headattn.experiment.data import MULTI30K_SPLITS, load_parallel_dataset
 from hf_headattn.experiment.evaluation import markdown_table
 from hf_headattn.experiment.arguments import existing_dir, non_negative_int, positive_float, positive_int
-from hf_headattn.experiment.head_pruning import (
+from hf_headattn.analysis.head_pruning import (
     BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within, throughput_ratio,
 )
 from hf_headattn.experiment.model_card import method_settings_of, write_model_card
 from hf_headattn.experiment.study import write_json_atomic
-from hf_headattn.experiment.training import collator, prepare_features
-from hf_headattn.head_masks import KINDS
-from hf_headattn.sites import component_shape
+from hf_headattn.experiment.recipe_parts import collator, prepare_features
+from hf_headattn.sites import COMPONENTS, component_shape
 
 HERE = Path(__file__).resolve().parent
 #: What a run writes into --output_dir.
@@ -255,19 +254,20 @@ class Study:
 
 def candidate_heads(study: Study, results: dict) -> dict[str, torch.Tensor] | None:
     """With ``--common_heads``, the heads that all the criteria score on the unpruned model (``common_heads``),
-    recorded in ``results`` as ``{kind: [[layer, head], ...]}``; else None (every head)."""
+    recorded in ``results`` as ``{component: [[layer, head], ...]}``; else None (every head)."""
     if not study.args.common_heads:
         return None
     if "common_heads" not in results:
         model = study.load()
-        among = common_heads(head_importance(model, study.batches(model)(), study.criteria(), seed=study.args.seed))
-        results["common_heads"] = {kind: heads.nonzero().tolist() for kind, heads in among.items()}
+        among = common_heads(score_heads(model, study.batches(model)(), study.criteria(), seed=study.args.seed))
+        results["common_heads"] = {component: heads.nonzero().tolist() for component, heads in among.items()}
     if not any(results["common_heads"].values()):
         raise ValueError(f"--common_heads: the criteria {study.criteria()} score no head in common (each method's "
                          "criterion scores only the modules that carry the method)")
-    among = {kind: torch.zeros(component_shape(study.config, kind), dtype=torch.bool) for kind in KINDS}
-    for kind, heads in results["common_heads"].items():
-        among[kind][tuple(torch.tensor(heads, dtype=torch.long).reshape(-1, 2).T)] = True
+    among = {component: torch.zeros(component_shape(study.config, component), dtype=torch.bool)
+             for component in COMPONENTS}
+    for component, heads in results["common_heads"].items():
+        among[component][tuple(torch.tensor(heads, dtype=torch.long).reshape(-1, 2).T)] = True
     return among
 
 

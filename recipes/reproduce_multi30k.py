@@ -23,11 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from hf_headattn.experiment.arguments import existing_dir, positive_float, positive_int
+from hf_headattn.experiment.study import REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer
+from hf_headattn.experiment.study.arguments import split_passthrough
+from hf_headattn.experiment.study.runs import load_results, run_dir, training_jobs
 
 HERE = Path(__file__).resolve().parent
 ROWS = ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe"]
@@ -35,71 +37,45 @@ TEST_SPLIT = "test_2016_flickr"
 
 #: The hyperparameters every row shares (transformer_iwslt-like optimisation scaled to a 4+4-layer d=256 model).
 COMMON_FLAGS = [
-    "--source_lang", "en", "--target_lang", "de", "--model_shape", "small", "--vocab_size", "8000",
-    "--dropout", "0.3", "--label_smoothing", "0.1",
-    "--learning_rate", "1e-3", "--lr_scheduler_type", "inverse_sqrt", "--warmup_steps", "500",
-    "--adam_beta2", "0.98", "--weight_decay", "0.0001", "--max_grad_norm", "1.0",
-    "--per_device_train_batch_size", "256", "--per_device_eval_batch_size", "256", "--num_train_epochs", "40",
+    *REPRODUCTION_SCHEDULE, "--num_train_epochs", "40",
     "--eval_strategy", "epoch", "--save_strategy", "epoch", "--save_total_limit", "1",
     "--load_best_model_at_end", "true", "--generation_num_beams", "1", "--num_beams", "5",
     "--test_splits", TEST_SPLIT, "--logging_steps", "50", "--report_to", "none", "--dataloader_num_workers", "0",
 ]
 
 
-def run_dir(output_dir: Path, row: str, seed: int) -> Path:
-    return output_dir / row / f"seed{seed}"
-
-
-def prepare(args, data_flags: list[str]) -> tuple[Path, Path | None]:
+def prepare(args) -> tuple[Path, Path | None]:
     """The shared tokenizer, and the parses when a row needs them (both reused when already there)."""
     from hf_headattn.experiment.presets import method_settings, uses_syntax
-    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
 
-    data = ParallelDataArguments(multi30k_dir=args.multi30k_dir, source_lang=args.source_lang,
-                                 target_lang=args.target_lang)
     tokenizer_dir = args.tokenizer_dir or args.output_dir / "tokenizer"
-    scratch_tokenizer(load_recipe_data(data)["train"], args.vocab_size, tokenizer_dir, args.source_lang,
-                      args.target_lang)
+    prepare_tokenizer(tokenizer_dir, args.multi30k_dir, args.vocab_size, args.source_lang, args.target_lang)
     parses_dir = args.parses_dir
     if parses_dir is None and any(uses_syntax(method_settings(row)) for row in args.rows):
         parses_dir = args.output_dir / "parses"
         if not parses_dir.is_dir():
-            subprocess.run([sys.executable, str(HERE / "parse_sources.py"), *data_flags, "--output_dir",
-                            str(parses_dir)], check=True)
+            parse_sources(HERE / "parse_sources.py", args.multi30k_dir, parses_dir, args.source_lang, args.target_lang)
     return tokenizer_dir, parses_dir
 
 
 def launch(args, extra: list[str]) -> None:
+    """Train every row and seed, ``--parallel`` at a time, with the shared tokenizer (and parses)."""
     from hf_headattn.experiment.jobs import run_jobs
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
     data_flags = ["--multi30k_dir", args.multi30k_dir, "--source_lang", args.source_lang,
                   "--target_lang", args.target_lang]
-    tokenizer_dir, parses_dir = prepare(args, data_flags)
-    jobs = []
-    for seed in args.seeds:
-        for row in args.rows:
-            out = run_dir(args.output_dir, row, seed)
-            command = [sys.executable, str(HERE / "train_translation.py"), *COMMON_FLAGS, *data_flags,
-                       "--vocab_size", str(args.vocab_size), "--method", row, "--seed", str(seed),
-                       "--output_dir", str(out), "--tokenizer_name", str(tokenizer_dir),
-                       *(["--syntax_parses_dir", str(parses_dir)] if parses_dir else []), *extra]
-            jobs.append((f"{row} seed {seed}", command, out / "train.log"))
+    tokenizer_dir, parses_dir = prepare(args)
+    jobs = training_jobs(args.output_dir, args.rows, args.seeds, lambda row, seed: [
+        sys.executable, str(HERE / "train_translation.py"), *COMMON_FLAGS, *data_flags,
+        "--vocab_size", str(args.vocab_size), "--method", row, "--seed", str(seed),
+        "--output_dir", str(run_dir(args.output_dir, row, seed)), "--tokenizer_name", str(tokenizer_dir),
+        *(["--syntax_parses_dir", str(parses_dir)] if parses_dir else []), *extra])
     print(f"runs into {args.output_dir}", flush=True)
     failed = run_jobs(jobs, args.parallel, args.threads)
     if failed:
         logs = {name: str(log) for name, _, log in jobs}
         raise RuntimeError(f"{len(failed)} run(s) failed; their logs: {[logs[name] for name in failed]}")
-
-
-def _load(output_dir: Path, row: str) -> dict[int, dict]:
-    runs = {}
-    for path in sorted((output_dir / row).glob("seed*/results.json")):
-        seed = int(path.parent.name.removeprefix("seed"))
-        results = json.loads(path.read_text())
-        results["predictions"] = (path.parent / f"predictions_{TEST_SPLIT}.txt").read_text().splitlines()
-        runs[seed] = results
-    return runs
 
 
 def _validation_bleu(results: dict) -> float:
@@ -121,18 +97,17 @@ def summarize(output_dir: Path, rows: list[str] | None = None, at_epoch: float |
     ``at_epoch`` adds each run's validation BLEU after that many epochs (equal training for every row)."""
     from dataclasses import fields
 
-    from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed, per_seed_p_values
-    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data
+    from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
+    from hf_headattn.experiment.study.tables import p_values_vs_baseline
+    from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data
 
-    rows = rows or sorted((p.name for p in output_dir.iterdir() if any(p.glob("seed*/results.json"))),
-                          key=lambda name: (name != "baseline", "+" in name, name))
-    runs = {row: _load(output_dir, row) for row in rows}
+    runs = load_results(output_dir, rows)
+    rows = rows or sorted(runs, key=lambda name: (name != "baseline", "+" in name, name))
     if "baseline" not in runs or not runs["baseline"]:
         raise ValueError(f"no baseline runs under {output_dir}; the bootstrap compares every row with them")
     any_run = next(iter(runs["baseline"].values()))
     data_args = ParallelDataArguments(**{f.name: any_run["args"][f.name] for f in fields(ParallelDataArguments)})
     references = [pair[data_args.target_lang] for pair in load_recipe_data(data_args)[TEST_SPLIT]["translation"]]
-    predictions = {row: {seed: run["predictions"] for seed, run in runs[row].items()} for row in rows}
     combos = [row for row in rows if "+" in row]
     best_combo = max(combos, key=lambda r: statistics.mean(map(_validation_bleu, runs[r].values())), default=None)
     summary = []
@@ -148,8 +123,8 @@ def summarize(output_dir: Path, rows: list[str] | None = None, at_epoch: float |
             "ms_per_step": [1000 * runs[row][s]["train_time_s"] / max(1, runs[row][s].get("global_step", 0))
                             for s in seeds],
             "stopped_at_time_limit": [runs[row][s].get("stopped_at_time_limit", False) for s in seeds],
-            "p_values": [] if row == "baseline" else per_seed_p_values(predictions["baseline"], predictions[row],
-                                                                       references),
+            "p_values": p_values_vs_baseline(row, runs["baseline"], runs[row], references,
+                                             lambda run: run["predictions"][TEST_SPLIT]),
         })
         if at_epoch is not None:
             summary[-1]["validation_bleu_at_epoch"] = [_validation_bleu_at(runs[row][s], at_epoch) for s in seeds]
@@ -193,9 +168,8 @@ def main(argv=None) -> None:
     table.add_argument("--rows", nargs="+", help="rows in this order (default: every row found)")
     table.add_argument("--json", type=Path, help="also write the summary here")
     table.add_argument("--at_epoch", type=positive_float, help="add the validation BLEU after this many epochs")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    argv, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if args.command == "run":
         from hf_headattn.experiment.presets import method_settings
 

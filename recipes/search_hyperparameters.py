@@ -29,11 +29,11 @@ from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, Seq2SeqTra
 from hf_headattn.experiment.presets import early_stopping_callbacks, expand_argv, merge_settings, split_architecture
 from hf_headattn.experiment.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
-from hf_headattn.experiment.training import (
+from hf_headattn.experiment.recipe_parts import (
     MODEL_CLASSES, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer,
     write_json,
 )
-from hf_headattn.experiment.recipe import DataArguments, ModelArguments, settings_from
+from hf_headattn.experiment.translation_recipe import DataArguments, ModelArguments, settings_from
 from hf_headattn.registry import registered_methods
 
 logger = logging.getLogger("search_hyperparameters")

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_headattn.experiment.recipe import main
+from hf_headattn.experiment.translation_recipe import main
 
 if __name__ == "__main__":
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 import hf_headattn
 from hf_headattn.experiment.evaluation import compute_translation_metrics
 from hf_headattn.experiment.arguments import positive_int
-from hf_headattn.syntax import SyntaxInputError
+from hf_headattn.experiment.methods.sea.syntax import SyntaxInputError
 
 
 def read_lines(path: str, encoding: str = "utf-8", errors: str = "strict") -> list[str]:

@@ -14,7 +14,9 @@ import hf_headattn
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 from hf_headattn.experiment.model_card import write_model_card
-from hf_headattn.experiment.presets import method_settings
+from hf_headattn.analysis.head_ranking import criteria, score_heads
+from hf_headattn.experiment.kit import kit_of
+from hf_headattn.experiment.presets import method_settings, paper_presets, preset
 from hf_headattn.experiment.trainer import loss_components
 from hf_headattn.registry import readout, readout_flags, register_method, registered_methods, unregister_method
 
@@ -42,10 +44,10 @@ def syntax_inputs():
 
 
 def run_method(spec):
-    settings = method_settings(next(iter(spec.presets)))
+    settings = method_settings(next(iter(kit_of(spec).method_names)))
     torch.manual_seed(0)
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **settings))
-    inputs = {**batch(), **(syntax_inputs() if spec.uses_syntax else {})}
+    inputs = {**batch(), **(syntax_inputs() if kit_of(spec).uses_syntax else {})}
     return model, model(**inputs, **{flag: True for flag in readout_flags()})
 
 
@@ -67,9 +69,50 @@ def test_every_registered_method_is_wired(toy, tmp_path):
         for field in spec.logged:
             assert any(key == field or key.startswith(f"{field}/") for key in logged), (spec.name, field)
         card = write_model_card(model, tmp_path / spec.name, "x").read_text()
-        assert spec.paper in card and f'"{spec.name}": {{' in card
+        assert kit_of(spec).paper in card and f'"{spec.name}": {{' in card
         other = [s.name for s in registered_methods() if s.name != spec.name]
         assert not any(f"**{name}**" in card for name in other)
+
+
+def test_a_fourth_method_is_its_core_module_its_kit_folder_and_one_registration(toy):
+    """tests/toy_method.py (the core) names its kit folder, tests/toy_kit: registering the core is all it takes for
+    the recipes to know its name and preset, for head ranking to know its criterion, and for its analysis to run."""
+    import toy_kit.analysis
+
+    assert method_settings("toy") == {"toy": {"encoder_layers": [-1]}}
+    chosen = preset("toy_table_1")
+    assert chosen.flags == {"learning_rate": 1e-3}
+    assert chosen.apply(method_settings("toy+dhicm"))["toy"] == {"encoder_layers": [-1], "weight": 0.25}
+    assert chosen.apply({}) == {}  # the override applies only where the toy is on
+    assert "toy_scale" in criteria()
+    torch.manual_seed(0)
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **method_settings("toy"))).eval()
+    with torch.no_grad():
+        model.model.encoder.layers[1].self_attn.toy.scale.copy_(torch.tensor([1.0, -2.0, 0.0, 0.5]))
+    scores = score_heads(model, [batch(), batch()], ["toy_scale"])["toy_scale"]
+    assert scores["encoder"][1].tolist() == [1.0, 2.0, 0.0, 0.5] and scores["encoder"][0].isnan().all()
+    assert toy_kit.analysis.mean_scales(model, [batch()]) == {"encoder.layers.1.self_attn": [1.0, -2.0, 0.0, 0.5]}
+    unregister_method("toy")
+    assert "toy_table_1" not in paper_presets() and "toy_scale" not in criteria()
+    with pytest.raises(ValueError, match=r"unknown method 'toy'"):
+        method_settings("toy")
+
+
+def test_two_kits_that_claim_one_recipe_name_are_refused(toy, monkeypatch):
+    import toy_kit
+
+    kit_module = type(sys)("toy2_kit")
+    monkeypatch.setitem(sys.modules, "toy2_kit", kit_module)
+    register_method(dataclasses.replace(toy, name="toy2", kit="toy2_kit"))
+    try:
+        kit_module.KIT = dataclasses.replace(toy_kit.KIT, name="toy2")
+        with pytest.raises(ValueError, match=r"the methods 'toy' and 'toy2' both define the recipe name 'toy'"):
+            method_settings("toy")
+        kit_module.KIT = toy_kit.KIT
+        with pytest.raises(ValueError, match=r"its kit module 'toy2_kit' must define KIT = MethodKit\('toy2', \.\.\.\)"):
+            method_settings("toy")
+    finally:
+        unregister_method("toy2")
 
 
 def test_a_fourth_method_is_one_module_and_one_registration(toy, tmp_path):
@@ -255,3 +298,28 @@ def test_a_cycle_of_hook_constraints_is_refused_at_registration(toy):
     with pytest.raises(ValueError, match=r"the methods \[.*'dhicm'.*'toy'\] declare a cycle"):
         register_method(looped)
     assert [spec.name for spec in registered_methods()] == before and registered_methods()[before.index("toy")] is toy
+
+
+@pytest.mark.parametrize("old, new", [("training", "recipe_parts"), ("recipe", "translation_recipe")])
+def test_renamed_kit_modules_are_deprecated_aliases(monkeypatch, old, new):
+    import importlib
+
+    monkeypatch.delitem(sys.modules, f"hf_headattn.experiment.{old}", raising=False)
+    with pytest.warns(FutureWarning, match=rf"hf_headattn.experiment.{old} is hf_headattn.experiment.{new}"):
+        module = importlib.import_module(f"hf_headattn.experiment.{old}")
+    assert module is importlib.import_module(f"hf_headattn.experiment.{new}")
+
+
+def test_the_old_syntax_package_is_a_deprecated_alias(monkeypatch):
+    """SEA's syntax pipeline moved into its kit; ``hf_headattn.syntax`` (and its submodules) still import, warned."""
+    import importlib
+
+    from hf_headattn.experiment.methods.sea import syntax
+    from hf_headattn.experiment.methods.sea.syntax import parsing
+
+    for name in [name for name in sys.modules if name.startswith("hf_headattn.syntax")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.warns(FutureWarning, match=r"hf_headattn.syntax moved to hf_headattn.experiment.methods.sea.syntax"):
+        old = importlib.import_module("hf_headattn.syntax")
+    assert old.DataCollatorForSyntaxSeq2Seq is syntax.DataCollatorForSyntaxSeq2Seq and old.__all__ == syntax.__all__
+    assert importlib.import_module("hf_headattn.syntax.parsing") is parsing

@@ -88,7 +88,7 @@ def test_release_0_1_flat_settings_are_translated_once_with_a_deprecation_warnin
 
 
 def test_mixed_conventions_are_refused_and_misspelt_flat_fields_warned(tmp_path, caplog):
-    """Issue 28: a dict and flat fields of one method raise, naming both; a new-style config.json with one flat field
+    """A dict and flat fields of one method raise, naming both; a new-style config.json with one flat field
     added gets no release-0.1 defaults; a misspelt flat field is named in a warning."""
     with pytest.raises(ValueError, match=r"gives dhicm=\{'kl_weight': 0.2\} and release 0.1's flat fields "
                                          r"\{'dhicm_kl_weight': 0.5\}"):
@@ -175,7 +175,7 @@ def test_bad_settings_raise_value_error(family, settings, message):
 
 
 def test_settings_are_validated_when_set_and_a_bad_value_is_not_kept():
-    """Issue 28: label_smoothing (and every method setting) set after the config was built is checked right there."""
+    """label_smoothing (and every method setting) set after the config was built is checked right there."""
     config = HeadAttnMBartConfig(**TINY, dhicm={"encoder_layers": [-2]})
     for value in (2.0, -1.0):
         with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\), got"):

@@ -1,6 +1,6 @@
-"""recipes/converged_study.py: the rows and seeds; the choice on validation only and a test step that refuses before
-the confirmation; finished runs skipped, unfinished ones resumed (a fake training, then a real one of a few steps);
-the runs' JSON; the tables on hand-made records."""
+"""recipes/converged_study.py over the study kit (hf_headattn.experiment.study): the rows and seeds; the choice on
+validation only and a test step that refuses before the confirmation; finished runs skipped, unfinished ones resumed
+(a fake training, then a real one of a few steps); the runs' JSON; the tables and the status on hand-made records."""
 
 import gzip
 import json
@@ -16,17 +16,27 @@ sys.path.insert(0, str(ROOT / "recipes"))
 
 import converged_study as cs  # noqa: E402
 from hf_headattn import HeadAttnMarianConfig  # noqa: E402
+from hf_headattn.experiment.study import scoring  # noqa: E402
+from hf_headattn.experiment.study import write_json_atomic  # noqa: E402
+from hf_headattn.experiment.study.curves import stop_reason, training_curve  # noqa: E402
+from hf_headattn.experiment.study.launch import launch  # noqa: E402
+from hf_headattn.experiment.study.runs import record_path, run_dir  # noqa: E402
+from hf_headattn.experiment.study.sessions import resumable_checkpoint, session_flags  # noqa: E402
 from hf_headattn.experiment.presets import expand_argv, model_shape  # noqa: E402
-from hf_headattn.experiment.recipe import DataArguments, ModelArguments  # noqa: E402
+from hf_headattn.experiment.translation_recipe import DataArguments, ModelArguments  # noqa: E402
 
 SCREEN_ROWS = ["baseline", "dhicm_per_batch", "dhicm_per_token", "eadra_pair_mean_a0.1", "eadra_pair_mean_a0.3",
                "eadra_pair_mean_a1", "dea_rhe", "lpea_rhe"]
 
 
+def study_argv(tmp_path, *extra, command="screen"):
+    return [command, "--output_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results"),
+            "--tokenizer_dir", str(tmp_path / "tokenizer"), "--parses_dir", str(tmp_path / "parses"),
+            "--multi30k_dir", str(DATA), *extra]
+
+
 def study_args(tmp_path, *extra, command="screen"):
-    return cs.parse_args([command, "--output_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results"),
-                          "--tokenizer_dir", str(tmp_path / "tokenizer"), "--parses_dir", str(tmp_path / "parses"),
-                          "--multi30k_dir", str(DATA), *extra])
+    return cs.parse_args(study_argv(tmp_path, *extra, command=command))
 
 
 def references(split: str) -> list[str]:
@@ -36,8 +46,8 @@ def references(split: str) -> list[str]:
 
 def test_rows_seeds_and_settings():
     assert list(cs.ROWS) == SCREEN_ROWS
-    assert cs.SCREEN_SEEDS == (1,) and cs.CONFIRM_SEEDS == (2, 3) and cs.TEST_BEAMS == 5
-    assert {row: cs.method_of(row) for row in cs.ROWS} == {
+    assert cs.STEPS.screen_seeds == (1,) and cs.STEPS.confirm_seeds == (2, 3) and cs.TEST_BEAMS == 5
+    assert dict(cs.STEPS.rows) == {row: method for row, (method, _) in cs.ROWS.items()} == {
         "baseline": "baseline", "dhicm_per_batch": "dhicm", "dhicm_per_token": "dhicm", "eadra_pair_mean_a0.1": "eadra",
         "eadra_pair_mean_a0.3": "eadra", "eadra_pair_mean_a1": "eadra", "dea_rhe": "sea", "lpea_rhe": "sea"}
     for reduction in ("per_batch", "per_token"):
@@ -107,18 +117,18 @@ def test_finished_runs_are_skipped_and_unfinished_ones_resume(tmp_path, monkeypa
     args = study_args(tmp_path, "--patience", "1", "--time_cap_minutes", "10")
     monkeypatch.setattr(cs, "prepare", lambda args, rows: None)
     monkeypatch.setattr(cs, "train_command", lambda args, stage, row, seed: [
-        sys.executable, str(fake), str(calls), "--output_dir", str(cs.run_dir(args.output_dir, stage, row, seed))])
+        sys.executable, str(fake), str(calls), "--output_dir", str(run_dir(args.output_dir / stage, row, seed))])
     rows = ["baseline", "dhicm_per_token"]
     with pytest.raises(SystemExit, match=r"2 run\(s\) not finished.*The same command resumes them"):
-        cs.launch(args, "screen", rows, (1,))  # the first session ends before any run finishes
+        launch(cs.study_runs(args), "screen", rows, (1,))  # the first session ends before any run finishes
     assert not list((tmp_path / "results").glob("*.json"))
     first = [json.loads(line) for line in calls.read_text().splitlines()]
     assert len(first) == 2 and all(argv[argv.index("--max_train_minutes") + 1] == "10.00" for argv in first)
 
-    cs.launch(args, "screen", rows, (1,))  # the second resumes both from their last checkpoint
+    launch(cs.study_runs(args), "screen", rows, (1,))  # the second resumes both from their last checkpoint
     second = [json.loads(line) for line in calls.read_text().splitlines()][2:]
     assert sorted(argv[argv.index("--resume_from_checkpoint") + 1] for argv in second) == [
-        str(cs.run_dir(args.output_dir, "screen", row, 1) / "checkpoint-10") for row in rows]
+        str(run_dir(args.output_dir / "screen", row, 1) / "checkpoint-10") for row in rows]
     assert all(argv[argv.index("--max_train_minutes") + 1] == "9.50" for argv in second)  # the cap less 30 s
     assert all("--max_steps" not in argv for argv in second)
     record = json.loads((tmp_path / "results" / "screen-dhicm_per_token-seed1.json").read_text())
@@ -133,10 +143,10 @@ def test_finished_runs_are_skipped_and_unfinished_ones_resume(tmp_path, monkeypa
     assert [session["resumed_from"] is None for session in record["sessions"]] == [True, False]
 
     capsys.readouterr()
-    cs.launch(args, "screen", rows, (1,))  # a third: nothing left to run
+    launch(cs.study_runs(args), "screen", rows, (1,))  # a third: nothing left to run
     assert len(calls.read_text().splitlines()) == 4 and "2 run(s) done, 0 to run" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"other \['patience'\]"):  # a record of another study is not mixed in
-        cs.launch(study_args(tmp_path, "--patience", "3"), "screen", rows, (1,))
+        launch(cs.study_runs(study_args(tmp_path, "--patience", "3")), "screen", rows, (1,))
 
 
 def test_a_run_whose_checkpoint_met_a_stop_condition_only_scores(tmp_path):
@@ -150,7 +160,7 @@ def test_a_run_whose_checkpoint_met_a_stop_condition_only_scores(tmp_path):
         (checkpoint / "trainer_state.json").write_text(json.dumps({"epoch": epoch, "global_step": 40,
                                                                    "stateful_callbacks": stopping}))
         (checkpoint / "train_time.json").write_text(json.dumps({"train_time_s": seconds}))
-        return cs.session_flags(args, tmp_path / "run")
+        return session_flags(tmp_path / "run", cs.study_runs(args).rules)
 
     flags, session = state(4.0, 2, 10.0)
     assert session["finish_only"] == "early_stopping" and flags[flags.index("--max_steps") + 1] == "40"
@@ -163,22 +173,28 @@ def test_a_run_whose_checkpoint_met_a_stop_condition_only_scores(tmp_path):
     assert flags[flags.index("--max_train_minutes") + 1] == "0.50"
     results = {"stopped_at_time_limit": True, "epochs": 3.0}
     curve = [{"bleu": 1.0}, {"bleu": 2.0}, {"bleu": 2.0}, {"bleu": 1.5}]  # a tie is not an improvement
-    assert cs.stop_reason(results, curve, 2, 9, None) == "time_cap"
-    assert cs.stop_reason({**results, "stopped_at_time_limit": False}, curve, 2, 9, None) == "early_stopping"
-    assert cs.stop_reason({"epochs": 9.0}, curve, 3, 9, None) == "max_epochs"
+    assert stop_reason(results, curve, 2, 9, None) == "time_cap"
+    assert stop_reason({**results, "stopped_at_time_limit": False}, curve, 2, 9, None) == "early_stopping"
+    assert stop_reason({"epochs": 9.0}, curve, 3, 9, None) == "max_epochs"
 
 
 def fake_record(args, stage, row, seed, bleu, predictions, epochs=12.0, reason="early_stopping"):
-    record = {**cs.identity(args, row, seed), "stage": stage, "method": cs.method_of(row),
+    record = {**cs.identity(args, row, seed), "stage": stage, "method": cs.ROWS[row][0],
               "validation": {"bleu": bleu, "chrf": 2 * bleu, "bleu_signature": "nrefs:1|tok:13a"},
               "best_greedy_validation_bleu": bleu - 1, "best_epoch": epochs - args.patience, "epochs": epochs,
               "stop_reason": reason, "train_time_s": 3600.0, "run_dir": "-",
               "validation_curve": [{"epoch": 1.0, "step": 453, "bleu": 3.0}, {"epoch": 2.0, "step": 906, "bleu": 9.5}],
               "validation_predictions": predictions}
-    cs.write_json_atomic(cs.record_path(args.results_dir, stage, row, seed), record)
+    write_json_atomic(record_path(args.results_dir, stage, row, seed), record)
 
 
-def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, monkeypatch):
+def status(tmp_path, capsys) -> list[str]:
+    capsys.readouterr()
+    cs.main(study_argv(tmp_path, command="status"))
+    return capsys.readouterr().out.splitlines()
+
+
+def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, monkeypatch, capsys):
     args = study_args(tmp_path)
     valid, test = references("validation"), references("test_2016_flickr")
     worse = [" ".join(line.split()[:-3]) for line in valid]
@@ -187,44 +203,47 @@ def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, 
     for row, bleu in list(screen.items())[:-1]:
         fake_record(args, "screen", row, 1, bleu, worse if bleu < 10 else valid)
     with pytest.raises(SystemExit, match=r"screen is not complete .*lpea_rhe seed 1"):
-        cs.the_choice(args)
+        cs.STEPS.choice(args.results_dir, cs.HERE.parent)
     with pytest.raises(SystemExit, match="run the screen and confirm steps first"):
-        cs.test(args)
+        cs.main(study_argv(tmp_path, command="test"))
+    lines = status(tmp_path, capsys)
+    assert "screen lpea_rhe seed 1: not started" in lines and len(lines) == 9
+    assert lines[-1] == "choice: not made (the screen is not complete); test set: not read"
     fake_record(args, "screen", "lpea_rhe", 1, screen["lpea_rhe"], valid, epochs=40.0, reason="time_cap")
     # the greedy curves' bests say otherwise: the choice reads the best checkpoint's validation BLEU only
-    path = cs.record_path(args.results_dir, "screen", "eadra_pair_mean_a0.1", 1)
-    cs.write_json_atomic(path, {**json.loads(path.read_text()), "best_greedy_validation_bleu": 99.0})
-    choice = cs.the_choice(args)
+    path = record_path(args.results_dir, "screen", "eadra_pair_mean_a0.1", 1)
+    write_json_atomic(path, {**json.loads(path.read_text()), "best_greedy_validation_bleu": 99.0})
+    choice = cs.STEPS.choice(args.results_dir, cs.HERE.parent)
     assert choice["chosen"] == {"dhicm": "dhicm_per_token", "eadra": "eadra_pair_mean_a0.3", "sea": "dea_rhe"}
     assert choice["rows"] == ["baseline", "dhicm_per_token", "eadra_pair_mean_a0.3", "dea_rhe"]  # a tie: the first
     assert json.loads((tmp_path / "results" / "choice.json").read_text())["chosen"] == choice["chosen"]
     assert not (tmp_path / "results" / "test.json").exists()
 
     for row in choice["rows"][:-1]:
-        for seed in cs.CONFIRM_SEEDS:
+        for seed in cs.STEPS.confirm_seeds:
             fake_record(args, "confirm", row, seed, 30.0 + seed, valid if row != "eadra_pair_mean_a0.3" else worse)
     with pytest.raises(SystemExit, match=r"confirmation is not complete \(\['dea_rhe seed 2', 'dea_rhe seed 3'\]"):
-        cs.test(args)
+        cs.main(study_argv(tmp_path, command="test"))
     markdown = cs.table(args)  # the table before the test set is read
     assert "| dhicm_per_token | 2 | 32.50 ± 0.71 | +0.00 (p 1.000) / +0.00 (p 1.000) | not read yet | - |" in markdown
-    for seed in cs.CONFIRM_SEEDS:
+    for seed in cs.STEPS.confirm_seeds:
         fake_record(args, "confirm", "dea_rhe", seed, 31.0, valid)
 
     def score_command(args, row, seed):  # the baseline's translations lose their last 3 words, the rest are exact
         lines = [" ".join(line.split()[:-3]) for line in test] if row == "baseline" else test
         payload = {"row": row, "seed": seed, "bleu": 20.0 if row == "baseline" else 25.0, "chrf": 50.0,
                    "predictions": lines}
-        path = cs.test_path(args.results_dir, row, seed)
+        path = record_path(args.results_dir, "test", row, seed)
         return [sys.executable, "-c", f"import json, sys; open(sys.argv[1], 'w').write(json.dumps({payload!r}))",
                 str(path)]
 
     monkeypatch.setattr(cs, "score_command", score_command)
-    cs.test(args)
+    cs.main(study_argv(tmp_path, command="test"))
     read = json.loads((tmp_path / "results" / "test.json").read_text())
     assert read["finished_at"] and read["rows"] == choice["rows"] and read["seeds"] == [2, 3]
     assert read["bleu"]["dea_rhe"] == {"2": 25.0, "3": 25.0} and read["bleu"]["baseline"]["3"] == 20.0
-    monkeypatch.setattr(cs, "run_jobs", lambda *a: pytest.fail("the test set was read twice"))
-    cs.test(args)  # a second call reads nothing
+    monkeypatch.setattr(scoring, "run_jobs", lambda *a: pytest.fail("the test set was read twice"))
+    cs.main(study_argv(tmp_path, command="test"))  # a second call reads nothing
 
     markdown = cs.table(args)
     assert (tmp_path / "results" / "README.md").read_text() == markdown
@@ -241,12 +260,16 @@ def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, 
     assert "- screen lpea_rhe seed 1 (time_cap): 3.0, 9.5" in lines
     assert "Chosen on validation: {'dhicm': 'dhicm_per_token', 'eadra': 'eadra_pair_mean_a0.3', 'sea': 'dea_rhe'}" in (
         markdown)
+    lines = status(tmp_path, capsys)  # the screen's 8 runs, the confirmation's 8, the choice and the test set
+    assert "screen lpea_rhe seed 1: done, 40 epochs (time_cap), valid BLEU 30.20" in lines and len(lines) == 17
+    assert "confirm dea_rhe seed 3: done, 12 epochs (early_stopping), valid BLEU 31.00" in lines
+    assert lines[-1] == (f"choice: {choice['chosen']}; test set: read at {read['finished_at']}")
 
 
 def test_a_real_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
     """A few steps of the real recipe: the first session dies after its first epoch (its results.json lost), the
     second resumes from that epoch's checkpoint and trains to --max_epochs."""
-    from hf_headattn.experiment.training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
+    from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data, scratch_tokenizer
 
     data = ParallelDataArguments(multi30k_dir=str(DATA), max_train_samples=200)
     scratch_tokenizer(load_recipe_data(data)["train"], 300, tmp_path / "tokenizer", "en", "de")
@@ -255,17 +278,17 @@ def test_a_real_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
                       "--max_target_length", "16", "--logging_steps", "1")
     monkeypatch.setattr(cs, "prepare", lambda args, rows: None)
     real = cs.train_command
-    folder = cs.run_dir(args.output_dir, "screen", "baseline", 1)
+    folder = run_dir(args.output_dir / "screen", "baseline", 1)
     dies = ("import os, subprocess, sys; subprocess.run(sys.argv[2:], check=True); "
             "os.remove(os.path.join(sys.argv[1], 'results.json')); sys.exit(1)")
     monkeypatch.setattr(cs, "train_command", lambda *a: [sys.executable, "-c", dies, str(folder), *real(*a),
                                                          "--num_train_epochs", "1"])
     with pytest.raises(SystemExit, match="not finished"):
-        cs.launch(args, "screen", ["baseline"], (1,))
-    assert cs.resumable_checkpoint(folder).name == "checkpoint-2"
+        launch(cs.study_runs(args), "screen", ["baseline"], (1,))
+    assert resumable_checkpoint(folder).name == "checkpoint-2"
     monkeypatch.setattr(cs, "train_command", real)
-    cs.launch(args, "screen", ["baseline"], (1,))
-    record = json.loads(cs.record_path(args.results_dir, "screen", "baseline", 1).read_text())
+    launch(cs.study_runs(args), "screen", ["baseline"], (1,))
+    record = json.loads(record_path(args.results_dir, "screen", "baseline", 1).read_text())
     assert record["sessions"][1]["resumed_from"] == str(folder / "checkpoint-2")
     assert [point["epoch"] for point in record["validation_curve"]] == [1.0, 2.0, 3.0]
     assert record["epochs"] == 3.0 and record["global_step"] == 6 and record["stop_reason"] == "max_epochs"
@@ -285,11 +308,11 @@ def test_the_training_curve_averages_each_epochs_training_logs():
         {"epoch": 2.0, "step": 4, "loss": 3.0, "note": 7.0},  # numbers only
         {"epoch": 1.5, "step": 3, "train_loss": 2.3, "train_runtime": 60.0},  # the run's summary
     ]
-    assert cs.training_curve(history) == [
+    assert training_curve(history) == [
         {"epoch": 1, "logs": 2, "dhicm_kl": 0.5, "loss": 3.0, "nll_loss": 2.0},  # a value's mean over the logs with it
         {"epoch": 2, "logs": 2, "dhicm_kl": 1.5, "loss": 2.0, "note": 7.0},
     ]
-    assert cs.training_curve([]) == []
+    assert training_curve([]) == []
 
 
 @pytest.mark.parametrize("flag, value, expected", [

@@ -8,7 +8,7 @@ import torch
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
-from hf_headattn.dhicm import attend_over_heads, combine_heads, dropout, head_importance, importance_scores
+from hf_headattn.dhicm import attend_over_heads, combine_heads, dropout, importance_scores, importance_softmax
 
 DHICM = {"encoder_layers": [-1], "decoder_layers": [-1]}
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
@@ -49,7 +49,7 @@ def random_inputs(dtype=torch.float64, B=2, T=3, H=4, d_k=5, d=8, d_m=6):
 def test_equations_1_to_4_match_numpy():
     O, x, W, U, V = random_inputs()
     scores = importance_scores(O, x @ U.T, W)
-    G = head_importance(scores)
+    G = importance_softmax(scores)
     ref_G, ref_out, ref_kl = numpy_dhicm(*(t.numpy() for t in (O, x, W, U, V)))
     np.testing.assert_allclose(G.numpy(), ref_G, rtol=1e-10)
     np.testing.assert_allclose(combine_heads(O, G, V).numpy(), ref_out, rtol=1e-10)
@@ -70,7 +70,7 @@ def test_gradcheck_float64():
 
     def f(O, x, W, U, V):
         scores = importance_scores(O, x @ U.T, W)
-        return combine_heads(O, head_importance(scores), V).sum() + kl_from_uniform(scores).sum()
+        return combine_heads(O, importance_softmax(scores), V).sum() + kl_from_uniform(scores).sum()
 
     assert torch.autograd.gradcheck(f, (O, x, W, U, V))
 
@@ -126,7 +126,7 @@ def test_module_output_is_equation_3_with_out_proj_as_w_s():
     q, k, v = (proj(x).view(B, T, H, D).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     O = (torch.softmax(q @ k.transpose(-1, -2) * D**-0.5, -1) @ v).transpose(1, 2)  # (B, T, H, D)
     d = attn.dhicm
-    G = head_importance(importance_scores(O, x @ d.u.T, d.w))
+    G = importance_softmax(importance_scores(O, x @ d.u.T, d.w))
     expected = attn.out_proj(combine_heads(O, G, d.v))
     got, _ = attn(x)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
@@ -269,7 +269,8 @@ def test_scaled_out_proj_mode_starts_as_the_pretrained_model(stock_checkpoint):
 
 
 def test_mean_head_importance_over_batches_and_heatmap(tmp_path, monkeypatch):
-    from hf_headattn.analysis import head_importance, mean_head_importance, plot_head_importance
+    from hf_headattn.analysis import mean_head_importance, plot_head_importance
+    from hf_headattn.experiment.methods.dhicm import analysis
 
     model = tiny()
     means = mean_head_importance(model, [batch(), batch()])
@@ -279,8 +280,8 @@ def test_mean_head_importance_over_batches_and_heatmap(tmp_path, monkeypatch):
     np.testing.assert_allclose(means["encoder.layers.1.self_attn"], G[mask].mean(0).double().numpy(), rtol=1e-5)
     assert sum(means["decoder.layers.1.encoder_attn"]) == pytest.approx(1.0)
     figures = []
-    save = head_importance.save_figure
-    monkeypatch.setattr(head_importance, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path))
+    save = analysis.save_figure
+    monkeypatch.setattr(analysis, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path))
     png = plot_head_importance(G[0], [f"t{i}" for i in range(6)], tmp_path / "fig3.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
     heatmap, colorbar = figures[0].axes

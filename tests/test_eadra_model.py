@@ -183,7 +183,7 @@ def test_cached_decoding_step_uses_the_causal_offset():
 
 
 def test_no_loss_needed_means_no_work(monkeypatch):
-    """Issue #15: generate and inference without labels compute no regularizer (no operator over methods off)."""
+    """generate and inference without labels compute no regularizer (no operator over methods off)."""
     model = model_of(ALL)
     inputs = {k: v for k, v in batch().items() if k != "labels"}
     kwargs = dict(max_new_tokens=4, min_new_tokens=4, num_beams=1, do_sample=False)
@@ -383,7 +383,7 @@ def _fused_nodes(loss):
 
 
 def test_the_backward_recomputes_the_probabilities_instead_of_keeping_them(monkeypatch):
-    """Issue #27: nothing of size (L, B, h, T, S) is kept for the backward pass (the queries and keys it keeps are the
+    """Nothing of size (L, B, h, T, S) is kept for the backward pass (the queries and keys it keeps are the
     attention's own); the gradients equal those of the pass that keeps the probabilities."""
     fused_pass = eadra.layer_regularizers
     grads = []

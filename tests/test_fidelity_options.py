@@ -1,4 +1,4 @@
-"""The readings of the papers' open choices (issue #14), each checked against a hand computation: DHICM's KL
+"""The readings of the papers' open choices, each checked against a hand computation: DHICM's KL
 reduction and collapse statistics; EaDRA's distance and peak reductions, alpha warm-up and explicit heads."""
 
 import math

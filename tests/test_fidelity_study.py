@@ -11,6 +11,7 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import fidelity_study  # noqa: E402
+from hf_headattn.experiment.study.runs import load_results, run_dir  # noqa: E402
 
 
 def references(split: str) -> list[str]:
@@ -19,7 +20,7 @@ def references(split: str) -> list[str]:
 
 
 def fake_run(root: Path, stage: str, row: str, seed: int, scores: dict, predictions: dict, log: list) -> None:
-    folder = fidelity_study.run_dir(root, stage, row, seed)
+    folder = run_dir(root / stage, row, seed)
     folder.mkdir(parents=True)
     results = {"scores": {split: {"bleu": bleu, "chrf": 2 * bleu} for split, bleu in scores.items()},
                "log_history": log, "train_time_s": 100.0, "global_step": 500, "device": "cpu"}
@@ -37,11 +38,11 @@ def test_choice_on_validation_then_confirmation_tables(tmp_path):
     for row, bleu in (("baseline", 40.0), ("dhicm_per_token_l0.1", 10.0), ("dhicm_per_token_l1e-3", 30.0),
                       ("dhicm_per_batch_l0.1", 29.0), ("eadra_sum", 1.0), ("eadra_pair_mean", 20.0)):
         fake_run(tmp_path, "screen", row, 1, {"validation": bleu}, same if bleu > 25 else worse, log)
-    chosen = fidelity_study.choose(fidelity_study.load(tmp_path, "screen"))
+    chosen = fidelity_study.choose(load_results(tmp_path / "screen"))
     assert chosen == {"dhicm": ["dhicm_per_token_l1e-3"], "eadra": ["eadra_pair_mean"]}
-    top = fidelity_study.choose(fidelity_study.load(tmp_path, "screen"), top=2)
+    top = fidelity_study.choose(load_results(tmp_path / "screen"), top=2)
     assert top["dhicm"] == ["dhicm_per_token_l1e-3", "dhicm_per_batch_l0.1"]
-    summary, markdown = fidelity_study.screen_table(fidelity_study.load(tmp_path, "screen"))
+    summary, markdown = fidelity_study.screen_table(load_results(tmp_path / "screen"))
     assert [entry["row"] for entry in summary][0] == "baseline" and len(summary) == 6
     assert summary[1]["dhicm_stats/top_head_share"] == 0.1 and "| dhicm_per_token_l0.1 | 10.00 |" in markdown
     for seed in fidelity_study.CONFIRM_SEEDS:  # test: the chosen row is better there; validation: identical
@@ -52,7 +53,7 @@ def test_choice_on_validation_then_confirmation_tables(tmp_path):
                  both, log)
         fake_run(tmp_path, "confirm", "dhicm_per_batch_l0.1", seed, {"validation": 38.0 + seed, "test_2016_flickr": 20.0},
                  both, log)
-    confirm = fidelity_study.load(tmp_path, "confirm")
+    confirm = load_results(tmp_path / "confirm")
     assert fidelity_study.confirmed_choice(confirm) == {"dhicm": "dhicm_per_batch_l0.1"}  # validation, not test
     summary, markdown = fidelity_study.confirm_table(confirm, DATA)
     rows = {entry["row"]: entry for entry in summary}

@@ -1,8 +1,10 @@
-"""EaDRA's compiled regularizer pass (:mod:`hf_headattn.fused_passes`, issue #36): ``implementation="compiled"`` runs
+"""EaDRA's compiled regularizer pass (:mod:`hf_headattn.fused_passes`): ``implementation="compiled"`` runs
 the map-sized work of :func:`~hf_headattn.eadra_math.layer_regularizers` under ``torch.compile``; "auto" does so on
 CUDA only. Its terms and gradients equal the eager pass's (Inductor on the CPU here; on CUDA ``benchmarks/gpu.sh``
 times both), with padding, layers of different lengths, chosen heads and bf16 autocast; a compile that fails falls
 back to the eager pass under "auto" and raises under "compiled"."""
+
+import os
 
 import pytest
 import torch
@@ -121,10 +123,20 @@ def test_auto_is_eager_on_the_cpu_and_compiled_on_cuda_with_triton(monkeypatch):
 
 
 def test_bad_implementations_are_refused():
-    assert allowed_values(EaDRASettings, "implementation") == fused_passes.IMPLEMENTATIONS
+    assert allowed_values(EaDRASettings, "implementation") == (*fused_passes.IMPLEMENTATIONS, "triton")
     inputs, bias = padded_layers()
     with pytest.raises(ValueError, match=r"implementation must be one of \('auto', 'eager', 'compiled'\), got 'fast'"):
         terms_and_grads(inputs, bias, "fast")
     with pytest.raises(ValueError, match="implementation.*'fast'"):
         HeadAttnMBartConfig(**TINY, eadra={"encoder": {}, "implementation": "fast"})
 
+
+
+def test_the_triton_pass_is_refused_where_it_cannot_run():
+    """``implementation="triton"`` on CPU tensors outside Triton's interpreter (or without Triton) is a clear error at
+    the first forward, naming the setting (tests/test_eadra_triton.py runs it under the interpreter)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter runs the Triton pass on the CPU")
+    with pytest.raises(ValueError, match=r"eadra implementation='triton' (needs Triton|runs float32/float16/bfloat16 "
+                                         r"heads on CUDA .*, got torch.float32 heads on cpu)"):
+        model_step("triton", autocast=False)

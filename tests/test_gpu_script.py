@@ -1,4 +1,4 @@
-"""Issue #36, item 2: ``benchmarks/overhead.py``'s precision, ``--compile`` and ``generate`` timing, the compile check
+"""``benchmarks/overhead.py``'s precision, ``--compile`` and ``generate`` timing, the compile check
 (``benchmarks/compile_check.py``) and ``benchmarks/gpu.sh``'s summary, on the CPU at the tiny shapes (the GPU runs
 ``gpu.sh``; ``SMOKE=1 bash benchmarks/gpu.sh`` runs all of it on the CPU in minutes)."""
 
@@ -123,9 +123,9 @@ def test_summary_judges_each_target(tmp_path):
     assert met[("compiles cleanly", "dea-rhe", "tb-compiled")] is False  # recompiled during the timed steps
     assert met[("compiled time", "lpea-rhe", "tb-compiled")] == "not measured: boom"
     assert met[("eager time", "eadra-finetune", "mbart-eager")] == "not measured: part timeout after 70 s"
-    assert met[("peak memory", "off-no-logits", "mbart-no-logits")] is True  # 0.70 <= 0.80 (issue #37)
+    assert met[("peak memory", "off-no-logits", "mbart-no-logits")] is True  # 0.70 <= 0.80
     assert met[("time over the logits path", "off-no-logits", "mbart-no-logits")] is True  # 103 / 100 <= 1.05
-    assert met[("peak memory", "off", "mbart-no-logits")] is True  # the logits row keeps issue #36's 1.05
+    assert met[("peak memory", "off", "mbart-no-logits")] is True  # the logits row keeps the GPU target 1.05
     assert met[("compile check", "dhicm", "compile-check")] is True
     assert met[("compile check", "eadra", "compile-check")] is False
     assert not any(c["part"] == "tb-bf16" for c in summary["targets"]["checks"])  # pure bf16: not judged

@@ -1,4 +1,4 @@
-"""Head-mask checks (values, per-sentence batch) and masks that leave a module no head (issue #25's follow-up)."""
+"""Head-mask checks (values, per-sentence batch) and masks that leave a module no head."""
 
 import pytest
 import torch
@@ -26,13 +26,35 @@ def test_mask_values_outside_0_1_raise(name, argument, value):
         run(model, batch(), **{argument: ones_with(value)})
 
 
-@pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
-def test_kept_mask_values_are_checked(kind):
+@pytest.mark.parametrize("component", ["encoder", "decoder", "cross"])
+def test_kept_mask_values_are_checked(component):
     model = model_with({})
-    with pytest.raises(ValueError, match=rf"set_head_mask\('{kind}', \.\.\.\) must hold finite values in \[0, 1\] "
-                                         r".* got 2 value\(s\) outside it: -0.5, nan$"):
-        model.set_head_mask(kind, torch.tensor([[1.0, -0.5, 1.0, 1.0], [1.0, 1.0, float("nan"), 0.0]]))
-    assert model.get_head_mask(kind) is None
+    with pytest.raises(ValueError, match=rf"set_head_mask\('{component}', \.\.\.\) must hold finite values in "
+                                         r"\[0, 1\] .* got 2 value\(s\) outside it: -0.5, nan$"):
+        model.set_head_mask(component, torch.tensor([[1.0, -0.5, 1.0, 1.0], [1.0, 1.0, float("nan"), 0.0]]))
+    assert model.get_head_mask(component) is None
+
+
+def test_kind_keyword_still_works_with_a_deprecation_warning():
+    """``kind=``, the old name of ``component``, on the model's methods and the module's functions: one warning,
+    pointing at the caller."""
+    model = model_with({})
+    mask = torch.full((2, 4), 0.5)
+    calls = [lambda: model.set_head_mask(kind="decoder", mask=mask),
+             lambda: model.get_head_mask(kind="decoder"),
+             lambda: head_masks.set_head_mask(model, kind="cross", mask=mask),
+             lambda: head_masks.get_head_mask(model, kind="cross")]
+    got = []
+    for call in calls:
+        with pytest.warns(FutureWarning, match=r"^(set|get)_head_mask: the keyword kind= is deprecated, use "
+                                               r"component=$") as warned:
+            got.append(call())
+        assert len(warned) == 1 and warned[0].filename == __file__
+    torch.testing.assert_close(got[1], mask)
+    torch.testing.assert_close(got[3], mask)
+    torch.testing.assert_close(model.get_head_mask(component="decoder"), mask)
+    with pytest.raises(TypeError, match="kind"):
+        model.get_head_mask(component="decoder", kind="cross")
 
 
 def test_generate_and_the_encoder_alone_check_the_encoder_mask():

@@ -1,4 +1,4 @@
-"""Head masks and head pruning (issue #25): masks scale heads exactly, their gradient is Michel et al.'s importance,
+"""Head masks and head pruning: masks scale heads exactly, their gradient is Michel et al.'s importance,
 pruning equals masking for every method, and pruned models round-trip."""
 
 import subprocess
@@ -13,7 +13,7 @@ from hf_headattn import (
     HeadAttnMarianConfig, HeadAttnMarianMTModel, HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration,
 )
 from hf_headattn.head_masks import masked_logits
-from hf_headattn.syntax import NOT_IN_PHRASE
+from hf_headattn.experiment.methods.sea.syntax import NOT_IN_PHRASE
 
 METHODS = {
     "off": {},
@@ -48,10 +48,10 @@ def union(*patterns):
 
 def masks_of(pruned, batch_size=None):
     """The head-mask forward arguments that mask the heads ``pruned`` names."""
-    kinds = {"head_mask": ("encoder", "self_attn"), "decoder_head_mask": ("decoder", "self_attn"),
+    sites = {"head_mask": ("encoder", "self_attn"), "decoder_head_mask": ("decoder", "self_attn"),
              "cross_attn_head_mask": ("decoder", "encoder_attn")}
     masks = {}
-    for argument, (side, attention) in kinds.items():
+    for argument, (side, attention) in sites.items():
         mask = torch.ones(2, 4)
         for layer in range(2):
             mask[layer, pruned.get(f"{side}.layers.{layer}.{attention}", [])] = 0.0
@@ -109,8 +109,8 @@ def test_pruning_equals_masking_logits_loss_and_generated_tokens(name, pattern):
     model.set_head_mask("cross", masks_of(prune)["cross_attn_head_mask"])
     kept = run(model, inputs)
     masked_tokens = model.generate(**generate_inputs, num_beams=3, max_new_tokens=8, do_sample=False)
-    for kind in ("encoder", "decoder", "cross"):
-        model.set_head_mask(kind, None)
+    for component in ("encoder", "decoder", "cross"):
+        model.set_head_mask(component, None)
     before = sum(p.numel() for p in model.parameters())
     model.prune_heads(prune)
     pruned = run(model, inputs)
@@ -312,7 +312,8 @@ def test_kept_masks_round_trip_and_move_with_the_model():
     (lambda m: m(**batch(), cross_attn_head_mask=[[1.0] * 4] * 2), r"cross_attn_head_mask must be a floating tensor"),
     (lambda m: m.generate(batch()["input_ids"], num_beams=2, max_new_tokens=2, head_mask=torch.ones(2, 4)),
      r"head_mask has shape \(4, 4\).*generate repeats a \(layers, heads\) mask for beams"),
-    (lambda m: m.set_head_mask("self", torch.ones(2, 4)), r"kind must be one of \['encoder', 'decoder', 'cross'\]"),
+    (lambda m: m.set_head_mask("self", torch.ones(2, 4)),
+     r"component must be one of \['encoder', 'decoder', 'cross'\]"),
     (lambda m: m.set_head_mask("encoder", torch.ones(1, 2, 4)), r"expected \(layers, heads\) = \(2, 4\)$"),
     (lambda m: m.prune_heads({"encoder.layers.5.self_attn": [0]}), r"'encoder.layers.5.self_attn' is no attention"),
     (lambda m: m.prune_heads({"encoder.layers.0.fc1": [0]}), r"is no attention module of this model"),

@@ -1,4 +1,4 @@
-"""A long run stays flat (issue 28): with every method on, training steps leave nothing behind (no tensor kept per
+"""A long run stays flat: with every method on, training steps leave nothing behind (no tensor kept per
 step by the per-forward records, a cache or the hooks), so memory and step time cannot grow over thousands of steps.
 ``benchmarks/long_run.py`` runs the 2,000-step version and reports resident memory and step time."""
 

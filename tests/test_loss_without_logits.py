@@ -1,4 +1,4 @@
-"""Issue 37: the loss without the full logits (``losses.linear_label_smoothed_nll_loss``, ``skip_logits``,
+"""The loss without the full logits (``losses.linear_label_smoothed_nll_loss``, ``skip_logits``,
 ``config.loss_without_logits``) equals the loss of the logits, in value and gradients, in the model and the Trainer."""
 
 import json

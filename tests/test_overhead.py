@@ -1,4 +1,4 @@
-"""Issue #18: no host-device synchronisation in a training step, counted on the CPU as the operators that read a
+"""No host-device synchronisation in a training step, counted on the CPU as the operators that read a
 tensor's value on the host (each one a synchronisation on a GPU)."""
 
 import json
@@ -57,7 +57,7 @@ def test_bad_phrase_positions_still_raise_once_per_forward():
         model(**inputs)
 
 
-# Issue #27, item 1: counted overhead (FLOPs, bytes saved for backward) under FakeTensorMode.
+# Counted overhead (FLOPs, bytes saved for backward) under FakeTensorMode.
 
 def test_saved_counter_counts_each_storage_once_and_leaves_out_parameters():
     from counting import SavedCounter

@@ -14,13 +14,13 @@ from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
 from hf_headattn.experiment.presets import (
     MODEL_SHAPES, PRESETS, check_setting_keys, expand_argv, method_settings, model_shape, preset, split_architecture,
 )
-from hf_headattn.experiment.training import collator, pretrained_model
+from hf_headattn.experiment.recipe_parts import collator, pretrained_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
-from hf_headattn.experiment import recipe as train_translation  # noqa: E402
+from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
 
 def parse(*argv):
@@ -116,8 +116,8 @@ def test_config_fields_method_then_preset_then_method_settings():
 
 
 def test_partial_method_settings_update_the_method_and_a_method_left_off_is_refused():
-    """Issue 28: --method dhicm with partial --method_settings trained a baseline, saying so only in a log line."""
-    from hf_headattn.experiment.recipe import check_methods_on
+    """--method dhicm with partial --method_settings must not train a baseline (once it did, saying so only in a log line)."""
+    from hf_headattn.experiment.translation_recipe import check_methods_on
 
     model_args, _, _ = parse("--method", "dhicm", "--method_settings", '{"dhicm": {"kl_weight": 0.5}}')
     settings = train_translation.settings_from(model_args)

@@ -1,4 +1,4 @@
-"""recipes/prune_heads.py end to end on a tiny model trained on a few real Multi30k lines (issue #25)."""
+"""recipes/prune_heads.py end to end on a tiny model trained on a few real Multi30k lines."""
 
 import json
 import sys
@@ -14,9 +14,9 @@ DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import prune_heads  # noqa: E402
-from hf_headattn.experiment import recipe as train_translation  # noqa: E402
-from hf_headattn.experiment import head_pruning  # noqa: E402
-from hf_headattn.experiment.head_pruning import largest_share_within, throughput_ratio  # noqa: E402
+from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
+from hf_headattn.analysis import head_pruning  # noqa: E402
+from hf_headattn.analysis.head_pruning import largest_share_within, throughput_ratio  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,8 @@ def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_
             "--num_beams", "1", "--max_length", "8", "--step_share", "0.2", "--max_share", "0.8"]
     saved = prune_heads.main(argv)
     # the tiny model's DHICM: the last encoder layer and the last decoder layer's self- and cross-attention
-    assert saved["common_heads"] == {kind: [[2, head] for head in range(4)] for kind in ("encoder", "decoder", "cross")}
+    assert saved["common_heads"] == {component: [[2, head] for head in range(4)]
+                                     for component in ("encoder", "decoder", "cross")}
     for records in saved["criteria"].values():
         assert records[-1]["heads_pruned"] == 9  # three of each module's four heads, then nothing is left
         assert all(".layers.2." in name for record in records for name in record["pruned"])
@@ -94,7 +95,7 @@ def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_
     study = SimpleNamespace(args=SimpleNamespace(common_heads=True), criteria=lambda: ["dhicm", "rhe"], config=None)
     with pytest.raises(ValueError, match=r"the criteria \['dhicm', 'rhe'\] score no head in common"):
         prune_heads.candidate_heads(study, {"common_heads": {"encoder": [], "decoder": [], "cross": []}})
-    # a kind without common heads (rhe: the first encoder layer only)
+    # a component without common heads (rhe: the first encoder layer only)
     study.config = AutoModelForSeq2SeqLM.from_pretrained(model_dir).config
     among = prune_heads.candidate_heads(study, {"common_heads": {"encoder": [[0, 1]], "decoder": [], "cross": []}})
     assert among["encoder"].nonzero().tolist() == [[0, 1]] and not among["decoder"].any() and not among["cross"].any()

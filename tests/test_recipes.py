@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "recipes"))
 
 import parse_sources  # noqa: E402
 import reproduce_multi30k  # noqa: E402
-from hf_headattn.experiment import recipe as train_translation  # noqa: E402
+from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
 
 def run(tmp_path, *extra, method="baseline"):

@@ -14,7 +14,7 @@ import pytest
 import sentencepiece as spm
 from transformers import MarianTokenizer, MBartTokenizer
 
-from hf_headattn.syntax import (
+from hf_headattn.experiment.methods.sea.syntax import (
     NOT_IN_PHRASE,
     DataCollatorForSyntaxSeq2Seq,
     SyntaxInputError,

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import MarianConfig, MarianMTModel
 
-from hf_headattn.syntax import (
+from hf_headattn.experiment.methods.sea.syntax import (
     NOT_IN_PHRASE,
     SPECIAL_TOKEN_VALUES,
     TOKEN_COLUMNS,

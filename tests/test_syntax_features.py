@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hf_headattn.syntax import (
+from hf_headattn.experiment.methods.sea.syntax import (
     NOT_IN_PHRASE,
     dependency_mask,
     dependency_phrase_tree,

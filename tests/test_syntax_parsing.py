@@ -7,7 +7,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from hf_headattn.syntax import (
+from hf_headattn.experiment.methods.sea.syntax import (
     WORD_COLUMNS,
     BracketedTreeFile,
     ConlluFile,

@@ -3,7 +3,7 @@
 import datasets
 import pytest
 
-from hf_headattn.syntax import (
+from hf_headattn.experiment.methods.sea.syntax import (
     BracketedTreeFile,
     ConlluFile,
     Dependencies,

@@ -20,15 +20,15 @@ import hf_headattn
 from hf_headattn import HeadAttnMarianMTModel
 from hf_headattn.experiment.presets import method_names, method_settings
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
-from hf_headattn.experiment.training import collator, prepare_features, scratch_model, set_languages, syntax_parser
-from hf_headattn.syntax import MissingParserError, SyntaxInputError
+from hf_headattn.experiment.recipe_parts import collator, prepare_features, scratch_model, set_languages, syntax_parser
+from hf_headattn.experiment.methods.sea.syntax import MissingParserError, SyntaxInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("MULTI30K_DIR", ROOT.parent / "shared" / "data" / "multi30k"))
 sys.path.insert(0, str(ROOT / "recipes"))
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="Multi30k is not at ../shared/data/multi30k")
 
-from hf_headattn.experiment import recipe as train_translation  # noqa: E402
+from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 import translate as translate_recipe  # noqa: E402
 
 SHAPE = {"shape": "tiny", "d_model": 16, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 32,

@@ -1,4 +1,5 @@
-"""A toy fourth method, written as docs/design.md ("Adding a fourth method") says a new method is: one module and
+"""A toy fourth method's core, written as docs/design.md ("Adding a fourth method") says a new method is: one core
+module, one kit folder (here ``tests/toy_kit``: its recipe name, preset, head-importance criterion and analysis) and
 one registration line (here the test registers it; a built-in one gets its line in ``hf_headattn/methods.py``).
 
 "Head scaling": each head's output is multiplied by a learned scale (times the optional forward input ``toy_gate``,
@@ -74,5 +75,5 @@ METHOD = MethodSpec(
     inputs=("toy_gate",), flags=("output_toy_scales",),
     outputs={"toy_penalty": "mean squared head scale", "toy_scales": "{module name: (heads,)} with output_toy_scales"},
     logged=("toy_penalty",),
-    paper="A toy head-scaling method (tests only)", presets={"toy": {"encoder_layers": [-1]}},
+    kit="toy_kit",
 )

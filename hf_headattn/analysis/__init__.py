@@ -1,5 +1,16 @@
-"""Read-outs of trained models over datasets, as JSON-able dicts and PNG plots (like the papers' figures)."""
+"""Read-outs of trained models over datasets, as JSON-able dicts and PNG plots (like the papers' figures).
 
-from .entropy import encoder_attention_entropy, plot_encoder_entropy, write_entropy_report
-from .head_importance import mean_head_importance, plot_head_importance, sentence_head_importance
-from .redundancy import count_redundant_heads, plot_redundancy, redundancy_report
+:mod:`.head_ranking` scores heads by several criteria and chooses which to prune; :mod:`.head_pruning` prunes
+them step by step as Michel et al. (2019) do. Each method's own analysis lives in its kit
+(``hf_headattn/experiment/methods/<name>/analysis.py``); the ones below are re-exported here for one import.
+"""
+
+from ..experiment.methods.dhicm.analysis import mean_head_importance, plot_head_importance, sentence_head_importance
+from ..experiment.methods.eadra.analysis import encoder_attention_entropy, plot_encoder_entropy, write_entropy_report
+from ..experiment.methods.sea.analysis import count_redundant_heads, plot_redundancy, redundancy_report
+
+__all__ = [
+    "mean_head_importance", "plot_head_importance", "sentence_head_importance",
+    "encoder_attention_entropy", "plot_encoder_entropy", "write_entropy_report",
+    "count_redundant_heads", "plot_redundancy", "redundancy_report",
+]

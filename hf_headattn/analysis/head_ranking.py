@@ -1,9 +1,9 @@
-"""Head importance over a dataset by several criteria, and which heads to prune by it (issue #25).
+"""Head importance over a dataset by several criteria, and which heads to prune by it.
 
-:func:`head_importance` returns, per criterion, a (layers, heads) tensor per attention kind (``"encoder"``,
-``"decoder"``, ``"cross"``, as :mod:`hf_headattn.head_masks`), in the original head numbering; higher means more
-important. ``NaN`` marks heads that are pruned or that the criterion does not score (a method's criterion scores the
-modules that carry the method). Padding never counts. The criteria:
+:func:`score_heads` returns, per criterion, a (layers, heads) tensor per component (``"encoder"``, ``"decoder"``,
+``"cross"``, as :mod:`hf_headattn.sites`), in the original head numbering; higher means more important. ``NaN``
+marks heads that are pruned or that the criterion does not score (a method's criterion scores the modules that carry
+the method). Padding never counts. The criteria:
 
 * ``gradient`` (Michel et al. 2019, §4.1, Eq. 2): I_h = E_x |dL(x)/d xi_h|, the expected absolute gradient of the
   loss to head h's mask variable, per sentence (one mask per sentence, so one backward pass gives every sentence's
@@ -20,57 +20,61 @@ modules that carry the method). Padding never counts. The criteria:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from numbers import Integral
 
 import torch
 
 from ..eadra_math import normalized_entropy
-from ..head_masks import KINDS, attention_modules, head_numbers, module_rows, routed_modules
-from ..sites import component_of, component_shape
+from ..experiment.kit import kit_of
+from ..head_masks import ARGUMENTS_BY_COMPONENT, attention_modules, head_numbers, module_rows, routed_modules
 from ..losses import IGNORE_INDEX
 from ..registry import readout, registered_methods
+from ..sites import COMPONENTS, component_of, component_shape
+from ..version import HeadAttnDeprecationWarning
 
 BUILT_IN = ("gradient", "confidence", "entropy", "random")
-#: The attention outputs of each kind, as transformers names them.
+#: The attention outputs of each component, as transformers names them.
 ATTENTION_OUTPUTS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
 
 def method_criteria() -> dict:
-    """``{criterion name: method spec}`` of the registered methods that score heads."""
-    return {spec.head_importance[0]: spec for spec in registered_methods() if spec.head_importance}
+    """``{criterion name: method spec}`` of the registered methods whose kit scores heads (``MethodKit.importance``)."""
+    return {kit_of(spec).importance[0]: spec for spec in registered_methods() if kit_of(spec).importance}
 
 
 def criteria() -> list[str]:
-    """Every criterion :func:`head_importance` knows."""
+    """Every criterion :func:`score_heads` knows."""
     return [*BUILT_IN, *method_criteria()]
 
 
 class _Sums:
-    """Per criterion and kind, sums and counts in the original (layers, heads) numbering."""
+    """Per criterion and component, sums and counts in the original (layers, heads) numbering."""
 
     def __init__(self, model, names):
         self.modules = routed_modules(model)
-        self.sums = {name: {kind: torch.zeros(component_shape(model.config, kind), dtype=torch.float64) for kind in KINDS}
-                     for name in names}
-        self.counts = {name: {kind: torch.zeros_like(table) for kind, table in kinds.items()}
-                       for name, kinds in self.sums.items()}
+        self.sums = {name: {component: torch.zeros(component_shape(model.config, component), dtype=torch.float64)
+                            for component in COMPONENTS} for name in names}
+        self.counts = {name: {component: torch.zeros_like(table) for component, table in tables.items()}
+                       for name, tables in self.sums.items()}
 
     def add(self, name: str, module, values: torch.Tensor, count) -> None:
         """Add (heads,) ``values`` (current numbering) of ``module`` and ``count`` items to criterion ``name``."""
-        kind, layer, heads = component_of(module), module.headattn_layer, head_numbers(module)
-        self.sums[name][kind][layer, heads] += values.detach().double().cpu()
-        self.counts[name][kind][layer, heads] += float(count)
+        component, layer, heads = component_of(module), module.headattn_layer, head_numbers(module)
+        self.sums[name][component][layer, heads] += values.detach().double().cpu()
+        self.counts[name][component][layer, heads] += float(count)
 
     def means(self, name: str) -> dict[str, torch.Tensor]:
-        return {kind: torch.where(self.counts[name][kind] > 0, self.sums[name][kind] / self.counts[name][kind].clamp(
-            min=1), float("nan")).float() for kind in KINDS}
+        sums, counts = self.sums[name], self.counts[name]
+        return {component: torch.where(counts[component] > 0, sums[component] / counts[component].clamp(min=1),
+                                       float("nan")).float() for component in COMPONENTS}
 
 
-def head_importance(model, batches: Iterable[dict], criteria_: Iterable[str] = BUILT_IN,
-                    seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
-    """``{criterion: {kind: (layers, heads) importance}}`` of ``model``'s heads over ``batches`` (dicts of model
-    inputs with ``labels``, e.g. from ``DataCollatorForSeq2Seq``; add the syntax inputs for ``rhe``).
+def score_heads(model, batches: Iterable[dict], criteria_: Iterable[str] = BUILT_IN,
+                seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
+    """``{criterion: {component: (layers, heads) importance}}`` of ``model``'s heads over ``batches`` (dicts of
+    model inputs with ``labels``, e.g. from ``DataCollatorForSeq2Seq``; add the syntax inputs for ``rhe``).
 
     The model runs in eval mode (no dropout) and is left as it was; ``confidence`` and ``entropy`` run it with the
     eager backend (for the attention weights), then restore the backend.
@@ -87,7 +91,7 @@ def head_importance(model, batches: Iterable[dict], criteria_: Iterable[str] = B
         for batch in batches:
             batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
             if "labels" not in batch:
-                raise ValueError(f"head_importance needs batches with labels, got the keys {sorted(batch)}")
+                raise ValueError(f"score_heads needs batches with labels, got the keys {sorted(batch)}")
             if "gradient" in names:
                 _gradient(model, batch, sums)
             if {"confidence", "entropy"} & set(names):
@@ -102,14 +106,22 @@ def head_importance(model, batches: Iterable[dict], criteria_: Iterable[str] = B
         model.train(was_training)
     results = {name: sums.means(name) for name in names if name != "random"}
     if "gradient" in results:
-        results["gradient"] = {kind: _per_layer_l2(table) for kind, table in results["gradient"].items()}
+        results["gradient"] = {component: _per_layer_l2(table) for component, table in results["gradient"].items()}
     if "random" in names:
         generator = torch.Generator().manual_seed(seed)
-        results["random"] = {kind: torch.rand(component_shape(model.config, kind), generator=generator) for kind in KINDS}
+        results["random"] = {component: torch.rand(component_shape(model.config, component), generator=generator)
+                             for component in COMPONENTS}
         pruned = _pruned(model)
-        for kind, table in results["random"].items():
-            table[pruned[kind]] = float("nan")
+        for component, table in results["random"].items():
+            table[pruned[component]] = float("nan")
     return {name: results[name] for name in names}
+
+
+def head_importance(*args, **kwargs) -> dict[str, dict[str, torch.Tensor]]:
+    """Deprecated name of :func:`score_heads`."""
+    warnings.warn("hf_headattn.analysis.head_ranking.head_importance is deprecated, use score_heads",
+                  HeadAttnDeprecationWarning, stacklevel=2)
+    return score_heads(*args, **kwargs)
 
 
 def _per_layer_l2(table: torch.Tensor) -> torch.Tensor:
@@ -119,8 +131,9 @@ def _per_layer_l2(table: torch.Tensor) -> torch.Tensor:
 
 
 def _pruned(model) -> dict[str, torch.Tensor]:
-    """(layers, heads) bool per kind, True at pruned heads."""
-    pruned = {kind: torch.zeros(component_shape(model.config, kind), dtype=torch.bool) for kind in KINDS}
+    """(layers, heads) bool per component, True at pruned heads."""
+    pruned = {component: torch.zeros(component_shape(model.config, component), dtype=torch.bool)
+              for component in COMPONENTS}
     for module in routed_modules(model).values():
         pruned[component_of(module)][module.headattn_layer] = True
         pruned[component_of(module)][module.headattn_layer, head_numbers(module)] = False
@@ -130,14 +143,14 @@ def _pruned(model) -> dict[str, torch.Tensor]:
 def _gradient(model, batch: dict, sums: _Sums) -> None:
     """Michel et al.: |dL_b / d xi| per sentence b from per-sentence masks of ones, in one backward pass."""
     size = batch["labels"].shape[0]
-    masks = {argument: torch.ones(size, *component_shape(model.config, kind), device=model.device, requires_grad=True)
-             for kind, (_, _, argument) in KINDS.items()}
+    masks = {argument: torch.ones(size, *component_shape(model.config, component), device=model.device,
+                                  requires_grad=True) for component, argument in ARGUMENTS_BY_COMPONENT.items()}
     out = model(**batch, **masks)
     tokens = batch["labels"].ne(IGNORE_INDEX).sum()
     grads = torch.autograd.grad(out.nll_loss * tokens, list(masks.values()))
-    for (kind, _), grad in zip(KINDS.items(), grads):
+    for component, grad in zip(ARGUMENTS_BY_COMPONENT, grads):
         table = grad.abs().sum(0)  # (layers, heads), original numbering (pruned heads: 0)
-        for module in attention_modules(model, kind):
+        for module in attention_modules(model, component):
             sums.add("gradient", module, module_rows(table, module)[0], size)
 
 
@@ -154,15 +167,15 @@ def _attention_statistics(model, batch: dict, sums: _Sums, names: list[str]) -> 
     queries["cross"] = queries["decoder"]
     keys = {"encoder": source, "decoder": target, "cross": source}
     for module in routed_modules(model).values():
-        kind = component_of(module)
-        probs = getattr(out, ATTENTION_OUTPUTS[kind])[module.headattn_layer].float()  # (B, H, T, S)
-        query = queries[kind][:, None, :].to(probs.dtype)  # (B, 1, T)
+        component = component_of(module)
+        probs = getattr(out, ATTENTION_OUTPUTS[component])[module.headattn_layer].float()  # (B, H, T, S)
+        query = queries[component][:, None, :].to(probs.dtype)  # (B, 1, T)
         count = query.sum()
         if "confidence" in names:
             sums.add("confidence", module, (probs.amax(-1) * query).sum((0, 2)), count)
         if "entropy" in names:
-            support = keys[kind][:, None, None, :]
-            if kind == "decoder":
+            support = keys[component][:, None, None, :]
+            if component == "decoder":
                 support = support & torch.ones(probs.shape[-2:], dtype=torch.bool, device=probs.device).tril()
             entropy = normalized_entropy(probs, support)  # (B, H, T)
             sums.add("entropy", module, ((1 - entropy) * query).sum((0, 2)), count)
@@ -170,10 +183,10 @@ def _attention_statistics(model, batch: dict, sums: _Sums, names: list[str]) -> 
 
 @torch.no_grad()
 def _method_criterion(model, batch: dict, sums: _Sums, name: str, spec) -> None:
-    """A method's criterion from its read-out (``MethodSpec.head_importance``)."""
+    """A method's criterion from its read-out (``MethodKit.importance``)."""
     flag, field = readout(spec)
     found = False
-    values_of = spec.head_importance[1]
+    values_of = kit_of(spec).importance[1]
     for module_name, (values, count) in values_of(getattr(model(**batch, **{flag: True}), field) or {}).items():
         sums.add(name, sums.modules[module_name], values, count)
         found = True
@@ -183,20 +196,21 @@ def _method_criterion(model, batch: dict, sums: _Sums, name: str, spec) -> None:
 
 
 def common_heads(importances: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The heads that every criterion of ``importances`` (``{criterion: {kind: (layers, heads)}}``, as
-    :func:`head_importance` returns) scores, as ``{kind: bool (layers, heads)}``: to compare a method's criterion
+    """The heads that every criterion of ``importances`` (``{criterion: {component: (layers, heads)}}``, as
+    :func:`score_heads` returns) scores, as ``{component: bool (layers, heads)}``: to compare a method's criterion
     with the others on the heads it ranks (``dhicm`` scores only DHICM's modules, ``rhe`` only the first encoder
     layer's)."""
     tables = list(importances.values())
-    return {kind: torch.stack([table[kind].isfinite() for table in tables]).all(0) for kind in tables[0]}
+    return {component: torch.stack([table[component].isfinite() for table in tables]).all(0)
+            for component in tables[0]}
 
 
 def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int,
                    among: dict[str, torch.Tensor] | None = None) -> dict[str, list[int]]:
-    """The ``count`` least important heads by ``importance`` (``{kind: (layers, heads)}``; NaN entries and heads
-    already pruned are no candidates, so an importance computed before pruning can be used again), as
+    """The ``count`` least important heads by ``importance`` (``{component: (layers, heads)}``; NaN entries and
+    heads already pruned are no candidates, so an importance computed before pruning can be used again), as
     ``{module name: [original head numbers]}`` for :func:`hf_headattn.pruning.prune_heads`; the last head of a
-    module is never chosen. ``among`` (``{kind: bool (layers, heads)}``, e.g. :func:`common_heads`) limits the
+    module is never chosen. ``among`` (``{component: bool (layers, heads)}``, e.g. :func:`common_heads`) limits the
     candidates further. Fewer are returned when fewer are candidates. ``count`` must be a non-negative integer (a
     ``ValueError`` otherwise)."""
     value = count.item() if getattr(count, "ndim", None) == 0 and hasattr(count, "item") else count  # numpy, 0-d
@@ -205,20 +219,21 @@ def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int,
                          f"{count!r}")
     count = int(value)
     if among is not None:
-        importance = {kind: table.masked_fill(~among[kind], float("nan")) for kind, table in importance.items()}
+        importance = {component: table.masked_fill(~among[component], float("nan"))
+                      for component, table in importance.items()}
     modules = {(component_of(module), module.headattn_layer): module for module in routed_modules(model).values()}
     candidates = sorted(
-        (float(value), kind, layer, head) for kind, table in importance.items()
+        (float(value), component, layer, head) for component, table in importance.items()
         for (layer, head), value in zip(torch.cartesian_prod(torch.arange(table.shape[0]),
                                                              torch.arange(table.shape[1])).tolist(),
                                         table.flatten().tolist())
         if value == value  # not NaN
     )
     chosen: dict[str, list[int]] = {}
-    for _, kind, layer, head in candidates:
+    for _, component, layer, head in candidates:
         if sum(map(len, chosen.values())) == count:
             break
-        module = modules[(kind, layer)]
+        module = modules[(component, layer)]
         taken = chosen.setdefault(module.headattn_name, [])
         if head in head_numbers(module) and module.num_heads - len(taken) > 1:
             taken.append(head)

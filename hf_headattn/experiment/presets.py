@@ -1,6 +1,6 @@
 """Named method settings, model shapes and the papers' presets for the recipes: small diffs over one default.
 
-A preset (:data:`PRESETS`; ``--preset NAME`` in the recipes, several joined with "+", later ones winning) holds
+A preset (:func:`paper_presets`, from the methods' kits; ``--preset NAME`` in the recipes, several joined with "+", later ones winning) holds
 
 * ``flags``: values of recipe flags (``--model_shape``, ``--method``, ``--dropout``, ``--attention_dropout``,
   ``--label_smoothing``, ``--num_beams``, ``--early_stopping_patience``) and of ``Seq2SeqTrainingArguments``
@@ -28,23 +28,19 @@ import dataclasses
 import difflib
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 from transformers import EarlyStoppingCallback
 
-from ..dhicm import METHOD as DHICM
-from ..eadra import DEFAULTS as EADRA_DEFAULTS
-from ..eadra import METHOD as EADRA
-from ..registry import registered_methods, uses_syntax  # noqa: F401  (uses_syntax: re-exported for the recipes)
-from ..sea import METHOD as SEA
+from ..registry import registered_methods
+from .kit import Preset, kits, merge_settings, uses_syntax  # noqa: F401  (re-exported: the recipes' one import)
 
 
 def method_names() -> dict[str, dict]:
-    """Recipe method names -> config fields, from the registered methods' presets (plus "baseline")."""
+    """Recipe method names -> config fields, from the registered methods' kits (``MethodKit.method_names``; plus
+    "baseline")."""
     names = {"baseline": {}}
-    for spec in registered_methods():
-        names.update({name: {spec.name: settings} for name, settings in spec.presets.items()})
+    for kit in kits():
+        names.update({name: {kit.name: settings} for name, settings in kit.method_names.items()})
     return names
 
 
@@ -63,7 +59,7 @@ MODEL_SHAPES: dict[str, dict] = {
 
 
 def method_settings(spec: str) -> dict:
-    """Config fields for a method name (``MethodSpec.presets`` of the registered methods, or "baseline") or a
+    """Config fields for a method name (``MethodKit.method_names`` of the registered methods, or "baseline") or a
     "+"-joined combination of names; names that set the same field to different values (e.g. ``dea_rhe+lpea_rhe``:
     ``sea``) are refused.
 
@@ -154,29 +150,8 @@ def refuse_architecture(settings: dict, model_name_or_path: str) -> None:
 
 
 # --- the papers' presets ----------------------------------------------------------------------------------------
-# The papers' tables, as data named after their paper and keyed by preset names (``--preset``: training flags and
-# architectures, which a method's spec does not hold); the config fields they set are named by the specs.
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A paper's setting. ``doc`` names its source table; ``flags`` and ``config`` as in the module docstring;
-    ``method_overrides``: {method name: settings} merged into a method's settings only when the chosen methods switch
-    it on (e.g. DHICM Table 2's DHICM dropout, which means nothing for the T-base/T-optimal baselines)."""
-
-    doc: str
-    flags: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    method_overrides: dict[str, dict] = field(default_factory=dict)
-
-    def apply(self, settings: dict) -> dict:
-        """``settings`` (config fields) with this preset's ``config`` and ``method_overrides`` merged in."""
-        merged = merge_settings(settings, self.config)
-        for method, overrides in self.method_overrides.items():
-            if merged.get(method) is not None:
-                merged[method] = merge_settings(merged[method], overrides)
-        return merged
-
+# The papers' tables live in their method's kit (``MethodKit.presets``, hf_headattn/experiment/methods/<name>/);
+# the training flags they share are here.
 
 #: Transformer-base training (Vaswani et al. 2017, §5.3-5.4), which EaDRA (§4.2) and RHE (Appendix A.1) follow:
 #: Adam (0.9, 0.98, 1e-9), inverse-square-root decay after 4000 warm-up steps with the peak of their schedule,
@@ -187,108 +162,17 @@ TRANSFORMER_BASE = {
     "warmup_steps": 4000,
 }
 
-#: DHICM §4.3: 6+6 layers, d 512; Adam (0.9, 0.98, eps 1e-6), lr 5e-4, inverse square root after 4000 warm-up steps,
-#: beam 5, a checkpoint each epoch, the best by validation loss, early stopping after 10 epochs without improvement.
-#: (8000 tokens per batch has no flag here.)
-DHICM_TRAINING = {
-    "model_shape": "base", "method": "dhicm", "learning_rate": 5e-4, "adam_beta1": 0.9, "adam_beta2": 0.98,
-    "adam_epsilon": 1e-6, "lr_scheduler_type": "inverse_sqrt", "warmup_steps": 4000, "num_beams": 5,
-    "early_stopping_patience": 10,
-}
 
-#: DHICM Table 2, one column each: feed-forward dim, attention heads, dropout, attention dropout, activation dropout,
-#: DHICM dropout (§3.1; N/A in the default column: the config's default stays), label smoothing.
-DHICM_TABLE_2 = {
-    "default": (2048, 8, 0.1, 0.0, 0.0, None, 0.1),
-    "de_en": (2048, 4, 0.5, 0.1, 0.3, 0.5, 0.1),
-    "hi_en": (1024, 4, 0.3, 0.0, 0.0, 0.2, 0.1),
-    "be_en": (128, 2, 0.1, 0.0, 0.0, 0.2, 0.4),
-}
-
-EADRA_COMPONENTS = {"enc": "encoder", "dec": "decoder", "x": "cross"}
-#: EaDRA Appendix A, Table 6: (alpha_dist, alpha_sent) per data set and component; alpha_peak 0 ("alpha_dist
-#: appears to render alpha_peak redundant"). Names follow the paper: enc, dec (self-attention), x (cross-attention).
-#: The WMT En-De (100k) row is EaDRA's defaults, read from :data:`hf_headattn.eadra.DEFAULTS`.
-EADRA_TABLE_6 = {
-    "wmt_en_de_100k": {short: (EADRA_DEFAULTS[EADRA_COMPONENTS[short]]["alpha_dist"],
-                               EADRA_DEFAULTS[EADRA_COMPONENTS[short]]["alpha_sent"]) for short in ("enc", "x", "dec")},
-    "be_en": {"enc": (0.02, 1.2), "x": (0.1, 8.0), "dec": (1.0, 0.9)},
-    "gl_en": {"enc": (0.02, 0.8), "x": (0.15, 5.0), "dec": (1.0, 0.8)},
-    "sk_en": {"enc": (0.02, 0.8), "x": (0.1, 8.0), "dec": (2.0, 0.8)},
-    "ko_en": {"enc": (0.01, 0.4), "x": (0.05, 8.0), "dec": (0.5, 0.8)},
-    "vi_en": {"enc": (0.02, 0.6), "x": (0.2, 8.0), "dec": (4.0, 1.0)},
-    "tr_en": {"enc": (0.04, 1.2), "x": (0.1, 10.0), "dec": (3.0, 1.5)},
-    "ja_en": {"enc": (0.02, 0.8), "x": (0.1, 10.0), "dec": (2.0, 0.8)},
-}
+def paper_presets() -> dict[str, Preset]:
+    """Every preset by name (the registered methods' ``MethodKit.presets``); see each one's ``doc`` for its source
+    table."""
+    return {name: value for kit in kits() for name, value in kit.presets.items()}
 
 
-def _dhicm_presets() -> dict[str, Preset]:
-    presets = {}
-    for column, (ffn, heads, dropout, attention_dropout, activation_dropout, dhicm_dropout, smoothing) in (
-            DHICM_TABLE_2.items()):
-        config = {"encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "encoder_attention_heads": heads,
-                  "decoder_attention_heads": heads, "activation_dropout": activation_dropout}
-        overrides = {} if dhicm_dropout is None else {DHICM.name: {"dropout": dhicm_dropout}}
-        label = "default column (Transformer-base)" if column == "default" else f"optimal {column} column"
-        presets[f"dhicm_{column}"] = Preset(
-            doc=f"DHICM (Goindani & Shrivastava 2021) Table 2, {label}; training of §4.3. --method baseline gives "
-                f"the paper's {'T-base' if column == 'default' else 'T-optimal'}.",
-            flags={**DHICM_TRAINING, "dropout": dropout, "attention_dropout": attention_dropout,
-                   "label_smoothing": smoothing},
-            config=config, method_overrides=overrides,
-        )
-    return presets
-
-
-#: The paper presets read Eq. 8 as written (summed over query pairs) and use Table 6's alphas unscaled.
-PAPER_READING = {"dist_reduction": "sum", "alpha_scale": 1.0}
-
-
-def _eadra_presets() -> dict[str, Preset]:
-    presets = {}
-    for data_set, components in EADRA_TABLE_6.items():
-        for short, (alpha_dist, alpha_sent) in components.items():
-            alphas = {"alpha_peak": 0.0, "alpha_dist": alpha_dist, "alpha_sent": alpha_sent}
-            presets[f"eadra_{short}_{data_set}"] = Preset(
-                doc=f"EaDRA (Araabi, Niculae & Monz) Appendix A Table 6, EaDRA_{short} on {data_set}: alpha_dist "
-                    f"{alpha_dist}, alpha_sent {alpha_sent}; Transformer-base (§4.2). Combine components with '+' "
-                    f"(e.g. eadra_enc_{data_set}+eadra_dec_{data_set}: Table 6's values, as in the paper).",
-                flags=dict(TRANSFORMER_BASE), config={EADRA.name: {EADRA_COMPONENTS[short]: alphas, **PAPER_READING}},
-            )
-    wmt = EADRA_TABLE_6["wmt_en_de_100k"]
-    for short in ("enc", "dec"):
-        alpha_dist, alpha_sent = wmt[short]
-        presets[f"eadra_mbart_{short}"] = Preset(
-            doc=f"EaDRA §5.4 (Table 5, mBART fine-tuning): EaDRA_{short} with Table 6's WMT En-De (100k) alphas "
-                "on two heads. Fine-tuning: no architecture or training flags.",
-            config={EADRA.name: {EADRA_COMPONENTS[short]: {"alpha_peak": 0.0, "alpha_dist": alpha_dist,
-                                                           "alpha_sent": alpha_sent, "num_heads": 2}, **PAPER_READING}},
-        )
-    return presets
-
-
-#: Presets by name; see each one's ``doc`` for its source table.
-PRESETS: dict[str, Preset] = {
-    **_dhicm_presets(),
-    **_eadra_presets(),
-    "rhe_base": Preset(
-        doc="RHE (Zhang et al.) Appendix A.1 (Transformer-base: hidden 512, filter 2048, 8 heads; the paper averages "
-            "the last 10 checkpoints: recipes/average_checkpoints.py --last 10), Table 3 (k = 6), LPEA+RHE on the "
-            "first encoder layer (Appendix A.2).",
-        flags={**TRANSFORMER_BASE, "method": "lpea_rhe"},
-        method_overrides={SEA.name: {"max_relative_position": 6, "layers": [0]}},
-    ),
-}
-
-
-def merge_settings(base: dict, update: dict) -> dict:
-    """``base`` updated with ``update``; nested dicts (``eadra``'s components) are merged, not replaced."""
-    merged = dict(base)
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            value = merge_settings(dict(merged[key]), dict(value))
-        merged[key] = value
-    return merged
+def __getattr__(name):
+    if name == "PRESETS":  # the presets of the methods registered now
+        return paper_presets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def preset(spec: str) -> Preset:
@@ -297,16 +181,16 @@ def preset(spec: str) -> Preset:
     >>> sorted(preset("eadra_enc_vi_en+eadra_dec_vi_en").config["eadra"])
     ['decoder', 'encoder']
     """
-    docs, flags, config, overrides = [], {}, {}, {}
+    docs, flags, config, overrides, known = [], {}, {}, {}, paper_presets()
     for name in (part.strip() for part in spec.split("+")):
-        if name not in PRESETS:
+        if name not in known:
             raise ValueError(
-                f"unknown preset {name!r} in {spec!r}; expected names from {sorted(PRESETS)} joined by '+'"
+                f"unknown preset {name!r} in {spec!r}; expected names from {sorted(known)} joined by '+'"
             )
-        docs.append(f"{name}: {PRESETS[name].doc}")
-        flags.update(PRESETS[name].flags)
-        config = merge_settings(config, PRESETS[name].config)
-        overrides = merge_settings(overrides, PRESETS[name].method_overrides)
+        docs.append(f"{name}: {known[name].doc}")
+        flags.update(known[name].flags)
+        config = merge_settings(config, known[name].config)
+        overrides = merge_settings(overrides, known[name].method_overrides)
     return Preset(doc="\n".join(docs), flags=flags, config=config, method_overrides=overrides)
 
 

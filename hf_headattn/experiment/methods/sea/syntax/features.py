@@ -20,9 +20,9 @@ import numpy as np
 
 # ``phrase_positions`` value for token pairs outside each other's local phrase, and for padding; Figure 3 writes this
 # entry as infinity. The model clips the other values to ``[-k, k]`` and masks this one. Defined once, model side.
-from ..sea import RULE2
-from ..sea_math import NOT_IN_PHRASE
-from ..settings_checks import check_choice
+from hf_headattn.sea import RULE2
+from hf_headattn.sea_math import NOT_IN_PHRASE
+from hf_headattn.settings_checks import check_choice
 
 
 def check_heads(heads) -> np.ndarray:

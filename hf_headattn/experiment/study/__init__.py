@@ -1,7 +1,13 @@
-"""What the study recipes share (``recipes/converged_study.py``; ``recipes/fidelity_study.py`` its rows' settings;
-recipes do not import each other): ``make demo``'s schedule, the rows' method settings written out in full, the
-shared tokenizer, the references, the git commit, and scoring a saved model on a split the way training scores it.
-The tables' helpers (mean ± sd, per-seed paired bootstrap) are in :mod:`~hf_headattn.experiment.evaluation`.
+"""What the study recipes share (``recipes/converged_study.py``, ``recipes/fidelity_study.py``,
+``recipes/reproduce_multi30k.py``; recipes do not import each other): ``make demo``'s and the reproduction's
+schedules, the shared tokenizer, the references, the git commit, and scoring a saved model on a split the way
+training scores it. The rows' method settings, written out in full, are each method's ``study_settings``
+(``hf_headattn/experiment/methods/<name>/``).
+
+Their runs: folders, records and loading in :mod:`.runs`; runs trained to convergence and resumed in :mod:`.launch`
+(each session: :mod:`.sessions`; what a run's log says: :mod:`.curves`; their command line: :mod:`.arguments`); the
+choice on validation in :mod:`.protocol`; the one reading of the test set in :mod:`.scoring`; the tables' cells in
+:mod:`.tables` (mean ± sd, per-seed paired bootstrap: :mod:`~hf_headattn.experiment.evaluation`).
 """
 
 from __future__ import annotations
@@ -9,13 +15,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-from ..dhicm import METHOD as DHICM
-from ..eadra import DEFAULTS as EADRA_DEFAULTS
-from ..eadra import METHOD as EADRA
-from ..sea import METHOD as SEA
 
 #: ``make demo``'s schedule (recipes/demo.py) without its length: the tiny shape, batches of 64 sentences, lr 2e-3
 #: with inverse-square-root decay after 100 warm-up steps.
@@ -25,49 +27,39 @@ DEMO_SCHEDULE = [
     "--lr_scheduler_type", "inverse_sqrt", "--adam_beta2", "0.98", "--weight_decay", "0.0001",
     "--logging_steps", "50", "--report_to", "none", "--per_device_eval_batch_size", "100",
 ]
-
-DHICM_LAYERS = {"encoder_layers": [-1], "decoder_layers": [-1]}
-#: The EaDRA components the studies regularize: encoder and decoder self-attention.
-#: The components the studies' EaDRA rows regularize (the "eadra" preset's).
-STUDY_COMPONENTS = ("encoder", "decoder")
-
-
-def dhicm_settings(reduction: str, weight: float, mode: str = "paper") -> dict:
-    """DHICM on the last encoder and the last decoder layer, every field written out."""
-    return {DHICM.name: {**DHICM_LAYERS, "kl_reduction": reduction, "kl_weight": weight, "mode": mode}}
-
-
-def eadra_settings(dist: str, *, warmup: int = 0, scale: float = 1.0, alpha_scale: float = 1.0) -> dict:
-    """EaDRA on encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas (``eadra.DEFAULTS``;
-    alpha_peak 0) times ``scale``, written out, and the ``alpha_scale`` option (every alpha's factor in the model)
-    explicit, so that later default changes do not change a row."""
-    components = {name: {"alpha_peak": 0.0, "alpha_sent": EADRA_DEFAULTS[name]["alpha_sent"] * scale,
-                         "alpha_dist": EADRA_DEFAULTS[name]["alpha_dist"] * scale} for name in STUDY_COMPONENTS}
-    return {EADRA.name: {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup,
-                         "alpha_scale": alpha_scale}}
-
-
-def sea_settings(kind: str, heads: str = "redundant") -> dict:
-    """DEA (``kind="dea"``) or LPEA (``"lpea"``) on the redundant heads (RHE) of the first encoder layer (the presets
-    ``dea_rhe``/``lpea_rhe``), with k = 6 and our reading of Rule 2 written out."""
-    return {SEA.name: {"type": kind, "heads": heads, "layers": [0], "max_relative_position": 6, "rule2": "symmetric"}}
-
+#: The reproduction's schedule (recipes/reproduce_multi30k.py) without its length, evaluation and logging: the small
+#: shape, 8k vocabulary, dropout 0.3, batches of 256 sentences, lr 1e-3 with inverse-square-root decay after 500
+#: warm-up steps.
+REPRODUCTION_SCHEDULE = [
+    "--source_lang", "en", "--target_lang", "de", "--model_shape", "small", "--vocab_size", "8000",
+    "--dropout", "0.3", "--label_smoothing", "0.1", "--learning_rate", "1e-3", "--lr_scheduler_type", "inverse_sqrt",
+    "--warmup_steps", "500", "--adam_beta2", "0.98", "--weight_decay", "0.0001", "--max_grad_norm", "1.0",
+    "--per_device_train_batch_size", "256", "--per_device_eval_batch_size", "256",
+]
 
 def prepare_tokenizer(tokenizer_dir: str | Path, multi30k_dir: str | Path, vocab_size: int = 6000,
                       source_lang: str = "en", target_lang: str = "de") -> Path:
     """The joint sentencepiece tokenizer every run of a study shares (trained on Multi30k's training split; reused when
     ``tokenizer_dir`` holds one)."""
-    from .training import ParallelDataArguments, load_recipe_data, scratch_tokenizer
+    from ..recipe_parts import ParallelDataArguments, load_recipe_data, scratch_tokenizer
 
     data = ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang, target_lang=target_lang)
     scratch_tokenizer(load_recipe_data(data)["train"], vocab_size, tokenizer_dir, source_lang, target_lang)
     return Path(tokenizer_dir)
 
 
+def parse_sources(script: str | Path, multi30k_dir: str | Path, parses_dir: str | Path, source_lang: str = "en",
+                  target_lang: str = "de") -> None:
+    """Parse Multi30k's sources with spaCy into ``parses_dir`` (the parses SEA's rows train on): ``script``
+    (``recipes/parse_sources.py``) in a subprocess."""
+    subprocess.run([sys.executable, str(script), "--multi30k_dir", str(multi30k_dir), "--source_lang", source_lang,
+                    "--target_lang", target_lang, "--output_dir", str(parses_dir)], check=True)
+
+
 def references(multi30k_dir: str | Path, splits: Sequence[str], target_lang: str = "de",
                source_lang: str = "en") -> dict[str, list[str]]:
     """The raw (detokenised) references of Multi30k ``splits``, as training scores them."""
-    from .training import ParallelDataArguments, load_recipe_data
+    from ..recipe_parts import ParallelDataArguments, load_recipe_data
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
                                                  target_lang=target_lang))
@@ -114,9 +106,9 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
     import datasets
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
 
-    from .presets import uses_syntax
-    from .trainer import HeadAttnSeq2SeqTrainer
-    from .training import (
+    from ..presets import uses_syntax
+    from ..trainer import HeadAttnSeq2SeqTrainer
+    from ..recipe_parts import (
         ParallelDataArguments, collator, load_recipe_data, prepare_features, syntax_parser_name, translate_and_score,
     )
 

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import torch
 
-from ..dhicm import METHOD, importance_sums
-from ..registry import readout
-from .plotting import pyplot, save_figure
+from hf_headattn.dhicm import METHOD
+from hf_headattn.experiment.plotting import pyplot, save_figure
+from hf_headattn.registry import readout
+
+from . import importance_sums
 
 #: DHICM's read-out: the forward flag that asks for the importances, and the output field that holds them.
 FLAG, FIELD = readout(METHOD)

@@ -1,4 +1,4 @@
-"""Iterative head pruning as Michel et al. (2019, §6.1) do it, with any importance criterion (issue #25).
+"""Iterative head pruning as Michel et al. (2019, §6.1) do it, with any importance criterion.
 
 Each step removes a share of the remaining heads, the least important by the criterion
 (:func:`~hf_headattn.analysis.head_ranking.heads_to_prune`), optionally fine-tunes, optionally recomputes the
@@ -15,19 +15,18 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from ..analysis.head_ranking import head_importance, heads_to_prune
-from ..head_masks import KINDS
-from ..sites import component_shape
-from .evaluation import compute_translation_metrics
-from .translate import translate
+from ..experiment.evaluation import compute_translation_metrics
+from ..experiment.translate import translate
+from ..sites import COMPONENTS, component_shape
+from .head_ranking import heads_to_prune, score_heads
 
-#: A pruned model is judged "as good" as the unpruned one within this many BLEU points (issue #25, Michel et al.).
+#: A pruned model is judged "as good" as the unpruned one within this many BLEU points (Michel et al.).
 BLEU_TOLERANCE = 0.5
 
 
 def total_heads(config) -> int:
     """All attention heads of the unpruned model (encoder self, decoder self and cross)."""
-    return sum(math.prod(component_shape(config, kind)) for kind in KINDS)
+    return sum(math.prod(component_shape(config, component)) for component in COMPONENTS)
 
 
 def pruned_count(config) -> int:
@@ -59,7 +58,7 @@ def iterative_pruning(model, criterion: str, importance_batches: Callable[[], It
     than ``max_share`` of all heads and never a module's last head; it stops when nothing is left to prune.
     ``importance_batches()`` gives the batches the importance is computed on (each time it is recomputed);
     ``on_step(model, records)`` is called after each step is scored (e.g. to keep the fine-tuned model).
-    ``among`` (``{kind: bool (layers, heads)}``) limits the heads that can be pruned (``heads_to_prune``);
+    ``among`` (``{component: bool (layers, heads)}``) limits the heads that can be pruned (``heads_to_prune``);
     ``unpruned``, the first record of an earlier run on the same model, saves evaluating the unpruned model again.
     """
     if not 0 < step_share <= 1 or not 0 < max_share < 1:
@@ -67,7 +66,7 @@ def iterative_pruning(model, criterion: str, importance_batches: Callable[[], It
     total = total_heads(model.config)
     records = [unpruned if unpruned is not None else _record(model, total, evaluate_model)]
     log(f"{criterion}: unpruned BLEU {records[0]['bleu']:.2f}")
-    importance = head_importance(model, importance_batches(), [criterion], seed=seed)[criterion]
+    importance = score_heads(model, importance_batches(), [criterion], seed=seed)[criterion]
     limit = math.floor(max_share * total)
     while pruned_count(model.config) < limit:
         remaining = total - pruned_count(model.config)
@@ -83,7 +82,7 @@ def iterative_pruning(model, criterion: str, importance_batches: Callable[[], It
         if on_step is not None:
             on_step(model, records)
         if recompute and pruned_count(model.config) < limit:
-            importance = head_importance(model, importance_batches(), [criterion], seed=seed)[criterion]
+            importance = score_heads(model, importance_batches(), [criterion], seed=seed)[criterion]
     return records
 
 

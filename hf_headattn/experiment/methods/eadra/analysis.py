@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ..eadra_math import normalized_entropy
-from ..registry import method_inputs
-from .plotting import pyplot, save_figure
+from hf_headattn.eadra_math import normalized_entropy
+from hf_headattn.experiment.plotting import pyplot, save_figure
+from hf_headattn.registry import method_inputs
 
 
 @torch.no_grad()

