@@ -13,6 +13,12 @@
 #   RESULTS=outputs/gpu RESUME=1 bash benchmarks/gpu.sh   # again: keeps the parts that finished, runs the rest
 #
 # Parts, in this order (each a process of its own with a time limit; its JSON is written as soon as it finishes):
+#   triton-check     benchmarks/triton_check.py: EaDRA's Triton pass (implementation="triton") against the eager pass
+#                    and float64 on the device, and the pass alone (forward + backward) timed against the eager and
+#                    the compiled pass (12 layers of 32 x 6 heads x 256, float32 and bfloat16 heads)
+#   tb-triton        transformer-base 32x256, eager: off eadra-scratch eadra-scratch-triton-pass ("-triton-pass": the
+#                    pass as Triton kernels; judged against EaDRA's targets)
+#   mbart-triton     mbart-large-8x512, eager: off eadra-finetune eadra-finetune-triton-pass
 #   tb-eager         transformer-base 32x256, eager: off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe
 #                    lpea-rhe, the naive port, and generate (beam 4, 64 new tokens, batch 32); "-eager-pass": EaDRA's
 #                    regularizer pass not compiled (its "auto" compiles it on CUDA), the comparison that chose "auto"
@@ -77,6 +83,8 @@ if [[ $SMOKE == 1 ]]; then
     GENERATE=(--generate-beams 2 --generate-tokens 4 --generate-repeats 1)
     CHECK_ROWS=(dhicm all)
     PROFILE_TIMING=(--warmup 1 --steps 1)
+    TRITON_CHECK=(--layers 2 --batch 2 --heads 2 --length 40 --repeats 1)
+    export TRITON_INTERPRET=1  # the Triton kernels run on the CPU under Triton's interpreter
     RESULTS=${RESULTS:-outputs/gpu-smoke-$(date +%Y%m%d-%H%M%S)}
 else
     DEVICE=${DEVICE:-cuda} BACKEND=${BACKEND:-inductor} DEADLINE=${DEADLINE:-340} LIMIT_SCALE=${LIMIT_SCALE:-1}
@@ -85,6 +93,7 @@ else
     GENERATE=(--generate-beams 4 --generate-tokens 64 --generate-repeats 2)
     read -ra CHECK_ROWS <<<"${CHECK_ROWS:-eadra all}"  # or: off dhicm dhicm-scaled eadra dea-rhe lpea-rhe all
     PROFILE_TIMING=(--warmup 3 --steps 2)
+    TRITON_CHECK=()
     gpu=${gpu%% / torch*}
     slug=$(tr -cs 'a-z0-9' '-' <<<"${gpu,,}" | sed 's/-$//')  # e.g. nvidia-h100-80gb-hbm3
     RESULTS=${RESULTS:-benchmarks/results/gpu/$slug-$(date +%Y%m%d-%H%M)}
@@ -140,6 +149,11 @@ timing() {
         --device "$DEVICE" --precision "$precision" --rows $rows "${compile[@]}" "$@" --out "$RESULTS/$name.json"
 }
 
+# EaDRA's Triton pass first (the open question): equal to the eager pass on CUDA, then the pass alone and a step timed
+part triton-check stacked check fp32+bf16 "triton eager compiled" 60 -- "$PYTHON" benchmarks/triton_check.py \
+    --device "$DEVICE" "${TRITON_CHECK[@]}" --out "$RESULTS/triton-check.json"
+timing tb-triton "$TB" eager "$PRECISION" "off eadra-scratch eadra-scratch-triton-pass" 70 "${TB_TIMING[@]}"
+timing mbart-triton "$LARGE" eager "$PRECISION" "off eadra-finetune eadra-finetune-triton-pass" 60 "${LARGE_TIMING[@]}"
 timing tb-eager "$TB" eager "$PRECISION" "off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe" 150 \
     --naive "${TB_TIMING[@]}" "${GENERATE[@]}"
 timing mbart-eager "$LARGE" eager "$PRECISION" "off dhicm-finetune eadra-finetune eadra-finetune-eager-pass" 90 \

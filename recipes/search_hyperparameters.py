@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
+from hf_headattn.experiment.kit import kits
 from hf_headattn.experiment.presets import early_stopping_callbacks, expand_argv, merge_settings, split_architecture
-from hf_headattn.experiment.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
-from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.experiment.recipe_parts import (
     MODEL_CLASSES, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer,
     write_json,
 )
+from hf_headattn.experiment.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.experiment.translation_recipe import DataArguments, ModelArguments, settings_from
-from hf_headattn.registry import registered_methods
 
 logger = logging.getLogger("search_hyperparameters")
 
@@ -51,12 +51,12 @@ def check_base(stages, model_args: ModelArguments, settings: dict, training_args
     if model_args.model_name_or_path and keys & set(ARCHITECTURE):
         raise ValueError(f"grid keys {sorted(keys & set(ARCHITECTURE))} change the architecture, which "
                          f"{model_args.model_name_or_path} fixes; search them from scratch (--model_shape)")
-    for spec in registered_methods():  # a method's setting (``<method>.<setting>``) searched with the method off
-        searched = sorted(key for key in keys if key.startswith(f"{spec.name}."))
-        if searched and settings.get(spec.name) is None:
-            raise ValueError(f"the grid searches {', '.join(searched)} but {spec.name} is off (--method "
+    for kit in kits():  # a method's setting (``<method>.<setting>``) searched with the method off
+        searched = sorted(key for key in keys if key.startswith(f"{kit.name}."))
+        if searched and settings.get(kit.name) is None:
+            raise ValueError(f"the grid searches {', '.join(searched)} but {kit.name} is off (--method "
                              f"{model_args.method}); expected a --method that switches it on, e.g. "
-                             f"--method {next(iter(spec.presets))}")
+                             f"--method {next(iter(kit.method_names), kit.name)}")
     if training_args.label_smoothing_factor > 0:
         raise ValueError(f"label_smoothing_factor={training_args.label_smoothing_factor}: use --label_smoothing "
                          "(computed inside the model) or the grid key label_smoothing")

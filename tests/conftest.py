@@ -53,7 +53,7 @@ def syntax_batch():
 SLOW_MODULES = {
     "test_compile", "test_converged_study", "test_distributed", "test_fidelity_study", "test_fused_passes",
     "test_gpu_script", "test_long_run", "test_notebooks", "test_overhead", "test_prune_heads_recipe",
-    "test_recipe_finetune_mbart", "test_recipes", "test_search", "test_benchmarks_profile",
+    "test_recipe_finetune_mbart", "test_recipes", "test_search", "test_benchmarks_profile", "test_eadra_triton",
 }
 SLOW_TESTS = {
     "test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli", "test_import_does_not_load_the_experiment_kit",

@@ -3,6 +3,7 @@
 ``gpu.sh``; ``SMOKE=1 bash benchmarks/gpu.sh`` runs all of it on the CPU in minutes)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,19 @@ def test_summary_judges_each_target(tmp_path):
     assert counts["met"] + counts["not_met"] + counts["not_measured"] == len(counts["checks"])
     assert {r["part"] for r in summary["table"]} == {"tb-eager", "tb-compiled", "tb-bf16", "mbart-no-logits"}
     assert "targets:" in gpu_summary.summary_table(summary)
+
+
+def test_triton_check_under_the_interpreter(tmp_path):
+    """``benchmarks/triton_check.py`` on the CPU under Triton's interpreter, at a tiny stacked shape: the Triton pass
+    equals the eager pass and float64 (float32 heads within its tolerance), both heads dtypes timed, the JSON
+    written."""
+    pytest.importorskip("triton")
+    out = tmp_path / "triton.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_check.py"), "--device", "cpu", "--layers", "2",
+                    "--batch", "2", "--heads", "2", "--length", "20", "--repeats", "1", "--out", str(out)],
+                   check=True, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["ok"] is True and result["shape"] == {"layers": 2, "batch": 2, "heads": 2, "length": 20}
+    assert set(result["errors"]) == set(result["ms"]) == {"float32", "bfloat16"}
+    assert max(result["errors"]["float32"].values()) < 1e-5 and set(result["ms"]["float32"]) == {"triton", "eager"}
+    assert result["errors"]["bfloat16"]["terms_vs_eager"] < 1e-5  # the gradients carry one bfloat16 rounding

@@ -127,7 +127,8 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     if not {"max_length", "max_new_tokens"} & set(generate_kwargs) and generation.max_length is None \
             and generation.max_new_tokens is None:
         generate_kwargs["max_length"] = model.config.max_position_embeddings
-    syntax = model_parser(model.config, parser) if any(kit_of(spec).uses_syntax for spec in active_methods(model.config)) else None
+    reads_syntax = any(kit_of(spec).uses_syntax for spec in active_methods(model.config))
+    syntax = model_parser(model.config, parser) if reads_syntax else None
     if syntax is None and parser is not None:
         syntax_methods = [kit.name for kit in kits() if kit.uses_syntax]
         logger.warning(f"the model switches on no method that reads syntax ({', '.join(syntax_methods)}); the parser "

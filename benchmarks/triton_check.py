@@ -1,0 +1,116 @@
+"""EaDRA's Triton pass (``eadra={"implementation": "triton"}``, :mod:`hf_headattn.eadra_triton`) on one device: its
+terms and query/key gradients against the eager pass and float64, and the pass alone (forward + backward) timed
+against the eager and the compiled pass, at one stacked shape:
+
+    python benchmarks/triton_check.py --device cuda --out outputs/triton_check.json   # transformer-base-like
+    TRITON_INTERPRET=1 python benchmarks/triton_check.py --device cpu --layers 2 --batch 2 --heads 2 --length 40 \\
+        --repeats 1                                                                  # the CPU, under the interpreter
+
+The shape: ``layers`` stacked layers of ``batch`` sentences, ``heads`` regularized heads of 64 dimensions, ``length``
+queries and keys, the second half of the sentences padded by a quarter, causal on every other layer (as the encoder
+and decoder self-attention of EaDRA from scratch); heads in float32 and in bfloat16 (autocast's). JSON: ``device``,
+``torch``, ``triton``, ``shape``, ``errors`` (per heads dtype: the largest |Triton - reference| over the terms and over
+the gradients, relative to the largest |reference|, against the eager pass and against float64), ``ms`` (per heads
+dtype and pass: median forward + backward), ``ok`` (float32 errors within ``TOLERANCE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hf_headattn import eadra_math, eadra_triton
+
+#: The largest error relative to the reference's largest entry that counts as equal (float32 heads).
+TOLERANCE = 1e-4
+WEIGHTS = (0.7, -1.3, 0.9)  # R_peak, R_sent, R_dist in the objective
+
+
+def stacked_inputs(layers, batch, heads, length, dim, device, dtype, seed=0):
+    """Queries and keys (B, H, T, D) per layer, the support (L, B, 1, T, T) and the real queries (L, B, 1, T)."""
+    generator = torch.Generator().manual_seed(seed)
+    queries = [torch.randn(batch, heads, length, dim, generator=generator).to(device, dtype) for _ in range(layers)]
+    keys = [torch.randn(batch, heads, length, dim, generator=generator).to(device, dtype) for _ in range(layers)]
+    lengths = torch.tensor([length if b < (batch + 1) // 2 else length - length // 4 for b in range(batch)])
+    real = torch.arange(length)[None] < lengths[:, None]  # (B, T)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    support = torch.stack([real[:, None, :].expand(-1, length, -1) & (causal if layer % 2 else True)
+                           for layer in range(layers)])
+    query_mask = real[None].expand(layers, -1, -1) & support.any(-1)
+    return queries, keys, support[:, :, None].to(device), query_mask[:, :, None].to(device)
+
+
+def run(implementation, queries, keys, support, query_mask, dtype=None):
+    """The terms and the query/key gradients of one pass (``dtype``: the heads cast first, e.g. float64)."""
+    inputs = [(x if dtype is None else x.to(dtype)).detach().requires_grad_() for x in (*queries, *keys)]
+    qs, ks = inputs[:len(queries)], inputs[len(queries):]
+    heads = qs[0].shape[1]
+    if implementation == "triton":
+        terms = eadra_triton.layer_regularizers(qs, ks, heads, 0.125, support, query_mask)
+    else:
+        terms = eadra_math.layer_regularizers(qs, ks, heads, 0.125, support, query_mask,
+                                              implementation=implementation)
+    objective = sum(w * t.sum() for w, t in zip(WEIGHTS, terms))
+    return [t.detach() for t in terms], torch.autograd.grad(objective, inputs)
+
+
+def relative_error(got, expected) -> float:
+    """max |got - expected| / max |expected| over a list of tensors."""
+    error = max((g.double() - e.double()).abs().max().item() for g, e in zip(got, expected))
+    return error / max(max(e.double().abs().max().item() for e in expected), 1e-30)
+
+
+def median_ms(function, device, repeats) -> float:
+    function()  # warm-up (and compiles)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        function()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1000)
+    return round(statistics.median(times), 3)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    timed = ("triton", "eager") + (("compiled",) if device.type == "cuda" else ())
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "triton": getattr(eadra_triton.triton, "__version__", None),
+              "shape": {k: getattr(args, k) for k in ("layers", "batch", "heads", "length")}, "errors": {}, "ms": {}}
+    for dtype in (torch.float32, torch.bfloat16):
+        inputs = stacked_inputs(args.layers, args.batch, args.heads, args.length, 64, device, dtype)
+        fast, eager = run("triton", *inputs), run("eager", *inputs)
+        reference = run("eager", *inputs, dtype=torch.float64)
+        name = str(dtype).removeprefix("torch.")
+        result["errors"][name] = {
+            "terms_vs_eager": relative_error(fast[0], eager[0]), "grads_vs_eager": relative_error(fast[1], eager[1]),
+            "terms_vs_float64": relative_error(fast[0], reference[0]),
+            "grads_vs_float64": relative_error(fast[1], reference[1])}
+        result["ms"][name] = {impl: median_ms(lambda: run(impl, *inputs), device, args.repeats) for impl in timed}
+        print(name, json.dumps(result["errors"][name]), json.dumps(result["ms"][name]), flush=True)
+    result["ok"] = all(v <= TOLERANCE for v in result["errors"]["float32"].values())
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
