@@ -75,7 +75,7 @@ from transformers import MBartConfig
 from compile_check import break_reasons, dynamo_counts, raise_recompile_limits
 from operator_count import count_operators, sync_operators
 from setups import (PRECISIONS, ROWS, SHAPES, add_model_arguments, autocast, build_on, default_precision, make_batch,
-                    model_inputs, step_fn)
+                    model_inputs, step_fn, timed)
 
 GENERATE_TOKENS = 8
 #: The targets (ratios to stock SDPA in one run).
@@ -91,16 +91,6 @@ def generate_operators(kind, model, batch, autocast_dtype=None) -> int:
             return count_operators(lambda: model.generate(**inputs, **kwargs))
     finally:
         model.train()
-
-
-def timed(step, device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1000
 
 
 def minor_faults() -> int | None:

@@ -9,6 +9,7 @@ runs (``autocast-bf16`` is ``Seq2SeqTrainer(bf16=True)``).
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 from transformers import MBartConfig, MBartForConditionalGeneration
@@ -157,3 +158,14 @@ def add_model_arguments(parser, shape: str, rows, rows_help: str) -> None:
 def default_precision(device: str) -> str:
     """How the Trainer trains there: bf16 autocast on CUDA, fp32 elsewhere."""
     return "autocast-bf16" if device.startswith("cuda") else "fp32"
+
+
+def timed(step, device) -> float:
+    """Milliseconds ``step()`` takes on ``device`` (synchronised before and after on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1000

@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from hf_headattn import eadra_math, eadra_triton
+from setups import timed
 
 #: The largest error relative to the reference's largest entry that counts as equal (float32 heads).
 TOLERANCE = 1e-4
@@ -67,16 +67,7 @@ def relative_error(got, expected) -> float:
 
 def median_ms(function, device, repeats) -> float:
     function()  # warm-up (and compiles)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        function()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1000)
-    return round(statistics.median(times), 3)
+    return round(statistics.median(timed(function, device) for _ in range(repeats)), 3)
 
 
 def main(argv=None) -> dict:
@@ -90,7 +81,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    timed = ("triton", "eager") + (("compiled",) if device.type == "cuda" else ())
+    passes = ("triton", "eager") + (("compiled",) if device.type == "cuda" else ())
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "triton": getattr(eadra_triton.triton, "__version__", None),
               "shape": {k: getattr(args, k) for k in ("layers", "batch", "heads", "length")}, "errors": {}, "ms": {}}
@@ -103,7 +94,7 @@ def main(argv=None) -> dict:
             "terms_vs_eager": relative_error(fast[0], eager[0]), "grads_vs_eager": relative_error(fast[1], eager[1]),
             "terms_vs_float64": relative_error(fast[0], reference[0]),
             "grads_vs_float64": relative_error(fast[1], reference[1])}
-        result["ms"][name] = {impl: median_ms(lambda: run(impl, *inputs), device, args.repeats) for impl in timed}
+        result["ms"][name] = {impl: median_ms(lambda: run(impl, *inputs), device, args.repeats) for impl in passes}
         print(name, json.dumps(result["errors"][name]), json.dumps(result["ms"][name]), flush=True)
     result["ok"] = all(v <= TOLERANCE for v in result["errors"]["float32"].values())
     if args.out:
