@@ -24,7 +24,8 @@ import sentencepiece as spm
 import torch
 from transformers import DataCollatorForSeq2Seq, MBartConfig, MBartForConditionalGeneration, MBartTokenizer
 
-from hf_headattn.experiment.methods.sea.syntax import DataCollatorForSyntaxSeq2Seq, SpacyParser, align_syntax, parse_corpus
+from hf_headattn.experiment.methods.sea.syntax import (DataCollatorForSyntaxSeq2Seq, SpacyParser, align_syntax,
+                                                       parse_corpus)
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 SHAPES = {

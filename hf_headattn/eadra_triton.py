@@ -365,7 +365,8 @@ if triton is not None:
         tl.store(DK + n * S * D + cols[:, None] * D + offs_d[None, :], dk * scaling,
                  mask=col_ok[:, None] & (offs_d[None, :] < D))
 
-    _JIT = ("_masks_of", "_query_tile", "_scores", "_neighbour_index", "_neighbour", "_neighbour_value", "_probs_gradient",
+    _JIT = ("_masks_of", "_query_tile", "_scores", "_neighbour_index", "_neighbour", "_neighbour_value",
+            "_probs_gradient",
             "_forward_rows_kernel", "_forward_abar_kernel",
             "_backward_rows_kernel", "_backward_keys_kernel")
     _PYTHON = {name: globals()[name] for name in _JIT}  # the functions before triton.jit

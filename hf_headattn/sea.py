@@ -6,9 +6,9 @@ Variants (Tables 1-2), on the encoder self-attention of ``sea["layers"]`` (defau
 * ``"heads": "redundant"`` (default): +DEA+RHE / +LPEA+RHE, only on the heads Eq. 10 finds redundant, per sentence;
 * ``sea={"type": None, "prune": True}``: RHE pruning, the redundant heads' outputs are zeroed.
 
-Inputs (named forward arguments, from :class:`hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq`; only the SEA
-module reads them, so the decoder and cross-attention ignore them; ``generate()`` passes them to the encoder and
-expands them for beams): ``dependency_mask`` (B, S, S) bool, needed by DEA and by every RHE variant (Eq. 9 reads
+Inputs (named forward arguments, from ``DataCollatorForSyntaxSeq2Seq`` of SEA's kit,
+:mod:`hf_headattn.experiment.methods.sea.syntax`; only the SEA module reads them, so the decoder and cross-attention
+ignore them; ``generate()`` passes them to the encoder and expands them for beams): ``dependency_mask`` (B, S, S) bool, needed by DEA and by every RHE variant (Eq. 9 reads
 it, LPEA+RHE included); ``phrase_positions`` (B, S, S) integer, needed by LPEA. Label rule: a value is either
 ``NOT_IN_PHRASE`` (outside the local phrase) or a relative phrasal position with |RP| < |NOT_IN_PHRASE|, clipped
 to [-k, k] (Eq. 7); anything else raises. The math is in :mod:`hf_headattn.sea_math`.
@@ -103,8 +103,8 @@ def placements(settings: SEASettings, config) -> list[tuple[str, int, str]]:
 
 # --- inputs ------------------------------------------------------------------------------------------------------
 
-_HOW = ("build batches with hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq (after add_syntax_features), or pass "
-        "it yourself: model(..., {name}=...) or model.generate(..., {name}=...)")
+_HOW = ("build batches with hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq (after "
+        "add_syntax_features), or pass it yourself: model(..., {name}=...) or model.generate(..., {name}=...)")
 
 
 def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ...]:

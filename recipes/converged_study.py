@@ -46,7 +46,8 @@ from hf_headattn.experiment.data import TEST_SPLIT as TEST
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
 from hf_headattn.experiment.methods import dhicm, eadra, sea
 from hf_headattn.experiment.presets import uses_syntax
-from hf_headattn.experiment.study import DEMO_SCHEDULE, REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer, references
+from hf_headattn.experiment.study import (DEMO_SCHEDULE, REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer,
+                                          references)
 from hf_headattn.experiment.study.arguments import add_run_arguments, apply_device_defaults, split_passthrough
 from hf_headattn.experiment.study.launch import ConvergenceRuns, convergence_flags, launch
 from hf_headattn.experiment.study.protocol import StagedStudy

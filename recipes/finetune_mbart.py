@@ -38,7 +38,8 @@ from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
 from hf_headattn.experiment.data import tokenize_parallel
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
-from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data, set_languages, translate_and_score, write_json
+from hf_headattn.experiment.recipe_parts import (ParallelDataArguments, load_recipe_data, set_languages,
+                                                 translate_and_score, write_json)
 
 logger = logging.getLogger("finetune_mbart")
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_headattn.experiment.methods.sea.syntax import DEFAULT_SPACY_MODEL, Dependencies, SpacyParser, parse_corpus, write_conllu
+from hf_headattn.experiment.methods.sea.syntax import (DEFAULT_SPACY_MODEL, Dependencies, SpacyParser, parse_corpus,
+                                                       write_conllu)
 from hf_headattn.experiment.recipe_parts import (
     PARSER_FILE, ParallelDataArguments, load_recipe_data, parses_file_name, syntax_parser_name, write_json,
 )

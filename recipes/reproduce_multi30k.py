@@ -27,13 +27,13 @@ import sys
 from pathlib import Path
 
 from hf_headattn.experiment.arguments import existing_dir, positive_float, positive_int
+from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.study import REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer
 from hf_headattn.experiment.study.arguments import split_passthrough
 from hf_headattn.experiment.study.runs import load_results, run_dir, training_jobs
 
 HERE = Path(__file__).resolve().parent
 ROWS = ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe"]
-TEST_SPLIT = "test_2016_flickr"
 
 #: The hyperparameters every row shares (transformer_iwslt-like optimisation scaled to a 4+4-layer d=256 model).
 COMMON_FLAGS = [

@@ -109,7 +109,8 @@ def test_two_kits_that_claim_one_recipe_name_are_refused(toy, monkeypatch):
         with pytest.raises(ValueError, match=r"the methods 'toy' and 'toy2' both define the recipe name 'toy'"):
             method_settings("toy")
         kit_module.KIT = toy_kit.KIT
-        with pytest.raises(ValueError, match=r"its kit module 'toy2_kit' must define KIT = MethodKit\('toy2', \.\.\.\)"):
+        expected = r"its kit module 'toy2_kit' must define KIT = MethodKit\('toy2', \.\.\.\)"
+        with pytest.raises(ValueError, match=expected):
             method_settings("toy")
     finally:
         unregister_method("toy2")

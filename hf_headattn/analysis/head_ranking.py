@@ -41,7 +41,7 @@ ATTENTION_OUTPUTS = {"encoder": "encoder_attentions", "decoder": "decoder_attent
 
 def method_criteria() -> dict:
     """``{criterion name: method spec}`` of the registered methods whose kit scores heads (``MethodKit.importance``)."""
-    return {kit_of(spec).importance[0]: spec for spec in registered_methods() if kit_of(spec).importance}
+    return {kit.importance[0]: spec for spec in registered_methods() if (kit := kit_of(spec)).importance}
 
 
 def criteria() -> list[str]:

@@ -48,7 +48,8 @@ def write_model_card(model, output_dir: str | Path, name: str, scores: dict | No
     (e.g. :func:`hf_headattn.experiment.evaluation.compute_translation_metrics` results)."""
     settings = method_settings_of(model.config)
     active = active_methods(model.config)
-    methods = "\n".join(f"- **{spec.name}**: {kit_of(spec).paper}" for spec in active) or "- none (the stock architecture)"
+    methods = "\n".join(f"- **{spec.name}**: {kit_of(spec).paper}" for spec in active)
+    methods = methods or "- none (the stock architecture)"
     rows = ["| test set | BLEU | chrF | signature |", "|---|---|---|---|"]
     for test_set, metrics in (scores or {}).items():
         rows.append(f"| {test_set} | {metrics['bleu']:.2f} | {metrics['chrf']:.2f} | `{metrics.get('bleu_signature', '')}` |")

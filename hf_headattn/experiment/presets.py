@@ -1,6 +1,7 @@
 """Named method settings, model shapes and the papers' presets for the recipes: small diffs over one default.
 
-A preset (:func:`paper_presets`, from the methods' kits; ``--preset NAME`` in the recipes, several joined with "+", later ones winning) holds
+A preset (:func:`paper_presets`, from the methods' kits; ``--preset NAME`` in the recipes, several joined with "+",
+later ones winning) holds
 
 * ``flags``: values of recipe flags (``--model_shape``, ``--method``, ``--dropout``, ``--attention_dropout``,
   ``--label_smoothing``, ``--num_beams``, ``--early_stopping_patience``) and of ``Seq2SeqTrainingArguments``

@@ -174,8 +174,8 @@ def parses_file_name(split: str, src: str) -> str:
 
 def collator(tokenizer, model, settings: dict):
     """The batch collator: the syntax collator when a method switched on in ``settings`` needs syntax (reading Rule 2
-    as the model's config or the settings say, :meth:`~hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq.for_model`),
-    else ``DataCollatorForSeq2Seq``."""
+    as the model's config or the settings say,
+    :meth:`~.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq.for_model`), else ``DataCollatorForSeq2Seq``."""
     if uses_syntax(settings):
         from .methods.sea.syntax import DataCollatorForSyntaxSeq2Seq
 

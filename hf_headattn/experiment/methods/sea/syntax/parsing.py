@@ -241,7 +241,7 @@ class BeneparParser:
     """Constituency trees from the Berkeley Neural Parser (the paper's choice, §5.1), run inside spaCy.
 
     Needs ``pip install benepar`` and its model (``benepar.download("benepar_en3")``), which needs the internet;
-    offline use :class:`~hf_headattn.experiment.methods.sea.syntax.readers.BracketedTreeFile` or ``phrases="dependency"``.
+    offline use :class:`~.readers.BracketedTreeFile` or ``phrases="dependency"``.
     Multi-sentence lines follow ``on_multiple_sentences`` like :class:`SpacyParser`.
     """
 

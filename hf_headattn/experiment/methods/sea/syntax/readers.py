@@ -1,9 +1,9 @@
 """Parses made elsewhere: CoNLL-U dependency files and Penn-Treebank bracketed constituency trees.
 
 Sentence ``k`` of a file is the parse of example ``k`` of the dataset. Its words are matched against the example's
-text (:func:`~hf_headattn.experiment.methods.sea.syntax.parsing.match_words`), so a file that belongs to another corpus, or has fewer
+text (:func:`~.parsing.match_words`), so a file that belongs to another corpus, or has fewer
 sentences than the corpus, raises an error naming the example instead of being misaligned; one with more sentences
-than the corpus raises a ``ValueError`` in :func:`~hf_headattn.experiment.methods.sea.syntax.parse_corpus` (``check_count``).
+than the corpus raises a ``ValueError`` in :func:`~.parse_corpus` (``check_count``).
 """
 
 from __future__ import annotations
