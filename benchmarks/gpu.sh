@@ -15,26 +15,29 @@
 # Parts, in this order (each a process of its own with a time limit; its JSON is written as soon as it finishes):
 #   triton-check     benchmarks/triton_check.py: EaDRA's Triton pass (implementation="triton") against the eager pass
 #                    and float64 on the device, and the pass alone (forward + backward) timed against the eager and
-#                    the compiled pass (12 layers of 32 x 6 heads x 256, float32 and bfloat16 heads)
+#                    the compiled pass (12 layers of 32 x 6 heads x 256, float32 and bfloat16 heads); TRITON_CHECK:
+#                    more arguments, e.g. "--tiles 32x64 64x32" (other tile shapes timed)
 #   tb-triton        transformer-base 32x256, eager: off eadra-scratch eadra-scratch-triton-pass ("-triton-pass": the
 #                    pass as Triton kernels; judged against EaDRA's targets)
 #   mbart-triton     mbart-large-8x512, eager: off eadra-finetune eadra-finetune-triton-pass
+#   tb-compiled      transformer-base, torch.compile(model) against compiled stock: COMPILED_ROWS (default off dhicm
+#                    eadra-scratch dea-rhe lpea-rhe)
+#   compile-check    benchmarks/compile_check.py: tiny model, inductor on the device, CHECK_ROWS (default eadra and
+#                    all, every method at once; a compile takes 30 s to over a minute on an H100; DHICM's rows passed
+#                    on CUDA already)
 #   tb-eager         transformer-base 32x256, eager: off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe
 #                    lpea-rhe, the naive port, and generate (beam 4, 64 new tokens, batch 32); "-eager-pass": EaDRA's
 #                    regularizer pass not compiled (its "auto" compiles it on CUDA), the comparison that chose "auto"
 #   mbart-eager      mbart-large-8x512, eager: off dhicm-finetune eadra-finetune eadra-finetune-eager-pass
 #   mbart-eager-sea  mbart-large-8x512, eager: dea-rhe lpea-rhe and the naive port (apart from mbart-eager: seven
 #                    mbart-large models with fp32 weights and AdamW state do not fit an H100's 80 GB at once)
-#   compile-check    benchmarks/compile_check.py: tiny model, inductor on the device, CHECK_ROWS (default eadra and
-#                    all, every method at once: about 30 s each on an H100; DHICM's rows passed on CUDA already)
-#   tb-compiled      transformer-base, torch.compile(model) against compiled stock: off dhicm eadra-scratch dea-rhe
-#                    lpea-rhe
 #   mbart-no-logits  mbart-large-8x512, eager: off off-no-logits eadra-finetune-no-logits (the loss without
 #                    the logits, against stock and the logits path)
 #   tb-profile       benchmarks/profile_step.py: transformer-base, eager, a torch.profiler profile of 2 steps of
 #                    stock and off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe: each row's kernel
 #                    time per step and the operators and kernels with the most self device time over stock's (not
 #                    judged)
+#   tb-profile-compiled  the same of torch.compile(model), stock's too: dhicm eadra-scratch (a compile a model)
 #   tb-bf16          transformer-base, the model cast to bf16 (the earlier pure-bf16 runs): off off-no-logits
 #   mbart-compiled   mbart-large-8x512 compiled: eadra-finetune only, the row whose target is judged there (an
 #                    mbart-large compile takes about a minute a model); last, so the deadline cuts it first
@@ -43,7 +46,8 @@
 #                    EXTRA_PARTS='tb-no-logits|transformer-base|eager|autocast-bf16|off off-no-logits|60|--repeats 6'
 #
 # Output: RESULTS (default benchmarks/results/gpu/<gpu>-<date>-<time>; outputs/gpu-smoke-<time> with SMOKE=1) holds
-# <part>.json (overhead.py's JSON; compile_check.py's for compile-check, profile_step.py's for tb-profile),
+# <part>.json (overhead.py's JSON; compile_check.py's for compile-check, triton_check.py's for triton-check,
+# profile_step.py's for tb-profile and tb-profile-compiled),
 # logs/<part>.log and logs/<part>.tsv (status line), parts.tsv (every part's status, seconds, shape, mode, precision
 # and rows) and summary.json (gpu_summary.py: the GPU targets, each met / not met / not measured, and one line per
 # part and row of the timing parts), whose table is printed at the end; tb-profile's table is in logs/tb-profile.log.
@@ -82,6 +86,7 @@ if [[ $SMOKE == 1 ]]; then
     TB_TIMING=(--repeats 1 --warmup 1) LARGE_TIMING=(--repeats 1 --warmup 1) COMPILED_TIMING=(--repeats 1 --warmup 1)
     GENERATE=(--generate-beams 2 --generate-tokens 4 --generate-repeats 1)
     CHECK_ROWS=(dhicm all)
+    COMPILED_ROWS=(off dhicm eadra-scratch dea-rhe lpea-rhe)
     PROFILE_TIMING=(--warmup 1 --steps 1)
     TRITON_CHECK=(--layers 2 --batch 2 --heads 2 --length 40 --repeats 1)
     export TRITON_INTERPRET=1  # the Triton kernels run on the CPU under Triton's interpreter
@@ -92,8 +97,9 @@ else
     TB_TIMING=(--repeats 12 --warmup 3) LARGE_TIMING=(--repeats 6 --warmup 2) COMPILED_TIMING=(--repeats 8 --warmup 2)
     GENERATE=(--generate-beams 4 --generate-tokens 64 --generate-repeats 2)
     read -ra CHECK_ROWS <<<"${CHECK_ROWS:-eadra all}"  # or: off dhicm dhicm-scaled eadra dea-rhe lpea-rhe all
+    read -ra COMPILED_ROWS <<<"${COMPILED_ROWS:-off dhicm eadra-scratch dea-rhe lpea-rhe}"
     PROFILE_TIMING=(--warmup 3 --steps 2)
-    TRITON_CHECK=()
+    read -ra TRITON_CHECK <<<"${TRITON_CHECK:-}"  # e.g. --tiles 32x64 64x32 128x64: more tile shapes timed
     gpu=${gpu%% / torch*}
     slug=$(tr -cs 'a-z0-9' '-' <<<"${gpu,,}" | sed 's/-$//')  # e.g. nvidia-h100-80gb-hbm3
     RESULTS=${RESULTS:-benchmarks/results/gpu/$slug-$(date +%Y%m%d-%H%M)}
@@ -150,25 +156,29 @@ timing() {
 }
 
 # EaDRA's Triton pass first (the open question): equal to the eager pass on CUDA, then the pass alone and a step timed
-part triton-check stacked check fp32+bf16 "triton eager compiled" 60 -- "$PYTHON" benchmarks/triton_check.py \
+part triton-check stacked triton fp32+bf16 "triton eager compiled" 90 -- "$PYTHON" benchmarks/triton_check.py \
     --device "$DEVICE" "${TRITON_CHECK[@]}" --out "$RESULTS/triton-check.json"
 timing tb-triton "$TB" eager "$PRECISION" "off eadra-scratch eadra-scratch-triton-pass" 70 "${TB_TIMING[@]}"
 timing mbart-triton "$LARGE" eager "$PRECISION" "off eadra-finetune eadra-finetune-triton-pass" 60 "${LARGE_TIMING[@]}"
+# then what compiles on CUDA (both unmeasured there): compiled rows against compiled stock, and the compile check
+timing tb-compiled "$TB" compiled "$PRECISION" "${COMPILED_ROWS[*]}" 200 "${COMPILED_TIMING[@]}"
+part compile-check tiny check "$PRECISION" "${CHECK_ROWS[*]}" 150 -- "$PYTHON" benchmarks/compile_check.py \
+    --device "$DEVICE" --backend "$BACKEND" --precision "$PRECISION" --rows "${CHECK_ROWS[@]}" \
+    --out "$RESULTS/compile-check.json"
 timing tb-eager "$TB" eager "$PRECISION" "off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe" 150 \
     --naive "${TB_TIMING[@]}" "${GENERATE[@]}"
 timing mbart-eager "$LARGE" eager "$PRECISION" "off dhicm-finetune eadra-finetune eadra-finetune-eager-pass" 90 \
     "${LARGE_TIMING[@]}"
 timing mbart-eager-sea "$LARGE" eager "$PRECISION" "dea-rhe lpea-rhe" 70 --naive "${LARGE_TIMING[@]}"
-part compile-check tiny check "$PRECISION" "${CHECK_ROWS[*]}" 100 -- "$PYTHON" benchmarks/compile_check.py \
-    --device "$DEVICE" --backend "$BACKEND" --precision "$PRECISION" --rows "${CHECK_ROWS[@]}" \
-    --out "$RESULTS/compile-check.json"
 # the loss without the logits (config.loss_without_logits), against stock and the logits path
 timing mbart-no-logits "$LARGE" eager "$PRECISION" "off off-no-logits eadra-finetune-no-logits" 70 "${LARGE_TIMING[@]}"
-timing tb-compiled "$TB" compiled "$PRECISION" "off dhicm eadra-scratch dea-rhe lpea-rhe" 200 "${COMPILED_TIMING[@]}"
 PROFILE_ROWS=(off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe)
 part tb-profile "$TB" profile "$PRECISION" "${PROFILE_ROWS[*]}" 60 -- "$PYTHON" benchmarks/profile_step.py \
     --shape "$TB" --device "$DEVICE" --precision "$PRECISION" --rows "${PROFILE_ROWS[@]}" "${PROFILE_TIMING[@]}" \
     --out "$RESULTS/tb-profile.json"
+part tb-profile-compiled "$TB" profile "$PRECISION" "dhicm eadra-scratch" 150 -- "$PYTHON" benchmarks/profile_step.py \
+    --shape "$TB" --device "$DEVICE" --precision "$PRECISION" --rows dhicm eadra-scratch --compile "$BACKEND" \
+    "${PROFILE_TIMING[@]}" --out "$RESULTS/tb-profile-compiled.json"
 timing tb-bf16 "$TB" eager bf16 "off off-no-logits" 40 "${TB_TIMING[@]}"
 timing mbart-compiled "$LARGE" compiled "$PRECISION" "eadra-finetune" 150 "${COMPILED_TIMING[@]}"
 

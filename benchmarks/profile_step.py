@@ -2,14 +2,15 @@
 
 Each row's model, and stock HF's, is built with ``overhead.py``'s weights, batch and step (forward and loss under
 ``--precision``'s autocast, backward, AdamW fused on CUDA), one row at a time; after ``--warmup`` steps, ``--steps``
-steps are profiled (``torch.profiler``, CPU and CUDA activities). Times are per step, in ms.
+steps are profiled (``torch.profiler``, CPU and CUDA activities). Times are per step, in ms. ``--compile``
+profiles ``torch.compile(model)`` (stock's too; the warm-up compiles).
 
     python benchmarks/profile_step.py --shape tiny --rows off dhicm --device cpu --out outputs/profile-tiny.json
     python benchmarks/profile_step.py --device cuda --out outputs/profile-tb.json  # transformer-base, 5 rows
     bash benchmarks/gpu.sh  # part tb-profile, see that script
 
 JSON: ``shape``, ``batch_size``, ``length``, ``device``, ``device_name``, ``precision``, ``dtype``, ``autocast``,
-``optimizer``, ``warmup``, ``steps``, ``top``, ``total`` (what ``total_ms`` sums), ``torch``, ``transformers`` and
+``optimizer``, ``warmup``, ``steps``, ``compile`` (the backend or null), ``top``, ``total`` (what ``total_ms`` sums), ``torch``, ``transformers`` and
 ``rows`` (stock first, the reference; per row: ``settings``, ``total_ms``: on CUDA the self device time of every
 kernel, memcpy and memset, on the CPU the self CPU time of every operator; ``host_ms``: self CPU time, profiler
 overhead included; ``top``: the ``--top`` operators by self time (on CUDA the device time of the kernels each
@@ -88,7 +89,7 @@ def extra(entries: dict, stock: dict, k: int, steps: int) -> list[dict]:
 
 
 def run(shape: str, rows: list[str], device: str, precision: str, warmup: int, steps: int, k: int,
-        attn_implementation: str = "sdpa") -> dict:
+        attn_implementation: str = "sdpa", compile_backend: str | None = None) -> dict:
     device = torch.device(device)
     shape_kwargs, batch_size, length = SHAPES[shape]
     shape_kwargs = {"max_position_embeddings": max(1024, length), **shape_kwargs}
@@ -100,7 +101,7 @@ def run(shape: str, rows: list[str], device: str, precision: str, warmup: int, s
         "device_name": torch.cuda.get_device_name(device) if cuda else "cpu", "precision": precision,
         "dtype": str(dtype), "autocast": autocast_dtype and str(autocast_dtype),
         "optimizer": "AdamW(fused=True)" if cuda else "AdamW(foreach=True)", "warmup": warmup, "steps": steps,
-        "top": k, "total": "self device time of the kernels" if cuda else "self CPU time of the operators",
+        "compile": compile_backend, "top": k, "total": "self device time of the kernels" if cuda else "self CPU time of the operators",
         "torch": torch.__version__, "transformers": transformers.__version__, "rows": {},
     }
     runs = {"stock": ("stock", {}), **{row: ("ours", ROWS[row]) for row in rows}}
@@ -110,7 +111,9 @@ def run(shape: str, rows: list[str], device: str, precision: str, warmup: int, s
     for name, (kind, settings) in runs.items():  # one model at a time on the device
         try:
             model = build_on(device, kind, settings, shape_kwargs, device, dtype, attn_implementation)
-            step = step_fn(kind, model, batch, autocast_dtype)
+            torch._dynamo.reset()
+            run_model = torch.compile(model, backend=compile_backend) if compile_backend else model
+            step = step_fn(kind, run_model, batch, autocast_dtype)
             for _ in range(warmup):
                 step()
             profiles[name] = found = profile_steps(step, steps, device)
@@ -121,7 +124,7 @@ def run(shape: str, rows: list[str], device: str, precision: str, warmup: int, s
             print(f"{name}: {result['rows'][name]['error'][:300]}", file=sys.stderr)
             continue
         finally:
-            model = step = None
+            model = run_model = step = None
             if cuda:
                 torch.cuda.empty_cache()
         levels = {"": "operators", "_kernels": "kernels"} if cuda else {"": "operators"}
@@ -139,7 +142,8 @@ def run(shape: str, rows: list[str], device: str, precision: str, warmup: int, s
 
 
 def table(result: dict, extras: int = 5) -> str:
-    lines = [f"profile: {result['shape']} on {result['device_name']}, {result['precision']}, ms per step "
+    compiled = f", compiled ({result['compile']})" if result.get("compile") else ""
+    lines = [f"profile: {result['shape']} on {result['device_name']}, {result['precision']}{compiled}, ms per step "
              f"({result['total']}; {result['steps']} steps after {result['warmup']})",
              f"{'row':<15} {'total ms':>10} {'over stock':>11} {'ratio':>7} {'host ms':>9}"]
     for name, row in result["rows"].items():
@@ -160,6 +164,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=3, help="unprofiled steps first")
     parser.add_argument("--steps", type=int, default=2, help="profiled steps")
     parser.add_argument("--top", type=int, default=15, help="entries of each top and extra list")
+    parser.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                        help="profile torch.compile(model) (backend: inductor unless named), stock too")
     parser.add_argument("--out", type=Path, default=None, help="the JSON (printed when not given)")
     args = parser.parse_args(argv)
     for name, least in (("warmup", 0), ("steps", 1), ("top", 1)):
@@ -168,7 +174,7 @@ def main(argv=None) -> dict:
     args.precision = args.precision or default_precision(args.device)
     rows = list(dict.fromkeys(args.rows))
     result = run(args.shape, rows, args.device, args.precision, args.warmup, args.steps, args.top,
-                 args.attn_implementation)
+                 args.attn_implementation, args.compile)
     print(table(result))
     text = json.dumps(result, indent=2)
     if args.out:

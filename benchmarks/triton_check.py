@@ -9,9 +9,12 @@ against the eager and the compiled pass, at one stacked shape:
 The shape: ``layers`` stacked layers of ``batch`` sentences, ``heads`` regularized heads of 64 dimensions, ``length``
 queries and keys, the second half of the sentences padded by a quarter, causal on every other layer (as the encoder
 and decoder self-attention of EaDRA from scratch); heads in float32 and in bfloat16 (autocast's). JSON: ``device``,
-``torch``, ``triton``, ``shape``, ``errors`` (per heads dtype: the largest |Triton - reference| over the terms and over
-the gradients, relative to the largest |reference|, against the eager pass and against float64), ``ms`` (per heads
-dtype and pass: median forward + backward), ``ok`` (float32 errors within ``TOLERANCE``).
+``device_name``, ``torch``, ``triton``, ``shape``, ``errors`` (per heads dtype: the largest |Triton - reference| over
+the terms and over the gradients, relative to the largest |reference|, against the eager pass and against float64),
+``ms`` (per heads dtype and pass: median forward + backward), ``tiles`` (with ``--tiles``: per tile shape
+"BLOCK_MxBLOCK_N" the Triton pass on bfloat16 heads, median ms, or the error that stopped it; the default tiles are
+``ms``'s "triton"), ``ok`` (float32 errors within ``TOLERANCE``; null in the JSON written after each dtype and tile
+shape, until the end).
 """
 
 from __future__ import annotations
@@ -45,13 +48,15 @@ def stacked_inputs(layers, batch, heads, length, dim, device, dtype, seed=0):
     return queries, keys, support[:, :, None].to(device), query_mask[:, :, None].to(device)
 
 
-def run(implementation, queries, keys, support, query_mask, dtype=None):
-    """The terms and the query/key gradients of one pass (``dtype``: the heads cast first, e.g. float64)."""
+def run(implementation, queries, keys, support, query_mask, dtype=None, blocks=None):
+    """The terms and the query/key gradients of one pass (``dtype``: the heads cast first, e.g. float64; ``blocks``:
+    the Triton pass's (block_m, block_n), default its own)."""
     inputs = [(x if dtype is None else x.to(dtype)).detach().requires_grad_() for x in (*queries, *keys)]
     qs, ks = inputs[:len(queries)], inputs[len(queries):]
     heads = qs[0].shape[1]
     if implementation == "triton":
-        terms = eadra_triton.layer_regularizers(qs, ks, heads, 0.125, support, query_mask)
+        tiles = {} if blocks is None else dict(block_m=blocks[0], block_n=blocks[1])
+        terms = eadra_triton.layer_regularizers(qs, ks, heads, 0.125, support, query_mask, **tiles)
     else:
         terms = eadra_math.layer_regularizers(qs, ks, heads, 0.125, support, query_mask,
                                               implementation=implementation)
@@ -78,12 +83,21 @@ def main(argv=None) -> dict:
     parser.add_argument("--heads", type=int, default=6)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tiles", nargs="*", default=[], metavar="MxN",
+                        help="more tile shapes (block_m x block_n) to time the Triton pass with, on bfloat16 heads")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    tiles = {}
+    for text in args.tiles:
+        try:
+            tiles[text] = tuple(int(n) for n in text.lower().split("x"))
+            assert len(tiles[text]) == 2 and min(tiles[text]) >= 16
+        except (ValueError, AssertionError):
+            parser.error(f"--tiles {text!r}: expected BLOCK_MxBLOCK_N, each at least 16, e.g. 64x32")
     device = torch.device(args.device)
     passes = ("triton", "eager") + (("compiled",) if device.type == "cuda" else ())
-    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "triton": getattr(eadra_triton.triton, "__version__", None),
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result = {"device": str(device), "device_name": device_name, "torch": torch.__version__, "triton": getattr(eadra_triton.triton, "__version__", None),
               "shape": {k: getattr(args, k) for k in ("layers", "batch", "heads", "length")}, "errors": {}, "ms": {}}
     for dtype in (torch.float32, torch.bfloat16):
         inputs = stacked_inputs(args.layers, args.batch, args.heads, args.length, 64, device, dtype)
@@ -96,11 +110,28 @@ def main(argv=None) -> dict:
             "grads_vs_float64": relative_error(fast[1], reference[1])}
         result["ms"][name] = {impl: median_ms(lambda: run(impl, *inputs), device, args.repeats) for impl in passes}
         print(name, json.dumps(result["errors"][name]), json.dumps(result["ms"][name]), flush=True)
+        write(result, args.out)
+    if tiles:
+        inputs = stacked_inputs(args.layers, args.batch, args.heads, args.length, 64, device, torch.bfloat16)
+        result["tiles"] = {}
+        for text, blocks in tiles.items():
+            try:
+                result["tiles"][text] = median_ms(lambda: run("triton", *inputs, blocks=blocks), device, args.repeats)
+            except Exception as error:  # e.g. out of shared memory: a result
+                result["tiles"][text] = f"{type(error).__name__}: {error}"[:300]
+            write(result, args.out)
+        print("tiles", json.dumps(result["tiles"]), flush=True)
     result["ok"] = all(v <= TOLERANCE for v in result["errors"]["float32"].values())
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write(result, args.out)
     return result
+
+
+def write(result: dict, out: Path | None) -> None:
+    """The JSON as it stands (after each heads dtype and tile shape: a time limit keeps what was done; ``ok`` is
+    null until the end)."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"ok": None, **result}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

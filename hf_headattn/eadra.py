@@ -119,8 +119,10 @@ class EaDRASettings(MethodSettings):
     where the eager pass is some twenty memory-bound passes over float32 maps; eager on the CPU), "eager" or
     "compiled" (:mod:`hf_headattn.fused_passes`), or "triton": Triton kernels that never write a (queries x keys)
     map (:mod:`hf_headattn.eadra_triton`; CUDA, or the CPU under ``TRITON_INTERPRET=1``; no LPEA bias gradient;
-    inside a compiled model the model's graph takes the pass instead). Tested against the other passes on the CPU
-    with Triton's interpreter and not yet timed on a GPU, so "auto" does not choose it.
+    inside a compiled model the model's graph takes the pass instead). Equal to the other passes on an H100 and on
+    the CPU under Triton's interpreter, but slower on the H100 than the compiled pass (9.7 against 5.2 ms forward
+    and backward at transformer-base, ``benchmarks/results/gpu``), so "auto" does not choose it; it keeps the least
+    memory (1.006x stock's peak against 1.028x).
 
     Resolved, each component is a :class:`ComponentSettings` with every field resolved
     (:meth:`ComponentSettings.resolved_for`).

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.utils.checkpoint
 from torch.autograd.function import once_differentiable
 
 from .fused_passes import check_implementation, run
@@ -333,5 +334,9 @@ def layer_regularizers(
     ``(R_peak, R_sent, R_dist)``, each (L, B, h): per layer, sentence and head.
     """
     check_implementation(implementation)
-    return _LayerRegularizers.apply(num_heads, scaling, recompute, implementation, support, query_mask, bias, *queries,
-                                    *keys)
+    args = (num_heads, scaling, recompute, implementation, support, query_mask, bias, *queries, *keys)
+    if recompute and torch.compiler.is_compiling():
+        # a compiled model's graph holds forward and backward at once, and its partitioner keeps the maps (it does not
+        # recompute matrix products): marked as a checkpoint, the pass is recomputed in the backward there too
+        return torch.utils.checkpoint.checkpoint(_LayerRegularizers.apply, *args, use_reentrant=False)
+    return _LayerRegularizers.apply(*args)

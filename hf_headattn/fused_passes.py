@@ -55,8 +55,10 @@ def wants_compiled(implementation: str, device: torch.device) -> bool:
 
 
 def run(function, implementation: str, device: torch.device, *args):
-    """``function(*args)``, compiled where :func:`wants_compiled` says so and no outer compile runs."""
-    if not wants_compiled(implementation, device) or torch.compiler.is_compiling():
+    """``function(*args)``, compiled where :func:`wants_compiled` says so and no outer compile runs (asked first:
+    inside a compiled model, :func:`wants_compiled`'s look for Triton, ``importlib.util.find_spec``, is a graph
+    break)."""
+    if torch.compiler.is_compiling() or not wants_compiled(implementation, device):
         return function(*args)
     key = (function, COMPILE_BACKEND)
     if key not in _compiled:

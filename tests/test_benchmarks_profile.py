@@ -60,3 +60,19 @@ def test_gpu_script_runs_the_profile_part_after_tb_compiled():
     script = (ROOT / "benchmarks" / "gpu.sh").read_text()
     order = [script.index(line) for line in ("\ntiming tb-compiled ", "\npart tb-profile ", "\ntiming tb-bf16 ")]
     assert order == sorted(order) and "benchmarks/profile_step.py" in script
+
+
+def test_a_compiled_profile_compiles_stock_and_each_row():
+    """``--compile``: stock and the row profiled as ``torch.compile(model)`` (``aot_eager`` here), each compiled after
+    a reset (one graph each)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    result = profile_step.run("tiny", ["dhicm"], "cpu", "fp32", 1, 1, TOP, compile_backend="aot_eager")
+    assert result["compile"] == "aot_eager" and list(result["rows"]) == ["stock", "dhicm"]
+    assert all("error" not in row and row["total_ms"] > 0 for row in result["rows"].values())
+    assert counters["stats"]["unique_graphs"] == 2  # one graph a model: stock's and DHICM's
+    assert sum(counters["graph_break"].values()) == 0
+    assert "compiled (aot_eager)" in profile_step.table(result)
+    torch._dynamo.reset()

@@ -93,6 +93,7 @@ def row(median_ms, time_ratio, memory_ratio, compile=None, error=None):
 def test_summary_judges_each_target(tmp_path):
     clean = {"graphs": 1, "graph_breaks": 0, "recompiles": 0, "timed_alone": False}
     parts = {
+        "triton-check": ("ok", "stacked", "triton", "fp32+bf16", "triton eager compiled", None),
         "tb-eager": ("ok", "transformer-base", "eager", "autocast-bf16", "off dhicm eadra-scratch", {
             "stock": row(10, 1.0, 1.0), "off": row(10, 1.0, 1.0), "dhicm": row(11, 1.1, 1.01),
             "eadra-scratch": row(11, 1.1, 1.2)}),
@@ -113,9 +114,17 @@ def test_summary_judges_each_target(tmp_path):
             (tmp_path / f"{name}.json").write_text(json.dumps({"device": "cuda", "device_name": "H100", "torch": "2",
                                                                "transformers": "5", "rows": found}))
     (tmp_path / "parts.tsv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "triton-check.json").write_text(json.dumps({  # triton_check.py's: no rows, the run's device first
+        "ok": True, "device": "cuda", "device_name": "H100", "torch": "2", "errors": {"float32": {"grads": 1e-6}},
+        "ms": {"bfloat16": {"triton": 9.7, "compiled": 5.2}}}))
     summary = json.loads(json.dumps(gpu_summary.summarize(tmp_path)))
     met = {(c["target"], c["row"], c["part"]): c["met"] for c in summary["targets"]["checks"]}
+    assert met[("triton pass equal", "triton", "triton-check")] is True
     assert met[("eager time", "dhicm", "tb-eager")] is False  # 1.10 > 1.08
+    why = {(c["target"], c["row"], c["part"]): c.get("why") for c in summary["targets"]["checks"]}
+    assert why[("eager time", "dhicm", "tb-eager")] == gpu_summary.WHY["eager time", "dhicm"]  # a known reason
+    assert why[("compiled time", "dea-rhe", "tb-compiled")] is None  # over, for no known reason
+    assert why[("eager time", "eadra-scratch", "tb-eager")] is None  # met: no reason given
     assert met[("eager time", "eadra-scratch", "tb-eager")] is True and met[("peak memory", "off", "tb-eager")]
     assert met[("peak memory", "eadra-scratch", "tb-eager")] is False
     assert ("eager time", "off", "tb-eager") not in met  # (no time target for "off")
@@ -134,20 +143,22 @@ def test_summary_judges_each_target(tmp_path):
     counts = summary["targets"]
     assert counts["met"] + counts["not_met"] + counts["not_measured"] == len(counts["checks"])
     assert {r["part"] for r in summary["table"]} == {"tb-eager", "tb-compiled", "tb-bf16", "mbart-no-logits"}
-    assert "targets:" in gpu_summary.summary_table(summary)
+    text = gpu_summary.summary_table(summary)
+    assert "targets:" in text and f"why: {gpu_summary.WHY['eager time', 'dhicm']}" in text
 
 
 def test_triton_check_under_the_interpreter(tmp_path):
     """``benchmarks/triton_check.py`` on the CPU under Triton's interpreter, at a tiny stacked shape: the Triton pass
-    equals the eager pass and float64 (float32 heads within its tolerance), both heads dtypes timed, the JSON
-    written."""
+    equals the eager pass and float64 (float32 heads within its tolerance), both heads dtypes timed, another tile
+    shape timed, the JSON written."""
     pytest.importorskip("triton")
     out = tmp_path / "triton.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_check.py"), "--device", "cpu", "--layers", "2",
-                    "--batch", "2", "--heads", "2", "--length", "20", "--repeats", "1", "--out", str(out)],
+                    "--batch", "2", "--heads", "2", "--length", "20", "--repeats", "1", "--tiles", "32x16", "--out", str(out)],
                    check=True, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["ok"] is True and result["shape"] == {"layers": 2, "batch": 2, "heads": 2, "length": 20}
     assert set(result["errors"]) == set(result["ms"]) == {"float32", "bfloat16"}
     assert max(result["errors"]["float32"].values()) < 1e-5 and set(result["ms"]["float32"]) == {"triton", "eager"}
     assert result["errors"]["bfloat16"]["terms_vs_eager"] < 1e-5  # the gradients carry one bfloat16 rounding
+    assert list(result["tiles"]) == ["32x16"] and isinstance(result["tiles"]["32x16"], float)
