@@ -104,8 +104,8 @@ def summarize(folder: Path) -> dict:
     """``summary.json`` of a ``gpu.sh`` run in ``folder``: ``run`` (device, versions), ``parts`` (each part's status,
     seconds, shape, mode, precision and rows, from ``parts.tsv``), ``targets`` (``limits``, counts ``met``,
     ``not_met``, ``not_measured``, and ``checks``: one per target, row and part, each with ``measured`` and ``met``:
-    true, false or "not measured: why", and ``why`` where a row is over for a reason ``WHY`` knows) and ``table`` (one line per part and row: times, ratios, peak memory,
-    generate, compiled graphs / graph breaks / recompiles)."""
+    true, false or "not measured: why", and ``why`` where a row is over for a reason ``WHY`` knows) and ``table``
+    (one line per part and row: times, ratios, peak memory, generate, compiled graphs / graph breaks / recompiles)."""
     parts, checks, table, run_info = {}, [], [], {}
     for line in (folder / "parts.tsv").read_text().splitlines():
         name, status, seconds, shape, mode, precision, rows = line.split("\t")

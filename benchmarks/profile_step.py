@@ -10,15 +10,16 @@ profiles ``torch.compile(model)`` (stock's too; the warm-up compiles).
     bash benchmarks/gpu.sh  # part tb-profile, see that script
 
 JSON: ``shape``, ``batch_size``, ``length``, ``device``, ``device_name``, ``precision``, ``dtype``, ``autocast``,
-``optimizer``, ``warmup``, ``steps``, ``compile`` (the backend or null), ``top``, ``total`` (what ``total_ms`` sums), ``torch``, ``transformers`` and
-``rows`` (stock first, the reference; per row: ``settings``, ``total_ms``: on CUDA the self device time of every
-kernel, memcpy and memset, on the CPU the self CPU time of every operator; ``host_ms``: self CPU time, profiler
-overhead included; ``top``: the ``--top`` operators by self time (on CUDA the device time of the kernels each
-launched itself, not through another operator), each ``name`` (at most 120 characters), ``ms`` and ``count`` per
-step; on CUDA ``top_kernels``, the same of the kernels; and for rows other than stock ``over_stock_ms`` and
-``ratio`` of ``total_ms``, and ``extra`` (on CUDA also ``extra_kernels``): the ``--top`` names, matched by name, with
-the most self time over stock's (``ms_over_stock``, ``ms``, ``stock_ms``, ``count``, ``stock_count``; only those
-above stock); or ``settings`` and ``error``). The printed table shows each row's total and its five largest extras.
+``optimizer``, ``warmup``, ``steps``, ``compile`` (the backend or null), ``top``, ``total`` (what ``total_ms``
+sums), ``torch``, ``transformers`` and ``rows`` (stock first, the reference; per row: ``settings``, ``total_ms``: on
+CUDA the self device time of every kernel, memcpy and memset, on the CPU the self CPU time of every operator;
+``host_ms``: self CPU time, profiler overhead included; ``top``: the ``--top`` operators by self time (on CUDA the
+device time of the kernels each launched itself, not through another operator), each ``name`` (at most 120
+characters), ``ms`` and ``count`` per step; on CUDA ``top_kernels``, the same of the kernels; and for rows other
+than stock ``over_stock_ms`` and ``ratio`` of ``total_ms``, and ``extra`` (on CUDA also ``extra_kernels``): the
+``--top`` names, matched by name, with the most self time over stock's (``ms_over_stock``, ``ms``, ``stock_ms``,
+``count``, ``stock_count``; only those above stock); or ``settings`` and ``error``). The printed table shows each
+row's total and its five largest extras.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def run(shape: str, rows: list[str], device: str, precision: str, warmup: int, s
         "device_name": torch.cuda.get_device_name(device) if cuda else "cpu", "precision": precision,
         "dtype": str(dtype), "autocast": autocast_dtype and str(autocast_dtype),
         "optimizer": "AdamW(fused=True)" if cuda else "AdamW(foreach=True)", "warmup": warmup, "steps": steps,
-        "compile": compile_backend, "top": k, "total": "self device time of the kernels" if cuda else "self CPU time of the operators",
+        "compile": compile_backend, "top": k,
+        "total": "self device time of the kernels" if cuda else "self CPU time of the operators",
         "torch": torch.__version__, "transformers": transformers.__version__, "rows": {},
     }
     runs = {"stock": ("stock", {}), **{row: ("ours", ROWS[row]) for row in rows}}
@@ -111,8 +113,10 @@ def run(shape: str, rows: list[str], device: str, precision: str, warmup: int, s
     for name, (kind, settings) in runs.items():  # one model at a time on the device
         try:
             model = build_on(device, kind, settings, shape_kwargs, device, dtype, attn_implementation)
-            torch._dynamo.reset()
-            run_model = torch.compile(model, backend=compile_backend) if compile_backend else model
+            run_model = model
+            if compile_backend:  # each model compiled afresh
+                torch._dynamo.reset()
+                run_model = torch.compile(model, backend=compile_backend)
             step = step_fn(kind, run_model, batch, autocast_dtype)
             for _ in range(warmup):
                 step()

@@ -89,15 +89,15 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     tiles = {}
     for text in args.tiles:
-        try:
-            tiles[text] = tuple(int(n) for n in text.lower().split("x"))
-            assert len(tiles[text]) == 2 and min(tiles[text]) >= 16
-        except (ValueError, AssertionError):
+        sizes = text.lower().split("x")
+        if len(sizes) != 2 or not all(size.isdigit() and int(size) >= 16 for size in sizes):
             parser.error(f"--tiles {text!r}: expected BLOCK_MxBLOCK_N, each at least 16, e.g. 64x32")
+        tiles[text] = (int(sizes[0]), int(sizes[1]))
     device = torch.device(args.device)
     passes = ("triton", "eager") + (("compiled",) if device.type == "cuda" else ())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    result = {"device": str(device), "device_name": device_name, "torch": torch.__version__, "triton": getattr(eadra_triton.triton, "__version__", None),
+    result = {"device": str(device), "device_name": device_name, "torch": torch.__version__,
+              "triton": getattr(eadra_triton.triton, "__version__", None),
               "shape": {k: getattr(args, k) for k in ("layers", "batch", "heads", "length")}, "errors": {}, "ms": {}}
     for dtype in (torch.float32, torch.bfloat16):
         inputs = stacked_inputs(args.layers, args.batch, args.heads, args.length, 64, device, dtype)

@@ -147,6 +147,15 @@ def test_summary_judges_each_target(tmp_path):
     assert "targets:" in text and f"why: {gpu_summary.WHY['eager time', 'dhicm']}" in text
 
 
+@pytest.mark.parametrize("tile", ["8x64", "64", "64x32x16", "axb"])
+def test_triton_check_names_a_bad_tile_shape(tile, capsys):
+    import triton_check
+
+    with pytest.raises(SystemExit):
+        triton_check.main(["--tiles", "64x32", tile])
+    assert f"--tiles {tile!r}: expected BLOCK_MxBLOCK_N, each at least 16" in capsys.readouterr().err
+
+
 def test_triton_check_under_the_interpreter(tmp_path):
     """``benchmarks/triton_check.py`` on the CPU under Triton's interpreter, at a tiny stacked shape: the Triton pass
     equals the eager pass and float64 (float32 heads within its tolerance), both heads dtypes timed, another tile
@@ -154,7 +163,8 @@ def test_triton_check_under_the_interpreter(tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "triton.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_check.py"), "--device", "cpu", "--layers", "2",
-                    "--batch", "2", "--heads", "2", "--length", "20", "--repeats", "1", "--tiles", "32x16", "--out", str(out)],
+                    "--batch", "2", "--heads", "2", "--length", "20", "--repeats", "1", "--tiles", "32x16",
+                    "--out", str(out)],
                    check=True, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["ok"] is True and result["shape"] == {"layers": 2, "batch": 2, "heads": 2, "length": 20}
