@@ -14,7 +14,7 @@ NEWEST_PY := $(NEWEST_VENV)/bin/python
 TRANSFORMERS_NEWEST ?= $(shell sed -n 's/^ *"\(transformers[^"]*\)",$$/\1/p' pyproject.toml)
 PYTEST := -m pytest -q -p no:cacheprovider
 
-.PHONY: env env-newest test test-lowest test-newest demo bench hf-common clean
+.PHONY: env env-newest test test-fast test-lowest test-newest demo demo-quick bench hf-common clean
 
 $(VENV)/.installed: pyproject.toml tests/hf_common/VERSION
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ env-newest: $(NEWEST_VENV)/.installed
 # The suite on both ends of the supported transformers range.
 test: test-lowest test-newest
 
+# The quick loop: the tests not marked slow (no Trainer, subprocess, notebook, compile or full-recipe test), in .venv.
+test-fast: env
+	$(PY) $(PYTEST) -m "not slow"
+
 test-lowest: env
 	@$(PY) -c "import transformers; print('== tests on transformers', transformers.__version__, '(lowest supported) ==')"
 	$(PY) $(PYTEST)
@@ -46,6 +50,10 @@ test-newest: env-newest
 
 demo: env
 	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py
+
+# The same three models with a smoke-run schedule (under 3 minutes on two cores).
+demo-quick: env
+	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py --quick
 
 bench: env
 	$(PY) benchmarks/overhead.py --shape tiny --rows off --naive --out outputs/overhead-tiny.json

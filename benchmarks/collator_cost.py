@@ -24,10 +24,10 @@ import sentencepiece as spm
 import torch
 from transformers import DataCollatorForSeq2Seq, MBartConfig, MBartForConditionalGeneration, MBartTokenizer
 
+from hf_headattn.experiment.multi30k import find_multi30k
 from hf_headattn.experiment.methods.sea.syntax import (DataCollatorForSyntaxSeq2Seq, SpacyParser, align_syntax,
                                                        parse_corpus)
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 SHAPES = {
     "tiny": dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
                  encoder_ffn_dim=256, decoder_ffn_dim=256),
@@ -70,7 +70,7 @@ def main():
     torch.manual_seed(0)
 
     def read(name):
-        with gzip.open(MULTI30K / name, "rt", encoding="utf-8") as f:
+        with gzip.open(find_multi30k(languages=("en", "de")) / name, "rt", encoding="utf-8") as f:
             return [next(f).rstrip("\n") for _ in range(args.pairs)]
 
     en, de = read("train.en.gz"), read("train.de.gz")

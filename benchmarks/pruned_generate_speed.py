@@ -26,19 +26,17 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn  # noqa: F401  (registers the models)
 from hf_headattn.experiment.data import load_parallel_dataset
+from hf_headattn.experiment.multi30k import find_multi30k
 from hf_headattn.analysis.head_pruning import throughput_ratio
 from hf_headattn.head_masks import routed_modules
 from hf_headattn.sites import component_of
-
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--pruning_json", type=Path, required=True)
     parser.add_argument("--criterion", required=True)
-    parser.add_argument("--multi30k_dir", type=Path, default=MULTI30K)
+    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
     parser.add_argument("--samples", type=int, default=300, help="validation sources translated per timing")
     parser.add_argument("--num_beams", type=int, default=5)
     parser.add_argument("--batch_size", type=int, default=100)
@@ -53,8 +51,8 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     unpruned = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).eval()
-    raw = load_parallel_dataset("en", "de", multi30k_dir=args.multi30k_dir, max_train_samples=1,
-                                max_eval_samples=args.samples)
+    raw = load_parallel_dataset("en", "de", multi30k_dir=find_multi30k(args.multi30k_dir, languages=("en", "de")),
+                                max_train_samples=1, max_eval_samples=args.samples)
     sources = [row["en"] for row in raw["validation"]["translation"]]
     modules, rows = routed_modules(unpruned), []
     forced = args.forced_length + 1  # the decoder start token counts in the length

@@ -271,7 +271,7 @@ def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, querie
 
 #: Groups of layers with different lengths (encoder self-, decoder self-, cross-attention) share one fused pass while
 #: padding them to a common length adds at most this share of score entries (more entries cost more than the
-#: operations saved); see :func:`layer_terms`.
+#: operations saved); see :func:`layer_terms`. Eager only: a compiled model runs one pass per group (:func:`_fusions`).
 MAX_PADDING = 0.5
 
 
@@ -284,7 +284,7 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction:
     groups with the same number of regularized heads go through :func:`~.eadra_math.layer_regularizers` together,
     zero-padded to the longest query and key lengths (the padding is in no support and no query, so it counts
     nowhere), unless that padding would add more than :data:`MAX_PADDING` of the score entries: one pass for all the
-    components in the usual case.
+    components in the usual case. In a compiled model, one pass per group (:func:`_fusions`).
     """
     groups: list[list[_Call]] = []
     for call in calls:
@@ -333,7 +333,16 @@ def _head_weights(calls: list[_Call]) -> torch.Tensor | None:
 
 def _fusions(groups: list[list[_Call]]) -> list[list[list[_Call]]]:
     """The groups, partitioned into those that share a fused pass: same heads (all and regularized), head size,
-    scaling, dtype and kind of mask (additive or not), and padding within :data:`MAX_PADDING`."""
+    scaling, dtype and kind of mask (additive or not), and padding within :data:`MAX_PADDING`.
+
+    Under ``torch.compile`` each group has its own pass, whatever the lengths: a choice made from them is a guard of
+    the compiled graph, and a batch whose source/target ratio crossed the threshold compiled the model again (4
+    graphs in 5 batches of a tiny model, ``tests/test_compile.py``). The values are eager's but for float32
+    rounding (padding counts nowhere; ``tests/test_eadra_model.py`` compares the two). Eager keeps its fewer
+    operations (for a GPU's launches; on the CPU the step took the same time either way)."""
+    if torch.compiler.is_compiling():
+        return [[group] for group in groups]
+
     def area(fused):
         real = sum(len(g) * g[0].query.shape[2] * g[0].key.shape[2] for g in fused)
         padded = sum(len(g) for g in fused) * max(g[0].query.shape[2] for g in fused) * max(

@@ -100,39 +100,86 @@ def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
                                  "was pruned")
 
 
+#: The prefix PEFT puts before the wrapped model's module names (``PeftModel.base_model.model``).
+PEFT_PREFIX = "base_model.model."
+
+
+def module_aliases(model: nn.Module) -> dict[str, str]:
+    """``{name: base-model name}`` of every name :func:`prune_heads` accepts for ``model``'s attention modules: the
+    base-model name itself (``encoder.layers.0.self_attn``), every path under which ``model`` holds the module
+    (``model.encoder.layers.0.self_attn``; all of them, where a module is shared), and each of those with or without
+    PEFT's :data:`PEFT_PREFIX` (the names a ``PeftModel`` gives the same module)."""
+    aliases = {module.headattn_name: module.headattn_name for module in routed_modules(model).values()}
+    aliases.update({path: module.headattn_name for path, module in model.named_modules(remove_duplicate=False)
+                    if hasattr(module, "headattn_layer")})
+    for path, name in list(aliases.items()):
+        aliases.setdefault(path.removeprefix(PEFT_PREFIX) if path.startswith(PEFT_PREFIX) else PEFT_PREFIX + path, name)
+    return aliases
+
+
+def requested_heads(model: nn.Module, heads: Mapping) -> dict[str, tuple[list[int], str]]:
+    """``heads`` merged per module: ``{base-model name: (sorted distinct head numbers, where)}``, each key resolved to
+    its module first (:func:`module_aliases`), so that two names of one module add up; ``where`` names the keys, for
+    messages. A ``ValueError`` for an unknown key, a bad number or a merged list that leaves the module no head."""
+    aliases, merged = module_aliases(model), {}
+    for path, numbers in heads.items():
+        name = aliases.get(path) if isinstance(path, str) else None
+        if name is None:
+            raise ValueError(f"prune_heads: {path!r} is no attention module of this model; expected names such as "
+                             f"{sorted(set(aliases.values()))[:3]} or the model's own paths to them")
+        total = component_shape(model.config, AttentionSite.parse(name).component)[1]
+        numbers, where = _check_heads(numbers, total, f"prune_heads[{path!r}]"), f"prune_heads[{path!r}]"
+        if name in merged:  # another name of the same module
+            where = f"{merged[name][1]} and {where} (both {name!r})"
+            numbers = _check_heads([*merged[name][0], *numbers], total, where)
+        merged[name] = numbers, where
+    return merged
+
+
+def pruned_numbers(module: nn.Module, total: int) -> list[int]:
+    """The original numbers of the heads ``module`` (one of ``total`` heads before pruning) no longer has."""
+    return sorted(set(range(total)) - set(head_numbers(module)))
+
+
 def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
     """Remove ``heads`` (``{module name: [original head numbers]}``) from ``model`` in place and record them in
     ``model.config.pruned_heads``; returns the updated record.
 
-    Module names are relative to the base model (``"encoder.layers.0.self_attn"``) or the model's own
-    (``"model.encoder.layers.0.self_attn"``). A head already pruned, a number out of range and the last head of a
-    module are refused with a ``ValueError``, before anything changes. Prune before wrapping the model with PEFT
-    adapters (which wrap the projections): a PEFT model is refused (see :func:`check_prunable`).
+    Module names are relative to the base model (``"encoder.layers.0.self_attn"``), the model's own paths
+    (``"model.encoder.layers.0.self_attn"``) or PEFT's (``"base_model.model.model.encoder..."``), see
+    :func:`module_aliases`. Every key is resolved to its module first and the heads given for one module under
+    several names are merged. A head already pruned, a number out of range, the last head of a module (in the merged
+    list, with the heads pruned before) and a ``config.pruned_heads`` that disagrees with the modules are refused
+    with a ``ValueError``, before anything changes. The record is then read back from the pruned modules, so the
+    record, the config and the modules agree and ``save_pretrained`` writes what ``from_pretrained`` can build. Prune
+    before wrapping the model with PEFT adapters (which wrap the projections): a PEFT model is refused (see
+    :func:`check_prunable`).
     """
     if not isinstance(heads, Mapping):
         raise ValueError(f"prune_heads expects a dict {{module name: [head numbers]}}, e.g. "
                          f"{{'encoder.layers.0.self_attn': [1, 5]}}, got a {type(heads).__name__}: {heads!r}")
     modules = routed_modules(model)
     record = check_pruned_heads(model.config.pruned_heads, model.config)
-    removals = {}
-    for path, numbers in heads.items():
-        site = AttentionSite.parse(path)
-        if site is None or site.name not in modules:
-            raise ValueError(f"prune_heads: {path!r} is no attention module of this model; expected names such as "
-                             f"{sorted(modules)[:3]}")
-        name, total = site.name, component_shape(model.config, site.component)[1]
-        numbers = _check_heads(numbers, total, f"prune_heads[{path!r}]")
+    totals = {name: component_shape(model.config, AttentionSite.parse(name).component)[1] for name in modules}
+    for name, module in modules.items():
+        if record.get(name, []) != pruned_numbers(module, totals[name]):
+            raise ValueError(f"config.pruned_heads was changed after the model was built: it records "
+                             f"{record.get(name, [])} for {name!r}, whose module has pruned "
+                             f"{pruned_numbers(module, totals[name])}; nothing was pruned. Prune with "
+                             "model.prune_heads(...) only, which records the heads")
+    requested = requested_heads(model, heads)
+    for name, (numbers, where) in requested.items():
         again = sorted(set(numbers) & set(record.get(name, ())))
         if again:
-            raise ValueError(f"prune_heads[{path!r}]: heads {again} are already pruned (heads keep their original "
-                             f"numbers; pruned so far: {record[name]})")
-        removals[name] = numbers
-        record[name] = _check_heads([*record.get(name, ()), *numbers], total,
-                                    f"prune_heads[{path!r}] with the heads pruned before")
-    check_prunable(model, [modules[name] for name in removals])
-    for name, numbers in removals.items():
-        prune_module(modules[name], numbers)
-    model.config.pruned_heads = {name: record[name] for name in sorted(record)}
+            raise ValueError(f"{where}: heads {again} are already pruned (heads keep their original numbers; pruned "
+                             f"so far: {record[name]})")
+        _check_heads([*record.get(name, ()), *numbers], totals[name], f"{where} with the heads pruned before")
+    check_prunable(model, [modules[name] for name in requested])
+    for name, (numbers, _) in requested.items():
+        if numbers:  # (an empty list asks for nothing)
+            prune_module(modules[name], numbers)
+            record[name] = pruned_numbers(modules[name], totals[name])  # what the module now holds
+    model.config.pruned_heads = {name: record[name] for name in sorted(record) if record[name]}
     for module in model.modules():  # the models (and stacks) check at each forward that they have what is recorded
         if hasattr(module, "_pruned_heads") and module.config is model.config:
             module._pruned_heads = model.config.pruned_heads

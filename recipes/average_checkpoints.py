@@ -9,33 +9,56 @@
         --output_dir outputs/a/averaged
 
 Train with ``--save_strategy epoch`` (or steps) and no ``--save_total_limit`` below N, so the checkpoints exist.
-Writes the averaged model, the last checkpoint's tokenizer files and ``averaged_from.json`` into ``--output_dir``.
+Writes the averaged model, the last checkpoint's tokenizer files and ``averaged_from.json`` into ``--output_dir``,
+whole: into a hidden sibling folder first, renamed when complete, so a failure leaves nothing. Every argument is checked
+before a weight is read (a bad one is a usage error, exit 2): ``--output_dir`` is never the run folder, one of the
+averaged checkpoints or a folder holding one, and a folder holding anything else (another checkpoint, an earlier
+average) only with ``--overwrite``, which replaces that folder.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from transformers import HfArgumentParser
+import argparse
 
 import hf_headattn  # noqa: F401  (registers our models with the Auto classes)
-from hf_headattn.experiment.averaging import average_checkpoints, last_checkpoints
+from hf_headattn.experiment.arguments import existing_dir, positive_int
+from hf_headattn.experiment.averaging import average_checkpoints, check_checkpoints, last_checkpoints
+from hf_headattn.experiment.outputs import check_output_dir
 
 
-@dataclass
-class AveragingArguments:
-    output_dir: str = field(metadata={"help": "Where the averaged model is written"})
-    run_dir: str | None = field(default=None, metadata={"help": "A Trainer output_dir with checkpoint-<step> folders"})
-    last: int = field(default=10, metadata={"help": "With --run_dir: how many of the last checkpoints (RHE: 10)"})
-    checkpoints: list[str] | None = field(default=None, metadata={"help": "Checkpoint folders (instead of --run_dir)"})
+def parse_args(argv=None) -> argparse.Namespace:
+    """The arguments, all checked (the checkpoints' configs and tensor shapes read, no weights): a bad one is a
+    usage error naming it. ``args.checkpoints`` is then the list to average."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", required=True, help="Where the averaged model is written")
+    parser.add_argument("--run_dir", type=existing_dir, help="A Trainer output_dir with checkpoint-<step> folders")
+    parser.add_argument("--last", type=positive_int,
+                        help="With --run_dir: how many of the last checkpoints (default 10, as RHE)")
+    parser.add_argument("--checkpoints", nargs="+", type=existing_dir, help="Checkpoint folders (instead of --run_dir)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="Replace an --output_dir that holds files (never the run folder or an input checkpoint)")
+    args = parser.parse_args(argv)
+    if (args.run_dir is None) == (args.checkpoints is None):
+        parser.error("expected either --run_dir (with --last N) or --checkpoints, not both and not neither")
+    if args.last is not None and args.run_dir is None:
+        parser.error(f"--last {args.last} goes with --run_dir; expected no --last with --checkpoints")
+    inputs = {"--checkpoints": args.checkpoints}
+    try:
+        if args.run_dir is not None:
+            inputs = {"--run_dir": args.run_dir}
+            args.checkpoints = last_checkpoints(args.run_dir, 10 if args.last is None else args.last)
+            inputs["averaged checkpoint"] = args.checkpoints
+        check_output_dir(args.output_dir, inputs, overwrite=args.overwrite)
+        args.checkpoints = check_checkpoints(args.checkpoints)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
+    return args
 
 
 def main(argv=None) -> dict:
-    (args,) = HfArgumentParser(AveragingArguments).parse_args_into_dataclasses(args=argv)
-    if (args.run_dir is None) == (args.checkpoints is None):
-        raise ValueError("give either --run_dir (with --last N) or --checkpoints, not both and not neither")
-    checkpoints = last_checkpoints(args.run_dir, args.last) if args.run_dir else args.checkpoints
-    average_checkpoints(checkpoints, args.output_dir)
+    args = parse_args(argv)
+    checkpoints = args.checkpoints
+    average_checkpoints(checkpoints, args.output_dir, overwrite=args.overwrite)
     print(f"averaged {len(checkpoints)} checkpoints ({', '.join(map(str, checkpoints))}) into {args.output_dir}")
     return {"checkpoints": [str(path) for path in checkpoints], "output_dir": args.output_dir}
 

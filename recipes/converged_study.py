@@ -41,7 +41,7 @@ import sys
 from operator import itemgetter
 from pathlib import Path
 
-from hf_headattn.experiment.arguments import existing_file
+from hf_headattn.experiment.arguments import existing_file, multi30k_folder
 from hf_headattn.experiment.data import TEST_SPLIT as TEST
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
 from hf_headattn.experiment.methods import dhicm, eadra, sea
@@ -208,7 +208,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The command line; the folders, runs at a time, time cap and most epochs left out take ``--device``'s."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["prepare", "screen", "confirm", "test", "table", "status", "score"])
-    add_run_arguments(parser, DEVICES, HERE.parent.parent / "shared" / "data" / "multi30k")
+    add_run_arguments(parser, DEVICES)
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), help="screen: these rows only (default: all)")
     parser.add_argument("--record", type=existing_file, help=argparse.SUPPRESS)
     parser.add_argument("--split", default=TEST, help=argparse.SUPPRESS)
@@ -220,8 +220,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.command in {"confirm", "test", "table", "status"} and not args.results_dir.is_dir():
         parser.error(f"--results_dir {args.results_dir} is not a folder; expected the study's records (made by "
                      f"screen; the default for --device {args.device} is {DEVICES[args.device]['results_dir']})")
-    if args.command != "status" and not args.multi30k_dir.is_dir():
-        parser.error(f"--multi30k_dir {args.multi30k_dir} is not a folder; expected the Multi30k data")
+    if args.command != "status":
+        args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, ("en", "de"))
     if args.command == "score" and not (args.record and args.out):
         parser.error("score needs --record and --out (test runs it for each confirmed run)")
     if args.rows and args.command != "screen":

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""`make demo`: a baseline and two method-enhanced models on Multi30k En-De, on the CPU, in about 15 minutes.
+"""`make demo`: a baseline and two method-enhanced models on Multi30k En-De, on the CPU, in about 15 minutes
+(`--quick`, `make demo-quick`: the same with a smoke-run schedule, under 3 minutes on two cores).
 
 Trains the same tiny Transformer three times with a short schedule (baseline, DHICM, EaDRA, each at its default
 settings: the readings the fidelity study chose and the converged study kept, docs/results/converged-study.md),
@@ -7,7 +8,10 @@ translates test_2016_flickr with beam search, prints a sacreBLEU/chrF table with
 analysis pictures (DHICM head importance like the paper's Figure 3; per-head attention entropy) as PNG files whose
 paths it prints.
 
-    python recipes/demo.py [--methods baseline dhicm eadra] [--max_steps 500] [--output_dir outputs/demo]
+    python recipes/demo.py [--quick] [--methods baseline dhicm eadra] [--max_steps 500] [--output_dir outputs/demo]
+
+Multi30k comes from --multi30k_dir, else is found or downloaded (HF_HEADATTN_DATA, ../shared/data/multi30k, the
+cache, the public repository: hf_headattn.experiment.multi30k).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,26 +29,49 @@ from hf_headattn.analysis import (
 )
 from hf_headattn.dhicm import METHOD as IMPORTANCE_METHOD
 from hf_headattn.experiment import translation_recipe as train_translation
-from hf_headattn.experiment.arguments import existing_dir, positive_int
+from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.recipe_parts import write_json
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long the demo trains and how much it translates."""
+
+    max_steps: int
+    batch_size: int
+    num_beams: int
+    vocab_size: int
+    warmup_steps: int
+    train_samples: int | None  # None: all 29,000 pairs
+    test_samples: int  # of test_2016_flickr's 1,000 sentences, also the sentences of the entropy pictures
+    label: str
+
+
+FULL = Schedule(500, 64, 5, 6000, 100, None, 1000, "a short CPU schedule, so scores are far below converged ones")
+QUICK = Schedule(60, 32, 1, 2000, 20, 1920, 100, "SMOKE RUN (--quick): 60 steps of 32 pairs, greedy search, 100 test "
+                 "sentences; the scores show that everything runs, not what a method does")
 
 
 def train(method: str, args) -> dict:
     out = Path(args.output_dir) / method
+    schedule = args.schedule
     argv = [
-        "--multi30k_dir", str(args.data), "--source_lang", "en", "--target_lang", "de", "--model_shape", "tiny",
-        "--method", method, "--output_dir", str(out),
-        "--vocab_size", "6000", "--max_steps", str(args.max_steps), "--per_device_train_batch_size", "64",
-        "--learning_rate", "2e-3", "--warmup_steps", "100", "--lr_scheduler_type", "inverse_sqrt",
-        "--adam_beta2", "0.98", "--weight_decay", "0.0001", "--eval_strategy", "no", "--save_strategy", "no",
-        "--logging_steps", "50", "--report_to", "none", "--num_beams", str(args.num_beams),
-        "--test_splits", TEST_SPLIT, "--per_device_eval_batch_size", "100", "--seed", "1",
+        "--multi30k_dir", str(args.multi30k_dir), "--source_lang", "en", "--target_lang", "de",
+        "--model_shape", "tiny", "--method", method, "--output_dir", str(out),
+        "--vocab_size", str(schedule.vocab_size), "--max_steps", str(args.max_steps),
+        "--per_device_train_batch_size", str(schedule.batch_size), "--learning_rate", "2e-3",
+        "--warmup_steps", str(schedule.warmup_steps),
+        "--lr_scheduler_type", "inverse_sqrt", "--adam_beta2", "0.98", "--weight_decay", "0.0001",
+        "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", str(min(50, args.max_steps)),
+        "--report_to", "none", "--num_beams", str(args.num_beams), "--test_splits", TEST_SPLIT,
+        "--max_predict_samples", str(schedule.test_samples), "--per_device_eval_batch_size", "100", "--seed", "1",
         "--use_cpu", "true",
     ]
+    if schedule.train_samples is not None:
+        argv += ["--max_train_samples", str(schedule.train_samples)]
     if args.tokenizer:
         argv += ["--tokenizer_name", str(args.tokenizer)]
     print(f"\n=== training {method} ({args.max_steps} steps) -> {out}", flush=True)
@@ -64,7 +92,8 @@ def pictures(args, methods) -> list[Path]:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     out, paths = Path(args.output_dir), []
-    sources = [line.strip() for line in gzip.open(args.data / f"{TEST_SPLIT}.en.gz", "rt")][:200]
+    sources = [line.strip() for line in gzip.open(args.multi30k_dir / f"{TEST_SPLIT}.en.gz", "rt")]
+    sources = sources[:min(200, args.schedule.test_samples)]
     for method in methods:
         model = AutoModelForSeq2SeqLM.from_pretrained(out / method).eval()
         tokenizer = AutoTokenizer.from_pretrained(out / method)
@@ -86,21 +115,25 @@ def pictures(args, methods) -> list[Path]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK.label}")
     parser.add_argument("--methods", nargs="+", default=["baseline", "dhicm", "eadra"])
-    parser.add_argument("--max_steps", type=positive_int, default=500)
-    parser.add_argument("--num_beams", type=positive_int, default=5)
-    parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--output_dir", default="outputs/demo")
+    parser.add_argument("--max_steps", type=positive_int, help=f"default {FULL.max_steps} ({QUICK.max_steps} quick)")
+    parser.add_argument("--num_beams", type=positive_int, help=f"default {FULL.num_beams} ({QUICK.num_beams} quick)")
+    parser.add_argument("--multi30k_dir", "--data", type=Path,
+                        help="Multi30k's folder (default: found or downloaded, see the module docstring)")
+    parser.add_argument("--output_dir", default=None, help="default outputs/demo (outputs/demo-quick with --quick)")
     parser.add_argument("--tokenizer", type=existing_dir, default=None, help="reuse a saved tokenizer")
     args = parser.parse_args(argv)
-    if not args.data.is_dir():
-        parser.error(f"--data: Multi30k not found at {args.data}; expected its folder (clone the project beside "
-                     "../shared)")
+    args.schedule = QUICK if args.quick else FULL
+    args.max_steps = args.max_steps or args.schedule.max_steps
+    args.num_beams = args.num_beams or args.schedule.num_beams
+    args.output_dir = args.output_dir or ("outputs/demo-quick" if args.quick else "outputs/demo")
     for method in args.methods:
         try:
             method_settings(method)
         except ValueError as error:
             parser.error(f"--methods: {error}")
+    args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, ("en", "de"))
     torch.manual_seed(0)
     start = time.perf_counter()
     results = {}
@@ -114,7 +147,7 @@ def main(argv=None):
         print(f"| {method} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {result['train_time_s']:.0f} | "
               f"{'-' if share is None else f'{share:.2f}'} |")
     print(f"\nsacreBLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}")
-    print(f"({TEST_SPLIT}, 1000 sentences; a short CPU schedule, so scores are far below converged ones)")
+    print(f"({TEST_SPLIT}, {args.schedule.test_samples} sentences; {args.schedule.label})")
     print("(the methods' defaults are the readings that the study at convergence kept: "
           "docs/results/converged-study.md)")
     for path in pictures(args, list(results)):

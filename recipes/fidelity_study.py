@@ -33,7 +33,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from hf_headattn.experiment.arguments import positive_int
+from hf_headattn.experiment.arguments import multi30k_folder, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
 from hf_headattn.experiment.jobs import run_jobs
@@ -191,7 +191,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["screen", "confirm", "table"])
     parser.add_argument("--output_dir", type=Path, default=Path("runs/fidelity"))
-    parser.add_argument("--multi30k_dir", type=Path, default=HERE.parent.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
     parser.add_argument("--rows", nargs="+", help="screen: these rows only (default: all of SCREEN)")
     parser.add_argument("--choose", nargs="+", default=[], help="confirm: override the choice (rows of SCREEN)")
     parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS),
@@ -210,8 +210,7 @@ def main(argv=None) -> None:
     unknown = sorted(set((args.rows or []) + args.choose) - set(SCREEN))
     if unknown:
         parser.error(f"unknown rows {unknown} (--rows/--choose); expected names from {list(SCREEN)}")
-    if not args.multi30k_dir.is_dir():
-        parser.error(f"--multi30k_dir {args.multi30k_dir} is not a folder; expected the Multi30k data")
+    args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, ("en", "de"))
     if args.command != "screen" and not args.output_dir.is_dir():
         parser.error(f"--output_dir {args.output_dir} is not a folder; expected the study's runs (made by screen)")
     if args.command == "screen":

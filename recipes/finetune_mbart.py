@@ -8,7 +8,7 @@ and only two regularized heads per layer; that is the default ``--eadra``. Any m
 Multi30k) work:
 
     python recipes/finetune_mbart.py --model_name_or_path facebook/mbart-large-50 \
-        --multi30k_dir ../shared/data/multi30k --source_lang en --target_lang de \
+        --source_lang en --target_lang de \
         --source_lang_code en_XX --target_lang_code de_DE --output_dir outputs/mbart-eadra \
         --per_device_train_batch_size 16 --learning_rate 3e-5 --num_train_epochs 3 --bf16 \
         --eval_strategy epoch --save_strategy epoch --entropy_report
@@ -20,6 +20,10 @@ Writes ``results.json`` (sacreBLEU BLEU/chrF with signatures against the raw ref
 settings, the log history with the EaDRA terms) and ``predictions_<split>.txt`` into ``--output_dir``; with
 ``--entropy_report`` also the encoder self-attention entropy per layer and head on the validation split before and
 after fine-tuning (``encoder_entropy_{before,after}.{json,png}``, the paper's Table 2 and Figure 1).
+
+An ``--output_dir`` that holds ``checkpoint-N`` folders of an earlier run is refused unless
+``--overwrite_output_dir`` (they are removed before training) or ``--resume_from_checkpoint`` (``true``: the latest
+of them; or a checkpoint folder), which continues that run; one that is the model or data it reads is refused always.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from hf_headattn import HeadAttnMBartForConditionalGeneration
 from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
 from hf_headattn.experiment.data import tokenize_parallel
 from hf_headattn.experiment.evaluation import make_compute_metrics
-from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
+from hf_headattn.experiment.outputs import (DATA_FLAGS, OutputArguments, check_trainer_output_dir, flag_inputs,
+                                            remove_entries)
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, resume_checkpoint
 from hf_headattn.experiment.recipe_parts import (ParallelDataArguments, load_recipe_data, set_languages,
                                                  translate_and_score, write_json)
 
@@ -69,8 +75,8 @@ def entropy_report(trainer, features, name: str, output_dir: str) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments))
+    model_args, data_args, output_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     try:
@@ -78,6 +84,12 @@ def main(argv=None) -> dict:
     except json.JSONDecodeError as error:
         parser.error(f"--eadra {model_args.eadra!r} is not valid JSON ({error}); expected an object such as "
                      "'{\"encoder\": {\"num_heads\": 2}}'")
+    try:  # before anything is read: never over the model or data it reads, nor into an earlier run's checkpoints
+        inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
+        resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
+    except ValueError as error:
+        parser.error(str(error))
     try:
         raw = load_recipe_data(data_args)
     except (FileNotFoundError, ValueError) as error:
@@ -95,6 +107,7 @@ def main(argv=None) -> dict:
     training_args.predict_with_generate = True
     training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
     training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
+    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier run's checkpoints, not mixed in
     trainer = HeadAttnSeq2SeqTrainer(
         model=model, args=training_args, train_dataset=features["train"], eval_dataset=features.get("validation"),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8),
@@ -108,7 +121,7 @@ def main(argv=None) -> dict:
         results["entropy"]["before"] = entropy_report(trainer, features["validation"], "encoder_entropy_before",
                                                       output_dir)
     start = time.perf_counter()
-    train_result = trainer.train()
+    train_result = trainer.train(resume_from_checkpoint=resume)
     results.update(train_time_s=round(time.perf_counter() - start, 1), train_loss=train_result.training_loss,
                    log_history=trainer.state.log_history)
     trainer.save_model()

@@ -5,25 +5,30 @@ SEA/RHE need dependency parses of the sources. Parsing needs spaCy; training may
 (a GPU box, a cluster image). Parse here with the same data flags as the training run, then train there with
 ``--syntax_parses_dir``:
 
-    python recipes/parse_sources.py --multi30k_dir ../shared/data/multi30k --source_lang en --target_lang de \
+    python recipes/parse_sources.py --source_lang en --target_lang de \
         --output_dir parses/multi30k_en
-    python recipes/train_translation.py --multi30k_dir ../shared/data/multi30k --method lpea_rhe \
+    python recipes/train_translation.py --method lpea_rhe \
         --syntax_parses_dir parses/multi30k_en ...
 
 Writes ``<output_dir>/<split>.<source_lang>.conllu`` per split (sentence ``k`` parses example ``k``); a line that
 spaCy would split into several sentences is parsed as one, as in training. ``parser.json`` names the spaCy pipeline;
 the training run records it in the model's config (``syntax_parser``), so the model translates raw text with it.
+The folder is written whole (into a hidden sibling first, renamed when complete, so an interrupted run leaves
+nothing); an ``--output_dir`` that holds anything is refused unless ``--overwrite``, which replaces it, and one that is
+(or holds) the data it parses is refused always.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from transformers import HfArgumentParser
 
 from hf_headattn.experiment.methods.sea.syntax import (DEFAULT_SPACY_MODEL, Dependencies, SpacyParser, parse_corpus,
                                                        write_conllu)
+from hf_headattn.experiment.outputs import DATA_FLAGS, check_output_dir, flag_inputs, replacing_dir
 from hf_headattn.experiment.recipe_parts import (
     PARSER_FILE, ParallelDataArguments, load_recipe_data, parses_file_name, syntax_parser_name, write_json,
 )
@@ -34,6 +39,7 @@ class ParseArguments:
     output_dir: str = field(metadata={"help": "Folder for the <split>.<source_lang>.conllu files"})
     spacy_model: str = field(default=DEFAULT_SPACY_MODEL, metadata={"help": "spaCy pipeline with a parser"})
     num_proc: int | None = field(default=None, metadata={"help": "Parsing processes"})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an --output_dir that holds files"})
 
 
 def main(argv=None) -> dict[str, str]:
@@ -42,22 +48,27 @@ def main(argv=None) -> dict[str, str]:
     if parse_args.num_proc is not None and parse_args.num_proc < 1:
         parser.error(f"--num_proc must be a positive integer, got {parse_args.num_proc}")
     try:
+        check_output_dir(parse_args.output_dir, flag_inputs(data_args, DATA_FLAGS), overwrite=parse_args.overwrite)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
         raw = load_recipe_data(data_args)
     except (FileNotFoundError, ValueError) as error:
         parser.error(str(error))  # the data flags: missing files, unknown languages, unequal line counts
     src = data_args.source_lang
     parser = SpacyParser(parse_args.spacy_model, on_multiple_sentences="join")
     written = {}
-    for split, dataset in raw.items():
-        parsed = parse_corpus(dataset, src, dependencies=parser, num_proc=parse_args.num_proc)
-        parses = [Dependencies(*row) for row in zip(parsed["syntax_dep_starts"], parsed["syntax_dep_ends"],
-                                                      parsed["syntax_dep_heads"])]
-        texts = [pair[src] for pair in dataset["translation"]]
-        path = write_conllu(f"{parse_args.output_dir}/{parses_file_name(split, src)}", texts, parses)
-        written[split] = str(path)
-        print(f"{split}: {len(parses)} parses -> {path}", file=sys.stderr)
-    # train_translation.py records this in the model's config, for hf_headattn.translate
-    write_json(f"{parse_args.output_dir}/{PARSER_FILE}", {"syntax_parser": syntax_parser_name(parse_args.spacy_model)})
+    with replacing_dir(parse_args.output_dir) as folder:
+        for split, dataset in raw.items():
+            parsed = parse_corpus(dataset, src, dependencies=parser, num_proc=parse_args.num_proc)
+            parses = [Dependencies(*row) for row in zip(parsed["syntax_dep_starts"], parsed["syntax_dep_ends"],
+                                                          parsed["syntax_dep_heads"])]
+            texts = [pair[src] for pair in dataset["translation"]]
+            write_conllu(folder / parses_file_name(split, src), texts, parses)
+            written[split] = str(Path(parse_args.output_dir) / parses_file_name(split, src))
+            print(f"{split}: {len(parses)} parses -> {written[split]}", file=sys.stderr)
+        # train_translation.py records this in the model's config, for hf_headattn.translate
+        write_json(folder / PARSER_FILE, {"syntax_parser": syntax_parser_name(parse_args.spacy_model)})
     return written
 
 

@@ -30,7 +30,7 @@ Writes to ``--output_dir``:
   what was pruned and why.
 
     python recipes/prune_heads.py --model_dir runs/converged/screen/baseline/seed1 \\
-        --multi30k_dir ../shared/data/multi30k --criteria gradient confidence entropy random \\
+        --criteria gradient confidence entropy random \\
         --test_split test_2016_flickr --output_dir outputs/prune_heads
 """
 
@@ -50,16 +50,18 @@ from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, criteria, 
 from hf_headattn.experiment.plotting import pyplot, save_figure
 from hf_headattn.experiment.data import MULTI30K_SPLITS, load_parallel_dataset
 from hf_headattn.experiment.evaluation import markdown_table
-from hf_headattn.experiment.arguments import existing_dir, non_negative_int, positive_float, positive_int
+from hf_headattn.experiment.arguments import (
+    existing_dir, multi30k_folder, non_negative_int, positive_float, positive_int,
+)
 from hf_headattn.analysis.head_pruning import (
     BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within, throughput_ratio,
 )
 from hf_headattn.experiment.model_card import method_settings_of, write_model_card
 from hf_headattn.experiment.study import write_json_atomic
+from hf_headattn.experiment.outputs import check_output_dir
 from hf_headattn.experiment.recipe_parts import collator, prepare_features
 from hf_headattn.sites import COMPONENTS, component_shape
 
-HERE = Path(__file__).resolve().parent
 #: What a run writes into --output_dir.
 EARLIER = ("pruning.json", "criteria", "model", "pruning.png")
 
@@ -71,8 +73,7 @@ def parse_args(argv=None):
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/prune_heads"))
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results of an earlier run with other settings in --output_dir")
-    parser.add_argument("--multi30k_dir", type=existing_dir,
-                        default=HERE.parent.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="de")
     parser.add_argument("--criteria", nargs="+", choices=criteria(),
@@ -123,14 +124,18 @@ def check_args(parser, args) -> None:
         parser.error(f"--max_share must be in (0, 1), got {args.max_share}")
     if args.output_dir.exists() and not args.output_dir.is_dir():
         parser.error(f"--output_dir {args.output_dir} is a file; expected a folder (made when missing)")
-    splits = [MULTI30K_SPLITS[split] for split in ("train", "validation", args.test_split) if split]
-    missing = [f"{split}.{lang}[.gz]" for split in splits for lang in (args.source_lang, args.target_lang)
-               if not any((args.multi30k_dir / f"{split}.{lang}{gz}").is_file() for gz in ("", ".gz"))]
-    if missing:
-        parser.error(f"--multi30k_dir {args.multi30k_dir} lacks {missing}; expected the Multi30k files of "
-                     f"--source_lang {args.source_lang} and --target_lang {args.target_lang}")
+    if args.multi30k_dir is not None:  # a folder named is checked now; finding (or downloading) one comes last
+        args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, (args.source_lang, args.target_lang))
     check_model(parser, args)
+    try:  # never over what it reads (e.g. --model_dir <output_dir>/model, which --overwrite would delete); the
+        # earlier results themselves are earlier_results' to judge (a rerun with the same settings continues)
+        check_output_dir(args.output_dir, {"--model_dir": args.model_dir, "--multi30k_dir": args.multi30k_dir,
+                                           "--parses_dir": args.parses_dir}, results=EARLIER, overwrite=True)
+    except ValueError as error:
+        parser.error(str(error))
     args.replaced = earlier_results(parser, args)
+    if args.multi30k_dir is None:  # found, or downloaded into the cache, once every other argument is known good
+        args.multi30k_dir = multi30k_folder(parser, None, (args.source_lang, args.target_lang))
 
 
 def check_model(parser, args) -> None:

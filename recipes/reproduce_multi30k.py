@@ -26,7 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from hf_headattn.experiment.arguments import existing_dir, positive_float, positive_int
+from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, positive_float, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.study import REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer
 from hf_headattn.experiment.study.arguments import split_passthrough
@@ -63,13 +63,14 @@ def launch(args, extra: list[str]) -> None:
     from hf_headattn.experiment.jobs import run_jobs
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    data_flags = ["--multi30k_dir", args.multi30k_dir, "--source_lang", args.source_lang,
+    data_flags = ["--multi30k_dir", str(args.multi30k_dir), "--source_lang", args.source_lang,
                   "--target_lang", args.target_lang]
     tokenizer_dir, parses_dir = prepare(args)
     jobs = training_jobs(args.output_dir, args.rows, args.seeds, lambda row, seed: [
         sys.executable, str(HERE / "train_translation.py"), *COMMON_FLAGS, *data_flags,
         "--vocab_size", str(args.vocab_size), "--method", row, "--seed", str(seed),
-        "--output_dir", str(run_dir(args.output_dir, row, seed)), "--tokenizer_name", str(tokenizer_dir),
+        "--output_dir", str(run_dir(args.output_dir, row, seed)), "--overwrite_output_dir",  # a failed run: afresh
+        "--tokenizer_name", str(tokenizer_dir),
         *(["--syntax_parses_dir", str(parses_dir)] if parses_dir else []), *extra])
     print(f"runs into {args.output_dir}", flush=True)
     failed = run_jobs(jobs, args.parallel, args.threads)
@@ -156,7 +157,7 @@ def main(argv=None) -> None:
     run.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     run.add_argument("--parallel", type=positive_int, default=1, help="runs at a time")
     run.add_argument("--threads", type=positive_int, default=1, help="CPU threads per run")
-    run.add_argument("--multi30k_dir", default=str(HERE.parent.parent / "shared" / "data" / "multi30k"))
+    run.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
     run.add_argument("--source_lang", default="en")
     run.add_argument("--target_lang", default="de")
     run.add_argument("--vocab_size", type=positive_int, default=8000)
@@ -173,8 +174,7 @@ def main(argv=None) -> None:
     if args.command == "run":
         from hf_headattn.experiment.presets import method_settings
 
-        if not Path(args.multi30k_dir).is_dir():
-            parser.error(f"--multi30k_dir {args.multi30k_dir} is not a folder; expected the Multi30k data")
+        args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, (args.source_lang, args.target_lang))
         for row in args.rows:
             try:
                 method_settings(row)

@@ -6,19 +6,21 @@ included; they set each trial's base settings) plus ``--grid``, a JSON file of s
 
     # DHICM's two stages: architecture (heads, feed-forward size), then regularization at the best architecture
     python recipes/search_hyperparameters.py --grid recipes/grids/dhicm_two_stage.json --method dhicm \
-        --multi30k_dir ../shared/data/multi30k --model_shape small --output_dir outputs/search \
+        --model_shape small --output_dir outputs/search \
         --num_train_epochs 50 --early_stopping_patience 10 --save_total_limit 1 --per_device_train_batch_size 64
 
 Needs optuna (``pip install -e ".[search]"``). Each trial trains a fresh model and is scored by its lowest
 ``eval_loss`` on the validation split (no generation). Writes ``search_<stage>.json`` (every trial's params and eval
 loss) per stage and ``search_results.json`` (the best params and the flags that give them to ``train_translation.py``)
 into ``--output_dir``, and prints a summary table per stage. Trial ``n`` of stage ``s`` saves its checkpoints (if
-any) in ``<output_dir>/<s>/run-<n>``.
+any) in ``<output_dir>/<s>/run-<n>``. An ``--output_dir`` that holds an earlier search's stage folders or
+``search_*.json`` is refused unless ``--overwrite_output_dir``, which removes them before the search starts.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn.experiment.kit import kits
+from hf_headattn.experiment.outputs import DATA_FLAGS, OutputArguments, check_output_dir, flag_inputs, remove_entries
 from hf_headattn.experiment.presets import early_stopping_callbacks, expand_argv, merge_settings, split_architecture
 from hf_headattn.experiment.recipe_parts import (
     MODEL_CLASSES, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer,
@@ -63,11 +66,21 @@ def check_base(stages, model_args: ModelArguments, settings: dict, training_args
 
 
 def main(argv=None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, SearchArguments, Seq2SeqTrainingArguments))
-    model_args, data_args, search_args, training_args = parser.parse_args_into_dataclasses(args=expand_argv(argv))
+    parser = HfArgumentParser((ModelArguments, DataArguments, SearchArguments, OutputArguments,
+                               Seq2SeqTrainingArguments))
+    model_args, data_args, search_args, output_args, training_args = parser.parse_args_into_dataclasses(
+        args=expand_argv(argv))
     if not search_args.grid:
         raise ValueError("--grid is required: a JSON file of stages, e.g. recipes/grids/dhicm_two_stage.json")
     stages = load_grid(search_args.grid)
+    try:  # an earlier search's stage folders (their trials' checkpoints) and results, replaced only when asked
+        inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
+        results_pattern = re.compile("|".join(re.escape(stage.name) for stage in stages) + r"|search_.*\.json")
+        earlier = check_output_dir(training_args.output_dir, {**inputs, "--grid": search_args.grid},
+                                   results=results_pattern, overwrite=output_args.overwrite_output_dir,
+                                   overwrite_flag="--overwrite_output_dir")
+    except ValueError as error:
+        parser.error(str(error))
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     settings = settings_from(model_args)
@@ -115,6 +128,7 @@ def main(argv=None) -> dict:
             data_collator=data_collator, processing_class=tokenizer, callbacks=callbacks,
         )
 
+    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier search's, not mixed in
     results = run_search(stages, build_model, make_trainer, training_args,
                          check=check or meta_model_check(build_model))
     results["train_translation_flags"] = train_flags(results["best_params"], model_args.method_settings)

@@ -3,8 +3,8 @@
 
 In the style of HF's ``run_translation.py`` (its common flags keep their names), plus the method settings:
 
-    # Multi30k En-De from scratch, DHICM on, on the CPU
-    python recipes/train_translation.py --multi30k_dir ../shared/data/multi30k --source_lang en --target_lang de \
+    # Multi30k En-De from scratch (no data flag: Multi30k, found or downloaded), DHICM on, on the CPU
+    python recipes/train_translation.py --source_lang en --target_lang de \
         --model_shape tiny --method dhicm --output_dir outputs/dhicm --num_train_epochs 5 \
         --per_device_train_batch_size 64 --learning_rate 1e-3 --eval_strategy epoch --save_strategy epoch
 
@@ -16,10 +16,12 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
     # a paper's preset (hf_headattn.experiment.presets.PRESETS): DHICM Table 2's Be-En column and §4.3's training, early
     # stopping included; the flags you pass win over the preset's (here the shape and the epochs)
     python recipes/train_translation.py --preset dhicm_be_en --model_shape small --num_train_epochs 100 \
-        --multi30k_dir ../shared/data/multi30k --output_dir outputs/dhicm_be_en
+        --output_dir outputs/dhicm_be_en
 
 An interrupted run continues with ``--resume_from_checkpoint true`` (the latest ``checkpoint-N`` in ``--output_dir``)
-or ``--resume_from_checkpoint <checkpoint folder>``.
+or ``--resume_from_checkpoint <checkpoint folder>``. Without it, an ``--output_dir`` that holds ``checkpoint-N``
+folders is refused unless ``--overwrite_output_dir`` (start afresh: they are removed before training); one that is
+the model, tokenizer or data the run reads is refused always.
 
 Writes ``results.json`` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
 ``predictions_<split>.txt`` per test split into ``--output_dir``. ``train_time_s`` is this run's wall time in

@@ -10,7 +10,8 @@ An empty line gives an empty line. A line the parser (or the alignment to the to
 with its line number; with ``--on_parse_error skip`` it is translated without syntax enhancement (and named on
 stderr), never dropped. Lines longer than ``--max_source_length`` (default: the model's limit) are truncated, with a
 warning naming them. Input is read as UTF-8 unless ``--encoding`` says otherwise. The progress bar and the scores go
-to stderr.
+to stderr. ``--output`` replaces an existing file, as ``>`` would, but never the input, the reference or a file of the
+model's or tokenizer's folder (a usage error, before anything is read).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 import hf_headattn
 from hf_headattn.experiment.evaluation import compute_translation_metrics
 from hf_headattn.experiment.arguments import positive_int
+from hf_headattn.experiment.outputs import check_output_file
 from hf_headattn.experiment.methods.sea.syntax import SyntaxInputError
 
 
@@ -106,11 +108,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_files(parser, args) -> None:
-    """The input and reference files exist; without ``--input``, standard input is open (a hint where it is a
-    terminal)."""
+    """The input and reference files exist and ``--output`` is none of the run's inputs; without ``--input``,
+    standard input is open (a hint where it is a terminal)."""
     for flag, path in (("--input", args.input), ("--reference", args.reference)):
         if path not in (None, "-") and not Path(path).is_file():
             parser.error(f"{flag} {path}: no such file; expected a text file of one sentence per line")
+    inputs = {f"--{name}": getattr(args, name)
+              for name in ("input", "reference", "model_name_or_path", "tokenizer_name")}
+    try:
+        check_output_file(args.output, {flag: None if path == "-" else path for flag, path in inputs.items()})
+    except ValueError as error:
+        parser.error(str(error))
     if "-" in (args.input, args.reference):
         if sys.stdin is None:
             parser.error("standard input is closed and no --input was given; expected --input FILE, or the source "

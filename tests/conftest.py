@@ -1,5 +1,7 @@
 """Tiny random models (vocab 99, d_model 16, 2+2 layers, 4 heads) saved as stock HF checkpoints."""
 
+import gzip
+
 import pytest
 import torch
 from transformers import MarianConfig, MarianMTModel, MBartConfig, MBartForConditionalGeneration
@@ -29,6 +31,32 @@ def stock_checkpoint(request, tmp_path_factory):
     return request.param, path
 
 
+@pytest.fixture(scope="session")
+def multi30k():
+    """Multi30k's folder, found as the recipes find it (:func:`hf_headattn.experiment.multi30k.find_multi30k`:
+    ``HF_HEADATTN_DATA``, ``../shared/data/multi30k``, the cache, else a download); the tests that need it skip,
+    with the reason, where no copy can be had."""
+    from hf_headattn.experiment.multi30k import Multi30kChecksumError, Multi30kNotFoundError, find_multi30k
+
+    try:
+        return find_multi30k(timeout=10)
+    except (Multi30kNotFoundError, Multi30kChecksumError) as error:
+        pytest.skip(f"no copy of Multi30k: {error}")
+
+
+@pytest.fixture(scope="session")
+def multi30k_lines(multi30k):
+    """``multi30k_lines(prefix, lang, n=None)``: the first ``n`` lines of ``<prefix>.<lang>.gz`` (prefix ``train``,
+    ``val`` or ``test_2016_flickr``), without their newlines."""
+
+    def read(prefix: str, lang: str, n: int | None = None) -> list[str]:
+        with gzip.open(multi30k / f"{prefix}.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")[:-1]  # each file ends with a newline
+        return lines if n is None else lines[:n]
+
+    return read
+
+
 def batch():
     """Source and labels with padding in the second row (pad id 1, eos 2)."""
     input_ids = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 12, 2, 1, 1]])
@@ -46,25 +74,3 @@ def syntax_batch():
     inputs["phrase_positions"] = (torch.arange(S)[None, :] - torch.arange(S)[:, None]).clamp(-2, 2).expand(B, S, S)
     return inputs
 
-
-#: What ``slow`` marks (``pytest -m "not slow"``, the quick loop, leaves them out; ``make test`` runs everything): the
-#: test modules that train with the Trainer, start processes, execute notebooks or compile with Inductor, and the
-#: single tests of other modules that do so.
-SLOW_MODULES = {
-    "test_compile", "test_converged_study", "test_distributed", "test_fidelity_study", "test_fused_passes",
-    "test_gpu_script", "test_long_run", "test_notebooks", "test_overhead", "test_prune_heads_recipe",
-    "test_recipe_finetune_mbart", "test_recipes", "test_search", "test_benchmarks_profile", "test_eadra_triton",
-}
-SLOW_TESTS = {
-    "test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli", "test_import_does_not_load_the_experiment_kit",
-    "test_the_stand_in_config_reads_through_and_backends_are_checked", "test_pruned_marian_and_remote_code",
-    "test_remote_code_loads_without_the_package_with_same_outputs",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = getattr(item, "module", None)
-        if (module is not None and module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES) or \
-                getattr(item, "originalname", None) in SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)

@@ -219,7 +219,10 @@ def test_loading_remote_code_never_changes_an_already_loaded_model(tmp_path):
     assert torch.equal(ours(**batch()).logits, before)
 
 
-def test_the_stand_in_config_reads_through_and_backends_are_checked():
+def test_the_stand_in_config_reads_through_and_backends_are_checked(monkeypatch):
+    from torch.nn.attention.flex_attention import create_block_mask
+    from transformers import masking_utils
+
     torch.manual_seed(0)
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"decoder_layers": [-1]})).eval()
     module = model.model.decoder.layers[1].self_attn
@@ -229,6 +232,12 @@ def test_the_stand_in_config_reads_through_and_backends_are_checked():
     sdpa = model(**batch()).logits
     model.set_attn_implementation("eager")
     torch.testing.assert_close(model(**batch()).logits, sdpa, atol=1e-5, rtol=1e-5)
+    # refused at the first attention with a method on: here the first (a method on the last layers only: the layers
+    # before it run flex attention, compiled, as transformers compiles the block mask, 15-45 CPU-seconds; the block
+    # mask built eagerly here)
+    monkeypatch.setattr(masking_utils, "create_block_mask",
+                        lambda *args, _compile=False, **kwargs: create_block_mask(*args, **kwargs))
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"encoder_layers": [0]})).eval()
     model.config._attn_implementation = "flex_attention"
     with torch.no_grad(), pytest.raises(ValueError, match=r"attn_implementation='flex_attention' is not supported .*\('sdpa', 'eager'\)"):
         model(**batch())

@@ -105,12 +105,13 @@ def test_different_architectures_name_the_field_or_tensor(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_recipe_averages_the_last_n_or_a_list(run_dir, tmp_path):
+def test_recipe_averages_the_last_n_or_a_list(run_dir, tmp_path, capsys):
     result = recipe.main(["--run_dir", str(run_dir), "--last", "2", "--output_dir", str(tmp_path / "a")])
     assert [Path(path).name for path in result["checkpoints"]] == ["checkpoint-300", "checkpoint-1000"]
     assert torch.all(load_file(tmp_path / "a" / "model.safetensors")["model.shared.weight"] == 2.5)
     listed = [str(run_dir / "checkpoint-50"), str(run_dir / "checkpoint-200")]
     recipe.main(["--checkpoints", *listed, "--output_dir", str(tmp_path / "b")])
     assert torch.all(load_file(tmp_path / "b" / "model.safetensors")["model.shared.weight"] == 50.5)
-    with pytest.raises(ValueError, match="either --run_dir .* or --checkpoints"):
+    with pytest.raises(SystemExit) as stop:  # a usage error
         recipe.main(["--run_dir", str(run_dir), "--checkpoints", *listed, "--output_dir", str(tmp_path / "c")])
+    assert stop.value.code == 2 and "either --run_dir (with --last N) or --checkpoints" in capsys.readouterr().err

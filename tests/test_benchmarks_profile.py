@@ -29,6 +29,7 @@ def descending(entries, key):
     return all(a[key] >= b[key] for a, b in zip(entries, entries[1:]))
 
 
+@pytest.mark.slow
 def test_each_row_has_its_total_and_top_operators(profiled):
     out, result = profiled
     assert json.loads(out.read_text()) == result
@@ -45,6 +46,7 @@ def test_each_row_has_its_total_and_top_operators(profiled):
     assert "extra" not in result["rows"]["stock"]
 
 
+@pytest.mark.slow
 def test_gpu_summary_lists_the_profile_part_without_judging_it(profiled, tmp_path):
     out, _ = profiled
     (tmp_path / "tb-profile.json").write_text(out.read_text())
@@ -62,6 +64,7 @@ def test_gpu_script_runs_the_profile_part_after_tb_compiled():
     assert order == sorted(order) and "benchmarks/profile_step.py" in script
 
 
+@pytest.mark.slow
 def test_a_compiled_profile_compiles_stock_and_each_row():
     """``--compile``: stock and the row profiled as ``torch.compile(model)`` (``aot_eager`` here), each compiled after
     a reset (one graph each)."""

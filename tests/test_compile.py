@@ -28,8 +28,10 @@ from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGenerati
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from compile_check import NO_DROPOUT, SETTINGS  # noqa: E402  (the rows the GPU script checks on CUDA)
+from compile_check import NO_DROPOUT, SETTINGS, fresh_batch  # noqa: E402  (the rows the GPU script checks on CUDA)
 from counting import SavedCounter  # noqa: E402
+
+pytestmark = pytest.mark.slow  # every test compiles
 
 
 def model_and_inputs(name: str, layers: int = 2):
@@ -85,6 +87,57 @@ def test_whole_model_compiles_in_one_graph_and_equals_eager(name):
     results, graphs, breaks = compiled_steps(name, regional=False)
     assert breaks == 0  # as the stock model (the "off" row)
     assert graphs[0] >= 1 and graphs[-1] == graphs[0]  # nothing compiled after the first step
+    assert_equal_steps(results)
+
+
+#: (rows, source, target) of batches whose lengths and length ratio vary: eager EaDRA fuses its encoder's and
+#: decoder's passes while padding adds at most half their score entries (``eadra.MAX_PADDING``: a ratio within
+#: sqrt(3)), so the ratios cross that threshold both ways, with the source longer and shorter than the target. The
+#: second batch changes every length (they become dynamic); rows above 1 (dynamo specializes on sizes 0 and 1).
+VARYING_BATCHES = [(4, 8, 7), (3, 12, 5), (2, 6, 11), (4, 10, 9), (3, 7, 10)]
+
+
+def varying_length_steps(settings: dict, autocast: bool = False):
+    """Eager and compiled (dynamo alone, the ``eager`` backend: what decides a recompilation, and the cheapest) copies
+    of a tiny model stepped over :data:`VARYING_BATCHES`: [(eager, compiled) per step], the graphs compiled after each
+    step, and the graph breaks."""
+    torch.manual_seed(0)
+    eager = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **NO_DROPOUT, **settings)).train()
+    model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    counters.clear()
+    run, results, graphs = torch.compile(model, backend="eager"), [], []
+    try:
+        for seed, size in enumerate(VARYING_BATCHES):
+            inputs = fresh_batch(seed, eager.config, "cpu", sea="sea" in settings, size=size)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                results.append((step(eager, inputs), step(run, inputs)))
+            graphs.append(counters["stats"]["unique_graphs"])
+        return results, graphs, sum(counters["graph_break"].values())
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_batches_of_varying_lengths_compile_once_more_at_most(name):
+    """Real batches vary in both lengths: the second batch compiles the model again, with dynamic lengths, and no
+    later batch compiles anything, whatever its lengths; each step equals eager's. EaDRA chose its fused passes from
+    the lengths, a guard of the compiled graph: a batch whose ratio crossed the threshold compiled again (EaDRA and
+    the combination: 4 graphs in these 5 batches)."""
+    results, graphs, breaks = varying_length_steps(SETTINGS[name])
+    assert breaks == 0
+    assert graphs[1] <= graphs[0] + 1 and graphs[-1] == graphs[1], graphs
+    assert_equal_steps(results)
+
+
+def test_the_loss_without_logits_under_autocast_compiles_once_more_at_most():
+    """bf16 autocast takes our chunked loss (``losses.chunked_linear_smoothed_nll``): a custom operator, as torch's
+    is; as an ``autograd.Function`` its loop over the chunks compiled again at every new length (a graph per
+    batch)."""
+    results, graphs, breaks = varying_length_steps({"loss_without_logits": True, "label_smoothing": 0.1},
+                                                   autocast=True)
+    assert breaks == 0
+    assert graphs[1] <= graphs[0] + 1 and graphs[-1] == graphs[1], graphs
     assert_equal_steps(results)
 
 
@@ -148,7 +201,6 @@ def test_regional_compilation_compiles_each_layer_kind_once():
     assert_equal_steps(results)
 
 
-@pytest.mark.slow
 def test_inductor_compiles_every_method_at_once():
     results, graphs, breaks = compiled_steps("all", regional=False, steps=2, backend="inductor")
     assert breaks == 0 and graphs[-1] == graphs[0]

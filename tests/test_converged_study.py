@@ -2,7 +2,6 @@
 validation only and a test step that refuses before the confirmation; finished runs skipped, unfinished ones resumed
 (a fake training, then a real one of a few steps); the runs' JSON; the tables and the status on hand-made records."""
 
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -11,7 +10,6 @@ import pytest
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import converged_study as cs  # noqa: E402
@@ -25,23 +23,19 @@ from hf_headattn.experiment.study.sessions import resumable_checkpoint, session_
 from hf_headattn.experiment.presets import expand_argv, model_shape  # noqa: E402
 from hf_headattn.experiment.translation_recipe import DataArguments, ModelArguments  # noqa: E402
 
+#: The study's commands find Multi30k themselves (no --multi30k_dir: the resolver, as a user runs them).
+pytestmark = pytest.mark.usefixtures("multi30k")
 SCREEN_ROWS = ["baseline", "dhicm_per_batch", "dhicm_per_token", "eadra_pair_mean_a0.1", "eadra_pair_mean_a0.3",
                "eadra_pair_mean_a1", "dea_rhe", "lpea_rhe"]
 
 
 def study_argv(tmp_path, *extra, command="screen"):
     return [command, "--output_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results"),
-            "--tokenizer_dir", str(tmp_path / "tokenizer"), "--parses_dir", str(tmp_path / "parses"),
-            "--multi30k_dir", str(DATA), *extra]
+            "--tokenizer_dir", str(tmp_path / "tokenizer"), "--parses_dir", str(tmp_path / "parses"), *extra]
 
 
 def study_args(tmp_path, *extra, command="screen"):
     return cs.parse_args(study_argv(tmp_path, *extra, command=command))
-
-
-def references(split: str) -> list[str]:
-    with gzip.open(DATA / f"{'val' if split == 'validation' else split}.de.gz", "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
 
 
 def test_rows_seeds_and_settings():
@@ -111,6 +105,7 @@ if "--resume_from_checkpoint" not in argv:  # the first session: one epoch, then
 """
 
 
+@pytest.mark.slow
 def test_finished_runs_are_skipped_and_unfinished_ones_resume(tmp_path, monkeypatch, capsys):
     fake, calls = tmp_path / "fake_training.py", tmp_path / "calls.jsonl"
     fake.write_text(FAKE_TRAINING)
@@ -194,9 +189,10 @@ def status(tmp_path, capsys) -> list[str]:
     return capsys.readouterr().out.splitlines()
 
 
-def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow
+def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, monkeypatch, capsys, multi30k_lines):
     args = study_args(tmp_path)
-    valid, test = references("validation"), references("test_2016_flickr")
+    valid, test = multi30k_lines("val", "de"), multi30k_lines("test_2016_flickr", "de")
     worse = [" ".join(line.split()[:-3]) for line in valid]
     screen = {"baseline": 30.0, "dhicm_per_batch": 29.0, "dhicm_per_token": 31.0, "eadra_pair_mean_a0.1": 30.5,
               "eadra_pair_mean_a0.3": 32.0, "eadra_pair_mean_a1": 5.0, "dea_rhe": 30.2, "lpea_rhe": 30.2}
@@ -266,12 +262,13 @@ def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, 
     assert lines[-1] == (f"choice: {choice['chosen']}; test set: read at {read['finished_at']}")
 
 
+@pytest.mark.slow
 def test_a_real_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
     """A few steps of the real recipe: the first session dies after its first epoch (its results.json lost), the
     second resumes from that epoch's checkpoint and trains to --max_epochs."""
     from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data, scratch_tokenizer
 
-    data = ParallelDataArguments(multi30k_dir=str(DATA), max_train_samples=200)
+    data = ParallelDataArguments(max_train_samples=200)
     scratch_tokenizer(load_recipe_data(data)["train"], 300, tmp_path / "tokenizer", "en", "de")
     args = study_args(tmp_path, "--max_epochs", "3", "--", "--max_train_samples", "32", "--max_eval_samples", "8",
                       "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "8",
@@ -332,8 +329,7 @@ def test_a_missing_results_folder_is_a_usage_error_naming_it(tmp_path, capsys):
     typo = tmp_path / "resluts"
     for command in ("table", "status", "confirm", "test"):
         with pytest.raises(SystemExit) as stop:
-            cs.main([command, "--results_dir", str(typo), "--output_dir", str(tmp_path / "runs"),
-                     "--multi30k_dir", str(DATA)])
+            cs.main([command, "--results_dir", str(typo), "--output_dir", str(tmp_path / "runs")])
         assert stop.value.code == 2 and f"--results_dir {typo} is not a folder" in capsys.readouterr().err
     assert not typo.exists()
     with pytest.raises(SystemExit) as stop:

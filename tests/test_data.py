@@ -10,19 +10,11 @@ import pytest
 from hf_headattn.experiment import data
 from hf_headattn.experiment.data import load_parallel_dataset, read_parallel_file, tokenize_parallel
 
-MULTI30K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
-
-
-def _lines(split, lang, n=None):
-    with gzip.open(MULTI30K / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-        lines = f.read().split("\n")[:-1]  # files end with a newline
-    return lines if n is None else lines[:n]
-
 
 @pytest.fixture(scope="module")
-def pairs():
+def pairs(multi30k_lines):
     """200 real en/de pairs from the Multi30k validation split."""
-    return list(zip(_lines("val", "en", 200), _lines("val", "de", 200)))
+    return list(zip(multi30k_lines("val", "en", 200), multi30k_lines("val", "de", 200)))
 
 
 def _pairs_of(ds, src="en", tgt="de"):
@@ -32,32 +24,32 @@ def _pairs_of(ds, src="en", tgt="de"):
 # ---------------------------------------------------------------- Multi30k
 
 
-def test_multi30k_full_split_sizes_and_alignment():
-    dsd = load_parallel_dataset("en", "de", multi30k_dir=MULTI30K, max_train_samples=0)
+def test_multi30k_full_split_sizes_and_alignment(multi30k, multi30k_lines):
+    dsd = load_parallel_dataset("en", "de", multi30k_dir=multi30k, max_train_samples=0)
     assert list(dsd) == ["train", "validation", "test_2016_flickr"]
     assert [len(dsd[s]) for s in dsd] == [0, 1014, 1000]
     test = _pairs_of(dsd["test_2016_flickr"])
-    assert test == list(zip(_lines("test_2016_flickr", "en"), _lines("test_2016_flickr", "de")))
+    assert test == list(zip(multi30k_lines("test_2016_flickr", "en"), multi30k_lines("test_2016_flickr", "de")))
     assert isinstance(dsd["validation"].features["translation"], datasets.Translation)
 
 
 @pytest.mark.parametrize(("n_train", "n_eval", "n_pred"), [(7, 5, 3), (30, None, 1)])
-def test_multi30k_first_n_per_split(n_train, n_eval, n_pred):
+def test_multi30k_first_n_per_split(multi30k, multi30k_lines, n_train, n_eval, n_pred):
     dsd = load_parallel_dataset(
-        "fr", "cs", multi30k_dir=str(MULTI30K),
+        "fr", "cs", multi30k_dir=str(multi30k),
         max_train_samples=n_train, max_eval_samples=n_eval, max_predict_samples=n_pred,
     )  # fmt: skip
     assert len(dsd["train"]) == n_train
     assert len(dsd["validation"]) == (1014 if n_eval is None else n_eval)
     assert len(dsd["test_2016_flickr"]) == n_pred
-    expected = list(zip(_lines("train", "fr", n_train), _lines("train", "cs", n_train)))
+    expected = list(zip(multi30k_lines("train", "fr", n_train), multi30k_lines("train", "cs", n_train)))
     assert _pairs_of(dsd["train"], "fr", "cs") == expected
     assert set(dsd["train"][0]["translation"]) == {"fr", "cs"}
 
 
-def test_multi30k_unknown_language_lists_available():
+def test_multi30k_unknown_language_lists_available(multi30k):
     with pytest.raises(ValueError, match=r"'ja'.*available languages: \['cs', 'de', 'en', 'fr'\]"):
-        load_parallel_dataset("en", "ja", multi30k_dir=MULTI30K)
+        load_parallel_dataset("en", "ja", multi30k_dir=multi30k)
 
 
 def test_multi30k_missing_directory(tmp_path):
@@ -168,9 +160,9 @@ def test_unequal_line_counts_name_both_files(tmp_path, pairs):
     ("kwargs", "match"),
     [
         ({}, "exactly one of"),
-        ({"multi30k_dir": MULTI30K, "dataset_name": "wmt16"}, "exactly one of"),
-        ({"multi30k_dir": MULTI30K, "max_train_samples": -1}, "max_train_samples must be a non-negative int"),
-        ({"multi30k_dir": MULTI30K, "max_eval_samples": 2.5}, "max_eval_samples .* got 2.5"),
+        ({"multi30k_dir": "any", "dataset_name": "wmt16"}, "exactly one of"),
+        ({"multi30k_dir": "any", "max_train_samples": -1}, "max_train_samples must be a non-negative int"),
+        ({"multi30k_dir": "any", "max_eval_samples": 2.5}, "max_eval_samples .* got 2.5"),
         ({"data_files": {}}, "data_files is empty"),
     ],
 )
@@ -181,7 +173,7 @@ def test_bad_arguments(kwargs, match):
 
 def test_same_language_twice():
     with pytest.raises(ValueError, match="'en' twice"):
-        load_parallel_dataset("en", "en", multi30k_dir=MULTI30K)
+        load_parallel_dataset("en", "en", multi30k_dir="any")  # refused before any file is read
 
 
 # ---------------------------------------------------------------- hub path (load_dataset replaced by local data)
@@ -221,8 +213,8 @@ class _WordTokenizer:
         return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids]}
 
 
-def test_tokenize_parallel_maps_sources_and_targets():
-    dsd = load_parallel_dataset("en", "de", multi30k_dir=MULTI30K, max_train_samples=50, max_eval_samples=20,
+def test_tokenize_parallel_maps_sources_and_targets(multi30k):
+    dsd = load_parallel_dataset("en", "de", multi30k_dir=multi30k, max_train_samples=50, max_eval_samples=20,
                                 max_predict_samples=0)  # fmt: skip
     out = tokenize_parallel(dsd, _WordTokenizer(), "en", "de", max_source_length=6, max_target_length=4)
     assert out["train"].column_names == ["input_ids", "attention_mask", "labels"]
@@ -236,8 +228,8 @@ def test_tokenize_parallel_maps_sources_and_targets():
     assert swapped[0]["input_ids"] == [len(w) for w in dsd["train"][0]["translation"]["de"].split()]
 
 
-def test_tokenize_parallel_errors():
-    ds = load_parallel_dataset("en", "de", multi30k_dir=MULTI30K, max_train_samples=3)["train"]
+def test_tokenize_parallel_errors(multi30k):
+    ds = load_parallel_dataset("en", "de", multi30k_dir=multi30k, max_train_samples=3)["train"]
     with pytest.raises(ValueError, match=r"'fr' not found in the 'translation' column; available .*\['de', 'en'\]"):
         tokenize_parallel(ds, _WordTokenizer(), "fr", "de", 8, 8)
     with pytest.raises(ValueError, match="max_target_length must be a positive int, got 0"):

@@ -26,6 +26,7 @@ def launch(command, out):
     return json.loads(Path(out).read_text())
 
 
+@pytest.mark.slow
 def test_two_process_ddp_equals_one_process(tmp_path):
     single = launch([sys.executable, str(SCRIPT), str(tmp_path / "single.json"), "8"], tmp_path / "single.json")
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -40,6 +41,7 @@ def test_two_process_ddp_equals_one_process(tmp_path):
                                    msg=name)
 
 
+@pytest.mark.slow
 def test_two_process_fsdp_with_every_method_equals_one_process(tmp_path):
     """FSDP2 shards on the CPU (gloo) with DHICM, EaDRA and LPEA+RHE on; regression test: the per-forward context
     was a dataclass holding a defaultdict, which fully_shard tried to rebuild (TypeError) between layers."""

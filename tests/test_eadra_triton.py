@@ -35,7 +35,12 @@ from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGenerati
 #: Whether Triton runs under its interpreter in this process: TRITON_INTERPRET=1 when Triton was imported (its library
 #: functions are then interpreted, not JIT-compiled).
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and not isinstance(tl.zeros, JITFunction)
-interpreted = pytest.mark.skipif(not INTERPRETED, reason="run by test_under_the_interpreter_in_a_subprocess")
+_in_subprocess = pytest.mark.skipif(not INTERPRETED, reason="run by test_under_the_interpreter_in_a_subprocess")
+
+
+def interpreted(test):
+    """A test run under the interpreter only (by :func:`test_under_the_interpreter_in_a_subprocess` here): slow."""
+    return pytest.mark.slow(_in_subprocess(test))
 
 BLOCKS = dict(block_m=16, block_n=16)
 SCALING = 0.5
@@ -44,6 +49,7 @@ OBJECTIVES = [(0.7, -1.3, 0.9), (1.0, None, None), (None, 1.0, None), (None, Non
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")
+@pytest.mark.slow
 def test_under_the_interpreter_in_a_subprocess():
     """This module's tests in a fresh process whose TRITON_INTERPRET=1 is set before Triton is imported."""
     root = Path(__file__).resolve().parents[1]

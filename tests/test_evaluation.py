@@ -1,9 +1,7 @@
 """Tests for hf_headattn.experiment.evaluation against sacrebleu itself, on real Multi30k lines."""
 
-import gzip
 import os
 import unicodedata
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,17 +21,9 @@ from hf_headattn.experiment.evaluation import (
 )
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
-MULTI30K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
-
-
-def _lines(split, lang, n):
-    with gzip.open(MULTI30K / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-        return f.read().split("\n")[:n]
-
-
 @pytest.fixture(scope="module")
-def refs():
-    return _lines("val", "de", 300)
+def refs(multi30k_lines):
+    return multi30k_lines("val", "de", 300)
 
 
 def _perturb(sentences, every):
@@ -196,8 +186,8 @@ def test_mean_sd_per_seed_and_markdown_table_by_hand():
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    texts = _lines("train", "de", 1000) + _lines("train", "en", 1000)
+def tokenizer(tmp_path_factory, multi30k_lines):
+    texts = multi30k_lines("train", "de", 1000) + multi30k_lines("train", "en", 1000)
     return train_joint_sentencepiece(texts, 600, tmp_path_factory.mktemp("tok"))
 
 

@@ -1,22 +1,15 @@
 """recipes/fidelity_study.py: the choice is made on the screen's validation BLEU only (never on test, never a
 diagnostic row), the confirmation reads test, and the tables hold what the runs logged. Fabricated runs, no training."""
 
-import gzip
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import fidelity_study  # noqa: E402
 from hf_headattn.experiment.study.runs import load_results, run_dir  # noqa: E402
-
-
-def references(split: str) -> list[str]:
-    with gzip.open(DATA / f"{'val' if split == 'validation' else split}.de.gz", "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
 
 
 def fake_run(root: Path, stage: str, row: str, seed: int, scores: dict, predictions: dict, log: list) -> None:
@@ -29,8 +22,8 @@ def fake_run(root: Path, stage: str, row: str, seed: int, scores: dict, predicti
         (folder / f"predictions_{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def test_choice_on_validation_then_confirmation_tables(tmp_path):
-    valid, test = references("validation"), references("test_2016_flickr")
+def test_choice_on_validation_then_confirmation_tables(tmp_path, multi30k, multi30k_lines):
+    valid, test = multi30k_lines("val", "de"), multi30k_lines("test_2016_flickr", "de")
     worse = {"validation": [" ".join(line.split()[:-3]) for line in valid]}
     same = {"validation": valid}
     log = [{"loss": 3.0, "nll_loss": 3.1, "dhicm_kl": 0.2, "dhicm_stats/top_head_share": 0.1}]
@@ -55,7 +48,7 @@ def test_choice_on_validation_then_confirmation_tables(tmp_path):
                  both, log)
     confirm = load_results(tmp_path / "confirm")
     assert fidelity_study.confirmed_choice(confirm) == {"dhicm": "dhicm_per_batch_l0.1"}  # validation, not test
-    summary, markdown = fidelity_study.confirm_table(confirm, DATA)
+    summary, markdown = fidelity_study.confirm_table(confirm, multi30k)
     rows = {entry["row"]: entry for entry in summary}
     seeds = len(fidelity_study.CONFIRM_SEEDS)
     assert rows["dhicm_per_token_l1e-3"]["validation_p_values"] == [1.0] * seeds  # identical predictions

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+import torch._dynamo
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, eadra_math, fused_passes
@@ -49,6 +50,7 @@ def padded_layers(dtype=torch.float32):
 
 
 @pytest.mark.parametrize("recompute", [True, False])
+@pytest.mark.slow
 def test_the_compiled_pass_equals_the_eager_pass(recompute):
     """Inductor (CPU) against the eager pass: terms and the gradients of queries, keys and bias; the heads left
     out get zero."""
@@ -73,9 +75,14 @@ def model_step(implementation, autocast):
 
 
 @pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.slow
 def test_a_model_trains_alike_with_either_pass(autocast):
     """Chosen heads, padding, all three components in one padded pass (two heads each: one compile, forward and
     backward), fp32 and bf16 autocast: loss, terms and gradients."""
+    # a compile of its own, for the model's lengths: not the earlier tests' pass compiled again with dynamic lengths
+    # (three times the CPU time)
+    torch._dynamo.reset()
+    fused_passes._compiled.clear()
     eager, eager_grads = model_step("eager", autocast)
     compiled, compiled_grads = model_step("compiled", autocast)
     torch.testing.assert_close(compiled.eadra_loss, eager.eadra_loss, rtol=1e-5, atol=1e-7)
@@ -90,6 +97,7 @@ def broken_backend(graph_module, example_inputs):
     raise RuntimeError("no compiler here")
 
 
+@pytest.mark.slow
 def test_auto_falls_back_to_the_eager_pass_when_the_compile_fails(monkeypatch):
     """"auto" compiles on CUDA with Triton; made to compile on the CPU here with a backend that fails, it warns once,
     gives the eager pass's values and does not try again in this process; "compiled" raises the error."""

@@ -17,6 +17,7 @@ import gpu_summary  # noqa: E402
 import overhead  # noqa: E402
 
 
+@pytest.mark.slow
 def test_gpu_script_is_valid_bash():
     subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu.sh")], check=True)
 
@@ -33,6 +34,7 @@ def test_bad_options_are_named(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_compiled_rows_under_autocast_against_compiled_stock(tmp_path):
     out = tmp_path / "compiled.json"
     result = overhead.main(["--shape", "tiny", "--rows", "off", "--precision", "autocast-bf16", "--compile",
@@ -51,6 +53,7 @@ def test_compiled_rows_under_autocast_against_compiled_stock(tmp_path):
     assert result["rows"]["off"]["time_ratio"] > 0
 
 
+@pytest.mark.slow
 def test_eager_generate_rows():
     # (fp32: bf16 matrix products are slow on most CPUs; the device run uses autocast-bf16 for generate as well)
     result = overhead.main(["--shape", "tiny", "--rows", "off", "--precision", "fp32", "--repeats", "1", "--warmup",
@@ -61,6 +64,7 @@ def test_eager_generate_rows():
     assert result["precision"] == "fp32" and result["autocast"] is None
 
 
+@pytest.mark.slow
 def test_compile_check_on_the_cpu(tmp_path):
     import compile_check
 
@@ -156,6 +160,7 @@ def test_triton_check_names_a_bad_tile_shape(tile, capsys):
     assert f"--tiles {tile!r}: expected BLOCK_MxBLOCK_N, each at least 16" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_triton_check_under_the_interpreter(tmp_path):
     """``benchmarks/triton_check.py`` on the CPU under Triton's interpreter, at a tiny stacked shape: the Triton pass
     equals the eager pass and float64 (float32 heads within its tolerance), both heads dtypes timed, another tile

@@ -77,6 +77,7 @@ def test_mask_values_are_checked_once_per_forward(monkeypatch):
     assert calls == [sorted(ARGUMENTS)]
 
 
+@pytest.mark.slow
 def test_value_check_keeps_gradients_and_compiles_without_graph_break():
     config = HeadAttnMBartConfig(**TINY)
     mask = torch.full((2, 4), 0.5, requires_grad=True)

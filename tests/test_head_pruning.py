@@ -275,6 +275,7 @@ def test_eadra_heads_survive_from_pretrained(tmp_path):
     assert list(again.model.encoder.layers[0].self_attn.eadra.heads.numbers) == [1, 3]
 
 
+@pytest.mark.slow
 def test_pruned_marian_and_remote_code(tmp_path):
     model = model_with(METHODS["dhicm"], family="marian")
     model.prune_heads({"model.decoder.layers.1.self_attn": [2]})

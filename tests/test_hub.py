@@ -54,6 +54,7 @@ def test_saved_folder_has_code_and_auto_map(tmp_path):
         assert (folder / name).is_file(), name
 
 
+@pytest.mark.slow
 def test_remote_code_loads_without_the_package_with_same_outputs(tmp_path):
     model, folder = saved(tmp_path)
     inputs = syntax_inputs()
@@ -68,6 +69,7 @@ def test_remote_code_loads_without_the_package_with_same_outputs(tmp_path):
     torch.testing.assert_close(remote["loss"], expected.loss)
 
 
+@pytest.mark.slow
 def test_missing_code_file_is_named(tmp_path):
     _, folder = saved(tmp_path)
     (folder / "dhicm.py").unlink()

@@ -7,6 +7,7 @@ import pytest
 from hf_headattn.experiment.jobs import run_jobs
 
 
+@pytest.mark.slow
 def test_runs_every_job_and_names_the_failures(tmp_path):
     jobs = [(f"job{i}", [sys.executable, "-c", f"import os; print('hi', os.environ['OMP_NUM_THREADS']); exit({code})"],
              tmp_path / f"job{i}" / "train.log") for i, code in enumerate([0, 3, 0])]

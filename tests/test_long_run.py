@@ -4,6 +4,7 @@ step by the per-forward records, a cache or the hooks), so memory and step time 
 
 import gc
 
+import pytest
 import torch
 
 from conftest import TINY, batch
@@ -35,6 +36,7 @@ def train_steps(model, optimizer, inputs, steps):
         del out
 
 
+@pytest.mark.slow
 def test_training_steps_leave_no_tensor_behind():
     torch.manual_seed(0)
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **EVERY_METHOD)).train()

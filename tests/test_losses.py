@@ -125,6 +125,7 @@ def _one_step_grads(tmp_path, batch_size, accumulation, label_smoothing_factor=0
     return recorder.grads, trainer
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_full_batch(tmp_path):
     full, _ = _one_step_grads(tmp_path, 8, 1)
     accumulated, _ = _one_step_grads(tmp_path, 2, 4)
@@ -133,6 +134,7 @@ def test_gradient_accumulation_equals_full_batch(tmp_path):
         torch.testing.assert_close(accumulated[name], full[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
+@pytest.mark.slow
 def test_trainer_moves_label_smoothing_into_model_and_logs_components(tmp_path):
     _, trainer = _one_step_grads(tmp_path, 8, 1, label_smoothing_factor=0.1)
     assert trainer.model.config.label_smoothing == 0.1 and trainer.label_smoother is None

@@ -78,6 +78,7 @@ def test_saved_counter_counts_each_storage_once_and_leaves_out_parameters():
     del y, z
 
 
+@pytest.mark.slow
 def test_counted_mode_at_the_tiny_shape(tmp_path):
     import overhead
 

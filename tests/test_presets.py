@@ -17,7 +17,6 @@ from hf_headattn.experiment.presets import (
 from hf_headattn.experiment.recipe_parts import collator, pretrained_model
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
@@ -190,8 +189,9 @@ def test_rule2_setting_reaches_the_config_and_the_collator():
 
 
 def run(tmp_path, *extra):
+    """The recipe on Multi30k found as a user's run finds it (the tests that call this take the multi30k fixture)."""
     return train_translation.main([
-        "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path), "--max_train_samples", "16",
+        "--output_dir", str(tmp_path), "--max_train_samples", "16",
         "--max_eval_samples", "4", "--max_predict_samples", "4", "--vocab_size", "150", "--per_device_train_batch_size",
         "8", "--per_device_eval_batch_size", "4", "--num_beams", "1", "--max_source_length", "16",
         "--max_target_length", "6", "--report_to", "none", "--use_cpu", "true", "--logging_steps", "1",
@@ -199,7 +199,8 @@ def run(tmp_path, *extra):
     ])
 
 
-def test_recipe_with_a_preset_builds_its_model(tmp_path):
+@pytest.mark.slow
+def test_recipe_with_a_preset_builds_its_model(tmp_path, multi30k):
     run(tmp_path, "--preset", "dhicm_be_en", "--model_shape", "tiny", "--max_steps", "1")
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["encoder_attention_heads"], config["decoder_ffn_dim"], config["d_model"]) == (2, 128, 128)
@@ -208,7 +209,8 @@ def test_recipe_with_a_preset_builds_its_model(tmp_path):
     assert (tmp_path / "checkpoint-1").is_dir()  # saved at the end of the (cut) epoch, as early stopping needs
 
 
-def test_early_stopping_stops_after_patience_and_keeps_the_best(tmp_path):
+@pytest.mark.slow
+def test_early_stopping_stops_after_patience_and_keeps_the_best(tmp_path, multi30k):
     results = run(tmp_path, "--early_stopping_patience", "1", "--learning_rate", "0", "--num_train_epochs", "5",
                   "--model_shape", "tiny")  # lr 0: the validation loss never improves after the first epoch
     evals = [entry for entry in results["log_history"] if "eval_loss" in entry]

@@ -10,7 +10,6 @@ import torch
 from transformers import AutoModelForSeq2SeqLM
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import prune_heads  # noqa: E402
@@ -20,10 +19,11 @@ from hf_headattn.analysis.head_pruning import largest_share_within, throughput_r
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def model_dir(tmp_path_factory, multi30k):
+    """A tiny DHICM model; the recipes below find Multi30k themselves (no --multi30k_dir), as a user runs them."""
     out = tmp_path_factory.mktemp("dhicm")
     train_translation.main([
-        "--multi30k_dir", str(DATA), "--model_shape", "tiny", "--method", "dhicm", "--output_dir", str(out),
+        "--multi30k_dir", str(multi30k), "--model_shape", "tiny", "--method", "dhicm", "--output_dir", str(out),
         "--max_train_samples", "200", "--max_eval_samples", "8", "--max_predict_samples", "8", "--vocab_size", "300",
         "--max_steps", "2", "--per_device_train_batch_size", "8", "--num_beams", "1", "--max_target_length", "16",
         "--report_to", "none", "--save_strategy", "no", "--use_cpu", "true", "--test_splits", "test_2016_flickr",
@@ -31,8 +31,9 @@ def model_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_dir, tmp_path, capsys):
-    argv = ["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path),
+    argv = ["--model_dir", str(model_dir), "--output_dir", str(tmp_path),
             "--criteria", "gradient", "confidence", "entropy", "dhicm", "random", "--importance_samples", "16",
             "--eval_samples", "8", "--num_beams", "1", "--max_length", "16", "--step_share", "0.3",
             "--max_share", "0.5", "--finetune_steps", "1", "--finetune_samples", "32", "--timing_repeats", "2",
@@ -79,8 +80,9 @@ def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_di
     assert json.loads((tmp_path / "pruning.json").read_text())["test"] == saved["test"]
 
 
+@pytest.mark.slow
 def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_dir, tmp_path):
-    argv = ["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path),
+    argv = ["--model_dir", str(model_dir), "--output_dir", str(tmp_path),
             "--criteria", "dhicm", "gradient", "--common_heads", "--importance_samples", "16", "--eval_samples", "4",
             "--num_beams", "1", "--max_length", "8", "--step_share", "0.2", "--max_share", "0.8"]
     saved = prune_heads.main(argv)
@@ -122,18 +124,20 @@ def test_throughput_ratio_is_the_median_of_alternate_timings(monkeypatch):
     assert timing == {"ratio": 2.0, "sentences_per_second": {"model": [2.0, 2.0, 2.0], "reference": [1.0, 2.0, 2 / 3]}}
 
 
+@pytest.mark.slow
 def test_bad_arguments(model_dir, tmp_path):
     with pytest.raises(SystemExit):
         prune_heads.parse_args(["--model_dir", str(model_dir), "--num_beams", "0"])
     with pytest.raises(SystemExit):
         prune_heads.parse_args(["--model_dir", str(model_dir), "--finetune_samples", "0"])
     with pytest.raises(SystemExit) as stop:  # a usage error, before the unpruned model is evaluated
-        prune_heads.main(["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(tmp_path),
+        prune_heads.main(["--model_dir", str(model_dir), "--output_dir", str(tmp_path),
                           "--criteria", "random", "--importance_samples", "4", "--eval_samples", "4",
                           "--num_beams", "1", "--max_share", "1.0"])
     assert stop.value.code == 2
 
 
+@pytest.mark.slow
 def test_pruned_generate_speed_benchmark_times_every_step(model_dir, tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import pruned_generate_speed
@@ -144,8 +148,8 @@ def test_pruned_generate_speed_benchmark_times_every_step(model_dir, tmp_path):
     records = [{"share": sum(map(len, p.values())) / 36, "heads_pruned": sum(map(len, p.values())), "pruned": p}
                for p in steps]
     (tmp_path / "pruning.json").write_text(json.dumps({"criteria": {"confidence": records}}))
-    argv = ["--model_dir", str(model_dir), "--pruning_json", str(tmp_path / "pruning.json"), "--multi30k_dir",
-            str(DATA), "--samples", "3", "--num_beams", "2", "--repeats", "2", "--forced_length", "3"]
+    argv = ["--model_dir", str(model_dir), "--pruning_json", str(tmp_path / "pruning.json"),
+            "--samples", "3", "--num_beams", "2", "--repeats", "2", "--forced_length", "3"]
     rows = pruned_generate_speed.main([*argv, "--criterion", "confidence", "--out", str(tmp_path / "speed.json")])
     assert [row["by_kind"] for row in rows] == [{"encoder": 1}, {"encoder": 1, "cross": 2, "decoder": 1}]
     assert rows[0]["parameters"] > rows[1]["parameters"]
@@ -156,7 +160,7 @@ def test_pruned_generate_speed_benchmark_times_every_step(model_dir, tmp_path):
 
 
 def quick_argv(model_dir, out, *extra):
-    return ["--model_dir", str(model_dir), "--multi30k_dir", str(DATA), "--output_dir", str(out), "--criteria",
+    return ["--model_dir", str(model_dir), "--output_dir", str(out), "--criteria",
             "random", "--importance_samples", "4", "--eval_samples", "4", "--num_beams", "1", "--max_length", "8",
             "--step_share", "0.5", "--max_share", "0.5", *extra]
 
@@ -170,6 +174,7 @@ def usage_error(argv, capsys) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_bad_argument_stops_before_anything_is_read_or_deleted(model_dir, tmp_path, capsys, monkeypatch):
     earlier = tmp_path / "out"
     (earlier / "criteria" / "gradient").mkdir(parents=True)
@@ -184,7 +189,7 @@ def test_a_bad_argument_stops_before_anything_is_read_or_deleted(model_dir, tmp_
     assert "--criteria ['rhe'] need(s) the model to carry ['sea']" in message and "carries ['dhicm']" in message
     for flag, value, expected in (("--eval_samples", "0", "an integer >= 1"), ("--finetune_steps", "-1", ">= 0"),
                                   ("--finetune_learning_rate", "0", "a number > 0"),
-                                  ("--multi30k_dir", str(tmp_path / "nowhere"), "not found"),
+                                  ("--multi30k_dir", str(tmp_path / "nowhere"), "is not a folder"),
                                   ("--parses_dir", str(tmp_path / "nowhere"), "not found"),
                                   ("--criteria", "gradients", "invalid choice")):
         message = usage_error([*quick_argv(model_dir, earlier), flag, value], capsys)
@@ -195,6 +200,7 @@ def test_a_bad_argument_stops_before_anything_is_read_or_deleted(model_dir, tmp_
     assert json.loads((earlier / "pruning.json").read_text())["settings"] == {"step_share": 0.1}
 
 
+@pytest.mark.slow
 def test_a_rerun_with_other_settings_is_refused_unless_overwrite_says_what_it_replaces(model_dir, tmp_path, capsys):
     prune_heads.main(quick_argv(model_dir, tmp_path))
     before = (tmp_path / "pruning.json").read_text()

@@ -12,7 +12,6 @@ from hf_headattn.experiment.arguments import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import demo  # noqa: E402
@@ -44,7 +43,8 @@ def test_the_argparse_types_name_the_value_and_what_was_expected(tmp_path):
 @pytest.mark.parametrize("main, argv, expected", [
     (demo.main, ["--methods", "baseline", "dhicm+magic"], "unknown method 'magic'"),
     (demo.main, ["--max_steps", "0"], "argument --max_steps: expected an integer >= 1, got '0'"),
-    (demo.main, ["--data", "/nowhere/multi30k"], "--data: Multi30k not found at /nowhere/multi30k"),
+    (demo.main, ["--data", "/nowhere/multi30k"], "multi30k_dir '/nowhere/multi30k' is not a folder"),
+    (demo.main, ["--quick", "--multi30k_dir", "/nowhere/m"], "multi30k_dir '/nowhere/m' is not a folder"),
     (fidelity_study.main, ["screen", "--parallel", "0"], "argument --parallel: expected an integer >= 1"),
     (fidelity_study.main, ["screen", "--rows", "magic"], "unknown rows ['magic']"),
     (fidelity_study.main, ["table", "--output_dir", "/nowhere/fidelity"], "--output_dir /nowhere/fidelity is not"),
@@ -52,10 +52,10 @@ def test_the_argparse_types_name_the_value_and_what_was_expected(tmp_path):
     (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--rows", "magic"], "unknown method 'magic'"),
     (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--multi30k_dir", "/nowhere/m"], "/nowhere/m"),
     (reproduce_multi30k.main, ["table", "--output_dir", "/nowhere/x"], "/nowhere/x' (not found)"),
-    (parse_sources.main, ["--multi30k_dir", str(DATA), "--output_dir", "/nowhere/p", "--num_proc", "0",
-                          "--max_train_samples", "2", "--max_eval_samples", "2"], "--num_proc must be a positive"),
-    (parse_sources.main, ["--multi30k_dir", str(DATA), "--output_dir", "/nowhere/p", "--target_lang", "xx"],
-     "language 'xx' not found"),
+    (parse_sources.main, ["--output_dir", "/nowhere/p", "--num_proc", "0"], "--num_proc must be a positive"),
+    (parse_sources.main, ["--output_dir", "/nowhere/p", "--target_lang", "xx"],
+     "Multi30k has no language ['xx'] to download"),  # before any download
+    (parse_sources.main, ["--multi30k_dir", "/nowhere/m", "--output_dir", "/nowhere/p"], "'/nowhere/m' is not a"),
     (finetune_mbart.main, ["--model_name_or_path", "m", "--output_dir", "/nowhere/f", "--eadra", "{bad"],
      "--eadra '{bad' is not valid JSON"),
 ])

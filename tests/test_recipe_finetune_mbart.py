@@ -1,7 +1,6 @@
 """recipes/finetune_mbart.py end to end: a tiny locally saved mBART (with an mBART tokenizer trained here) fine-tuned
 with EaDRA for two steps on 32 Multi30k lines, then scored with sacreBLEU."""
 
-import gzip
 import importlib.util
 import io
 import json
@@ -17,8 +16,6 @@ from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
 from hf_headattn import HeadAttnMBartForConditionalGeneration
 
 ROOT = Path(__file__).resolve().parents[1]
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-pytestmark = pytest.mark.skipif(not MULTI30K.is_dir(), reason="Multi30k is not at ../shared/data/multi30k")
 
 
 def load_recipe():
@@ -42,9 +39,8 @@ def mbart_tokenizer(sentences) -> MBartTokenizer:
 
 
 @pytest.fixture(scope="module")
-def tiny_mbart(tmp_path_factory):
-    lines = {lang: [line.strip() for line, _ in zip(gzip.open(MULTI30K / f"train.{lang}.gz", "rt"), range(32))]
-             for lang in ("en", "de")}
+def tiny_mbart(tmp_path_factory, multi30k_lines):
+    lines = {lang: [line.strip() for line in multi30k_lines("train", lang, 32)] for lang in ("en", "de")}
     tokenizer = mbart_tokenizer(lines["en"] + lines["de"])
     torch.manual_seed(0)
     config = MBartConfig(
@@ -59,10 +55,11 @@ def tiny_mbart(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_finetunes_with_eadra_and_scores_with_sacrebleu(tiny_mbart, tmp_path):
     out = tmp_path / "run"
     results = load_recipe().main([
-        "--model_name_or_path", str(tiny_mbart), "--multi30k_dir", str(MULTI30K), "--output_dir", str(out),
+        "--model_name_or_path", str(tiny_mbart), "--output_dir", str(out),
         "--eadra", '{"encoder": {"num_heads": 2}, "decoder": {"num_heads": 1, "layers": [-1]}}',
         "--max_train_samples", "32", "--max_eval_samples", "8", "--max_predict_samples", "8",
         "--max_source_length", "48", "--max_target_length", "48", "--generation_max_length", "12",

@@ -11,7 +11,6 @@ import torch
 from transformers import TrainerCallback
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import parse_sources  # noqa: E402
@@ -19,9 +18,13 @@ import reproduce_multi30k  # noqa: E402
 from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
 
+#: The recipes find Multi30k themselves (no --multi30k_dir: the resolver, as a user runs them).
+pytestmark = pytest.mark.usefixtures("multi30k")
+
+
 def run(tmp_path, *extra, method="baseline"):
     argv = [
-        "--multi30k_dir", str(DATA), "--model_shape", "tiny", "--method", method, "--output_dir", str(tmp_path),
+        "--model_shape", "tiny", "--method", method, "--output_dir", str(tmp_path),
         "--max_train_samples", "200", "--max_eval_samples", "8", "--max_predict_samples", "8", "--vocab_size", "300",
         "--max_steps", "1", "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8",
         "--num_beams", "2", "--max_target_length", "16", "--report_to", "none", "--save_strategy", "no",
@@ -39,6 +42,7 @@ def tokenizer_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method", ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe", "dhicm+lpea_rhe"])
+@pytest.mark.slow
 def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     results = run(tmp_path, "--tokenizer_name", str(tokenizer_dir), method=method)
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -56,8 +60,7 @@ def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     assert saved["global_step"] == 1 and saved["stopped_at_time_limit"] is False
 
 
-DATA_FLAGS = ["--multi30k_dir", str(DATA), "--max_train_samples", "200", "--max_eval_samples", "8",
-              "--max_predict_samples", "8"]
+DATA_FLAGS = ["--max_train_samples", "200", "--max_eval_samples", "8", "--max_predict_samples", "8"]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +72,7 @@ def parses_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, tokenizer_dir, parses_dir):
     assert (parses_dir / "train.en.conllu").read_text().count("# sent_id") == 200
     spacy_run = run(tmp_path / "spacy", "--tokenizer_name", str(tokenizer_dir), "--seed", "3", method="lpea_rhe")
@@ -85,6 +89,7 @@ def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, token
             method="dea_rhe")
 
 
+@pytest.mark.slow
 def test_time_limit_stops_after_an_evaluation(tmp_path, tokenizer_dir):
     results = run(tmp_path, "--tokenizer_name", str(tokenizer_dir), "--max_steps", "5", "--max_train_minutes",
                   "1e-9", "--eval_strategy", "steps", "--eval_steps", "100")
@@ -94,7 +99,8 @@ def test_time_limit_stops_after_an_evaluation(tmp_path, tokenizer_dir):
         run(tmp_path, "--max_train_minutes", "0")
 
 
-def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir):
+@pytest.mark.slow
+def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir, multi30k):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     run(tmp_path, "--tokenizer_name", str(tokenizer_dir), "--test_splits", "test_2016_flickr", method="dhicm")
@@ -105,7 +111,8 @@ def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir):
     assert out.shape[0] == 1
     import demo  # the demo's pictures of this model: only pictures (the entropy JSON lies beside, unlisted)
 
-    pictures = demo.pictures(SimpleNamespace(output_dir=tmp_path.parent, data=DATA), [tmp_path.name])
+    pictures = demo.pictures(SimpleNamespace(output_dir=tmp_path.parent, multi30k_dir=multi30k, schedule=demo.FULL),
+                             [tmp_path.name])
     assert len(pictures) == 3 and all(p.suffix == ".png" and p.is_file() for p in pictures)
     assert (tmp_path.parent / f"attention_entropy_{tmp_path.name}.json").is_file()
 
@@ -124,7 +131,9 @@ class Interrupt(TrainerCallback):
         self.steps += 1
 
 
-def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, tokenizer_dir, monkeypatch):
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, tokenizer_dir, monkeypatch,
+                                                                           capsys):
     # regression: --resume_from_checkpoint was never passed on; the run restarted at step 0 and overwrote checkpoints
     from safetensors.torch import load_file
 
@@ -155,16 +164,18 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
     assert whole.keys() == resumed.keys()
     for name, tensor in whole.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=0, msg=name)
-    with pytest.raises(ValueError, match=r"resume_from_checkpoint='.*nowhere' is not a folder"):
-        train(tmp_path / "x", "--resume_from_checkpoint", str(tmp_path / "nowhere"))
-    with pytest.raises(ValueError, match=r"resume_from_checkpoint=true but .*empty holds no checkpoint-N"):
-        train(tmp_path / "empty", "--resume_from_checkpoint", "true")
+    for folder, value, message in (("x", str(tmp_path / "nowhere"), r"resume_from_checkpoint='.*nowhere' is not a "
+                                                                     r"folder"),
+                                   ("empty", "true", r"resume_from_checkpoint=true but .*empty holds no checkpoint-N")):
+        with pytest.raises(SystemExit) as stop:  # a usage error, before anything is read
+            train(tmp_path / folder, "--resume_from_checkpoint", value)
+        assert stop.value.code == 2 and re.search(message, capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("extra,message", [
     (["--method", "dhicm+magic"], r"unknown method 'magic' in 'dhicm\+magic'"),
     (["--model_shape", "huge"], r"unknown model shape 'huge'"),
-    (["--target_lang", "xx"], r"language 'xx' not found"),
+    (["--target_lang", "xx"], r"Multi30k has no language \['xx'\] to download"),  # before any download
     (["--test_splits", "test_2017"], r"test_splits: \['test_2017'\] are not in the data"),
 ])
 def test_bad_input_is_refused_before_training(tmp_path, extra, message, capsys):
@@ -191,10 +202,11 @@ TINY_RUN = ["--model_shape", "tiny", "--use_cpu", "true", "--max_train_samples",
             "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8"]
 
 
+@pytest.mark.slow
 def test_reproduction_trains_every_row_and_seed_then_tabulates(tmp_path, tokenizer_dir, parses_dir, capsys):
     out = tmp_path / "runs"
     reproduce_multi30k.main(["run", "--output_dir", str(out), "--rows", "baseline", "lpea_rhe", "--seeds", "1",
-                             "--parallel", "2", "--multi30k_dir", str(DATA), "--tokenizer_dir", str(tokenizer_dir),
+                             "--parallel", "2", "--tokenizer_dir", str(tokenizer_dir),
                              "--parses_dir", str(parses_dir), "--", *TINY_RUN])
     assert "FAILED" not in capsys.readouterr().out
     for row in ("baseline", "lpea_rhe"):
@@ -205,14 +217,14 @@ def test_reproduction_trains_every_row_and_seed_then_tabulates(tmp_path, tokeniz
     assert [entry["row"] for entry in summary] == ["baseline", "lpea_rhe"]
     with pytest.raises(RuntimeError, match=r"1 run\(s\) failed.*dhicm/seed1/train.log"):  # a flag the recipe refuses
         reproduce_multi30k.main(["run", "--output_dir", str(out), "--rows", "dhicm", "--seeds", "1",
-                                 "--multi30k_dir", str(DATA), "--tokenizer_dir", str(tokenizer_dir), "--",
+                                 "--tokenizer_dir", str(tokenizer_dir), "--",
                                  *TINY_RUN, "--model_shape", "huge"])
     assert "unknown model shape 'huge'" in (out / "dhicm" / "seed1" / "train.log").read_text()
     assert len(summary[1]["p_values"]) == 1 and 0 < summary[1]["p_values"][0] <= 1
     assert "\n| baseline | 1 |" in markdown and "\n| lpea_rhe | 1 |" in markdown and "nrefs:1" in markdown
 
 
-def _fake_run(root, row, seed, bleu, valid_bleus, predictions):
+def _fake_run(root, row, seed, bleu, valid_bleus, predictions, data):
     """A results.json as train_translation.py writes it, with evaluations (eval_loss falls, then rises)."""
     folder = root / row / f"seed{seed}"
     folder.mkdir(parents=True)
@@ -221,7 +233,7 @@ def _fake_run(root, row, seed, bleu, valid_bleus, predictions):
         "method": row, "train_time_s": 60.0 * seed, "epochs": 3.0, "stopped_at_time_limit": False,
         "args": {**{key: None for key in ("dataset_name", "dataset_config_name", "train_file", "validation_file",
                                           "test_file", "max_train_samples", "max_eval_samples")},
-                 "source_lang": "en", "target_lang": "de", "multi30k_dir": str(DATA), "max_source_length": 128,
+                 "source_lang": "en", "target_lang": "de", "multi30k_dir": str(data), "max_source_length": 128,
                  "max_target_length": 128, "max_predict_samples": 8, "num_beams": 5},
         "log_history": [{"eval_loss": loss, "eval_bleu": b, "epoch": i + 1.0}
                         for i, (loss, b) in enumerate(zip(losses, valid_bleus))],
@@ -231,16 +243,13 @@ def _fake_run(root, row, seed, bleu, valid_bleus, predictions):
     (folder / "predictions_test_2016_flickr.txt").write_text("\n".join(predictions) + "\n")
 
 
-def test_reproduction_table_statistics_and_combination_chosen_on_validation(tmp_path):
-    import gzip
-
-    with gzip.open(DATA / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
-        refs = f.read().splitlines()[:8]
+def test_reproduction_table_statistics_and_combination_chosen_on_validation(tmp_path, multi30k, multi30k_lines):
+    refs = multi30k_lines("test_2016_flickr", "de", 8)
     worse = [" ".join(line.split()[:-2]) for line in refs]
     for seed, bleu in ((1, 30.0), (2, 34.0)):
-        _fake_run(tmp_path, "baseline", seed, bleu, [1, 20, 99], refs)
-        _fake_run(tmp_path, "a+b", seed, bleu + 5, [1, 10, 99], worse)  # better test BLEU, worse validation
-        _fake_run(tmp_path, "c+d", seed, bleu - 1, [1, 15, 0], refs)  # the kept epoch is the lowest eval_loss
+        _fake_run(tmp_path, "baseline", seed, bleu, [1, 20, 99], refs, multi30k)
+        _fake_run(tmp_path, "a+b", seed, bleu + 5, [1, 10, 99], worse, multi30k)  # better test BLEU, worse validation
+        _fake_run(tmp_path, "c+d", seed, bleu - 1, [1, 15, 0], refs, multi30k)  # the kept epoch is the lowest eval_loss
     summary, markdown = reproduce_multi30k.summarize(tmp_path)
     rows = {entry["row"]: entry for entry in summary}
     assert list(rows) == ["baseline", "a+b", "c+d"]

@@ -13,7 +13,6 @@ from hf_headattn.experiment.search import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "multi30k"
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import search_hyperparameters  # noqa: E402
@@ -23,10 +22,11 @@ TWO_STAGES = {"stages": [{"name": "architecture", "grid": {"ffn_dim": [32, 64]}}
 
 
 def search(tmp_path, grid, *extra):
+    """The recipe on Multi30k found as a user's run finds it (the tests that call this take the multi30k fixture)."""
     path = tmp_path / "grid.json"
     path.write_text(json.dumps(grid))
     return search_hyperparameters.main([
-        "--grid", str(path), "--multi30k_dir", str(DATA), "--model_shape", "tiny", "--output_dir", str(tmp_path),
+        "--grid", str(path), "--model_shape", "tiny", "--output_dir", str(tmp_path),
         "--max_train_samples", "100", "--max_eval_samples", "8", "--max_predict_samples", "8", "--vocab_size", "200",
         "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8", "--max_target_length", "16",
         "--report_to", "none", "--use_cpu", "true", "--logging_steps", "1", "--save_strategy", "no", *extra,
@@ -34,7 +34,7 @@ def search(tmp_path, grid, *extra):
 
 
 @pytest.fixture(scope="module")
-def two_stage(tmp_path_factory):
+def two_stage(tmp_path_factory, multi30k):
     """(output dir, results, the config of every model built for training) of a DHICM two-stage search."""
     out, built = tmp_path_factory.mktemp("search"), []
     scratch_model = search_hyperparameters.scratch_model
@@ -51,6 +51,7 @@ def two_stage(tmp_path_factory):
     return out, results, built
 
 
+@pytest.mark.slow
 def test_every_trial_is_saved_and_the_best_has_the_lowest_loss(two_stage):
     out, results, _ = two_stage
     for name in ("architecture", "regularization"):
@@ -63,6 +64,7 @@ def test_every_trial_is_saved_and_the_best_has_the_lowest_loss(two_stage):
     assert set(results["best_params"]) == {"ffn_dim", "dropout", "dhicm.dropout"}
 
 
+@pytest.mark.slow
 def test_trials_get_their_architecture_and_stage_two_keeps_the_best(two_stage):
     _, results, _ = two_stage
     architecture, regularization = results["stages"]
@@ -74,6 +76,7 @@ def test_trials_get_their_architecture_and_stage_two_keeps_the_best(two_stage):
     assert {trial["num_parameters"] for trial in regularization["trials"]} == {params[best_ffn]}
 
 
+@pytest.mark.slow
 def test_trials_get_their_regularization(two_stage):
     _, results, built = two_stage
     architecture, regularization = results["stages"]
@@ -85,6 +88,7 @@ def test_trials_get_their_regularization(two_stage):
     assert {(best_ffn, dropout, dhicm_dropout) for dropout, dhicm_dropout in losses} <= set(built)
 
 
+@pytest.mark.slow
 def test_summary_table_and_train_flags(two_stage):
     _, results, _ = two_stage
     table = summary_table(results["stages"][0]).splitlines()
@@ -97,7 +101,8 @@ def test_summary_table_and_train_flags(two_stage):
                                     "dhicm": {"dropout": results["best_params"]["dhicm.dropout"]}}
 
 
-def test_early_stopping_applies_to_each_trial(tmp_path):
+@pytest.mark.slow
+def test_early_stopping_applies_to_each_trial(tmp_path, multi30k):
     grid = {"stages": [{"name": "heads", "grid": {"attention_heads": [2, 4]}}]}
     out = tmp_path
     results = search(out, grid, "--num_train_epochs", "4", "--max_train_samples", "16", "--vocab_size", "150",
@@ -171,7 +176,7 @@ def test_impossible_trials_are_refused_before_training():
     (["--max_steps", "1"], {"stages": [{"name": "a", "grid": {"attention_heads": [3]}}]},
      "trial {'attention_heads': 3}: embed_dim must be divisible"),
 ])
-def test_recipe_refuses_bad_input(tmp_path, extra, grid, message):
+def test_recipe_refuses_bad_input(tmp_path, multi30k, extra, grid, message):
     with pytest.raises(ValueError, match=message):
         search(tmp_path, grid, *extra)
 

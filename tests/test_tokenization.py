@@ -3,7 +3,6 @@
 import json
 import re
 import unicodedata
-from pathlib import Path
 
 import datasets
 import pytest
@@ -14,13 +13,12 @@ from transformers import AutoTokenizer, MarianTokenizer
 from hf_headattn.experiment.data import load_parallel_dataset
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
-MULTI30K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
 VOCAB = 700
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    return load_parallel_dataset("en", "de", multi30k_dir=MULTI30K, max_train_samples=1000, max_eval_samples=100)
+def corpus(multi30k):
+    return load_parallel_dataset("en", "de", multi30k_dir=multi30k, max_train_samples=1000, max_eval_samples=100)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 every method, Marian and mBART; the parser saved with the model; parse errors; empty lines."""
 
 import copy
-import gzip
 import io
 import json
 import logging
@@ -24,9 +23,7 @@ from hf_headattn.experiment.recipe_parts import collator, prepare_features, scra
 from hf_headattn.experiment.methods.sea.syntax import MissingParserError, SyntaxInputError
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("MULTI30K_DIR", ROOT.parent / "shared" / "data" / "multi30k"))
 sys.path.insert(0, str(ROOT / "recipes"))
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="Multi30k is not at ../shared/data/multi30k")
 
 from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 import translate as translate_recipe  # noqa: E402
@@ -36,16 +33,15 @@ SHAPE = {"shape": "tiny", "d_model": 16, "encoder_layers": 2, "decoder_layers": 
 GENERATE = {"num_beams": 2, "max_new_tokens": 6}
 
 
-def multi30k(split, lang, n):
-    return [line.strip() for line, _ in zip(gzip.open(DATA / f"{split}.{lang}.gz", "rt"), range(n))]
-
-
-SOURCES = multi30k("test_2016_flickr", "en", 5) if DATA.is_dir() else []
+@pytest.fixture(scope="module")
+def sources(multi30k_lines):
+    """Five test_2016_flickr sources."""
+    return [line.strip() for line in multi30k_lines("test_2016_flickr", "en", 5)]
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return train_joint_sentencepiece(multi30k("train", "en", 100) + multi30k("train", "de", 100), 200,
+def tokenizer(tmp_path_factory, multi30k_lines):
+    return train_joint_sentencepiece(multi30k_lines("train", "en", 100) + multi30k_lines("train", "de", 100), 200,
                                      tmp_path_factory.mktemp("tokenizer"))
 
 
@@ -80,21 +76,23 @@ class Picky:
 
 
 @pytest.mark.parametrize("method", [*method_names(), "dhicm+eadra+lpea_rhe", "dhicm+rhe_prune"])
-def test_every_method_gives_the_hand_built_translations_in_order(tokenizer, method):
+def test_every_method_gives_the_hand_built_translations_in_order(tokenizer, method, sources):
     model = tiny(tokenizer, method)
-    texts = [SOURCES[0], "", SOURCES[1], "   ", *SOURCES[2:]]  # empty lines in between, lengths unsorted
+    texts = [sources[0], "", sources[1], "   ", *sources[2:]]  # empty lines in between, lengths unsorted
     out = hf_headattn.translate(model, tokenizer, texts, batch_size=2, **GENERATE)
-    expected = by_hand(model, tokenizer, SOURCES, method_settings(method), **GENERATE)
+    expected = by_hand(model, tokenizer, sources, method_settings(method), **GENERATE)
     assert out == [expected[0], "", expected[1], "", *expected[2:]]
     assert len(set(expected)) > 1
     assert not model.training
 
 
-def test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli(tmp_path, tokenizer, capsys):
+@pytest.mark.slow
+def test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli(tmp_path, tokenizer, capsys, sources,
+                                                                      multi30k_lines):
     """A SEA+RHE model trained by the recipe translates raw text with no parser given, through both ways."""
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     train_translation.main([
-        "--multi30k_dir", str(DATA), "--method", "lpea_rhe", "--method_settings",
+        "--method", "lpea_rhe", "--method_settings",
         json.dumps({k: v for k, v in SHAPE.items() if k != "shape"}),
         "--tokenizer_name", str(tmp_path / "tokenizer"), "--output_dir", str(tmp_path / "model"),
         "--max_train_samples", "16", "--max_eval_samples", "2", "--max_predict_samples", "2", "--max_steps", "1",
@@ -107,13 +105,14 @@ def test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli(tmp_path, 
 
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
     saved_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
-    texts = [SOURCES[0], "", *SOURCES[1:]]
+    texts = [sources[0], "", *sources[1:]]
     out = hf_headattn.translate(model, saved_tokenizer, texts, batch_size=2, **GENERATE)
-    expected = by_hand(model, saved_tokenizer, SOURCES, method_settings("lpea_rhe"), **GENERATE)
+    expected = by_hand(model, saved_tokenizer, sources, method_settings("lpea_rhe"), **GENERATE)
     assert out == [expected[0], "", *expected[1:]]
 
     (tmp_path / "in.en").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    (tmp_path / "ref.de").write_text("\n".join(["x", "", *multi30k("test_2016_flickr", "de", 5)[1:]]) + "\n")
+    references = [line.strip() for line in multi30k_lines("test_2016_flickr", "de", 5)]
+    (tmp_path / "ref.de").write_text("\n".join(["x", "", *references[1:]]) + "\n")
     translate_recipe.main(["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.en"),
                            "--output", str(tmp_path / "out.de"), "--num_beams", "2", "--max_length", "7",
                            "--batch_size", "2", "--reference", str(tmp_path / "ref.de")])
@@ -132,24 +131,24 @@ def test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli(tmp_path, 
 
 
 @pytest.mark.parametrize("method", ["dea", "lpea", "dea_rhe", "lpea_rhe", "rhe_prune"])
-def test_unparsable_line_is_translated_without_syntax_enhancement(tokenizer, method):
+def test_unparsable_line_is_translated_without_syntax_enhancement(tokenizer, method, sources):
     model = tiny(tokenizer, method)
     config = copy.deepcopy(model.config)
     config.sea = None
     plain = HeadAttnMarianMTModel(config).eval()
     plain.load_state_dict(model.state_dict(), strict=False)  # the same weights, without SEA/RHE (LPEA's left out)
     bad = "A dog # runs on the grass ."
-    texts = [SOURCES[2], bad, SOURCES[0]]
+    texts = [sources[2], bad, sources[0]]
     with pytest.raises(SyntaxInputError, match=r"example 1: cannot parse"):
         hf_headattn.translate(model, tokenizer, texts, parser=Picky(), **GENERATE)
     reported = []
     out = hf_headattn.translate(model, tokenizer, texts, parser=Picky(), on_parse_error=reported.append, **GENERATE)
     assert [err.index for err in reported] == [1]
-    with_syntax = hf_headattn.translate(model, tokenizer, [SOURCES[2], SOURCES[0]], parser=Picky(), **GENERATE)
+    with_syntax = hf_headattn.translate(model, tokenizer, [sources[2], sources[0]], parser=Picky(), **GENERATE)
     without = hf_headattn.translate(plain, tokenizer, texts, **GENERATE)
     assert out == [with_syntax[0], without[1], with_syntax[1]]
     # and real syntax does change what the model computes, so the fallback is not what SEA/RHE always give
-    raw = DatasetDict({"test": Dataset.from_dict({"translation": [{"en": SOURCES[0], "de": "Ein Hund"}]})})
+    raw = DatasetDict({"test": Dataset.from_dict({"translation": [{"en": sources[0], "de": "Ein Hund"}]})})
     batch = collator(tokenizer, model, model.config.to_dict())(
         prepare_features(raw, tokenizer, "en", "de", model.config.to_dict(), 64, 64)["test"].to_list())
     plain_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "decoder_input_ids")}
@@ -157,11 +156,11 @@ def test_unparsable_line_is_translated_without_syntax_enhancement(tokenizer, met
                               plain(**plain_batch).encoder_last_hidden_state, atol=1e-3)
 
 
-def test_cli_names_the_line_and_skips_on_request(tmp_path, tokenizer, monkeypatch, capsys):
+def test_cli_names_the_line_and_skips_on_request(tmp_path, tokenizer, monkeypatch, capsys, sources):
     model = tiny(tokenizer, "dea_rhe")
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    (tmp_path / "in.en").write_text(f"{SOURCES[0]}\nA dog # runs.\n\n{SOURCES[1]}\n", encoding="utf-8")
+    (tmp_path / "in.en").write_text(f"{sources[0]}\nA dog # runs.\n\n{sources[1]}\n", encoding="utf-8")
     monkeypatch.setattr("hf_headattn.experiment.translate.syntax_parser", lambda name: Picky())
     argv = ["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.en"), "--output",
             str(tmp_path / "out.de"), "--num_beams", "1", "--max_length", "5"]
@@ -174,10 +173,10 @@ def test_cli_names_the_line_and_skips_on_request(tmp_path, tokenizer, monkeypatc
     assert lines == [*out, ""] and len(out) == 4 and out[2] == "" and all(out[k] for k in (0, 1, 3))
 
 
-def test_mbart_language_codes(tmp_path):
+def test_mbart_language_codes(tmp_path, sources, multi30k_lines):
     from test_recipe_finetune_mbart import mbart_tokenizer
 
-    tokenizer = mbart_tokenizer(multi30k("train", "en", 32) + multi30k("train", "de", 32))
+    tokenizer = mbart_tokenizer(multi30k_lines("train", "en", 32) + multi30k_lines("train", "de", 32))
     settings = method_settings("dhicm+lpea_rhe")
     torch.manual_seed(0)
     config = hf_headattn.HeadAttnMBartConfig(
@@ -186,13 +185,13 @@ def test_mbart_language_codes(tmp_path):
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.eos_token_id, **settings)
     model = hf_headattn.HeadAttnMBartForConditionalGeneration(config).eval()
-    out = hf_headattn.translate(model, tokenizer, SOURCES, source_lang_code="en_XX", target_lang_code="de_DE",
+    out = hf_headattn.translate(model, tokenizer, sources, source_lang_code="en_XX", target_lang_code="de_DE",
                                 batch_size=2, **GENERATE)
     assert model.generation_config.decoder_start_token_id == tokenizer.convert_tokens_to_ids("de_DE")
     set_languages(tokenizer, model, "en_XX", "de_DE")
-    assert out == by_hand(model, tokenizer, SOURCES, settings, **GENERATE)
+    assert out == by_hand(model, tokenizer, sources, settings, **GENERATE)
     with pytest.raises(ValueError, match="give source_lang_code and target_lang_code together"):
-        hf_headattn.translate(model, tokenizer, SOURCES, source_lang_code="en_XX")
+        hf_headattn.translate(model, tokenizer, sources, source_lang_code="en_XX")
 
 
 def test_bad_input_and_missing_parser(tokenizer):
@@ -256,16 +255,16 @@ def test_cli_refuses_numbers_below_one(flag, value, capsys):
     assert f"argument {flag}: expected an integer >= 1, got '{value}'" in capsys.readouterr().err
 
 
-def test_truncated_lines_are_named(tokenizer, caplog):
+def test_truncated_lines_are_named(tokenizer, caplog, sources):
     # regression: sources longer than the limit were truncated without a word
     model = tiny(tokenizer, "baseline")
-    short, long = "A dog runs.", " ".join(SOURCES)
-    assert len(tokenizer(short).input_ids) <= 12 < len(tokenizer(SOURCES[0]).input_ids) <= 64 < \
+    short, long = "A dog runs.", " ".join(sources)
+    assert len(tokenizer(short).input_ids) <= 12 < len(tokenizer(sources[0]).input_ids) <= 64 < \
         len(tokenizer(long, verbose=False).input_ids)
     with caplog.at_level(logging.WARNING, logger="hf_headattn.experiment.translate"):
         hf_headattn.translate(model, tokenizer, [long, short, "", long], **GENERATE)
-        hf_headattn.translate(model, tokenizer, [SOURCES[0], short], **GENERATE)  # fits the model: no warning
-        hf_headattn.translate(model, tokenizer, [short, SOURCES[0]], max_source_length=12, **GENERATE)
+        hf_headattn.translate(model, tokenizer, [sources[0], short], **GENERATE)  # fits the model: no warning
+        hf_headattn.translate(model, tokenizer, [short, sources[0]], max_source_length=12, **GENERATE)
     assert [r.getMessage() for r in caplog.records] == [
         "2 source line(s) longer than max_source_length=64 tokens were truncated: line(s) 1, 4 (1-based); split "
         "them, or raise max_source_length (the model's limit: max_position_embeddings=64)",
@@ -298,6 +297,7 @@ def test_decomposed_accents_normalised_on_request(tmp_path, tokenizer, saved_mod
         cli(saved_model, "--input", str(tmp_path / "nfc.en"))
 
 
+@pytest.mark.slow
 def test_import_does_not_load_the_experiment_kit():
     code = "import sys, hf_headattn; print(any(m.startswith('hf_headattn.experiment') for m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

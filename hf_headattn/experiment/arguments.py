@@ -51,3 +51,14 @@ def existing_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"expected an existing file, got {text!r}"
                                          + (" (a folder)" if Path(text).exists() else " (not found)"))
     return Path(text)
+
+
+def multi30k_folder(parser: argparse.ArgumentParser, folder: str | Path | None, languages) -> Path:
+    """:func:`.multi30k.find_multi30k` for a recipe's ``--multi30k_dir`` (None: found or downloaded); a folder that
+    lacks the files, or no copy at all, is a usage error naming what to do."""
+    from .multi30k import Multi30kChecksumError, Multi30kNotFoundError, find_multi30k
+
+    try:
+        return find_multi30k(folder, languages=languages, argument="--multi30k_dir")
+    except (Multi30kNotFoundError, Multi30kChecksumError) as error:
+        parser.error(str(error))

@@ -6,7 +6,9 @@
 computed in float64 and stored in the checkpoints' dtype; other tensors (integer buffers) come from the last
 checkpoint. The checkpoints must share one architecture: their configs (minus :data:`IGNORED_CONFIG_FIELDS`) and
 their tensors' names and shapes must agree. The result is written with ``save_pretrained`` beside the last
-checkpoint's tokenizer files, so ``from_pretrained`` loads it like any checkpoint.
+checkpoint's tokenizer files, so ``from_pretrained`` loads it like any checkpoint. The output folder is written whole
+(:func:`~hf_headattn.experiment.outputs.replacing_dir`): never one of the checkpoints or a folder holding one, and a
+folder holding anything (an earlier model) only with ``overwrite``, which replaces it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM
+
+from .outputs import check_output_dir, replacing_dir
 
 #: Config fields that differ between checkpoints of one architecture without meaning anything.
 IGNORED_CONFIG_FIELDS = ("transformers_version", "headattn_version", "_name_or_path", "dtype", "torch_dtype",
@@ -106,11 +110,9 @@ def average_state_dict(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
     return {**{name: (total / len(checkpoints)).to(dtypes[name]) for name, total in sums.items()}, **last}
 
 
-def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, model_class=AutoModelForSeq2SeqLM):
-    """Average ``checkpoints`` into ``output_dir`` (``save_pretrained``, plus the last one's tokenizer files).
-
-    Returns the averaged model. Raises ``ValueError`` for an empty list or checkpoints of different architectures.
-    """
+def check_checkpoints(checkpoints: list[str | Path]) -> list[Path]:
+    """``checkpoints`` as paths, if they are folders of one architecture (configs and tensor headers read, no
+    weights); else a ``FileNotFoundError`` or ``ValueError`` naming the one at fault."""
     checkpoints = [Path(path) for path in checkpoints]
     if not checkpoints:
         raise ValueError("no checkpoints to average; expected at least one checkpoint folder")
@@ -118,6 +120,21 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, m
         if not path.is_dir():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
     check_same_architecture(checkpoints)
+    return checkpoints
+
+
+def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, model_class=AutoModelForSeq2SeqLM,
+                        overwrite: bool = False):
+    """Average ``checkpoints`` into ``output_dir`` (``save_pretrained``, plus the last one's tokenizer files),
+    written whole: nothing of it remains if this fails.
+
+    Returns the averaged model. Raises ``ValueError`` for an empty list, checkpoints of different architectures, an
+    ``output_dir`` that is or holds one of them, or (unless ``overwrite``, which replaces it) one that holds anything.
+    """
+    checkpoints = list(checkpoints)
+    check_output_dir(output_dir, {"checkpoint": checkpoints}, overwrite=overwrite, overwrite_flag="overwrite=True",
+                     option="output_dir")
+    checkpoints = check_checkpoints(checkpoints)
     averaged = average_state_dict(checkpoints)
     model = model_class.from_pretrained(checkpoints[-1])
     # the file's tensors only: what it leaves out (tied or recomputed weights) from_pretrained has already set up
@@ -125,14 +142,14 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, m
     if unexpected:
         raise ValueError(f"{type(model).__name__} has no tensors {unexpected} of the checkpoints; expected the class "
                          "that wrote them (model_class)")
-    output_dir = Path(output_dir)
-    model.save_pretrained(output_dir)
-    for file in checkpoints[-1].iterdir():  # tokenizer files and anything else that is not weights or training state
-        target = output_dir / file.name
-        if file.is_file() and not target.exists() and not TRAINING_STATE.fullmatch(file.name) \
-                and not file.name.startswith("model.safetensors"):
-            shutil.copy2(file, target)
-    (output_dir / "averaged_from.json").write_text(
-        json.dumps({"checkpoints": [str(path) for path in checkpoints]}, indent=2) + "\n", encoding="utf-8"
-    )
+    with replacing_dir(output_dir) as folder:
+        model.save_pretrained(folder)
+        for file in checkpoints[-1].iterdir():  # tokenizer files and the rest that is not weights or training state
+            target = folder / file.name
+            if file.is_file() and not target.exists() and not TRAINING_STATE.fullmatch(file.name) \
+                    and not file.name.startswith("model.safetensors"):
+                shutil.copy2(file, target)
+        (folder / "averaged_from.json").write_text(
+            json.dumps({"checkpoints": [str(path) for path in checkpoints]}, indent=2) + "\n", encoding="utf-8"
+        )
     return model

@@ -11,7 +11,8 @@ Sources
   ``translation`` field), or a prefix ``P`` of plain parallel text files ``P.<src>`` / ``P.<tgt>``;
   each may be gzipped (``.gz``);
 - Multi30k (Elliott et al. 2016, "Multi30K: Multilingual English-German Image Descriptions") from a
-  directory of ``{train,val,test_2016_flickr}.<lang>.gz`` files (``multi30k_dir``).
+  directory of ``{train,val,test_2016_flickr}.<lang>.gz`` files (``multi30k_dir``), found or downloaded by
+  :func:`.multi30k.find_multi30k`.
 """
 
 from __future__ import annotations
@@ -24,10 +25,7 @@ from pathlib import Path
 
 import datasets
 
-# DatasetDict split name -> file prefix in the Multi30k task 1 raw data.
-#: The Multi30k test set the recipes score (read once, after every choice is made on ``validation``).
-TEST_SPLIT = "test_2016_flickr"
-MULTI30K_SPLITS = {"train": "train", "validation": "val", TEST_SPLIT: TEST_SPLIT}
+from .multi30k import SPLITS as MULTI30K_SPLITS, TEST_SPLIT  # noqa: F401 (the recipes' names for them)
 
 # A TSV first line whose every field looks like this is a header (en, de, en_XX, pt-BR, ...).
 _LANG_CODE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2,4})?$")

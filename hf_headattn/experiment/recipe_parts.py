@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer, DataCollatorForSeq2Seq
 from ..configuration import HeadAttnMarianConfig
 from .data import load_parallel_dataset, tokenize_parallel
 from .evaluation import compute_translation_metrics
+from .multi30k import find_multi30k
 from ..modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
 from .presets import check_setting_keys, model_shape, uses_syntax
 from .tokenization import train_joint_sentencepiece
@@ -38,7 +39,9 @@ class ParallelDataArguments:
     train_file: str | None = field(default=None, metadata={"help": "TSV, JSON lines or a prefix of PREFIX.<lang>"})
     validation_file: str | None = field(default=None)
     test_file: str | None = field(default=None)
-    multi30k_dir: str | None = field(default=None, metadata={"help": "e.g. ../shared/data/multi30k"})
+    multi30k_dir: str | None = field(default=None, metadata={
+        "help": "Folder of Multi30k's {train,val,test_2016_flickr}.<lang>.gz. Without any data flag the recipes use "
+                "Multi30k found or downloaded: $HF_HEADATTN_DATA, ../shared/data/multi30k, the cache, the download"})
     max_source_length: int = field(default=128)
     max_target_length: int = field(default=128)
     max_train_samples: int | None = field(default=None)
@@ -50,12 +53,16 @@ class ParallelDataArguments:
 def load_recipe_data(args: ParallelDataArguments) -> datasets.DatasetDict:
     """The recipes' data: ``args`` carries run_translation-style fields (``source_lang``, ``target_lang``,
     ``dataset_name``, ``dataset_config_name``, ``train_file``/``validation_file``/``test_file``, ``multi30k_dir``,
-    ``max_train_samples``/``max_eval_samples``/``max_predict_samples``)."""
+    ``max_train_samples``/``max_eval_samples``/``max_predict_samples``). With no data source at all, Multi30k
+    (found or downloaded by :func:`.multi30k.find_multi30k`)."""
     files = {split: path for split, path in (("train", args.train_file), ("validation", args.validation_file),
                                              ("test", args.test_file)) if path}
+    multi30k_dir = args.multi30k_dir or None
+    if multi30k_dir is not None or not (args.dataset_name or files):
+        multi30k_dir = find_multi30k(multi30k_dir, languages=(args.source_lang, args.target_lang))
     return load_parallel_dataset(
         args.source_lang, args.target_lang, dataset_name=args.dataset_name,
-        dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=args.multi30k_dir or None,
+        dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=multi30k_dir,
         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
         max_predict_samples=args.max_predict_samples,
     )

@@ -14,14 +14,16 @@ from dataclasses import asdict, dataclass, field
 from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn.experiment.evaluation import make_compute_metrics
+from hf_headattn.experiment.outputs import (
+    DATA_FLAGS, OutputArguments, check_trainer_output_dir, flag_inputs, remove_entries,
+)
 from hf_headattn.registry import registered_methods
 from hf_headattn.experiment.presets import (
     check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, model_shape, preset,
     refuse_architecture, split_architecture,
 )
 from hf_headattn.experiment.trainer import (
-    TRAIN_TIME_FILE, HeadAttnSeq2SeqTrainer, TrainingClock, TrainingTimeLimit, last_checkpoint, resume_checkpoint,
-    resumed_from,
+    TRAIN_TIME_FILE, HeadAttnSeq2SeqTrainer, TrainingClock, TrainingTimeLimit, resume_checkpoint, resumed_from,
 )
 from hf_headattn.experiment.recipe_parts import (
     ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
@@ -110,20 +112,19 @@ def check_methods_on(args: ModelArguments, model) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=expand_argv(argv))
+    parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments))
+    model_args, data_args, output_args, training_args = parser.parse_args_into_dataclasses(args=expand_argv(argv))
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
-    try:
+    try:  # a usage error (exit 2): the flags' settings and folders, before anything is read or written
         settings = settings_from(model_args)
         if not model_args.model_name_or_path:
             model_shape(split_architecture(model_args.model_shape, settings)[0])  # a named shape
+        resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
+        earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
     except ValueError as error:
-        parser.error(str(error))  # a usage error (exit 2): the flags' settings, before anything is read or written
-    resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-    if resume is None and last_checkpoint(training_args.output_dir):
-        logger.warning(f"{training_args.output_dir} holds checkpoints of an earlier run; this run starts at step 0 and "
-                       "may overwrite them (--resume_from_checkpoint true continues from the latest)")
+        parser.error(str(error))
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
     time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
     callbacks += [time_limit] if time_limit else []
@@ -171,6 +172,7 @@ def main(argv=None) -> dict:
     training_args.predict_with_generate = True
     training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
     training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
+    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier run's checkpoints, not mixed in
     trainer = HeadAttnSeq2SeqTrainer(
         model=model, args=training_args, train_dataset=features["train"],
         eval_dataset=features.get("validation"), data_collator=collator(tokenizer, model, settings),

@@ -29,14 +29,14 @@ def _per_device(devices: Mapping[str, dict], name: str) -> str:
                      for device, defaults in devices.items())
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, devices: Mapping[str, dict], multi30k_dir: Path) -> None:
+def add_run_arguments(parser: argparse.ArgumentParser, devices: Mapping[str, dict]) -> None:
     """``--device`` (a key of ``devices``; default the first), the folders (runs, records, Multi30k, tokenizer,
     parses), runs at a time and CPU threads each, and the stop rules; ``devices`` holds each device's defaults of
     :data:`DEVICE_FOLDERS` and :data:`DEVICE_VALUES` (see :func:`apply_device_defaults`)."""
     parser.add_argument("--device", choices=sorted(devices), default=next(iter(devices)))
     parser.add_argument("--output_dir", type=Path, help="run folders (checkpoints); default per device")
     parser.add_argument("--results_dir", type=Path, help="the records and tables; default per device")
-    parser.add_argument("--multi30k_dir", type=Path, default=multi30k_dir)
+    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
     parser.add_argument("--tokenizer_dir", type=Path, help="default <output_dir>/tokenizer (made when missing)")
     parser.add_argument("--parses_dir", type=Path, help="default <output_dir>/parses (made when missing, spaCy)")
     parser.add_argument("--parallel", type=positive_int,

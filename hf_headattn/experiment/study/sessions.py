@@ -58,8 +58,9 @@ def _condition_met(state: dict, train_time_s: float, rules: StopRules) -> str | 
 
 def session_flags(folder: str | Path, rules: StopRules) -> tuple[list[str], dict]:
     """The per-session flags of a run (``--max_train_minutes``: the cap less the training time so far; resuming: the
-    last checkpoint) and the session's record. A run whose last checkpoint already met a stop condition only scores:
-    ``--max_steps`` its step, so the Trainer trains no further."""
+    last checkpoint; ``--overwrite_output_dir`` where the checkpoints are all incomplete) and the session's record.
+    A run whose last checkpoint already met a stop condition only scores: ``--max_steps`` its step, so the Trainer
+    trains no further."""
     checkpoint = resumable_checkpoint(folder)
     session = {"started_at": now(), "resumed_from": None, "previous_train_time_s": 0.0, "finish_only": None}
     flags = []
@@ -71,6 +72,8 @@ def session_flags(folder: str | Path, rules: StopRules) -> tuple[list[str], dict
         flags += ["--resume_from_checkpoint", str(checkpoint)]
         if session["finish_only"]:
             flags += ["--max_steps", str(state["global_step"])]
+    elif any(Path(folder).glob("checkpoint-*")):  # only incomplete ones: start afresh, without them
+        flags.append("--overwrite_output_dir")
     minutes = max(rules.time_cap_minutes - session["previous_train_time_s"] / 60, 0.1)
     session["max_train_minutes"] = round(minutes, 2)
     return ["--max_train_minutes", f"{minutes:.2f}", *flags], session
