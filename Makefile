@@ -12,7 +12,13 @@ TRANSFORMERS ?= transformers==$(shell head -n1 tests/hf_common/VERSION)
 NEWEST_VENV ?= .venv-newest
 NEWEST_PY := $(NEWEST_VENV)/bin/python
 TRANSFORMERS_NEWEST ?= $(shell sed -n 's/^ *"\(transformers[^"]*\)",$$/\1/p' pyproject.toml)
-PYTEST := -m pytest -q -p no:cacheprovider
+# The tests run on WORKERS processes (pytest-xdist; a module's tests, and its shared fixtures, on one of them;
+# WORKERS=0: in this process), each with one thread: the tiny models gain nothing from more (the quick loop took 20%
+# more CPU time with two), and two threads a process on busy cores wait for each other (a 0.3 s test took 30 s);
+# Inductor's C++ compiles run in the worker, not in a pool of processes of their own.
+WORKERS ?= 2
+TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
+PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 
 .PHONY: env env-newest test test-fast test-lowest test-newest demo demo-quick bench hf-common clean
 
@@ -38,15 +44,15 @@ test: test-lowest test-newest
 
 # The quick loop: the tests not marked slow (no Trainer, subprocess, notebook, compile or full-recipe test), in .venv.
 test-fast: env
-	$(PY) $(PYTEST) -m "not slow"
+	$(TEST_ENV) $(PY) $(PYTEST) -m "not slow"
 
 test-lowest: env
 	@$(PY) -c "import transformers; print('== tests on transformers', transformers.__version__, '(lowest supported) ==')"
-	$(PY) $(PYTEST)
+	$(TEST_ENV) $(PY) $(PYTEST)
 
 test-newest: env-newest
 	@$(NEWEST_PY) -c "import transformers; print('== tests on transformers', transformers.__version__, '(newest) ==')"
-	$(NEWEST_PY) $(PYTEST)
+	$(TEST_ENV) $(NEWEST_PY) $(PYTEST)
 
 demo: env
 	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py
