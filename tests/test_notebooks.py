@@ -1,6 +1,5 @@
 """The notebooks run top to bottom on tiny settings, so they cannot rot."""
 
-import os
 from pathlib import Path
 
 import nbformat

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .multi30k import Multi30kChecksumError, Multi30kNotFoundError, find_multi30k
+
 
 def _number(text: str, kind: type, expected: str, ok) -> int | float:
     try:
@@ -56,8 +58,6 @@ def existing_file(text: str) -> Path:
 def multi30k_folder(parser: argparse.ArgumentParser, folder: str | Path | None, languages) -> Path:
     """:func:`.multi30k.find_multi30k` for a recipe's ``--multi30k_dir`` (None: found or downloaded); a folder that
     lacks the files, or no copy at all, is a usage error naming what to do."""
-    from .multi30k import Multi30kChecksumError, Multi30kNotFoundError, find_multi30k
-
     try:
         return find_multi30k(folder, languages=languages, argument="--multi30k_dir")
     except (Multi30kNotFoundError, Multi30kChecksumError) as error:
