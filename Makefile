@@ -20,7 +20,7 @@ WORKERS ?= 2
 TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
 PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 
-.PHONY: env env-newest test test-fast test-lowest test-newest demo demo-quick bench hf-common clean
+.PHONY: env env-newest lint test test-fast test-lowest test-newest demo demo-quick bench hf-common clean
 
 $(VENV)/.installed: pyproject.toml tests/hf_common/VERSION
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ env: $(VENV)/.installed
 
 env-newest: $(NEWEST_VENV)/.installed
 	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -U "$(TRANSFORMERS_NEWEST)"
+
+# ruff (pyproject.toml's [tool.ruff]): the package, recipes, research, benchmarks and tests
+lint: env
+	$(VENV)/bin/ruff check .
 
 # The suite on both ends of the supported transformers range.
 test: test-lowest test-newest

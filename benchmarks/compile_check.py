@@ -129,7 +129,7 @@ def check_row(name: str, device="cpu", backend="inductor", precision="fp32", ste
     settings, autocast_dtype = SETTINGS[name], PRECISIONS[precision]
     row = {"settings": settings, "crashed": None}
     start = time.perf_counter()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     counters.clear()
     try:
         torch.manual_seed(0)
@@ -156,7 +156,7 @@ def check_row(name: str, device="cpu", backend="inductor", precision="fp32", ste
         row["traceback"] = traceback.format_exc(limit=-6)[-3000:]
     finally:
         row["graph_breaks"], row["break_reasons"] = dynamo_counts()[1], break_reasons()
-        torch._dynamo.reset()
+        torch.compiler.reset()
     graphs = row.get("graphs") or [0]
     row["recompiled"] = graphs[-1] != graphs[0]
     tolerance = TOLERANCE[precision]
@@ -176,8 +176,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.backend not in torch._dynamo.list_backends(exclude_tags=()):
-        parser.error(f"--backend {args.backend!r}: not one of {torch._dynamo.list_backends(exclude_tags=())}")
+    if args.backend not in torch.compiler.list_backends(exclude_tags=()):
+        parser.error(f"--backend {args.backend!r}: not one of {torch.compiler.list_backends(exclude_tags=())}")
     if args.steps < 2:
         parser.error(f"--steps {args.steps}: at least 2 (recompilation shows from the second step)")
     precision = args.precision or default_precision(args.device)

@@ -63,7 +63,7 @@ def register_cpu_sdpa_flops() -> None:
 def chunked_cross_entropy_op():
     """torch's chunked ``F.linear_cross_entropy`` operator (torch >= 2.13), or None."""
     try:
-        import torch.nn.modules.linear_cross_entropy  # noqa: F401 (defines the operator; F imports it lazily)
+        import torch.nn.modules.linear_cross_entropy
     except ImportError:
         return None
     namespace = getattr(torch.ops, "torch_nn", None)

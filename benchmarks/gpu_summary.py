@@ -10,7 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-
 #: The GPU targets: GPU, autocast-bf16, ratios to stock SDPA in the same run. Eager time by row (at the shapes
 #: ``gpu.sh`` runs them: eadra-scratch at transformer-base, eadra-finetune at mbart-large-8x512); compiled time (against
 #: compiled stock) and peak memory for every row but the naive port. Besides (``summarize``): each compiled row

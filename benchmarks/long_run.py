@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from setups import SHAPES, make_batch  # noqa: E402
-
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration  # noqa: E402
-from hf_headattn.experiment.presets import method_settings  # noqa: E402
-from hf_headattn.registry import readout_flags  # noqa: E402
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn.experiment.presets import method_settings
+from hf_headattn.registry import readout_flags
+from setups import SHAPES, make_batch
 
 #: Every built-in method on (recipe method names; EaDRA on all three components).
 EVERY_METHOD = method_settings("dhicm+eadra_all+lpea_rhe")

@@ -74,8 +74,19 @@ from transformers import MBartConfig
 
 from compile_check import break_reasons, dynamo_counts, raise_recompile_limits
 from operator_count import count_operators, sync_operators
-from setups import (PRECISIONS, ROWS, SHAPES, add_model_arguments, autocast, build_on, default_precision, make_batch,
-                    model_inputs, step_fn, timed)
+from setups import (
+    PRECISIONS,
+    ROWS,
+    SHAPES,
+    add_model_arguments,
+    autocast,
+    build_on,
+    default_precision,
+    make_batch,
+    model_inputs,
+    step_fn,
+    timed,
+)
 
 GENERATE_TOKENS = 8
 #: The targets (ratios to stock SDPA in one run).
@@ -362,9 +373,9 @@ def main(argv=None):
             parser.error(f"--dtype {args.dtype} contradicts --precision {args.precision}")
         args.precision = args.dtype
     args.precision = args.precision or default_precision(args.device)
-    if args.compile and args.compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
+    if args.compile and args.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
         parser.error(f"--compile-backend {args.compile_backend!r}: not one of "
-                     f"{torch._dynamo.list_backends(exclude_tags=())}")
+                     f"{torch.compiler.list_backends(exclude_tags=())}")
     for name in ("repeats", "generate_tokens", "generate_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: at least 1")

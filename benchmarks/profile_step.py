@@ -115,7 +115,7 @@ def run(shape: str, rows: list[str], device: str, precision: str, warmup: int, s
             model = build_on(device, kind, settings, shape_kwargs, device, dtype, attn_implementation)
             run_model = model
             if compile_backend:  # each model compiled afresh
-                torch._dynamo.reset()
+                torch.compiler.reset()
                 run_model = torch.compile(model, backend=compile_backend)
             step = step_fn(kind, run_model, batch, autocast_dtype)
             for _ in range(warmup):

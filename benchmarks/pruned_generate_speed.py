@@ -25,11 +25,12 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn  # noqa: F401  (registers the models)
+from hf_headattn.analysis.head_pruning import throughput_ratio
 from hf_headattn.experiment.data import load_parallel_dataset
 from hf_headattn.experiment.multi30k import find_multi30k
-from hf_headattn.analysis.head_pruning import throughput_ratio
 from hf_headattn.head_masks import routed_modules
 from hf_headattn.sites import component_of
+
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

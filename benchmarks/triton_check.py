@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from hf_headattn import eadra_math, eadra_triton
+from hf_headattn import eadra_passes, eadra_triton
 from setups import timed
 
 #: The largest error relative to the reference's largest entry that counts as equal (float32 heads).
@@ -58,8 +58,8 @@ def run(implementation, queries, keys, support, query_mask, dtype=None, blocks=N
         tiles = {} if blocks is None else dict(block_m=blocks[0], block_n=blocks[1])
         terms = eadra_triton.layer_regularizers(qs, ks, heads, 0.125, support, query_mask, **tiles)
     else:
-        terms = eadra_math.layer_regularizers(qs, ks, heads, 0.125, support, query_mask,
-                                              implementation=implementation)
+        terms = eadra_passes.layer_regularizers(qs, ks, heads, 0.125, support, query_mask,
+                                                implementation=implementation)
     objective = sum(w * t.sum() for w, t in zip(WEIGHTS, terms))
     return [t.detach() for t in terms], torch.autograd.grad(objective, inputs)
 

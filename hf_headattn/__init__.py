@@ -6,7 +6,6 @@ Importing the package registers the configs and models with the Auto classes.
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .attention import HeadAttnContext
-from .version import __version__
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
 from .losses import label_smoothed_nll_loss
 from .modeling import (
@@ -17,6 +16,7 @@ from .modeling import (
     HeadAttnSeq2SeqLMOutput,
     HeadAttnSeq2SeqModelOutput,
 )
+from .version import __version__ as __version__  # re-exported
 
 for _config, _model, _lm in (
     (HeadAttnMBartConfig, HeadAttnMBartModel, HeadAttnMBartForConditionalGeneration),

@@ -30,8 +30,14 @@ from torch import nn
 from transformers import AttentionInterface
 
 from .head_masks import module_head_mask, scale_heads, scale_weights
+from .hf_compat import (
+    ALL_ATTENTION_FUNCTIONS,
+    ConfigStandIn,
+    attention_implementation,
+    attention_query_input,
+    eager_attention_forward,
+)
 from .sites import AttentionSite
-from .hf_compat import ALL_ATTENTION_FUNCTIONS, ConfigStandIn, attention_query_input, eager_attention_forward
 
 #: The registry name of our attention function, unique to this copy of the code: a checkpoint loaded with
 #: ``trust_remote_code`` brings its own copy of this module, which registers its own function under its own name, so
@@ -49,8 +55,8 @@ class HeadAttnContext:
     ``record(key, value)`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
     the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
     are True at real (non-padding) tokens; ``None`` means every token is real. ``grad_enabled``: whether the forward
-    that created the context records gradients (see :func:`check_loss_terms_get_gradients`). ``compute_losses``: False when no
-    loss is needed (``generate``, inference without labels): the regularizers then do no work.
+    that created the context records gradients (see :func:`check_loss_terms_get_gradients`). ``compute_losses``: False
+    when no loss is needed (``generate``, inference without labels): the regularizers then do no work.
 
     Deliberately not a dataclass: FSDP2 (``fully_shard``) rebuilds the dataclasses, dicts and lists among a sharded
     layer's arguments that hold tensors needing gradients, so a later layer would record into a copy (and a
@@ -198,8 +204,8 @@ def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.T
 def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext | None, methods) -> None:
     """Refuse an attention call that would record loss terms without gradients: the model's forward records
     gradients but this layer runs without, as under reentrant gradient checkpointing
-    (``activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})``, and ``{}`` where torch
-    defaults to it). Its recomputation in the backward pass comes too late for the loss, so ``dhicm_kl`` and
+    (``activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})``, and ``{}`` where
+    torch defaults to it). Its recomputation in the backward pass comes too late for the loss, so ``dhicm_kl`` and
     ``eadra_loss`` would silently get no gradient."""
     if context is None or not context.grad_enabled or torch.is_grad_enabled() or not module.training:
         return
@@ -212,10 +218,8 @@ def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext |
         )
 
 
-class _RoutedConfig(ConfigStandIn):
+class _RoutedConfig(ConfigStandIn, attention_function=ATTENTION_NAME):
     """The ``config`` of a routed attention module: it reads its attention function from :data:`ATTENTION_NAME`."""
-
-    _attn_implementation = ATTENTION_NAME
 
 
 def _pass_query_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -275,7 +279,7 @@ def headattn_attention_forward(
 ):
     """The attention function registered as :data:`ATTENTION_NAME`: the model's backend, with the module's head mask
     and methods around it (the backend alone, unchanged, when the module has neither)."""
-    implementation = module.config.model_config._attn_implementation
+    implementation = attention_implementation(module.config.model_config)
     head_mask = module_head_mask(module, kwargs)
     if not module.headattn_methods:
         backend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -328,8 +332,9 @@ class AttentionMethod(nn.Module):
     out_proj_per_head = True
 
     def init_weights(self, std: float) -> None:
-        """Initialise the method's own ``nn.Parameter``s with ``transformers.initialization`` functions (which skip
-        parameters loaded from a checkpoint); ``std`` is the model's ``init_std``."""
+        """Initialise the method's own ``nn.Parameter``s with transformers' initialisers (``hf_compat.init_normal_``,
+        ``init_zeros_``, ``init_ones_``, which skip parameters loaded from a checkpoint); ``std`` is the model's
+        ``init_std``."""
 
     def prune_heads(self, keep: torch.Tensor) -> None:
         """The module keeps only the heads ``keep`` (current numbers, sorted): drop per-head state of the others."""

@@ -5,46 +5,47 @@ One convention for every method: its settings are one dict-valued field named af
 resolves them into the method's frozen settings dataclass (:mod:`hf_headattn.registry`) once, when they are set (or
 the model shape they depend on changes): ``config.headattn_settings``. Every error is a ``ValueError`` naming the
 field, the bad value and what was expected, raised where the bad value is set. Release 0.1's flat fields
-(``dhicm_encoder_layers``, ``sea_type``, ``rhe_prune``, ...) are translated into the dicts in one place,
-:func:`translate_flat_fields`, when a config is built or loaded or such a field is assigned, with a
-``FutureWarning``.
+(``dhicm_encoder_layers``, ``sea_type``, ``rhe_prune``, ...) are translated into the dicts by :mod:`.legacy`, when a
+config is built or loaded or such a field is assigned, with a deprecation warning.
 
 Every saved ``config.json`` records the hf-headattn release that wrote it, ``headattn_version`` (as transformers
 records itself in ``transformers_version``): a loaded config keeps the file's value, and ``to_dict`` (so
 ``save_pretrained``, ``push_to_hub``, ``to_json_string``) writes the running release. Release 0.1's readings of the
 settings whose default has changed since are kept for the files recorded by release 0.1 (< 0.2) alone; a file that
-records no version (release 0.1 and 0.2 wrote none) is recognised by its fields (:func:`translate_flat_fields`).
+records no version (release 0.1 and 0.2 wrote none) is recognised by its fields
+(:func:`~.legacy.written_by_release_0_1`).
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import json
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
-from packaging.version import InvalidVersion, Version
 from transformers import MarianConfig, MBartConfig
 from transformers.utils import logging
 
+from .hf_compat import CACHE_NAMES
+from .legacy import (
+    assign_flat_field,
+    flat_fields,
+    recorded_release,
+    translate_flat_fields,
+    translate_kwargs,
+    translate_pretrained_kwargs,
+)
+
 # importing .methods registers the built-in methods ("from .x import", which save_pretrained ships, not "from . import")
 from .methods import register_method  # noqa: F401
-from .hf_compat import config_fields
-from .pruning import check_pruned_heads
 from .registry import readout_fields, registered_methods
-from .version import HeadAttnDeprecationWarning
+from .remote_code import auto_map, ship
+from .settings_checks import check_pruned_heads
 from .version import __version__ as HEADATTN_VERSION  # the running release (shipped with remote code too)
 
 logger = logging.get_logger(__name__)
-
-#: The first release that saves the methods' dicts: files recorded by an earlier one are release 0.1's.
-FIRST_RELEASE_WITH_DICTS = (0, 2)
-
-
 
 #: The shared fields checked whenever they are set (:meth:`HeadAttnSettings._resolve_headattn_settings`).
 CHECKED_FIELDS = ("label_smoothing", "loss_without_logits", "syntax_parser", "headattn_version")
@@ -131,7 +132,7 @@ class HeadAttnSettings:
     headattn_version: the hf-headattn release that wrote the config.json this config was loaded from, e.g. "0.3.0"
         (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
         release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
-        0.1's translation on it (:func:`translate_flat_fields`).
+        0.1's translation on it (:func:`~.legacy.written_by_release_0_1`).
 
     (Annotated ``Any``: these fields are checked here, with ``ValueError``s, not by the strict dataclass.)
     """
@@ -145,10 +146,11 @@ class HeadAttnSettings:
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
         """Stock checkpoints (model_type "mbart"/"marian") load as ours: the type is renamed, with one log line.
-        Release 0.1's flat fields are translated (:func:`translate_flat_fields`)."""
+        Release 0.1's flat fields are translated (:mod:`.legacy`), in the file and among ``kwargs``."""
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
         if config_dict.get("model_type") == cls.stock_model_type:
-            logger.info(f"Loading the stock {cls.stock_model_type!r} config of {pretrained_model_name_or_path} as {cls.__name__}")
+            logger.info(f"Loading the stock {cls.stock_model_type!r} config of {pretrained_model_name_or_path} "
+                        f"as {cls.__name__}")
             config_dict["model_type"] = cls.model_type
         elif config_dict.get("model_type", cls.model_type) != cls.model_type:
             raise ValueError(
@@ -156,21 +158,15 @@ class HeadAttnSettings:
                 f"{cls.stock_model_type!r} and {cls.model_type!r} checkpoints"
             )
         translate_flat_fields(config_dict, f"{pretrained_model_name_or_path}/config.json", saved_file=True)
-        flat = {key: kwargs.pop(key) for key in kwargs.keys() & _flat_fields()}
-        if flat:  # from_pretrained(path, sea_type="dea"): each updates its method's dict in the file
-            given = {spec.name: kwargs[spec.name] for spec in registered_methods() if spec.name in kwargs}
-            translated = {**given, **flat}
-            translate_flat_fields(translated, f"from_pretrained({str(pretrained_model_name_or_path)!r}, ...)")
-            for name, values in translated.items():
-                if name not in given:
-                    kwargs[name] = {**(config_dict.get(name) or {}), **values}
+        where = f"from_pretrained({str(pretrained_model_name_or_path)!r}, ...)"
+        translate_pretrained_kwargs(config_dict, kwargs, where)  # from_pretrained(path, sea_type="dea")
         return config_dict, kwargs
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
         """A dict of ``config.json`` fields is read as a saved file: release 0.1's flat fields translated, keyed on its
-        ``headattn_version`` (:func:`translate_flat_fields`). ``AutoConfig.from_pretrained`` (so the Auto model
-        classes) reads the file with transformers' ``get_config_dict`` and hands it here; from ours, the dict is
+        ``headattn_version`` (:func:`~.legacy.translate_flat_fields`). ``AutoConfig.from_pretrained`` (so the Auto
+        model classes) reads the file with transformers' ``get_config_dict`` and hands it here; from ours, the dict is
         translated already and this changes nothing."""
         config_dict = dict(config_dict)
         translate_flat_fields(config_dict, f"{cls.__name__}.from_dict(...)", saved_file=True)
@@ -183,19 +179,13 @@ class HeadAttnSettings:
             return cls.from_dict(json.load(file))
 
     def __post_init__(self, **kwargs):
-        legacy = {key: kwargs.pop(key) for key in kwargs.keys() & _flat_fields()}
-        if legacy:
-            values = {**{spec.name: getattr(self, spec.name, None) for spec in registered_methods()}, **legacy}
-            translate_flat_fields(values, f"{type(self).__name__}(...)")
-            for name, value in values.items():
-                setattr(self, name, value)
-        _warn_unknown_flat_fields(kwargs, f"{type(self).__name__}(...)")
+        translate_kwargs(self, kwargs)  # release 0.1's flat fields
         super().__post_init__(**kwargs)
         self._resolve_headattn_settings()
 
     def __setattr__(self, key, value):
-        if key in _flat_fields():  # release 0.1's flat field: assigned to its method's dict, as when built
-            self._set_flat_field(key, value)
+        if key in flat_fields():  # release 0.1's flat field: assigned to its method's dict, as when built
+            assign_flat_field(self, key, value)
             return
         methods = {spec.name for spec in registered_methods()}
         if key in methods and value is not None:
@@ -214,17 +204,6 @@ class HeadAttnSettings:
             super().__setattr__(key, previous)
             raise
 
-    def _set_flat_field(self, key, value) -> None:
-        """``config.dhicm_kl_weight = 0.5`` (release 0.1's spelling): ``config.dhicm = {**config.dhicm,
-        "kl_weight": 0.5}``, with the deprecation warning; validated, and refused by a model built before, as such an
-        assignment is. At its default it leaves an off method off (as in :func:`translate_flat_fields`)."""
-        spec, setting = _flat_fields()[key]
-        translated = {key: value}
-        translate_flat_fields(translated, f"config.{key} = {value!r}", stacklevel=5)  # (+ strict's __setattr__)
-        current = getattr(self, spec.name, None)
-        if current is not None or spec.name in translated:
-            setattr(self, spec.name, {**(current or {}), setting: value})
-
     def __setstate__(self, state):
         """A copied or unpickled config: its method settings read-only again."""
         methods = {spec.name for spec in registered_methods()}
@@ -239,14 +218,23 @@ class HeadAttnSettings:
     @property
     def keys_to_ignore_at_inference(self) -> list[str]:
         """What the Trainer leaves out of ``logits`` at evaluation: the cache and every method read-out."""
-        return ["past_key_values", "nll_loss", *readout_fields()]
+        return [*CACHE_NAMES, "nll_loss", *readout_fields()]
 
     def to_dict(self) -> dict[str, Any]:
-        """HF's, plus the release that writes it: ``headattn_version`` is the running release."""
+        """HF's, plus the release that writes it: ``headattn_version`` is the running release; ``auto_map`` names the
+        model module the settings need (:func:`~.remote_code.auto_map`)."""
         output = super().to_dict()
         output.pop("_headattn_resolved", None)  # derived from the fields
         output["headattn_version"] = HEADATTN_VERSION
+        if output.get("auto_map"):
+            output["auto_map"] = auto_map(self, output["auto_map"])
         return output
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """HF's, then the modules the settings add to the model's remote code (:func:`~.remote_code.ship`; a model's
+        ``save_pretrained`` and ``push_to_hub`` save its config after its code, and upload after both)."""
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        ship(self, save_directory)
 
     def _resolve_headattn_settings(self) -> None:
         """Validate every setting and keep ``{method name: resolved settings}`` of the methods switched on."""
@@ -276,89 +264,6 @@ class HeadAttnSettings:
                 )
             resolved[spec.name] = settings
         self.__dict__["_headattn_resolved"] = FrozenDict(resolved)
-
-
-def _flat_fields() -> dict[str, tuple]:
-    """Release 0.1's flat config fields: ``{flat name: (method spec, settings key)}``."""
-    return {flat: (spec, key) for spec in registered_methods() for flat, key in spec.legacy_fields.items()}
-
-
-def recorded_release(version, where: str) -> tuple[int, ...]:
-    """The release numbers of a recorded ``headattn_version`` (e.g. ``"0.2.1"`` -> ``(0, 2, 1)``; pre-releases of 0.2
-    count as 0.2); a ``ValueError`` naming ``where`` unless it is a version string."""
-    try:
-        if not isinstance(version, str):
-            raise InvalidVersion
-        return Version(version).release
-    except InvalidVersion:
-        raise ValueError(f"{where} must be the version string of the hf-headattn release that wrote the config, "
-                         f"such as '0.3.0' (or None: not recorded), got {version!r}") from None
-
-
-def written_by_release_0_1(values: Mapping, where: str = "config.json") -> bool:
-    """Whether saved config fields ``values`` were written by release 0.1: by their ``headattn_version`` when they
-    record one (< 0.2), else by their fields: release 0.1's flat fields and no dict field of a method that has flat
-    fields (later releases save those, ``null`` when off)."""
-    version = values.get("headattn_version")
-    if version is not None:
-        return recorded_release(version, f"{where}: headattn_version") < FIRST_RELEASE_WITH_DICTS
-    flat_fields = _flat_fields()
-    return (any(key in flat_fields for key in values)
-            and not any(spec.name in values for spec in registered_methods() if spec.legacy_fields))
-
-
-def translate_flat_fields(values: dict, where: str, saved_file: bool = False, stacklevel: int = 4) -> None:
-    """Move release 0.1's flat fields in ``values`` (config fields: a loaded ``config.json`` or keyword arguments)
-    into their methods' dicts, in place, with one ``FutureWarning`` naming them.
-
-    * A flat field at its default leaves an off method off (release 0.1 saved every field, defaults included).
-    * A method given both ways (its dict and its flat fields) is refused: a ``ValueError`` naming both.
-    * A config file saved by release 0.1 (``saved_file`` and :func:`written_by_release_0_1`: its recorded
-      ``headattn_version`` is < 0.2, or it records none and has release 0.1's fields) keeps release 0.1's values of
-      the settings whose default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on.
-      No other config does: not a file recorded by 0.2 or later, whatever its fields, nor keyword arguments.
-    """
-    flat_fields = _flat_fields()
-    found = sorted(key for key in values if key in flat_fields)
-    specs = registered_methods()
-    release_0_1 = saved_file and written_by_release_0_1(values, where)
-    for spec in specs:
-        flat = {key: values.pop(key) for key in list(values) if key in spec.legacy_fields}
-        given = values.get(spec.name)
-        if flat and given is not None:
-            raise ValueError(f"{where} gives {spec.name}={dict(given)!r} and release 0.1's flat fields {flat!r}; "
-                             f"expected one convention: the {spec.name} dict alone")
-        settings = {spec.legacy_fields[key]: value for key, value in flat.items()
-                    if not _is_default(spec, spec.legacy_fields[key], value)}
-        if settings and not (release_0_1 and not spec.settings(**settings).switched_on()):
-            values[spec.name] = given = settings
-        if release_0_1 and spec.legacy_defaults and isinstance(given, Mapping):
-            values[spec.name] = {**spec.legacy_defaults, **given}
-    if found:
-        spec, key = flat_fields[found[0]]
-        warnings.warn(
-            f"{where}: release 0.1's flat settings {found} are deprecated; they are read as the methods' dicts (e.g. "
-            f"{found[0]} as {spec.name}[{key!r}]); save_pretrained writes the dicts.", HeadAttnDeprecationWarning,
-            stacklevel=stacklevel,
-        )
-
-
-def _is_default(spec, key: str, value) -> bool:
-    default = spec.settings.__dataclass_fields__[key].default
-    return default == value and type(default) is type(value)
-
-
-def _warn_unknown_flat_fields(values: Mapping, where: str) -> None:
-    """Warn about keys named like a method's flat field (``dhicm_*``, ``sea_*``, ...) that are none: misspelt, they
-    would be kept on the config and do nothing."""
-    known = _flat_fields()
-    prefixes = tuple({f"{flat.split('_')[0]}_" for flat in known} | {f"{spec.name}_" for spec in registered_methods()})
-    fields = config_fields(MBartConfig) | config_fields(MarianConfig)
-    for key in values:
-        if key.startswith(prefixes) and key not in known and key not in fields:
-            hint = difflib.get_close_matches(key, known, n=1)
-            logger.warning(f"{where}: {key!r} is no setting of hf-headattn and is ignored"
-                           + (f" (did you mean {hint[0]!r}, which release 0.1 spelled so?)" if hint else ""))
 
 
 @strict

@@ -15,10 +15,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod
 from .head_masks import live_heads, masked_logits
+from .hf_compat import init_normal_, init_zeros_
 from .registry import MethodSettings, MethodSpec
 from .settings_checks import allowed_values, check_range, resolve_layers
 
@@ -292,12 +292,12 @@ class DHICM(AttentionMethod):
         self.dropout = nn.Dropout(dropout)
 
     def init_weights(self, std: float) -> None:
-        init.normal_(self.w, std=std)
+        init_normal_(self.w, std=std)
         if self.mode == "paper":
-            init.normal_(self.u, std=std)
-            init.normal_(self.v, std=std)
+            init_normal_(self.u, std=std)
+            init_normal_(self.v, std=std)
         else:
-            init.zeros_(self.u)
+            init_zeros_(self.u)
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         """Eq. 1-3 on the per-head output (:func:`mix_heads`). Head masks
@@ -358,7 +358,6 @@ def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None
 
 METHOD = MethodSpec(
     NAME, DHICMSettings, placements, build, collect,
-    runs_after=("sea",),  # mixes the per-head outputs that SEA's RHE pruning has zeroed
     flags=("output_head_importance",),
     outputs={
         "dhicm_kl": "mean KL of the head-importance distributions from uniform (Eq. 5), unweighted",

@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
-from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
-from .eadra_math import TERMS, layer_regularizers
-from .eadra_triton import layer_regularizers as triton_layer_regularizers
+from .eadra_math import TERMS
+from .eadra_passes import check_implementation, layer_regularizers, model_module
+from .hf_compat import init_zeros_
 from .registry import MethodSettings, MethodSpec
-from .sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
+from .sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
 
 NAME = "eadra"
 #: Every alpha's factor by default (``EaDRASettings.alpha_scale``): the fidelity study's choice on Multi30k
@@ -115,10 +115,12 @@ class EaDRASettings(MethodSettings):
     multiplied by it: the paper tunes its alphas per component, §5.3, and Table 6's, the per-component defaults, were
     tuned for Transformer-base on 100k WMT sentences; 1.0 uses them as they are).
 
-    ``implementation`` changes no value, only how the regularizer pass runs: "auto" (under ``torch.compile`` on CUDA,
-    where the eager pass is some twenty memory-bound passes over float32 maps; eager on the CPU), "eager" or
-    "compiled" (:mod:`hf_headattn.fused_passes`), or "triton": Triton kernels that never write a (queries x keys)
-    map (:mod:`hf_headattn.eadra_triton`; CUDA, or the CPU under ``TRITON_INTERPRET=1``; no LPEA bias gradient;
+    ``implementation`` changes no value, only how the regularizer pass runs (chosen in one place,
+    :mod:`hf_headattn.eadra_passes`): "auto" (under ``torch.compile`` on CUDA, where the eager pass is some twenty
+    memory-bound passes over float32 maps; eager on the CPU), "eager" or "compiled" (:mod:`hf_headattn.fused_passes`),
+    or "triton": Triton kernels that never write a (queries x keys) map (:mod:`hf_headattn.eadra_triton`, imported
+    and shipped with a checkpoint only then; CUDA, or the CPU under ``TRITON_INTERPRET=1``: elsewhere a warning when
+    the settings are resolved and an error at the first forward that computes the terms; no LPEA bias gradient;
     inside a compiled model the model's graph takes the pass instead). Equal to the other passes on an H100 and on
     the CPU under Triton's interpreter, but slower on the H100 than the compiled pass (9.7 against 5.2 ms forward
     and backward at transformer-base, ``benchmarks/results/gpu``), so "auto" does not choose it; it keeps the least
@@ -153,6 +155,7 @@ class EaDRASettings(MethodSettings):
                 values = ComponentSettings.from_dict(values, where, config)
             components[component] = values.resolved_for(component, config, where)
         check_range(self.alpha_scale, f"{name}.alpha_scale", 0.0)
+        check_implementation(self.implementation, f"{name}.implementation")  # the one check (:mod:`.eadra_passes`)
         if self.warmup_steps < 0:
             raise ValueError(f"{name}.warmup_steps must be an integer >= 0 (0: no warm-up), got {self.warmup_steps!r}")
         return dataclasses.replace(self, **components)
@@ -300,10 +303,7 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction:
         bias, support, queries = supports[0] if len(fused) == 1 else _padded_supports(fused, supports)
         heads = ([c.query for c in members], [c.key for c in members], first.num_heads, first.scaling, support,
                  queries, bias)
-        if implementation == "triton" and not torch.compiler.is_compiling():
-            terms = triton_layer_regularizers(*heads)  # (L, B, h)
-        else:  # in a compiled model, the model's graph fuses the pass ("auto" is then the plain function)
-            terms = layer_regularizers(*heads, implementation="auto" if implementation == "triton" else implementation)
+        terms = layer_regularizers(*heads, implementation=implementation)  # (L, B, h), the pass eadra_passes chooses
         terms = rescale_terms(terms, support, queries, dist_reduction, peak_reduction)
         weights = _head_weights(members)
         if weights is not None:  # a head masked with 0 counts nowhere, as if pruned
@@ -415,7 +415,7 @@ class EaDRA(AttentionMethod):
 
     def init_weights(self, std: float) -> None:
         if hasattr(self, "step"):
-            init.zeros_(self.step)
+            init_zeros_(self.step)
 
     def extra_repr(self) -> str:
         heads = self.num_heads if self.heads is None else list(self.heads.numbers)
@@ -519,4 +519,5 @@ METHOD = MethodSpec(
     logged=("eadra_loss", "eadra_terms"),
     legacy_defaults={"dist_reduction": "sum", "alpha_scale": 1.0},
     kit="hf_headattn.experiment.methods.eadra",
+    model_module=model_module,
 )

@@ -25,7 +25,8 @@ three terms, differentiable by autograd, are the tests' references (``tests/test
 
 Its map-sized work (scores, probabilities, terms; in the backward the probabilities again and the scores' gradient)
 is two functions, :func:`_forward_maps` and :func:`_backward_maps`, run one operation at a time ("eager", the CPU's
-fastest) or under ``torch.compile`` ("compiled", CUDA's default; :mod:`hf_headattn.fused_passes`): on a GPU each eager
+fastest) or under ``torch.compile`` (CUDA's default; :mod:`hf_headattn.fused_passes`, chosen by
+:mod:`hf_headattn.eadra_passes`, which also holds the Triton pass): on a GPU each eager
 operation is a pass over float32 maps of (layers x batch x heads x T x S) in memory, some twenty of them, and Inductor
 fuses them into a few kernels. On CUDA the products of half-precision heads run in TF32 (:func:`_matmul_precision`).
 """
@@ -38,7 +39,7 @@ import torch
 import torch.utils.checkpoint
 from torch.autograd.function import once_differentiable
 
-from .fused_passes import check_implementation, run
+from .fused_passes import check_mode, run
 from .hf_compat import softmax_backward
 
 TERMS = ("peak", "sent", "dist")
@@ -196,15 +197,15 @@ class _LayerRegularizers(torch.autograd.Function):
     the stacked float32 heads."""
 
     @staticmethod
-    def forward(ctx, num_heads, scaling, recompute, implementation, support, query_mask, bias, *queries_and_keys):
+    def forward(ctx, num_heads, scaling, recompute, mode, support, query_mask, bias, *queries_and_keys):
         ctx.set_materialize_grads(False)
         layers, first = len(queries_and_keys) // 2, queries_and_keys[0]
         queries, keys = queries_and_keys[:layers], queries_and_keys[layers:]
-        ctx.num_heads, ctx.scaling, ctx.implementation, ctx.layers = num_heads, scaling, implementation, layers
+        ctx.num_heads, ctx.scaling, ctx.mode, ctx.layers = num_heads, scaling, mode, layers
         with torch.autocast(first.device.type, enabled=False), _matmul_precision(first.dtype, first.device):
             query, key, shape = _stacked(queries, keys, num_heads)  # float32 (float64), also under autocast
-            terms, a, saved = run(_forward_maps, implementation, first.device, query, key, scaling, shape, support,
-                                  bias, query_mask, not recompute)
+            terms, a, saved = run(_forward_maps, mode, query, key, scaling, shape, support, bias, query_mask,
+                                  not recompute)
         kept = () if recompute else (a, query, key)
         ctx.save_for_backward(support, bias, *saved, *queries_and_keys, *kept)
         return terms
@@ -223,8 +224,8 @@ class _LayerRegularizers(torch.autograd.Function):
                 del a
             else:
                 query, key, shape = _stacked(queries, keys, ctx.num_heads)
-                grad = run(_backward_maps, ctx.implementation, first.device, query, key, ctx.scaling, shape, support,
-                           bias, coefficients, grads)  # (L, B, h, T, S)
+                grad = run(_backward_maps, ctx.mode, query, key, ctx.scaling, shape, support, bias, coefficients,
+                           grads)  # (L, B, h, T, S)
             if grad is None:
                 return (None,) * (7 + 2 * layers)
             grad_bias = grad.sum_to_size(bias.shape) if ctx.needs_input_grad[6] else None  # e.g. LPEA's bias
@@ -291,7 +292,8 @@ def _unstack_heads(grad: torch.Tensor, shape, inputs) -> tuple[torch.Tensor, ...
     regularized, length = grad.shape[2], grad.shape[3]
     if _token_major(inputs):  # one copy into (L, B, n, H, D), the left-out heads zero
         rows = grad.transpose(2, 3).to(dtype)  # (L, B, n, h, D)
-        rows = torch.nn.functional.pad(rows, (0, 0, 0, heads - regularized)) if regularized < heads else rows.contiguous()
+        rows = (torch.nn.functional.pad(rows, (0, 0, 0, heads - regularized)) if regularized < heads
+                else rows.contiguous())
         grad = rows.transpose(2, 3)  # (L, B, H, n, D)
     else:
         if regularized < heads:
@@ -305,7 +307,7 @@ def _unstack_heads(grad: torch.Tensor, shape, inputs) -> tuple[torch.Tensor, ...
 
 def layer_regularizers(
     queries, keys, num_heads: int, scaling: float, support: torch.Tensor, query_mask: torch.Tensor,
-    bias: torch.Tensor | None = None, recompute: bool = True, implementation: str = "auto",
+    bias: torch.Tensor | None = None, recompute: bool = True, mode: str = "eager",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """R_peak, R_sent and R_dist (Eq. 4, 6, 8) of the first ``num_heads`` heads of several layers, fused into one pass.
 
@@ -327,14 +329,16 @@ def layer_regularizers(
     recompute : keep nothing of size (L, B, h, T, S) for the backward pass, and recompute the probabilities there
         from the queries and keys (the default: the attention keeps those anyway; one more ``q k^T`` and softmax);
         False keeps the probabilities and float32 copies of the heads instead.
-    implementation : "auto", "eager" or "compiled": how the pass runs (:mod:`hf_headattn.fused_passes`).
+    mode : "eager", "compiled" or "compiled_or_eager": how the map-sized work runs
+        (:mod:`hf_headattn.fused_passes`); the model's passes take the one
+        :func:`hf_headattn.eadra_passes.layer_regularizers` chooses from the ``implementation`` setting.
 
     Returns
     -------
     ``(R_peak, R_sent, R_dist)``, each (L, B, h): per layer, sentence and head.
     """
-    check_implementation(implementation)
-    args = (num_heads, scaling, recompute, implementation, support, query_mask, bias, *queries, *keys)
+    check_mode(mode)
+    args = (num_heads, scaling, recompute, mode, support, query_mask, bias, *queries, *keys)
     if recompute and torch.compiler.is_compiling():
         # a compiled model's graph holds forward and backward at once, and its partitioner keeps the maps (it does not
         # recompute matrix products): marked as a checkpoint, the pass is recomputed in the backward there too

@@ -30,32 +30,15 @@ head importance of Michel et al. (2019). With the eager backend, returned attent
 
 from __future__ import annotations
 
-import functools
-import warnings
-
 import torch
 from torch import nn
 
 from .sites import COMPONENTS, component_of, component_shape
-from .version import HeadAttnDeprecationWarning
 
 #: Each component's forward argument.
 ARGUMENTS_BY_COMPONENT = {"encoder": "head_mask", "decoder": "decoder_head_mask", "cross": "cross_attn_head_mask"}
 #: The forward arguments, in :data:`ARGUMENTS_BY_COMPONENT` order.
 ARGUMENTS = tuple(ARGUMENTS_BY_COMPONENT.values())
-
-
-def accepts_kind(function):
-    """``function`` also taking its argument ``component`` as ``kind=``, its deprecated name (with a
-    :class:`~hf_headattn.version.HeadAttnDeprecationWarning`)."""
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        if "kind" in kwargs and "component" not in kwargs:
-            warnings.warn(f"{function.__name__}: the keyword kind= is deprecated, use component=",
-                          HeadAttnDeprecationWarning, stacklevel=2)
-            kwargs["component"] = kwargs.pop("kind")
-        return function(*args, **kwargs)
-    return wrapper
 
 
 def check_head_mask(mask, config, component: str, name: str, per_sentence: bool = True, batch: int | None = None,
@@ -178,7 +161,6 @@ def masked_logits(logits: torch.Tensor, head_mask: torch.Tensor | None) -> torch
     return torch.where(m > 0, logits + m.clamp_min(tiny).log(), torch.finfo(logits.dtype).min)
 
 
-@accepts_kind
 def set_head_mask(model: nn.Module, component: str, mask: torch.Tensor | None) -> None:
     """Keep a (layers, heads) mask of ``component`` on ``model``'s attention modules (``None``: remove it); it applies
     to every forward and ``generate`` until removed, and moves with the model (a non-persistent buffer: not saved)."""
@@ -191,7 +173,6 @@ def set_head_mask(model: nn.Module, component: str, mask: torch.Tensor | None) -
         module.register_buffer("headattn_head_mask", row, persistent=False)
 
 
-@accepts_kind
 def get_head_mask(model: nn.Module, component: str) -> torch.Tensor | None:
     """The (layers, heads) mask of ``component`` kept on ``model`` (0 at pruned heads), or ``None``."""
     modules = attention_modules(model, component)

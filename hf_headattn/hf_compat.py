@@ -1,8 +1,11 @@
-"""Every assumption hf-headattn makes about transformers' and torch's internals, in one place.
+"""Every assumption hf-headattn makes about transformers', torch's and datasets' internals, in one place.
 
-The rest of the package uses transformers' public API (its model, config and Trainer classes, ``AttentionInterface``)
-and takes anything beyond it from here. Each assumption below is one name, and ``tests/test_hf_compat.py`` holds one
-contract test per name (``test_<name>``): a release that breaks one fails that test, which says what to adapt.
+The rest of the package uses the libraries' public API (transformers' model, config and Trainer classes,
+``AttentionInterface``) and takes anything beyond it from here. Each assumption below is one name, and
+``tests/test_hf_compat.py`` holds one contract test per name (``test_<name>``): a release that breaks one fails that
+test, which says what to adapt. ``tests/test_architecture.py`` fails when another module reads a private name of
+theirs (``x._name``, ``torch._*``) or imports from transformers' model, ``modeling_utils``, ``initialization`` or
+``trainer_pt_utils`` modules.
 
 Transformers' open PR #48333 (Bart-family attention through ``ALL_ATTENTION_FUNCTIONS``, hyperparameters read from
 the config) would change :data:`eager_attention_forward`, :func:`attention_query_input` and :class:`ConfigStandIn`'s
@@ -11,9 +14,15 @@ reason to exist at once.
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
+from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.initialization import normal_ as init_normal_
+from transformers.initialization import ones_ as init_ones_
+from transformers.initialization import zeros_ as init_zeros_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # the attention registry's instance (not exported)
 from transformers.models.marian.modeling_marian import MarianDecoder, MarianEncoder
 from transformers.models.marian.modeling_marian import shift_tokens_right as marian_shift_tokens_right
@@ -22,11 +31,14 @@ from transformers.trainer_pt_utils import nested_gather
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS", "eager_attention_forward", "MBartEncoder", "MBartDecoder", "MarianEncoder",
-    "MarianDecoder", "marian_shift_tokens_right", "nested_gather", "ConfigStandIn", "attention_query_input",
-    "dict_outputs", "transformers_forward", "config_fields", "softmax_backward", "assert_async",
+    "MarianDecoder", "marian_shift_tokens_right", "nested_gather", "init_normal_", "init_ones_", "init_zeros_",
+    "ConfigStandIn", "attention_implementation", "attention_backend", "attention_query_input", "dict_outputs",
+    "transformers_forward", "config_fields", "legacy_gradient_checkpointing", "CACHE_NAMES", "cache_argument",
+    "replace_stack", "softmax_backward", "assert_async", "linear_cross_entropy", "derived_fingerprint",
+    "random_fingerprint", "get_relative_import_files",
 ]
 
-# --- transformers: names it does not export at the top level --------------------------------------------------------
+# --- transformers: names it does not export at the top level, and what its internals do -----------------------------
 # ALL_ATTENTION_FUNCTIONS: the registry (``get_interface(name, default)``, ``[name]``) an attention module reads its
 #   function from, by ``module.config._attn_implementation``.
 # eager_attention_forward: mBART's eager attention function (Marian's is the same code), the "eager" backend.
@@ -34,18 +46,28 @@ __all__ = [
 #   with methods is a class that reloads them.
 # marian_shift_tokens_right: Marian's label shift (mBART's is ours, ``modeling``).
 # nested_gather: the Trainer's gather of a tensor over processes (the logged loss components).
+# init_normal_, init_ones_, init_zeros_: transformers' initialisers, which skip a tensor loaded from a checkpoint
+#   (marked ``_is_hf_initialized``), so a method's ``init_weights`` initialises exactly its new parameters.
+# get_relative_import_files: the modules a checkpoint's remote code carries with a module (those it imports relatively,
+#   ``from .x import``, anywhere in its text, recursively), what ``save_pretrained`` copies and its loader fetches.
 
 
 class ConfigStandIn:
-    """Stands in for ``config`` inside one attention module: ``_attn_implementation`` answers the subclass's class
-    attribute, every other attribute reads through to the model config (so later changes of the model config are
-    seen). (A class attribute, not one per object: ``torch.compile`` then guards on the class that all the layers
-    share, and compiles one version for them, not one per layer.)
+    """Stands in for ``config`` inside one attention module: ``_attn_implementation`` answers the name a subclass
+    gives as ``class Routed(ConfigStandIn, attention_function="name")``, every other attribute reads through to the
+    model config (so later changes of the model config are seen). (A class attribute, not one per object:
+    ``torch.compile`` then guards on the class that all the layers share, and compiles one version for them, not one
+    per layer.)
 
     The assumption: an HF attention module reads its attention function from ``self.config._attn_implementation``
     at each call, and nothing else of it needs the real config object."""
 
     _attn_implementation: str
+
+    def __init_subclass__(cls, attention_function: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if attention_function is not None:
+            cls._attn_implementation = attention_function
 
     def __init__(self, model_config):
         self.model_config = model_config
@@ -54,6 +76,24 @@ class ConfigStandIn:
         if name == "model_config":  # not set yet (copy, unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.model_config, name)
+
+
+def attention_implementation(config) -> str | None:
+    """The attention backend ("sdpa", "eager", ...) an HF config selects, ``config._attn_implementation`` (no public
+    getter; ``set_attn_implementation`` is the public setter)."""
+    return config._attn_implementation
+
+
+@contextmanager
+def attention_backend(model, name: str):
+    """Run the block with ``model.set_attn_implementation(name)``, then give the model back the backend it had (e.g.
+    "eager" for attention weights, which SDPA does not return)."""
+    previous = attention_implementation(model.config)
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
 
 
 def attention_query_input(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -90,6 +130,30 @@ def config_fields(config_class: type) -> set[str]:
     return set(config_class.__dataclass_fields__)
 
 
+def legacy_gradient_checkpointing(config) -> bool:
+    """Whether ``config`` carries transformers' backward-compatible ``gradient_checkpointing=True``, which
+    ``post_init`` consumes: it switches checkpointing on for the model as built, then deletes the flag."""
+    return bool(getattr(config, "gradient_checkpointing", False))
+
+
+# The key/value cache's forward argument and output field: ``cache`` since transformers 5.24, ``past_key_values``
+#   before (and a deprecated alias until 5.40).
+CACHE_NAMES = ("past_key_values", "cache")
+
+
+def cache_argument(arguments: dict):
+    """The key/value cache among a forward's ``arguments`` (by either name), or None."""
+    return next((arguments[name] for name in CACHE_NAMES if arguments.get(name) is not None), None)
+
+
+def replace_stack(base_model, side: str, stack_class: type, config) -> None:
+    """Rebuild ``base_model``'s ``side`` ("encoder"/"decoder") as ``stack_class(config)``. The assumption: an HF
+    seq2seq base model keeps its stacks as the attributes ``encoder``/``decoder`` (its forward reads them there),
+    builds each from the config alone, and ties their token embeddings to ``shared`` in ``post_init`` (which the
+    caller runs afterwards)."""
+    setattr(base_model, side, stack_class(config))
+
+
 # --- torch: operators outside the documented API --------------------------------------------------------------------
 
 
@@ -101,4 +165,33 @@ def softmax_backward(grad: torch.Tensor, probs: torch.Tensor, dim: int = -1) -> 
 def assert_async(condition: torch.Tensor, message: str) -> None:
     """Fail on the device when ``condition`` is False, without synchronising the host."""
     torch._assert_async(condition, message)
+
+
+def linear_cross_entropy():
+    """``(F.linear_cross_entropy, torch.nn.LinearCrossEntropyOptions)``: torch's chunked linear + cross-entropy and
+    its options (``batch_chunk_size``, ``allow_retain_graph``), new in torch 2.13 and not yet in its documented API;
+    None where torch lacks them."""
+    function, options = getattr(F, "linear_cross_entropy", None), getattr(torch.nn, "LinearCrossEntropyOptions", None)
+    return None if function is None or options is None else (function, options)
+
+
+# --- datasets: fingerprints (``Dataset.map``'s cache keys) ----------------------------------------------------------
+
+
+def derived_fingerprint(dataset, *parts) -> str:
+    """A fingerprint for a ``map`` of ``dataset`` determined by ``parts``: the dataset's own (private
+    ``_fingerprint``) hashed with them by datasets' ``Hasher``."""
+    return _datasets_fingerprint_module().Hasher.hash([dataset._fingerprint, *parts])
+
+
+def random_fingerprint() -> str:
+    """A fresh fingerprint (``new_fingerprint=`` of a ``map`` whose inputs would cost more to hash than to map)."""
+    return _datasets_fingerprint_module().generate_random_fingerprint()
+
+
+def _datasets_fingerprint_module():
+    """``datasets.fingerprint``, imported at the first use and not by an import statement: transformers checks that
+    the packages a checkpoint's remote code imports (this module among them) are installed, and the model core needs
+    no ``datasets``."""
+    return importlib.import_module("datasets.fingerprint")
 

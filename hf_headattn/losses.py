@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .eadra_math import _matmul_precision
+from .hf_compat import linear_cross_entropy
 
 IGNORE_INDEX = -100
 
@@ -277,11 +278,7 @@ def _torch_linear_cross_entropy(hidden: torch.Tensor):
     gradient in bf16 across chunks, and scales its gradients of the sum in bf16: under bf16 autocast a tiny mBART's
     loss was 0.17-0.20% off the logits path's (``eval_loss``, early stopping and model selection would differ by
     path) and its gradients 0.36-0.60% (stock steps, whole and in two micro-batches: 0.17%)."""
-    function = getattr(F, "linear_cross_entropy", None)
-    options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
-    if function is None or options is None or hidden.dtype in (torch.float16, torch.bfloat16):
-        return None
-    return function, options
+    return None if hidden.dtype in (torch.float16, torch.bfloat16) else linear_cross_entropy()
 
 
 def linear_label_smoothed_nll_loss(

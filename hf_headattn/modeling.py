@@ -19,19 +19,28 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers import MarianModel, PreTrainedModel, MarianMTModel, MBartForConditionalGeneration, MBartModel
+from transformers import MarianModel, MarianMTModel, MBartForConditionalGeneration, MBartModel, PreTrainedModel
 from transformers.modeling_outputs import Seq2SeqLMOutput, Seq2SeqModelOutput
-from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs
 
 from .attention import AttentionMethod, HeadAttnContext, attach_method, route
-from .head_masks import ARGUMENTS as HEAD_MASK_ARGUMENTS, ARGUMENTS_BY_COMPONENT as HEAD_MASK_ARGUMENTS_BY_COMPONENT
-from .head_masks import accepts_kind, check_forward_masks, check_head_mask, get_head_mask, set_head_mask
-from .pruning import apply_pruned_heads, prune_heads
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
-from .hf_compat import (MarianDecoder, MarianEncoder, MBartDecoder, MBartEncoder, dict_outputs,
-                        marian_shift_tokens_right, transformers_forward)
+from .head_masks import ARGUMENTS as HEAD_MASK_ARGUMENTS
+from .head_masks import ARGUMENTS_BY_COMPONENT as HEAD_MASK_ARGUMENTS_BY_COMPONENT
+from .head_masks import check_forward_masks, check_head_mask, get_head_mask, set_head_mask
+from .hf_compat import (
+    MarianDecoder,
+    MarianEncoder,
+    MBartDecoder,
+    MBartEncoder,
+    cache_argument,
+    dict_outputs,
+    legacy_gradient_checkpointing,
+    marian_shift_tokens_right,
+    replace_stack,
+    transformers_forward,
+)
 from .losses import IGNORE_INDEX, label_smoothed_nll_loss, linear_label_smoothed_nll_loss, total_objective
+from .pruning import apply_pruned_heads, prune_heads
 from .registry import method_inputs, readout_flags, registered_methods
 from .sites import AttentionSite
 
@@ -130,7 +139,8 @@ def forward_signature(cls, extra: tuple = ()) -> inspect.Signature:
             for names, default in ((method_inputs(), None), (readout_flags(), False),
                                    ((*HEAD_MASK_ARGUMENTS, *extra), None))
             for name in names]
-    return inspect.Signature([p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD] + ours + var_keyword)
+    return inspect.Signature([p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+                             + ours + var_keyword)
 
 
 class _DerivedForwardSignature:
@@ -202,7 +212,7 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         # transformers' backward-compatible `config.gradient_checkpointing=True`: HF's post_init (inside
         # super().__init__) switches checkpointing on for the stacks HF built (Marian's encoder deletes the flag before
         # its decoder is built) and deletes it; the stacks _attach_methods rebuilds would stay off
-        legacy_checkpointing = getattr(config, "gradient_checkpointing", False)
+        legacy_checkpointing = legacy_gradient_checkpointing(config)
         super().__init__(config)
         # resolved and validated by the config when set; the model keeps the objects its methods are built with
         self.headattn_settings, self._pruned_heads = config.headattn_settings, config.pruned_heads
@@ -226,16 +236,14 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
                 for side, _, _ in spec.placements(self.headattn_settings[spec.name], config)}
         ours |= {name.split(".", 1)[0] for name in config.pruned_heads or {}}
         for side in sorted(ours):
-            setattr(base, side, STACK_CLASSES[type(getattr(base, side))](config))
+            replace_stack(base, side, STACK_CLASSES[type(getattr(base, side))], config)
         attach_methods(base, config, {}, sides=tuple(side for side in ("encoder", "decoder") if side not in ours))
 
-    @accepts_kind
     def set_head_mask(self, component: str, mask: torch.Tensor | None) -> None:
         """Keep a (layers, heads) head mask of ``component`` ("encoder", "decoder", "cross") on the model, for every
         forward and ``generate`` (``None`` removes it); see :mod:`hf_headattn.head_masks`."""
         set_head_mask(self, component, mask)
 
-    @accepts_kind
     def get_head_mask(self, component: str) -> torch.Tensor | None:
         """The (layers, heads) head mask of ``component`` kept on the model (0 at pruned heads), or ``None``."""
         return get_head_mask(self, component)
@@ -283,7 +291,7 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
     def _check_lengths(self, values: dict) -> None:
         """The target's length (with the cache's) against the position embeddings; the source's is checked by the
         encoder's pre-hook (:func:`check_encoder_inputs`), which ``generate`` passes too."""
-        cache = values.get("cache", values.get("past_key_values"))  # named `cache` since transformers 5.24
+        cache = cache_argument(values)
         target = values.get("decoder_input_ids")
         target = values.get("decoder_inputs_embeds") if target is None else target
         if target is not None:

@@ -20,61 +20,14 @@ too, before anything changes: prune first, then attach the adapters (or ``merge_
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from numbers import Integral
 
 import torch
 from torch import nn
 
 from .attention import AttentionMethod, HeadIndex
 from .head_masks import head_numbers, routed_modules
+from .settings_checks import check_head_numbers, check_pruned_heads
 from .sites import AttentionSite, component_shape
-
-def check_pruned_heads(value, config, where: str = "pruned_heads") -> dict[str, list[int]]:
-    """``value`` as ``{module name: sorted original head numbers}`` if valid, else a ``ValueError`` naming the bad
-    entry and what was expected (``None`` or ``{}``: nothing pruned)."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be a dict {{module name: [head numbers]}} (or None), got {value!r}")
-    checked = {}
-    for name, heads in value.items():
-        site = AttentionSite.parse(name)
-        if site is None or site.name != name:
-            raise ValueError(f"{where} has the key {name!r}; expected an attention module's name in the base model, "
-                             "e.g. 'encoder.layers.0.self_attn' or 'decoder.layers.1.encoder_attn'")
-        layers, total = component_shape(config, site.component)
-        if site.layer >= layers:
-            raise ValueError(f"{where}[{name!r}]: the {site.side} has {layers} layers, expected a layer index below it")
-        checked[name] = _check_heads(heads, total, f"{where}[{name!r}]")
-    return checked
-
-
-def _check_heads(heads, total: int, where: str) -> list[int]:
-    """``heads`` (a list, tuple or set, or a 1-d integer array or tensor, of head numbers: ints, numpy integers or
-    0-d integer arrays/tensors) as sorted distinct ints, else a ``ValueError`` naming what was given."""
-    expected = f"a list of head numbers in [0, {total - 1}] (the original numbering)"
-    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable) or getattr(heads, "ndim", 1) != 1:
-        raise ValueError(f"{where} must be {expected}, got {heads!r}")
-    numbers = [_head_number(h) for h in heads]
-    if any(h is None or not 0 <= h < total for h in numbers):
-        raise ValueError(f"{where} must be {expected}, got {_listed(heads)!r}")
-    if len(set(numbers)) == total:
-        raise ValueError(f"{where} would remove all {total} heads of the module; keep at least one (pruning a whole "
-                         "attention module is refused)")
-    return sorted(set(numbers))
-
-
-def _head_number(value) -> int | None:
-    """``value`` as an int if it is an integer (a Python or numpy integer, a 0-d integer array or tensor; no bool,
-    no float), else None."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()  # numpy scalars and 0-d arrays/tensors: a Python int, float or bool
-    return int(value) if isinstance(value, Integral) and not isinstance(value, bool) else None
-
-
-def _listed(heads) -> list:
-    """``heads`` as a list of Python scalars, for messages."""
-    return [h.item() if getattr(h, "ndim", None) == 0 and hasattr(h, "item") else h for h in heads]
 
 
 def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
@@ -128,10 +81,10 @@ def requested_heads(model: nn.Module, heads: Mapping) -> dict[str, tuple[list[in
             raise ValueError(f"prune_heads: {path!r} is no attention module of this model; expected names such as "
                              f"{sorted(set(aliases.values()))[:3]} or the model's own paths to them")
         total = component_shape(model.config, AttentionSite.parse(name).component)[1]
-        numbers, where = _check_heads(numbers, total, f"prune_heads[{path!r}]"), f"prune_heads[{path!r}]"
+        numbers, where = check_head_numbers(numbers, total, f"prune_heads[{path!r}]"), f"prune_heads[{path!r}]"
         if name in merged:  # another name of the same module
             where = f"{merged[name][1]} and {where} (both {name!r})"
-            numbers = _check_heads([*merged[name][0], *numbers], total, where)
+            numbers = check_head_numbers([*merged[name][0], *numbers], total, where)
         merged[name] = numbers, where
     return merged
 
@@ -173,7 +126,7 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[st
         if again:
             raise ValueError(f"{where}: heads {again} are already pruned (heads keep their original numbers; pruned "
                              f"so far: {record[name]})")
-        _check_heads([*record.get(name, ()), *numbers], totals[name], f"{where} with the heads pruned before")
+        check_head_numbers([*record.get(name, ()), *numbers], totals[name], f"{where} with the heads pruned before")
     check_prunable(model, [modules[name] for name in requested])
     for name, (numbers, _) in requested.items():
         if numbers:  # (an empty list asks for nothing)

@@ -132,6 +132,10 @@ class MethodSpec:
     kit: the import path of the method's kit module (``KIT = MethodKit(...)``: recipe names, presets, model card
         line, head-importance criterion; :mod:`hf_headattn.experiment.kit`), or ``None``. Only the experiment kit
         imports it: the model, and the code ``save_pretrained`` ships, never do.
+    model_module: ``model_module(settings) -> module name or None``: for settings that need code the model does not
+        import (e.g. EaDRA's Triton kernels, imported by name only when chosen), the module beside ``modeling.py``
+        that imports the model classes and that code, which a checkpoint's ``auto_map`` then names, so that its
+        remote code carries the code (:mod:`hf_headattn.remote_code`); None (or returning None): ``modeling``.
     """
 
     name: str
@@ -149,6 +153,7 @@ class MethodSpec:
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
     kit: str | None = None
+    model_module: Callable | None = None
 
 
 _REGISTRY: dict[str, MethodSpec] = {}

@@ -8,10 +8,11 @@ Variants (Tables 1-2), on the encoder self-attention of ``sea["layers"]`` (defau
 
 Inputs (named forward arguments, from ``DataCollatorForSyntaxSeq2Seq`` of SEA's kit,
 :mod:`hf_headattn.experiment.methods.sea.syntax`; only the SEA module reads them, so the decoder and cross-attention
-ignore them; ``generate()`` passes them to the encoder and expands them for beams): ``dependency_mask`` (B, S, S) bool, needed by DEA and by every RHE variant (Eq. 9 reads
-it, LPEA+RHE included); ``phrase_positions`` (B, S, S) integer, needed by LPEA. Label rule: a value is either
-``NOT_IN_PHRASE`` (outside the local phrase) or a relative phrasal position with |RP| < |NOT_IN_PHRASE|, clipped
-to [-k, k] (Eq. 7); anything else raises. The math is in :mod:`hf_headattn.sea_math`.
+ignore them; ``generate()`` passes them to the encoder and expands them for beams): ``dependency_mask`` (B, S, S) bool,
+needed by DEA and by every RHE variant (Eq. 9 reads it, LPEA+RHE included); ``phrase_positions`` (B, S, S) integer,
+needed by LPEA. Label rule: a value is either ``NOT_IN_PHRASE`` (outside the local phrase) or a relative phrasal
+position with |RP| < |NOT_IN_PHRASE|, clipped to [-k, k] (Eq. 7); anything else raises. The math is in
+:mod:`hf_headattn.sea_math`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from typing import Literal
 
 import torch
 from torch import nn
-from transformers import initialization as init
 
 from .attention import AttentionCall, AttentionMethod
-from .hf_compat import assert_async
-from .registry import MethodSettings, MethodSpec
+from .hf_compat import assert_async, init_normal_, init_zeros_
 from .losses import IGNORE_INDEX
+from .registry import MethodSettings, MethodSpec
 from .sea_math import (
     NOT_IN_PHRASE,
     dependency_allowed,
@@ -133,8 +133,9 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
     torch.bool; ``phrase_positions`` an integer dtype whose values are ``NOT_IN_PHRASE`` or relative positions with
     ``|RP| < |NOT_IN_PHRASE|`` (clipped to [-k, k] by Eq. 7). Any other value (e.g. -10001, 10000) is a mix-up of
     sentinels, not a phrase position, and raises; so does -100, the label padding value (``IGNORE_INDEX``), which
-    would otherwise be clipped to -k silently (a layer difference of 100 needs a phrase tree over 100 levels deep). On an accelerator, or compiled,
-    the value checks are device-side assertions, so that no check ever synchronises the host with the device.
+    would otherwise be clipped to -k silently (a layer difference of 100 needs a phrase tree over 100 levels deep). On
+    an accelerator, or compiled, the value checks are device-side assertions, so that no check ever synchronises the
+    host with the device.
     """
     if tensor is None:
         raise ValueError(f"SEA needs the forward argument {name} (batch, src_len, src_len); " + _HOW.format(name=name))
@@ -176,9 +177,9 @@ class SEA(AttentionMethod):
     """SEA (DEA Eq. 4-5 or LPEA Eq. 6-8) on all heads or, with RHE (Eq. 3, 9, 10), on the redundant heads only.
 
     ``before`` identifies the redundant heads from the layer's plain attention probabilities (softmax of q k^T *
-    scaling with the padding mask, no attention dropout; computed only when needed) and replaces the mask with the additive SEA mask on
-    the selected heads (per sentence and head), which the model's backend (SDPA, eager) applies; ``after`` zeroes
-    the redundant heads' outputs for RHE pruning.
+    scaling with the padding mask, no attention dropout; computed only when needed) and replaces the mask with the
+    additive SEA mask on the selected heads (per sentence and head), which the model's backend (SDPA, eager) applies;
+    ``after`` zeroes the redundant heads' outputs for RHE pruning.
 
     What gets gradients: the RHE statistics are computed under ``no_grad`` and Eq. 10 is a hard decision, so the
     selection gets none (no straight-through estimator; the paper gives none). Gradients flow as in any attention
@@ -203,10 +204,10 @@ class SEA(AttentionMethod):
 
     def init_weights(self, std: float) -> None:
         if self.settings.type == "lpea":
-            init.normal_(self.lpea_embeddings, std=1.0)
-            init.normal_(self.lpea_weight, std=std)
-            init.zeros_(self.lpea_bias)
-            init.normal_(self.lpea_projection, std=std)
+            init_normal_(self.lpea_embeddings, std=1.0)
+            init_normal_(self.lpea_weight, std=std)
+            init_zeros_(self.lpea_bias)
+            init_normal_(self.lpea_projection, std=std)
 
     def label_bias(self) -> torch.Tensor:
         """Eq. 8 for the 2k+1 labels: (2k+1,)."""
@@ -266,6 +267,7 @@ def collect(context, settings: SEASettings) -> tuple[dict, None]:
 
 METHOD = MethodSpec(
     NAME, SEASettings, placements, build, collect,
+    runs_before=("dhicm",),  # RHE pruning zeroes per-head outputs, which DHICM's paper mode mixes into one
     inputs=("dependency_mask", "phrase_positions"), neutral_inputs=neutral_inputs,
     flags=("output_redundant_heads",),
     outputs={"redundant_heads": "{module name: (batch, heads) bool}, with output_redundant_heads=True"},

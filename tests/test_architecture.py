@@ -13,12 +13,19 @@ import torch
 import hf_headattn
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
-from hf_headattn.experiment.model_card import write_model_card
 from hf_headattn.analysis.head_ranking import criteria, score_heads
 from hf_headattn.experiment.kit import kit_of
+from hf_headattn.experiment.model_card import write_model_card
 from hf_headattn.experiment.presets import method_settings, paper_presets, preset
 from hf_headattn.experiment.trainer import loss_components
-from hf_headattn.registry import readout, readout_flags, register_method, registered_methods, unregister_method
+from hf_headattn.registry import (
+    method_inputs,
+    readout,
+    readout_flags,
+    register_method,
+    registered_methods,
+    unregister_method,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hf_headattn"
@@ -34,21 +41,15 @@ def toy():
     unregister_method("toy")
 
 
-def syntax_inputs():
-    ids = batch()["input_ids"]
-    dependency = torch.eye(ids.shape[1], dtype=torch.bool).expand(len(ids), -1, -1).clone()
-    dependency[:, 0, 1] = dependency[:, 1, 0] = True
-    positions = torch.zeros(len(ids), ids.shape[1], ids.shape[1], dtype=torch.long)
-    positions[:, 0, 1], positions[:, 1, 0] = 1, -1
-    return {"dependency_mask": dependency, "phrase_positions": positions}
-
-
-def run_method(spec):
-    settings = method_settings(next(iter(kit_of(spec).method_names)))
+def run_method(spec, flags=None):
+    """The model of the spec's first recipe name, run on :func:`batch` with its kit's example inputs and ``flags``
+    (default: every registered read-out flag)."""
+    kit = kit_of(spec)
+    settings = method_settings(next(iter(kit.method_names)))
     torch.manual_seed(0)
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **settings))
-    inputs = {**batch(), **(syntax_inputs() if kit_of(spec).uses_syntax else {})}
-    return model, model(**inputs, **{flag: True for flag in readout_flags()})
+    inputs = {**batch(), **(kit.example_inputs(*batch()["input_ids"].shape) if kit.example_inputs else {})}
+    return model, model(**inputs, **{flag: True for flag in (readout_flags() if flags is None else flags)})
 
 
 def test_every_registered_method_is_wired(toy, tmp_path):
@@ -58,10 +59,11 @@ def test_every_registered_method_is_wired(toy, tmp_path):
                for other in spec.runs_after if other in names)
     assert all(names.index(spec.name) < names.index(other) for spec in registered_methods()
                for other in spec.runs_before if other in names)
-    assert names.index("toy") < names.index("dhicm")  # the toy's runs_before moved it ahead of a method registered earlier
+    # the toy's runs_before moved it ahead of a method registered earlier
+    assert names.index("toy") < names.index("dhicm")
     for spec in registered_methods():
         model, out = run_method(spec)
-        assert model.config.keys_to_ignore_at_inference[:2] == ["past_key_values", "nll_loss"]
+        assert model.config.keys_to_ignore_at_inference[:3] == ["past_key_values", "cache", "nll_loss"]
         for field in spec.outputs:
             assert out[field] is not None, (spec.name, field)
             assert field in model.config.keys_to_ignore_at_inference
@@ -142,7 +144,7 @@ def test_a_method_with_its_own_input_and_read_out_flag_needs_no_edit_elsewhere(t
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, toy={"encoder_layers": [-1]})).eval()
     parameters = inspect.signature(model.forward).parameters
     assert parameters["toy_gate"].default is None and parameters["output_toy_scales"].default is False
-    assert {"input_ids", "labels", "dependency_mask", "output_head_importance"} <= set(parameters)
+    assert {"input_ids", "labels", *method_inputs(), *readout_flags()} <= set(parameters)  # every method's
     with torch.no_grad():
         model.model.encoder.layers[1].self_attn.toy.scale.copy_(torch.tensor([1.0, 2.0, 0.5, 1.0]))
         plain = model(**batch())
@@ -167,18 +169,22 @@ def test_a_method_with_its_own_input_and_read_out_flag_needs_no_edit_elsewhere(t
 def test_config_fields_and_read_outs_come_from_the_specs(toy):
     """The config classes declare one field per method registered when they were made (default None); a method
     registered later is an undeclared attribute (saved as well, above). ``readout`` pairs a spec's one flag with its
-    one output field that is not logged."""
+    one output field that is not logged: the field a forward returns with that flag, and only with it."""
     fields = {f.name: f.default for f in dataclasses.fields(HeadAttnMBartConfig)}
     built_in = [spec.name for spec in registered_methods() if spec is not toy]
     assert built_in and {name: fields[name] for name in built_in} == dict.fromkeys(built_in)
-    assert "toy" not in fields and HeadAttnMBartConfig(**TINY).to_dict()["sea"] is None
-    assert {spec.name: readout(spec) for spec in registered_methods() if spec.flags} == {
-        "sea": ("output_redundant_heads", "redundant_heads"), "dhicm": ("output_head_importance", "head_importances"),
-        "toy": ("output_toy_scales", "toy_scales")}
-    eadra = next(spec for spec in registered_methods() if spec.name == "eadra")
-    expected = r"method 'eadra' has read-out flags \[\] and read-out fields \[\]; expected one of each"
+    assert "toy" not in fields and all(HeadAttnMBartConfig(**TINY).to_dict()[name] is None for name in built_in)
+    assert readout(toy) == ("output_toy_scales", "toy_scales")
+    with_readout = [spec for spec in registered_methods() if spec.flags]
+    assert toy in with_readout and len(with_readout) > 1
+    for spec in with_readout:
+        flag, field = readout(spec)
+        assert flag in spec.flags and field in spec.outputs and field not in spec.logged
+        assert run_method(spec, [flag])[1].get(field) is not None, (spec.name, field)
+        assert run_method(spec, [])[1].get(field) is None, (spec.name, field)
+    expected = r"method 'toy' has read-out flags \[\] and read-out fields \['toy_scales'\]; expected one of each"
     with pytest.raises(ValueError, match=expected):
-        readout(eadra)
+        readout(dataclasses.replace(toy, flags=()))
 
 
 def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():
@@ -190,7 +196,8 @@ def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():
     # release 0.1's readings of the open choices are kept (today's defaults differ)
     assert model.config.dhicm == {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.05,
                                   "kl_reduction": "per_token"}
-    assert model.config.eadra == {"decoder": {}, "encoder": {"num_heads": 2}, "dist_reduction": "sum", "alpha_scale": 1.0}
+    assert model.config.eadra == {"decoder": {}, "encoder": {"num_heads": 2}, "dist_reduction": "sum",
+                                  "alpha_scale": 1.0}
     assert model.config.sea == {"type": "dea"}
     out = model(**batch(), dependency_mask=expected["dependency_mask"])
     for name in ("logits", "loss", "dhicm_kl", "eadra_loss"):
@@ -210,7 +217,8 @@ def test_loading_remote_code_never_changes_an_already_loaded_model(tmp_path):
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
     # the checkpoint's own code, as trust_remote_code loads it where the package is not installed
-    remote_class = get_class_from_dynamic_module("modeling.HeadAttnMBartForConditionalGeneration", str(tmp_path / "shared"))
+    remote_class = get_class_from_dynamic_module("modeling.HeadAttnMBartForConditionalGeneration",
+                                                 str(tmp_path / "shared"))
     remote = remote_class.from_pretrained(tmp_path / "shared").eval()
     assert type(remote).__module__ != type(ours).__module__  # its own copy of the code
     remote_attention = remote.model.encoder.layers[1].self_attn.config._attn_implementation
@@ -239,7 +247,8 @@ def test_the_stand_in_config_reads_through_and_backends_are_checked(monkeypatch)
                         lambda *args, _compile=False, **kwargs: create_block_mask(*args, **kwargs))
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"encoder_layers": [0]})).eval()
     model.config._attn_implementation = "flex_attention"
-    with torch.no_grad(), pytest.raises(ValueError, match=r"attn_implementation='flex_attention' is not supported .*\('sdpa', 'eager'\)"):
+    with torch.no_grad(), pytest.raises(ValueError, match=r"attn_implementation='flex_attention' is not supported "
+                                                          r".*\('sdpa', 'eager'\)"):
         model(**batch())
 
 
@@ -310,26 +319,54 @@ def test_a_cycle_of_hook_constraints_is_refused_at_registration(toy):
     assert [spec.name for spec in registered_methods()] == before and registered_methods()[before.index("toy")] is toy
 
 
-@pytest.mark.parametrize("old, new", [("training", "recipe_parts"), ("recipe", "translation_recipe")])
-def test_renamed_kit_modules_are_deprecated_aliases(monkeypatch, old, new):
-    import importlib
+def test_internals_are_used_only_through_hf_compat():
+    """No module of the package, the recipes or the research scripts but ``hf_compat.py`` imports transformers'
+    model, ``modeling_utils``, ``initialization`` or ``trainer_pt_utils`` modules, reads a private attribute of an
+    HF/torch/datasets object or ``torch._*``, or defines one in a class (``tests/internal_names.py``)."""
+    from internal_names import internal_uses, library_private_names, scanned_sources
 
-    monkeypatch.delitem(sys.modules, f"hf_headattn.experiment.{old}", raising=False)
-    with pytest.warns(FutureWarning, match=rf"hf_headattn.experiment.{old} is hf_headattn.experiment.{new}"):
-        module = importlib.import_module(f"hf_headattn.experiment.{old}")
-    assert module is importlib.import_module(f"hf_headattn.experiment.{new}")
+    sources = scanned_sources()
+    assert "hf_headattn/hf_compat.py" in sources and "recipes/translate.py" in sources
+    assert internal_uses(sources, library_names=library_private_names()) == []
 
 
-def test_the_old_syntax_package_is_a_deprecated_alias(monkeypatch):
-    """SEA's syntax pipeline moved into its kit; ``hf_headattn.syntax`` (and its submodules) still import, warned."""
-    import importlib
+PLANTED_INTERNALS = '''\
+from transformers.models.mbart import modeling_mbart
+from transformers import initialization as init
+import torch._dynamo
 
-    from hf_headattn.experiment.methods.sea import syntax
-    from hf_headattn.experiment.methods.sea.syntax import parsing
 
-    for name in [name for name in sys.modules if name.startswith("hf_headattn.syntax")]:
-        monkeypatch.delitem(sys.modules, name)
-    with pytest.warns(FutureWarning, match=r"hf_headattn.syntax moved to hf_headattn.experiment.methods.sea.syntax"):
-        old = importlib.import_module("hf_headattn.syntax")
-    assert old.DataCollatorForSyntaxSeq2Seq is syntax.DataCollatorForSyntaxSeq2Seq and old.__all__ == syntax.__all__
-    assert importlib.import_module("hf_headattn.syntax.parsing") is parsing
+class Routed:
+    _attn_implementation = "mine"
+
+
+def backend(config, dataset, parameter):
+    torch._dynamo.reset()
+    if getattr(parameter, "_is_hf_initialized", False):
+        return dataset._fingerprint
+    return config._attn_implementation
+'''
+
+
+def test_the_internals_check_flags_a_planted_use_outside_hf_compat():
+    """Each planted use is named by file and line: ``dataset._fingerprint`` although a module of ours defines a
+    function ``_fingerprint``, ``config._attn_implementation`` although the planted class defines it (an override
+    of transformers' name); the same source is allowed in ``hf_compat.py``."""
+    from internal_names import internal_uses, library_private_names, scanned_sources
+
+    sources, library = scanned_sources(), library_private_names()
+    assert "def _fingerprint(" in sources["hf_headattn/experiment/methods/sea/syntax/readers.py"]
+    found = internal_uses({**sources, "hf_headattn/planted.py": PLANTED_INTERNALS}, library_names=library)
+    assert found == [
+        "hf_headattn/planted.py:1: imports transformers.models.mbart.modeling_mbart",
+        "hf_headattn/planted.py:2: imports transformers.initialization",
+        "hf_headattn/planted.py:3: imports the private torch._dynamo",
+        "hf_headattn/planted.py:7: defines the libraries' private _attn_implementation (class Routed)",
+        "hf_headattn/planted.py:11: reads torch._dynamo",
+        "hf_headattn/planted.py:12: reads the private attribute '_is_hf_initialized' (getattr)",
+        "hf_headattn/planted.py:13: reads the private attribute ._fingerprint",
+        "hf_headattn/planted.py:14: reads the private attribute ._attn_implementation",
+    ]
+    assert internal_uses({**sources, "hf_headattn/hf_compat.py": PLANTED_INTERNALS}, library_names=library) == []
+    assert internal_uses({"recipes/x.py": "def f(config):\n    return config._attn_implementation\n"}) == [
+        "recipes/x.py:2: reads the private attribute ._attn_implementation"]

@@ -1,7 +1,6 @@
 """Checkpoint averaging: known means (constant and random weights), step order, loadable output, bad input."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -9,12 +8,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
+import average_checkpoints as recipe
 import hf_headattn
-from hf_headattn.experiment.averaging import average_checkpoints, last_checkpoints
 from conftest import TINY
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
-import average_checkpoints as recipe  # noqa: E402
+from hf_headattn.experiment.averaging import average_checkpoints, last_checkpoints
 
 
 def save_checkpoint(path, fill=None, seed=0, dtype=torch.float32, **config):

@@ -3,13 +3,11 @@ at the tiny shape (``gpu.sh``'s part ``tb-profile`` runs it at transformer-base 
 listing that part without judging it."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_summary  # noqa: E402
 import profile_step  # noqa: E402

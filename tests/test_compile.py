@@ -15,21 +15,16 @@ tests/test_compile_inductor.py runs Inductor on the combination.
 """
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
+from compile_check import NO_DROPOUT, SETTINGS, fresh_batch
 from conftest import TINY, batch, syntax_batch
+from counting import SavedCounter
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from compile_check import NO_DROPOUT, SETTINGS, fresh_batch  # noqa: E402  (the rows the GPU script checks on CUDA)
-from counting import SavedCounter  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test compiles
 
@@ -144,16 +139,17 @@ def test_the_loss_without_logits_under_autocast_compiles_once_more_at_most():
 
 def test_the_cuda_only_branches_compile_in_one_graph(monkeypatch):
     """The branches a model takes only on CUDA, taken on the CPU: EaDRA's "auto" pass, which compiles itself on CUDA
-    (:mod:`hf_headattn.fused_passes`), and so looks for Triton (``importlib.util.find_spec``, which torch 2.11 does
-    not trace: a graph break inside a compiled model). On an H100 that look broke the whole-model compile of EaDRA
-    into 13 graphs (6 breaks) while the CPU, which never took the branch, showed one."""
-    from hf_headattn import fused_passes
+    (:mod:`hf_headattn.fused_passes`, chosen by :mod:`hf_headattn.eadra_passes`), and so looks for Triton
+    (``importlib.util.find_spec``, which torch 2.11 does not trace: a graph break inside a compiled model). On an H100
+    that look broke the whole-model compile of EaDRA into 13 graphs (6 breaks) while the CPU, which never took the
+    branch, showed one."""
+    from hf_headattn import eadra_passes, fused_passes
 
-    monkeypatch.setattr(fused_passes, "AUTO_COMPILED_DEVICES", ("cpu",))
+    monkeypatch.setattr(eadra_passes, "AUTO_COMPILED_DEVICES", ("cpu",))
     monkeypatch.setattr(fused_passes, "COMPILE_BACKEND", "aot_eager")  # the eager copy's own compiled pass: fast
     monkeypatch.setattr(fused_passes, "_compiled", {})
     # the look for Triton as torch 2.11 traced it, a graph break (torch 2.13 traces find_spec), and Triton found
-    monkeypatch.setattr(fused_passes, "_has_triton", lambda: torch._dynamo.graph_break() or True)
+    monkeypatch.setattr(eadra_passes, "_has_triton", lambda: torch._dynamo.graph_break() or True)
     results, graphs, breaks = compiled_steps("all", regional=False, steps=2)  # every method, EaDRA's three components
     assert breaks == 0 and graphs[-1] == graphs[0]  # (the eager copy's passes compile themselves: graphs too)
     assert_equal_steps(results)

@@ -10,8 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, MarianConfig
 
-from conftest import FAMILIES, TINY
-from hf_headattn.configuration import HeadAttnDeprecationWarning
+from conftest import TINY
 from hf_headattn import (
     HeadAttnMarianConfig,
     HeadAttnMarianModel,
@@ -20,6 +19,7 @@ from hf_headattn import (
     HeadAttnMBartForConditionalGeneration,
     HeadAttnMBartModel,
 )
+from hf_headattn.deprecation import HeadAttnDeprecationWarning
 
 CONFIGS = {"mbart": HeadAttnMBartConfig, "marian": HeadAttnMarianConfig}
 BASES = {"mbart": HeadAttnMBartModel, "marian": HeadAttnMarianModel}
@@ -140,19 +140,24 @@ BAD_SETTINGS = [
     ({"dhicm": {"encoder_layers": [-1], "dim": 0}}, r"dhicm.dim must be a positive integer .* got 0"),
     ({"dhicm": {"encoder_layers": [-1], "dim": 2.5}}, r"dhicm.dim must be an integer or None, got 2.5"),
     ({"dhicm": {"encoder_layers": [-1], "kl_weight": -0.1}}, r"dhicm.kl_weight must be a number in \[0.0, inf\)"),
-    ({"dhicm": {"encoder_layers": [-1], "kl_weight": float("inf")}}, r"dhicm.kl_weight must be a finite number, got inf"),
+    ({"dhicm": {"encoder_layers": [-1], "kl_weight": float("inf")}},
+     r"dhicm.kl_weight must be a finite number, got inf"),
     ({"dhicm": {"encoder_layers": [-1], "dropout": 1.0}}, r"dhicm.dropout must be a number in \[0.0, 1.0\), got 1.0"),
-    ({"dhicm": {"encoder_layers": [-1], "attention": ["selfish"]}}, r"dhicm.attention must be a list of \(one of 'self', 'cross'\)"),
+    ({"dhicm": {"encoder_layers": [-1], "attention": ["selfish"]}},
+     r"dhicm.attention must be a list of \(one of 'self', 'cross'\)"),
     ({"dhicm": {"decoder_layers": [-1], "attention": ["self", "self"]}}, r"dhicm.attention must name distinct entries"),
     ({"dhicm": {"decoder_layers": [-1], "attention": []}}, r"dhicm.attention must name distinct entries"),
-    ({"dhicm": {"encoder_layers": [-1], "mode": "fast"}}, r"dhicm.mode must be one of 'paper', 'scaled_out_proj', got 'fast'"),
+    ({"dhicm": {"encoder_layers": [-1], "mode": "fast"}},
+     r"dhicm.mode must be one of 'paper', 'scaled_out_proj', got 'fast'"),
     ({"dhicm": {"encoder_layers": [], "decoder_layers": []}}, r"places dhicm on no attention module"),
     ({"dhicm": {"encoder_layer": [-1]}}, r"dhicm has unknown settings \['encoder_layer'\]"),
     ({"dhicm": [-1]}, r"dhicm must be a dict of settings \(or None for off\), got \[-1\]"),
     ({"eadra": {"encoder_self": {}}}, r"eadra has unknown settings \['encoder_self'\]; expected some of"),
     ({"eadra": {"encoder": {"alpha": 1.0}}}, r"eadra\['encoder'\] has unknown settings \['alpha'\]"),
-    ({"eadra": {"decoder": {"alpha_sent": -1.0}}}, r"eadra\['decoder'\]\['alpha_sent'\] must be a number in \[0.0, inf\)"),
-    ({"eadra": {"decoder": {"alpha_dist": float("nan")}}}, r"eadra\['decoder'\].alpha_dist must be a finite number or None, got nan"),
+    ({"eadra": {"decoder": {"alpha_sent": -1.0}}},
+     r"eadra\['decoder'\]\['alpha_sent'\] must be a number in \[0.0, inf\)"),
+    ({"eadra": {"decoder": {"alpha_dist": float("nan")}}},
+     r"eadra\['decoder'\].alpha_dist must be a finite number or None, got nan"),
     ({"eadra": {"cross": {"num_heads": 5}}}, r"eadra\['cross'\]\['num_heads'\] must be an integer in \[1, 4\].* got 5"),
     ({"eadra": {"encoder": {"layers": [7]}}}, r"eadra\['encoder'\]\['layers'\] contains 7"),
     ({"eadra": {"encoder": {"layers": []}}}, r"places eadra on no attention module"),
@@ -163,7 +168,8 @@ BAD_SETTINGS = [
     ({"sea": {"type": "dea", "layers": []}}, r"places sea on no attention module"),
     ({"sea": {"prune": "yes"}}, r"sea.prune must be True or False, got 'yes'"),
     ({"sea": {"prune": True, "type": "dea"}}, r"sea.prune=True drops the redundant heads"),
-    ({"sea": {"type": "lpea", "max_relative_position": 0}}, r"sea.max_relative_position must be a positive integer, got 0"),
+    ({"sea": {"type": "lpea", "max_relative_position": 0}},
+     r"sea.max_relative_position must be a positive integer, got 0"),
 ]
 
 
@@ -205,7 +211,8 @@ def test_settings_changed_after_the_model_was_built_are_refused():
 def test_too_long_inputs_raise_a_clear_error(family):
     model = LMS[family](CONFIGS[family](**TINY)).eval()
     long_ids = torch.randint(3, 90, (1, 65))
-    with pytest.raises(ValueError, match="source sequence has 65 positions, more than the model's max_position_embeddings=64"):
+    with pytest.raises(ValueError,
+                       match="source sequence has 65 positions, more than the model's max_position_embeddings=64"):
         model(input_ids=long_ids, labels=long_ids[:, :4])
     with pytest.raises(ValueError, match="target sequence has 65 positions"):
         model(input_ids=long_ids[:, :4], labels=long_ids)

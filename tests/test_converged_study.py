@@ -1,4 +1,4 @@
-"""recipes/converged_study.py over the study kit (hf_headattn.experiment.study): the rows and seeds; the choice on
+"""research/converged_study.py over the research workshop (research/workshop): the rows and seeds; the choice on
 validation only and a test step that refuses before the confirmation; finished runs skipped, unfinished ones resumed
 (a fake training, then a real one of a few steps); the runs' JSON; the tables and the status on hand-made records."""
 
@@ -7,21 +7,24 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+from transformers import Seq2SeqTrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
 import converged_study as cs  # noqa: E402
 from hf_headattn import HeadAttnMarianConfig  # noqa: E402
-from hf_headattn.experiment.study import scoring  # noqa: E402
-from hf_headattn.experiment.study import write_json_atomic  # noqa: E402
-from hf_headattn.experiment.study.curves import stop_reason, training_curve  # noqa: E402
-from hf_headattn.experiment.study.launch import launch  # noqa: E402
-from hf_headattn.experiment.study.runs import record_path, run_dir  # noqa: E402
-from hf_headattn.experiment.study.sessions import resumable_checkpoint, session_flags  # noqa: E402
-from hf_headattn.experiment.presets import expand_argv, model_shape  # noqa: E402
-from hf_headattn.experiment.translation_recipe import DataArguments, ModelArguments  # noqa: E402
+from hf_headattn.experiment.outputs import write_json_atomic  # noqa: E402
+from hf_headattn.experiment.presets import model_shape  # noqa: E402
+from hf_headattn.experiment.translation_recipe import (  # noqa: E402
+    DataArguments,
+    ModelArguments,
+    parse_recipe_arguments,
+)
+from workshop import scoring  # noqa: E402
+from workshop.curves import stop_reason, training_curve  # noqa: E402
+from workshop.launch import launch  # noqa: E402
+from workshop.runs import record_path, run_dir  # noqa: E402
+from workshop.sessions import resumable_checkpoint, session_flags  # noqa: E402
 
 #: The study's commands find Multi30k themselves (no --multi30k_dir: the resolver, as a user runs them).
 pytestmark = pytest.mark.usefixtures("multi30k")
@@ -62,17 +65,16 @@ def test_rows_seeds_and_settings():
 def test_the_training_command_stops_early_on_validation_bleu_and_never_reads_test(tmp_path):
     args = study_args(tmp_path)
     command = cs.train_command(args, "screen", "dea_rhe", 1)
-    assert command[1].endswith("train_translation.py")
-    model_args, data_args, training_args = HfArgumentParser(
-        (ModelArguments, DataArguments, Seq2SeqTrainingArguments)).parse_args_into_dataclasses(
-        args=expand_argv(command[2:]))
+    assert command[1] == str(ROOT / "recipes" / "train_translation.py") and Path(command[1]).is_file()
+    _, (model_args, data_args, training_args), options = parse_recipe_arguments(
+        (ModelArguments, DataArguments, Seq2SeqTrainingArguments), command[2:])
     assert model_args.model_shape == "tiny" and model_args.early_stopping_patience == 5
     assert training_args.metric_for_best_model == "bleu" and training_args.greater_is_better
     assert training_args.load_best_model_at_end and training_args.restore_callback_states_from_checkpoint
     assert (training_args.eval_strategy, training_args.save_strategy) == ("epoch", "epoch")
     assert training_args.num_train_epochs == 60 and training_args.use_cpu and training_args.generation_num_beams == 1
     assert data_args.test_splits == "validation" and data_args.num_beams == 5
-    assert data_args.syntax_parses_dir == str(tmp_path / "parses")
+    assert options["syntax_parses_dir"] == str(tmp_path / "parses")
     assert json.loads(model_args.method_settings) == cs.ROWS["dea_rhe"][1]
     assert "--syntax_parses_dir" not in cs.train_command(args, "screen", "baseline", 1)
     gpu = cs.train_command(study_args(tmp_path, "--device", "cuda"), "screen", "baseline", 2)

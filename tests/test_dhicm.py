@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from conftest import TINY, batch
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
+from hf_headattn import (
+    HeadAttnMarianConfig,
+    HeadAttnMarianMTModel,
+    HeadAttnMBartConfig,
+    HeadAttnMBartForConditionalGeneration,
+)
 from hf_headattn.dhicm import attend_over_heads, combine_heads, dropout, importance_scores, importance_softmax
 
 DHICM = {"encoder_layers": [-1], "decoder_layers": [-1]}

@@ -14,7 +14,6 @@ from torch.autograd.function import once_differentiable
 
 from hf_headattn.eadra_math import _scores_gradient, _terms, layer_regularizers, normalized_entropy
 
-
 # ---------------------------------------------------------------- the definitions (autograd)
 
 
@@ -322,7 +321,8 @@ def test_layer_regularizers_equal_the_definitions_layer_by_layer(kind, num_heads
 
 def test_layer_regularizers_gradcheck_float64():
     qs, ks, support, queries = layer_case("causal", layers=2, heads=3, D=2)
-    qs, ks = [q[:1, :, :4, :].detach().requires_grad_() for q in qs], [k[:1, :, :4].detach().requires_grad_() for k in ks]
+    qs, ks = ([q[:1, :, :4, :].detach().requires_grad_() for q in qs],
+              [k[:1, :, :4].detach().requires_grad_() for k in ks])
     support, queries = support[:1, :, :4, :4], queries[:1, :, :4]
 
     for recompute in (True, False):

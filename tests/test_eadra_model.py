@@ -1,8 +1,6 @@
 """EaDRA inside the models: terms equal to a reference from eager attention maps, SDPA = eager, the loss, gradients
 through q/k only, the KV cache, generation, half precision."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,9 +11,12 @@ from hf_headattn import (
     HeadAttnMarianMTModel,
     HeadAttnMBartConfig,
     HeadAttnMBartForConditionalGeneration,
+    eadra,
+    eadra_math,
 )
 from hf_headattn.attention import AttentionCall, HeadAttnContext
-from hf_headattn import eadra, eadra_math
+from hf_headattn.hf_compat import CACHE_NAMES
+from operator_count import count_operators
 from test_eadra_math import (
     distance_regularizer,
     eadra_regularizers,
@@ -23,10 +24,6 @@ from test_eadra_math import (
     peak_regularizer,
     sentence_regularizer,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from operator_count import count_operators  # noqa: E402
 
 MODELS = {"mbart": (HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration),
           "marian": (HeadAttnMarianConfig, HeadAttnMarianMTModel)}
@@ -169,8 +166,9 @@ def test_cached_decoding_step_uses_the_causal_offset():
     with torch.no_grad():
         first = model(**inputs, decoder_input_ids=decoder_ids[:, :3], use_cache=True)
     # without labels the terms are computed only with gradients on (no loss is needed otherwise)
+    cache = next(name for name in reversed(CACHE_NAMES) if name in first.keys())  # "cache" since transformers 5.24
     step = model(encoder_outputs=(first.encoder_last_hidden_state,), attention_mask=inputs["attention_mask"],
-                 decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values, use_cache=True)
+                 decoder_input_ids=decoder_ids[:, 3:], **{cache: first[cache]}, use_cache=True)
     with torch.no_grad():
         model.set_attn_implementation("eager")
         full = model(**inputs, decoder_input_ids=decoder_ids, output_attentions=True)

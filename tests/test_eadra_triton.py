@@ -26,11 +26,11 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-import triton.language as tl  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
+import triton.language as tl
+from triton.runtime.jit import JITFunction
 
-from conftest import TINY, batch  # noqa: E402
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, eadra_math, eadra_triton  # noqa: E402
+from conftest import TINY, batch
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, eadra_math, eadra_triton
 
 #: Whether Triton runs under its interpreter in this process: TRITON_INTERPRET=1 when Triton was imported (its library
 #: functions are then interpreted, not JIT-compiled).
@@ -102,8 +102,7 @@ def passes(queries, keys, support, query_mask, bias=None, num_heads=2):
         if name == "triton":
             terms = eadra_triton.layer_regularizers(qs, ks, num_heads, SCALING, support, query_mask, b, **BLOCKS)
         else:
-            terms = eadra_math.layer_regularizers(qs, ks, num_heads, SCALING, support, query_mask, b,
-                                                  implementation="eager")
+            terms = eadra_math.layer_regularizers(qs, ks, num_heads, SCALING, support, query_mask, b, mode="eager")
         out[name] = (terms, inputs)
     return out
 

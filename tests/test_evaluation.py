@@ -21,6 +21,7 @@ from hf_headattn.experiment.evaluation import (
 )
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
+
 @pytest.fixture(scope="module")
 def refs(multi30k_lines):
     return multi30k_lines("val", "de", 300)

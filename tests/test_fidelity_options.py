@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from conftest import TINY, batch
-from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
-from hf_headattn import dhicm, eadra
+from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel, dhicm, eadra
 from test_eadra_math import case, eadra_regularizers
 
 
-def collapse_statistics(importance: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The test's reference for ``dhicm_stats``: how close the importances are to one-hot: (mean normalised entropy, share of tokens with a top head > 0.9).
+def collapse_statistics(importance: torch.Tensor,
+                        mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The test's reference for ``dhicm_stats``: how close the importances are to one-hot: (mean normalised entropy,
+    share of tokens with a top head > 0.9).
 
     importance (B, T, H) rows of G (Eq. 1); mask (B, T) bool, the real tokens (None: all). The normalised entropy
     H(G) / ln H is 1 for uniform and 0 for one-hot importances. Both are means over the real tokens, detached.

@@ -1,15 +1,13 @@
-"""recipes/fidelity_study.py: the choice is made on the screen's validation BLEU only (never on test, never a
+"""research/fidelity_study.py: the choice is made on the screen's validation BLEU only (never on test, never a
 diagnostic row), the confirmation reads test, and the tables hold what the runs logged. Fabricated runs, no training."""
 
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
 import fidelity_study  # noqa: E402
-from hf_headattn.experiment.study.runs import load_results, run_dir  # noqa: E402
+from workshop.runs import load_results, run_dir  # noqa: E402
 
 
 def fake_run(root: Path, stage: str, row: str, seed: int, scores: dict, predictions: dict, log: list) -> None:
@@ -44,8 +42,8 @@ def test_choice_on_validation_then_confirmation_tables(tmp_path, multi30k, multi
                  {"validation": valid, "test_2016_flickr": [" ".join(t.split()[:-3]) for t in test]}, log)
         fake_run(tmp_path, "confirm", "dhicm_per_token_l1e-3", seed, {"validation": 40.0, "test_2016_flickr": 35.0},
                  both, log)
-        fake_run(tmp_path, "confirm", "dhicm_per_batch_l0.1", seed, {"validation": 38.0 + seed, "test_2016_flickr": 20.0},
-                 both, log)
+        fake_run(tmp_path, "confirm", "dhicm_per_batch_l0.1", seed,
+                 {"validation": 38.0 + seed, "test_2016_flickr": 20.0}, both, log)
     confirm = load_results(tmp_path / "confirm")
     assert fidelity_study.confirmed_choice(confirm) == {"dhicm": "dhicm_per_batch_l0.1"}  # validation, not test
     summary, markdown = fidelity_study.confirm_table(confirm, multi30k)

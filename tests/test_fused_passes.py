@@ -1,8 +1,9 @@
 """EaDRA's compiled regularizer pass (:mod:`hf_headattn.fused_passes`): ``implementation="compiled"`` runs
 the map-sized work of :func:`~hf_headattn.eadra_math.layer_regularizers` under ``torch.compile``; "auto" does so on
-CUDA only. Its terms and gradients equal the eager pass's (Inductor on the CPU here; on CUDA ``benchmarks/gpu.sh``
-times both), with padding, layers of different lengths, chosen heads and bf16 autocast; a compile that fails falls
-back to the eager pass under "auto" and raises under "compiled"."""
+CUDA only (:mod:`hf_headattn.eadra_passes` chooses: tests/test_eadra_passes.py). Its terms and gradients equal the
+eager pass's (Inductor on the CPU here; on CUDA ``benchmarks/gpu.sh`` times both), with padding, layers of different
+lengths, chosen heads and bf16 autocast; a compile that fails falls back to the eager pass under "auto" and raises
+under "compiled"."""
 
 import os
 
@@ -11,9 +12,13 @@ import torch
 import torch._dynamo
 
 from conftest import TINY, batch
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, eadra_math, fused_passes
-from hf_headattn.eadra import EaDRASettings
-from hf_headattn.settings_checks import allowed_values
+from hf_headattn import (
+    HeadAttnMBartConfig,
+    HeadAttnMBartForConditionalGeneration,
+    eadra_math,
+    eadra_passes,
+    fused_passes,
+)
 from test_eadra_math import layer_case
 
 WEIGHTS = (0.7, -1.3, 0.05)
@@ -24,7 +29,7 @@ def terms_and_grads(inputs, bias, implementation, recompute=True, num_heads=3):
     (qs, ks, support, queries), tensors = inputs, [*inputs[0], *inputs[1], bias]
     for x in tensors:
         x.grad = None
-    terms = eadra_math.layer_regularizers(qs, ks, num_heads, 0.4, support, queries, bias, recompute, implementation)
+    terms = eadra_passes.layer_regularizers(qs, ks, num_heads, 0.4, support, queries, bias, recompute, implementation)
     sum(w * t.sum() for w, t in zip(WEIGHTS, terms)).backward()
     return [t.detach() for t in terms], [x.grad for x in tensors]
 
@@ -102,8 +107,8 @@ def test_auto_falls_back_to_the_eager_pass_when_the_compile_fails(monkeypatch):
     """"auto" compiles on CUDA with Triton; made to compile on the CPU here with a backend that fails, it warns once,
     gives the eager pass's values and does not try again in this process; "compiled" raises the error."""
     monkeypatch.setattr(fused_passes, "COMPILE_BACKEND", broken_backend)
-    monkeypatch.setattr(fused_passes, "AUTO_COMPILED_DEVICES", ("cpu",))
-    monkeypatch.setattr(fused_passes, "_has_triton", lambda: True)
+    monkeypatch.setattr(eadra_passes, "AUTO_COMPILED_DEVICES", ("cpu",))
+    monkeypatch.setattr(eadra_passes, "_has_triton", lambda: True)
     monkeypatch.setattr(fused_passes, "_auto_failed", [])
     inputs, bias = padded_layers()
     expected = terms_and_grads(inputs, bias, "eager")
@@ -111,35 +116,21 @@ def test_auto_falls_back_to_the_eager_pass_when_the_compile_fails(monkeypatch):
         got = terms_and_grads(inputs, bias, "auto")
     for a, b in zip([*got[0], *got[1]], [*expected[0], *expected[1]]):
         torch.testing.assert_close(a, b)
-    assert len(fused_passes._auto_failed) == 1
-    assert not fused_passes.wants_compiled("auto", torch.device("cpu"))
+    assert len(fused_passes._auto_failed) == 1 and fused_passes.compile_failed()
+    assert eadra_passes.choose_pass("auto", torch.device("cpu")) == "eager"
     with pytest.raises(Exception, match="no compiler here"):
         terms_and_grads(inputs, bias, "compiled")
 
 
-def test_auto_is_eager_on_the_cpu_and_compiled_on_cuda_with_triton(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(fused_passes, "_auto_failed", [])
-    monkeypatch.setattr(fused_passes, "_has_triton", lambda: True)
-    assert not fused_passes.wants_compiled("auto", cpu) and fused_passes.wants_compiled("auto", cuda)
-    assert fused_passes.wants_compiled("compiled", cpu) and not fused_passes.wants_compiled("eager", cuda)
-    monkeypatch.setattr(fused_passes, "_has_triton", lambda: False)
-    assert not fused_passes.wants_compiled("auto", cuda)
-    monkeypatch.setattr(fused_passes, "_has_triton", lambda: True)
-    monkeypatch.setattr(fused_passes, "_auto_failed", ["an earlier failure"])
-    assert not fused_passes.wants_compiled("auto", cuda)
+def test_bad_modes_are_refused():
+    """The fused function's own ``mode`` (the dispatcher's values: tests/test_eadra_passes.py)."""
+    (qs, ks, support, queries), _ = padded_layers()
+    with pytest.raises(ValueError, match=r"mode must be one of \('eager', 'compiled', 'compiled_or_eager'\), "
+                                         r"got 'auto'"):
+        eadra_math.layer_regularizers(qs, ks, 3, 0.4, support, queries, mode="auto")
 
 
-def test_bad_implementations_are_refused():
-    assert allowed_values(EaDRASettings, "implementation") == (*fused_passes.IMPLEMENTATIONS, "triton")
-    inputs, bias = padded_layers()
-    with pytest.raises(ValueError, match=r"implementation must be one of \('auto', 'eager', 'compiled'\), got 'fast'"):
-        terms_and_grads(inputs, bias, "fast")
-    with pytest.raises(ValueError, match="implementation.*'fast'"):
-        HeadAttnMBartConfig(**TINY, eadra={"encoder": {}, "implementation": "fast"})
-
-
-
+@pytest.mark.filterwarnings("ignore:eadra.implementation='triton' needs")  # (tests/test_eadra_passes.py)
 def test_the_triton_pass_is_refused_where_it_cannot_run():
     """``implementation="triton"`` on CPU tensors outside Triton's interpreter (or without Triton) is a clear error at
     the first forward, naming the setting (tests/test_eadra_triton.py runs it under the interpreter)."""

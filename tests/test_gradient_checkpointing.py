@@ -7,7 +7,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from conftest import FAMILIES, TINY, batch
 from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
 
-SETTINGS = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]}, eadra={"encoder": {}, "decoder": {}, "cross": {}})
+SETTINGS = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]},
+                eadra={"encoder": {}, "decoder": {}, "cross": {}})
 
 
 def model_of(checkpointing_kwargs=None, enable=True):

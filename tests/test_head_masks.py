@@ -35,28 +35,6 @@ def test_kept_mask_values_are_checked(component):
     assert model.get_head_mask(component) is None
 
 
-def test_kind_keyword_still_works_with_a_deprecation_warning():
-    """``kind=``, the old name of ``component``, on the model's methods and the module's functions: one warning,
-    pointing at the caller."""
-    model = model_with({})
-    mask = torch.full((2, 4), 0.5)
-    calls = [lambda: model.set_head_mask(kind="decoder", mask=mask),
-             lambda: model.get_head_mask(kind="decoder"),
-             lambda: head_masks.set_head_mask(model, kind="cross", mask=mask),
-             lambda: head_masks.get_head_mask(model, kind="cross")]
-    got = []
-    for call in calls:
-        with pytest.warns(FutureWarning, match=r"^(set|get)_head_mask: the keyword kind= is deprecated, use "
-                                               r"component=$") as warned:
-            got.append(call())
-        assert len(warned) == 1 and warned[0].filename == __file__
-    torch.testing.assert_close(got[1], mask)
-    torch.testing.assert_close(got[3], mask)
-    torch.testing.assert_close(model.get_head_mask(component="decoder"), mask)
-    with pytest.raises(TypeError, match="kind"):
-        model.get_head_mask(component="decoder", kind="cross")
-
-
 def test_generate_and_the_encoder_alone_check_the_encoder_mask():
     model = model_with({})
     source = batch()["input_ids"]

@@ -10,10 +10,13 @@ from transformers import MBartConfig, MBartForConditionalGeneration
 
 from conftest import TINY, batch
 from hf_headattn import (
-    HeadAttnMarianConfig, HeadAttnMarianMTModel, HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration,
+    HeadAttnMarianConfig,
+    HeadAttnMarianMTModel,
+    HeadAttnMBartConfig,
+    HeadAttnMBartForConditionalGeneration,
 )
-from hf_headattn.head_masks import masked_logits
 from hf_headattn.experiment.methods.sea.syntax import NOT_IN_PHRASE
+from hf_headattn.head_masks import masked_logits
 
 METHODS = {
     "off": {},

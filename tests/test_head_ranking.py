@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import batch
-from test_head_pruning import METHODS, model_with, syntax
 from hf_headattn.analysis import count_redundant_heads, mean_head_importance
-from hf_headattn.analysis.head_ranking import common_heads, criteria, head_importance, heads_to_prune, score_heads
+from hf_headattn.analysis.head_ranking import common_heads, criteria, heads_to_prune, score_heads
+from test_head_pruning import METHODS, model_with, syntax
 
 
 def batches():
@@ -174,15 +174,6 @@ def test_bad_criteria():
         score_heads(model, batches(), ["dhicm"])
     with pytest.raises(ValueError, match=r"needs batches with labels"):
         score_heads(model, [{"input_ids": batch()["input_ids"]}], ["gradient"])
-
-
-def test_head_importance_is_a_deprecated_name_of_score_heads():
-    model = model_with({})
-    with pytest.warns(FutureWarning, match=r"head_ranking.head_importance is deprecated, use score_heads$") as warned:
-        old = head_importance(model, batches(), ["random"], seed=1)["random"]
-    assert len(warned) == 1 and warned[0].filename == __file__
-    new = score_heads(model, batches(), ["random"], seed=1)["random"]
-    assert old.keys() == new.keys() and all(torch.equal(old[component], new[component]) for component in new)
 
 
 @pytest.mark.parametrize("count", [-1, -5, 1.5, 2.0, "3", True, None, np.float64(2), torch.tensor(-1)], ids=repr)

@@ -1,5 +1,7 @@
 """HF's own common model tests (``ModelTesterMixin``, ``ConfigTester``) on our models, for both families, with every
-method off, with DHICM, with EaDRA and with SEA (DEA, LPEA) given syntax inputs.
+method off and with each registered method (the settings of its kit's ``model_test_names``, its own inputs from its
+kit's ``example_inputs``), so that a new method meets them with no edit here; the toy fourth method
+(``tests/toy_method.py``, registered from outside the package as a user registers one) meets them too.
 
 The HF test files are vendored in tests/hf_common/ (see its README) from the release named in its VERSION, the lowest
 release we support; with another release installed the module is skipped. The model tester is ours, modelled on HF's
@@ -7,7 +9,7 @@ MBart/Marian testers (their test files are not in the sdist): HF's tiny sizes, t
 
 Every HF test that passes on the stock classes (``HF_COMMON_STOCK=1`` adds ``TestStockMBartOff``/
 ``TestStockMarianOff``, HF's tests on MBartModel/MBartForConditionalGeneration and MarianModel/MarianMTModel) passes
-on ours or is skipped below with its reason (``SKIPS``); which tests run per class is ``selected`` (time budget).
+on ours or is skipped below with its reason (``skips``); which tests run per class is ``selected`` (time budget).
 HF tests that skip themselves on stock too (GPU, flash attention, kernels, composite or multimodal models) skip here.
 """
 
@@ -19,7 +21,6 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import torch
 import transformers
 
 #: The release tests/hf_common was vendored from (``make hf-common`` refreshes it from the installed release).
@@ -31,18 +32,26 @@ if transformers.__version__ != VENDORED_TRANSFORMERS:
     )
 pytest.importorskip("parameterized", reason="HF's test_modeling_common needs `parameterized` (the dev extra)")
 
-from transformers import MarianConfig, MarianModel, MarianMTModel, MBartConfig, MBartForConditionalGeneration, MBartModel  # noqa: E402
+from transformers import (  # noqa: E402
+    MarianConfig,
+    MarianModel,
+    MarianMTModel,
+    MBartConfig,
+    MBartForConditionalGeneration,
+    MBartModel,
+)
 from transformers.models.auto.modeling_auto import (  # noqa: E402
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     MODEL_MAPPING_NAMES,
 )
 from transformers.testing_utils import torch_device  # noqa: E402
 
+import hf_headattn  # noqa: E402
+import toy_method  # noqa: E402
 from hf_common.test_configuration_common import ConfigTester  # noqa: E402
 from hf_common.test_modeling_common import ModelTesterMixin, ids_tensor  # noqa: E402
-
-import hf_headattn  # noqa: E402
-from hf_headattn.sea_math import NOT_IN_PHRASE  # noqa: E402
+from hf_headattn.experiment.kit import kit_of  # noqa: E402
+from hf_headattn.registry import MethodSpec, register_method, registered_methods, unregister_method  # noqa: E402
 
 FAMILIES = {
     # name: (config class, base model, LM model)
@@ -58,13 +67,24 @@ STOCK = {
 if os.environ.get("HF_COMMON_STOCK") == "1":
     FAMILIES.update(STOCK)
 
-METHODS = {
-    "Off": {},
-    "DHICM": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
-    "EaDRA": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
-    "SEADEA": {"sea": {"type": "dea"}},
-    "SEALPEA": {"sea": {"type": "lpea"}},
-}
+#: Methods registered from outside the package, as a user registers a fourth method: registered while their test
+#: classes run (registering them for the whole session would change what every other test module sees).
+PLUGINS = (toy_method.METHOD,)
+
+
+def method_cases() -> dict[str, tuple[MethodSpec | None, dict]]:
+    """``{class name suffix: (method, config settings)}``: "Off" (every method off), then each registered method and
+    plug-in with the settings of each recipe name in its kit's ``model_test_names`` (default: its first recipe
+    name), the suffix that name in CamelCase (``dea_rhe`` -> ``DeaRhe``)."""
+    cases = {"Off": (None, {})}
+    for spec in [*registered_methods(), *PLUGINS]:
+        kit = kit_of(spec)
+        for name in kit.model_test_names or list(kit.method_names)[:1]:
+            cases["".join(part.title() for part in name.split("_"))] = (spec, {spec.name: kit.method_names[name]})
+    return cases
+
+
+METHODS = method_cases()
 
 
 #: Selection (time budget: the HF tests of every class here together run in about 4 minutes on 2 cores).
@@ -94,17 +114,18 @@ MARIAN_METHOD_TESTS = {
     "test_can_init_all_missing_weights", "test_eager_matches_sdpa_inference_09_fp32_pad_left",
     "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions",
 }
-#: The slowest test: only where a method adds output fields (SEA adds none; the Off classes run it).
+#: The slowest test: only where a method adds output fields to every forward (its ``logged`` fields; SEA adds none;
+#: the Off classes run it).
 FIELD_TESTS = {"test_model_outputs_equivalence"}
 HALF_PRECISION = ("_fp16_", "_bf16_")
 
-#: HF tests that pass on the stock classes but not with a method, by design.
-SKIPS = {
-    ("DHICM", "test_attention_outputs"): "DHICM adds the output field dhicm_kl: HF counts exactly 5 fields "
-                                         "(attention shapes: tests/test_model_outputs.py)",
-    ("EaDRA", "test_attention_outputs"): "EaDRA adds the output fields eadra_loss/eadra_terms: HF counts exactly 5 "
-                                         "fields (attention shapes: tests/test_model_outputs.py)",
-}
+
+def skips(spec: MethodSpec | None) -> dict[str, str]:
+    """HF tests that pass on the stock classes but not with the method, by design: ``{test: reason}``."""
+    if spec is None or not spec.logged:
+        return {}
+    return {"test_attention_outputs": f"{spec.name} adds the output fields {'/'.join(spec.logged)}: HF counts "
+                                      "exactly 5 fields (attention shapes: tests/test_model_outputs.py)"}
 
 
 def skipped(reason: str):
@@ -114,7 +135,8 @@ def skipped(reason: str):
 
 
 def selected(name: str, family: str, method: str) -> bool:
-    if method.startswith("SEA") and name in FIELD_TESTS:
+    spec = METHODS[method][0]
+    if spec is not None and not spec.logged and name in FIELD_TESTS:
         return False
     if method != "Off":
         return name in (MARIAN_METHOD_TESTS if family == "Marian" else METHOD_TESTS)
@@ -123,11 +145,13 @@ def selected(name: str, family: str, method: str) -> bool:
 
 class HeadAttnModelTester:
     """HF's MBart/Marian tester sizes (batch 13, length 7, vocab 99, d_model 16, 2+2 layers, 4 heads, ffn 4), the
-    method settings added to the config, and for SEA the syntax inputs added to the model inputs."""
+    method settings added to the config, and the method's own inputs (its kit's ``example_inputs``) added to the
+    model inputs."""
 
-    def __init__(self, parent, config_class, settings, batch_size=13, seq_length=7, vocab_size=99, hidden_size=16,
-                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=4):
+    def __init__(self, parent, config_class, settings, example_inputs=None, batch_size=13, seq_length=7,
+                 vocab_size=99, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=4):
         self.parent, self.config_class, self.settings = parent, config_class, settings
+        self.example_inputs = example_inputs
         self.batch_size, self.seq_length, self.vocab_size = batch_size, seq_length, vocab_size
         self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
         self.num_attention_heads, self.intermediate_size = num_attention_heads, intermediate_size
@@ -144,14 +168,6 @@ class HeadAttnModelTester:
             **self.settings,
         )
 
-    def syntax_inputs(self):
-        """Random SEA inputs of HF's shapes: a dependency mask (diagonal set) and phrase positions."""
-        shape = (self.batch_size, self.seq_length, self.seq_length)
-        dependency_mask = (torch.rand(shape) < 0.4) | torch.eye(self.seq_length, dtype=torch.bool)
-        phrase_positions = torch.randint(-3, 4, shape)
-        phrase_positions[torch.rand(shape) < 0.3] = NOT_IN_PHRASE
-        return {"dependency_mask": dependency_mask.to(torch_device), "phrase_positions": phrase_positions.to(torch_device)}
-
     def prepare_config_and_inputs(self):
         input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size).clamp(3)
         input_ids[:, -1] = 2
@@ -160,8 +176,9 @@ class HeadAttnModelTester:
             "input_ids": input_ids, "attention_mask": input_ids.ne(1), "decoder_input_ids": decoder_input_ids,
             "decoder_attention_mask": decoder_input_ids.ne(1),
         }
-        if self.settings.get("sea"):
-            inputs.update(self.syntax_inputs())
+        if self.example_inputs is not None:
+            own = self.example_inputs(self.batch_size, self.seq_length)
+            inputs.update({key: value.to(torch_device) for key, value in own.items()})
         return self.get_config(), inputs
 
     def prepare_config_and_inputs_for_common(self):
@@ -171,11 +188,23 @@ class HeadAttnModelTester:
 class HeadAttnModelTestBase(ModelTesterMixin):
     """Shared by every family x method test class (made by :func:`make_test_class`)."""
 
-    family = method = None
+    family = method = plugin = None
     is_encoder_decoder = True
-    additional_model_inputs = ["dependency_mask", "phrase_positions"]  # HF's tests keep these (SEA) where present
+    additional_model_inputs = []  # the method's inputs (MethodSpec.inputs): HF's tests keep these where present
     test_missing_keys = False  # as HF's MBart/Marian tests
     # HF's MBart/Marian tests also run the generate() tests of GenerationTesterMixin, not in the sdist
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if cls.plugin is not None:
+            register_method(cls.plugin)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.plugin is not None:
+            unregister_method(cls.plugin.name)
+        super().tearDownClass()
 
     def setUp(self):
         # HF's tests tell base models (no loss) and seq2seq LMs (given labels) by class name, from these tables
@@ -186,23 +215,29 @@ class HeadAttnModelTestBase(ModelTesterMixin):
             patcher.start()
             self.addCleanup(patcher.stop)
         config_class = FAMILIES[self.family][0]
-        self.model_tester = HeadAttnModelTester(self, config_class, METHODS[self.method])
-        self.config_tester = ConfigTester(self, config_class=config_class, d_model=16, **METHODS[self.method])
+        spec, settings = METHODS[self.method]
+        example_inputs = None if spec is None else kit_of(spec).example_inputs
+        self.model_tester = HeadAttnModelTester(self, config_class, settings, example_inputs)
+        self.config_tester = ConfigTester(self, config_class=config_class, d_model=16, **settings)
 
     def test_config(self):
         self.config_tester.run_common_tests()
 
     def test_generation_tester_mixin_inheritance(self):
-        self.skipTest("GenerationTesterMixin (tests/generation/) is not in the sdist; generate() is tested in our files")
+        self.skipTest("GenerationTesterMixin (tests/generation/) is not in the sdist; "
+                      "generate() is tested in our files")
 
 
 def make_test_class(family: str, method: str) -> type:
     _, base, lm = FAMILIES[family]
-    attributes = {"family": family, "method": method, "all_model_classes": (base, lm), "__module__": __name__}
+    spec = METHODS[method][0]
+    attributes = {"family": family, "method": method, "all_model_classes": (base, lm), "__module__": __name__,
+                  "plugin": spec if spec in PLUGINS else None,
+                  "additional_model_inputs": [] if spec is None else list(spec.inputs)}
     # a test set to None is not collected
     attributes.update({name: None for name in dir(HeadAttnModelTestBase)
                        if name.startswith("test_") and not selected(name, family, method)})
-    attributes.update({name: skipped(reason) for (skip_method, name), reason in SKIPS.items() if skip_method == method})
+    attributes.update({name: skipped(reason) for name, reason in skips(spec).items()})
     return type(f"Test{family}{method}", (HeadAttnModelTestBase, unittest.TestCase), attributes)
 
 

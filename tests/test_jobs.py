@@ -1,10 +1,11 @@
-"""The study recipes' job runner: every job runs, with its command and log beside it, and failures are named."""
+"""The study scripts' job runner (research/workshop/jobs.py): every job runs, with its command and log beside it,
+and failures are named."""
 
 import sys
 
 import pytest
 
-from hf_headattn.experiment.jobs import run_jobs
+from workshop.jobs import run_jobs
 
 
 @pytest.mark.slow

@@ -9,10 +9,19 @@ import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 
 from conftest import TINY, batch
-from hf_headattn import (HeadAttnMarianConfig, HeadAttnMarianMTModel, HeadAttnMBartConfig,
-                         HeadAttnMBartForConditionalGeneration, losses)
-from hf_headattn.losses import (ChunkedSmoothedNLL, chunked_linear_smoothed_nll, label_smoothed_nll_loss,
-                                linear_label_smoothed_nll_loss)
+from hf_headattn import (
+    HeadAttnMarianConfig,
+    HeadAttnMarianMTModel,
+    HeadAttnMBartConfig,
+    HeadAttnMBartForConditionalGeneration,
+    losses,
+)
+from hf_headattn.losses import (
+    ChunkedSmoothedNLL,
+    chunked_linear_smoothed_nll,
+    label_smoothed_nll_loss,
+    linear_label_smoothed_nll_loss,
+)
 from test_losses import _one_step_grads
 
 HAS_TORCH_PATH = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")

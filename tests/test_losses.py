@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from transformers import MBartConfig, Seq2SeqTrainingArguments, TrainerCallback
+from transformers import Seq2SeqTrainingArguments, TrainerCallback
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, label_smoothed_nll_loss
-from hf_headattn.losses import total_objective
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
+from hf_headattn.losses import total_objective
 
 
 def numpy_label_smoothed(logits, labels, eps):

@@ -6,7 +6,14 @@ import typing
 
 import pytest
 import torch
-from transformers import MarianConfig, MarianModel, MarianMTModel, MBartConfig, MBartForConditionalGeneration, MBartModel
+from transformers import (
+    MarianConfig,
+    MarianModel,
+    MarianMTModel,
+    MBartConfig,
+    MBartForConditionalGeneration,
+    MBartModel,
+)
 from transformers.utils import TransformersKwargs
 
 import hf_headattn
@@ -101,7 +108,8 @@ def test_method_fields_follow_hf_fields(model_kind):
     assert output[0] is first
     torch.testing.assert_close(as_tuple[0], first)
     names = list(output.keys())  # to_tuple keeps this order: HF's fields, then the methods'
-    assert names.index("dhicm_kl") > max(names.index(n) for n in names if n in type(output).__mro__[2].__dataclass_fields__)
+    assert names.index("dhicm_kl") > max(names.index(n) for n in names
+                                         if n in type(output).__mro__[2].__dataclass_fields__)
     torch.testing.assert_close(as_tuple[names.index("dhicm_kl")], output.dhicm_kl)
 
 

@@ -24,7 +24,7 @@ REAL = m.BESIDE_REPOSITORY
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         self.server.requests.append(self.path)
         super().do_GET()
 

@@ -16,7 +16,8 @@ def test_notebook_executes(path, tmp_path, monkeypatch, multi30k):
     monkeypatch.setenv("HF_HEADATTN_DATA", str(multi30k))  # where the notebooks' find_multi30k looks first
     monkeypatch.setenv("NOTEBOOK_OUTPUT_DIR", str(tmp_path))
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(notebook, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
     errors = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors

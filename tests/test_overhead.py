@@ -2,19 +2,13 @@
 tensor's value on the host (each one a synchronisation on a GPU)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import TINY, batch, syntax_batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from operator_count import sync_operators  # noqa: E402
-
+from operator_count import sync_operators
 
 SETTINGS = {
     "off": {},

@@ -5,7 +5,12 @@ import torch
 from peft import PeftModel, get_peft_model
 
 from conftest import TINY, batch
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, HeadAttnMarianConfig, HeadAttnMarianMTModel
+from hf_headattn import (
+    HeadAttnMarianConfig,
+    HeadAttnMarianMTModel,
+    HeadAttnMBartConfig,
+    HeadAttnMBartForConditionalGeneration,
+)
 from hf_headattn.experiment.peft_utils import lora_config, method_modules_to_save
 
 FAMILIES = {"mbart": (HeadAttnMBartForConditionalGeneration, HeadAttnMBartConfig),
@@ -24,7 +29,8 @@ def test_lora_trains_method_parameters_and_round_trips(tmp_path, family):
     trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
     assert any(".dhicm." in n for n in trainable) and any("lora_A" in n for n in trainable)
     assert not any(n.endswith("fc1.weight") for n in trainable)
-    dhicm_before = {n: p.detach().clone() for n, p in peft_model.named_parameters() if ".dhicm." in n and p.requires_grad}
+    dhicm_before = {n: p.detach().clone() for n, p in peft_model.named_parameters()
+                    if ".dhicm." in n and p.requires_grad}
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
     peft_model.train()
     peft_model(**batch()).loss.backward()

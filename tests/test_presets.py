@@ -1,7 +1,6 @@
 """Presets (the papers' tables), their precedence under the user's flags, and early stopping in the training recipe."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,12 +11,18 @@ import hf_headattn
 from conftest import TINY
 from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
 from hf_headattn.experiment.presets import (
-    MODEL_SHAPES, PRESETS, check_setting_keys, expand_argv, method_settings, model_shape, preset, split_architecture,
+    MODEL_SHAPES,
+    check_setting_keys,
+    expand_argv,
+    method_settings,
+    model_shape,
+    paper_presets,
+    preset,
+    split_architecture,
 )
 from hf_headattn.experiment.recipe_parts import collator, pretrained_model
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
 from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
@@ -55,7 +60,7 @@ def test_dhicm_presets_are_table_2(name):
     assert (data_args.num_beams, model_args.early_stopping_patience, model_args.method) == (5, 10, "dhicm")
     assert training_args.eval_strategy == "epoch" == training_args.save_strategy
     assert training_args.load_best_model_at_end and training_args.metric_for_best_model == "loss"
-    assert "Table 2" in PRESETS[name].doc
+    assert "Table 2" in paper_presets()[name].doc
 
 
 @pytest.mark.parametrize("name", sorted(EADRA_TABLE_6))
@@ -64,7 +69,7 @@ def test_eadra_presets_are_table_6(name):
     assert preset(name).config == {"eadra": {component: {"alpha_peak": 0.0, "alpha_dist": alpha_dist,
                                                          "alpha_sent": alpha_sent},
                                              "dist_reduction": "sum", "alpha_scale": 1.0}}  # Eq. 8 as written
-    assert "Table 6" in PRESETS[name].doc and preset(name).flags["model_shape"] == "base"
+    assert "Table 6" in paper_presets()[name].doc and preset(name).flags["model_shape"] == "base"
 
 
 def test_rhe_preset_is_transformer_base_with_k_6():
@@ -73,10 +78,10 @@ def test_rhe_preset_is_transformer_base_with_k_6():
     assert MODEL_SHAPES["base"]["encoder_attention_heads"] == 8 and MODEL_SHAPES["base"]["encoder_ffn_dim"] == 2048
     assert preset("rhe_base").method_overrides["sea"]["max_relative_position"] == 6 and model_args.method == "lpea_rhe"
     assert training_args.adam_beta2 == 0.98 and training_args.warmup_steps == 4000
-    assert "Table 3" in PRESETS["rhe_base"].doc and "last 10" in PRESETS["rhe_base"].doc
+    assert "Table 3" in paper_presets()["rhe_base"].doc and "last 10" in paper_presets()["rhe_base"].doc
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", sorted(paper_presets()))
 def test_every_preset_parses_and_builds_a_valid_model(name):
     model_args, _, _ = parse("--preset", name, "--model_shape", "tiny")
     settings = train_translation.settings_from(model_args)
@@ -87,7 +92,7 @@ def test_every_preset_parses_and_builds_a_valid_model(name):
             decoder_start_token_id=0, **rest))
     for key, value in preset(name).config.items():
         assert getattr(model.config, key) == value
-    assert "Table" in PRESETS[name].doc
+    assert "Table" in paper_presets()[name].doc
 
 
 def test_your_flags_win_over_the_preset_and_the_preset_over_defaults():
@@ -115,7 +120,8 @@ def test_config_fields_method_then_preset_then_method_settings():
 
 
 def test_partial_method_settings_update_the_method_and_a_method_left_off_is_refused():
-    """--method dhicm with partial --method_settings must not train a baseline (once it did, saying so only in a log line)."""
+    """--method dhicm with partial --method_settings must not train a baseline (once it did, saying so only in a log
+    line)."""
     from hf_headattn.experiment.translation_recipe import check_methods_on
 
     model_args, _, _ = parse("--method", "dhicm", "--method_settings", '{"dhicm": {"kl_weight": 0.5}}')
@@ -149,7 +155,8 @@ def test_bad_presets_and_pretrained_architecture_are_refused():
      r"unknown settings \['dhicm_dropot'\] \(did you mean \{\"dhicm\": \{\"dropout\": ...\}\}"),
     (["--method_settings", "{dhicm_dropout: 0.3}"], r"--method_settings '\{dhicm_dropout: 0.3\}' is not valid JSON"),
     (["--method_settings", "[1]"], r"must be a JSON object"),
-    (["--method", "dea_rhe+lpea_rhe"], r"'dea_rhe' and 'lpea_rhe' .* conflict: they set sea to \{'type': 'dea'.*\} and \{'type': 'lpea'"),
+    (["--method", "dea_rhe+lpea_rhe"],
+     r"'dea_rhe' and 'lpea_rhe' .* conflict: they set sea to \{'type': 'dea'.*\} and \{'type': 'lpea'"),
     (["--method", "eadra+eadra_all"], r"'eadra' and 'eadra_all' .* conflict: they set eadra"),
 ])
 def test_bad_method_settings_are_refused(argv, message):
@@ -181,9 +188,8 @@ def test_rule2_setting_reaches_the_config_and_the_collator():
     assert settings["sea"]["rule2"] == "literal"
     model = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, **settings))
     assert model.config.to_dict()["sea"]["rule2"] == "literal"  # saved with the model, for inference
-    assert collator(None, model, settings).rule2 == "literal"
-    default = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, sea={"type": "lpea"}))
-    assert collator(None, default, {"sea": {"type": "lpea"}}).rule2 == "symmetric"
+    # the collator hands SEA's hook the model's settings (what the hook does with rule2: test_syntax_collator.py)
+    assert collator(None, model, {"sea": {"type": "lpea"}}).method_settings["sea"]["rule2"] == "literal"
     with pytest.raises(ValueError, match=r"sea.rule2 must be one of 'symmetric', 'literal', got 'j<i'"):
         hf_headattn.HeadAttnMarianConfig(**TINY, sea={"type": "lpea", "rule2": "j<i"})
 

@@ -1,7 +1,6 @@
 """recipes/prune_heads.py end to end on a tiny model trained on a few real Multi30k lines."""
 
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,12 +9,11 @@ import torch
 from transformers import AutoModelForSeq2SeqLM
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
 import prune_heads  # noqa: E402
-from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 from hf_headattn.analysis import head_pruning  # noqa: E402
 from hf_headattn.analysis.head_pruning import largest_share_within, throughput_ratio  # noqa: E402
+from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +39,7 @@ def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_di
     # the test split's first 16 sentences, read, scored and timed as all 1,000 would be (which took 80% of the run)
     load = prune_heads.load_parallel_dataset
     monkeypatch.setattr(prune_heads, "load_parallel_dataset", lambda *a, **k: load(*a, **k, max_predict_samples=16))
-    results = prune_heads.main(argv)
+    prune_heads.main(argv)
     saved = json.loads((tmp_path / "pruning.json").read_text())
     assert set(saved["criteria"]) == {"gradient", "confidence", "entropy", "dhicm", "random"}
     total = 3 * 3 * 4  # tiny: 3+3 layers of 4 heads: encoder self, decoder self, cross
@@ -142,7 +140,6 @@ def test_bad_arguments(model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_pruned_generate_speed_benchmark_times_every_step(model_dir, tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import pruned_generate_speed
 
     steps = [{}, {"encoder.layers.0.self_attn": [1]},

@@ -1,18 +1,21 @@
-"""Every recipe turns a bad value into a usage error (argparse's exit 2, naming the value), not a traceback; the
-shared argparse types of hf_headattn.experiment.arguments."""
+"""Every recipe (and study script in research/) turns a bad value into a usage error (argparse's exit 2, naming the
+value), not a traceback; the shared argparse types of hf_headattn.experiment.arguments."""
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
 
 from hf_headattn.experiment.arguments import (
-    existing_dir, existing_file, non_negative_int, positive_float, positive_int, share,
+    existing_dir,
+    existing_file,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    share,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
 import demo  # noqa: E402
 import fidelity_study  # noqa: E402

@@ -35,7 +35,8 @@ def mbart_tokenizer(sentences) -> MBartTokenizer:
     pieces = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())
               if not (sp.is_control(i) or sp.is_unknown(i))]
     specials = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    return MBartTokenizer(vocab=specials + pieces + [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES] + [("<mask>", 0.0)])
+    return MBartTokenizer(vocab=specials + pieces + [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES]
+                          + [("<mask>", 0.0)])
 
 
 @pytest.fixture(scope="module")

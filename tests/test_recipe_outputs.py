@@ -4,7 +4,6 @@ average_checkpoints.py's arguments, its --overwrite and its all-or-nothing write
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ from hf_headattn.experiment import translation_recipe
 from hf_headattn.experiment.outputs import check_output_dir, check_output_file, replacing_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-GRID = ROOT / "recipes" / "grids" / "tiny_cpu.json"
-sys.path.insert(0, str(ROOT / "recipes"))
+GRID = ROOT / "research" / "grids" / "tiny_cpu.json"
 
 import average_checkpoints  # noqa: E402
 import finetune_mbart  # noqa: E402
@@ -257,7 +255,7 @@ def test_a_failed_average_leaves_the_output_as_it_was(run, tmp_path, monkeypatch
 def test_a_study_session_starts_afresh_only_over_incomplete_checkpoints(tmp_path):
     """The study drivers restart a run whose checkpoints are all incomplete (killed while saving) with
     --overwrite_output_dir, which train_translation.py now needs there; a complete one is resumed instead."""
-    from hf_headattn.experiment.study.sessions import StopRules, session_flags
+    from workshop.sessions import StopRules, session_flags
 
     rules, run = StopRules(patience=1, max_epochs=9, time_cap_minutes=10), tmp_path / "run"
     run.mkdir()

@@ -2,21 +2,18 @@
 
 import json
 import re
-import sys
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import TrainerCallback
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
 import parse_sources  # noqa: E402
 import reproduce_multi30k  # noqa: E402
 from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
-
 
 #: The recipes find Multi30k themselves (no --multi30k_dir: the resolver, as a user runs them).
 pytestmark = pytest.mark.usefixtures("multi30k")
@@ -56,7 +53,8 @@ def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     assert ("eadra_loss" in logged[0]) == ("eadra" in method)
     assert results["settings"]["label_smoothing"] == 0.1
     config = json.loads((tmp_path / "config.json").read_text())
-    assert (config["sea"] or {}).get("type") == {"dea_rhe": "dea", "lpea_rhe": "lpea", "dhicm+lpea_rhe": "lpea"}.get(method)
+    assert (config["sea"] or {}).get("type") == {"dea_rhe": "dea", "lpea_rhe": "lpea",
+                                                 "dhicm+lpea_rhe": "lpea"}.get(method)
     assert saved["global_step"] == 1 and saved["stopped_at_time_limit"] is False
 
 

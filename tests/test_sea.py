@@ -190,7 +190,8 @@ ERRORS = [
     ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), 10000)},
      r"phrase_positions contains 10000"),
     ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), -100)},  # was clipped
-     r"phrase_positions contains -100 \(the label padding value -100.*NOT_IN_PHRASE = -10000 outside the local phrase and on padding"),
+     r"phrase_positions contains -100 \(the label padding value -100.*NOT_IN_PHRASE = -10000 outside the local phrase "
+     r"and on padding"),
     ({"type": "dea"}, {"dependency_mask": torch.ones(2, 6, 6, dtype=torch.bool, device="meta")},
      r"dependency_mask is on meta but the model runs on cpu; move it with dependency_mask.to\(model.device\)"),
 ]

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from hf_headattn.experiment.methods.sea.syntax import NOT_IN_PHRASE
 from hf_headattn.sea_math import (
     dependency_allowed,
     enhanced_mask,
@@ -17,7 +18,6 @@ from hf_headattn.sea_math import (
     sum_per_label,
     syntactic_attention,
 )
-from hf_headattn.experiment.methods.sea.syntax import NOT_IN_PHRASE
 
 B, H, T, D, K = 3, 4, 6, 5, 2
 LENGTHS = [6, 4, 1]  # the last sentence is a single token

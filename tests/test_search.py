@@ -3,19 +3,23 @@ keeps the first's best architecture, every trial saved), early stopping per tria
 
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from hf_headattn.experiment.search import (
-    KNOWN_HYPERPARAMETERS, Stage, check_trials, config_fields, load_grid, meta_model_check, summary_table, train_flags,
-)
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
 import search_hyperparameters  # noqa: E402
+from workshop.search import (  # noqa: E402
+    KNOWN_HYPERPARAMETERS,
+    Stage,
+    check_trials,
+    config_fields,
+    load_grid,
+    meta_model_check,
+    summary_table,
+    train_flags,
+)
 
 TWO_STAGES = {"stages": [{"name": "architecture", "grid": {"ffn_dim": [32, 64]}},
                          {"name": "regularization", "grid": {"dropout": [0.1, 0.3], "dhicm.dropout": [0.2, 0.5]}}]}
@@ -42,7 +46,8 @@ def two_stage(tmp_path_factory, multi30k):
     def recording(*args, **kwargs):
         model = scratch_model(*args, **kwargs)
         if model.device.type != "meta":  # not the checks before the search
-            built.append((model.config.encoder_ffn_dim, model.config.dropout, model.config.headattn_settings["dhicm"].dropout))
+            built.append((model.config.encoder_ffn_dim, model.config.dropout,
+                          model.config.headattn_settings["dhicm"].dropout))
         return model
 
     with pytest.MonkeyPatch.context() as patch:
@@ -136,12 +141,12 @@ def test_bad_grids_are_refused(grid, message):
 
 
 def test_grid_files_and_aliases():
-    stages = load_grid(ROOT / "recipes" / "grids" / "dhicm_two_stage.json")
+    stages = load_grid(ROOT / "research" / "grids" / "dhicm_two_stage.json")
     assert [stage.name for stage in stages] == ["architecture", "regularization"]
     assert set(stages[0].grid) == {"attention_heads", "ffn_dim"} and stages[1].size == 48
     assert set(stages[1].grid) == {"dropout", "attention_dropout", "activation_dropout", "dhicm.dropout",
                                    "label_smoothing"}
-    assert load_grid(ROOT / "recipes" / "grids" / "tiny_cpu.json")[0].size == 2
+    assert load_grid(ROOT / "research" / "grids" / "tiny_cpu.json")[0].size == 2
     assert config_fields({"attention_heads": 2, "ffn_dim": 8, "learning_rate": 1e-3}) == {
         "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 8, "decoder_ffn_dim": 8}
     assert train_flags({"learning_rate": 0.001, "label_smoothing": 0.4}, '{"dhicm": {"dim": 64}}') == [

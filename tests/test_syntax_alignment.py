@@ -27,6 +27,7 @@ from hf_headattn.experiment.methods.sea.syntax import (
     token_words,
 )
 
+
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory, multi30k_lines):
     """mBART (fast, offsets) and Marian (sentencepiece, no offsets) tokenizers over one sentencepiece model with

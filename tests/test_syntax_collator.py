@@ -121,3 +121,26 @@ def test_rule2_reading_reaches_the_phrase_positions(tokenizer):
     assert torch.equal(batch["phrase_positions"][1], symmetric["phrase_positions"][1])  # one word: no difference
     with pytest.raises(ValueError, match=r"rule2 must be one of \('symmetric', 'literal'\)"):
         DataCollatorForSyntaxSeq2Seq(tokenizer, rule2="both")([feature(**TALK)])
+
+
+def test_the_recipes_collator_makes_the_same_batch_with_rule2_from_the_settings(tokenizer):
+    """recipe_parts.collator composes SEA's kit hooks (columns out, the rest padded, the syntax tensors added): the
+    batch of this collator, Rule 2 read from the model's config, else from the recipe's settings."""
+    from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
+    from hf_headattn.experiment.recipe_parts import collator
+
+    features = [feature(**TALK), feature(**SHORT)]
+    for rule2 in ("symmetric", "literal"):
+        expected = DataCollatorForSyntaxSeq2Seq(tokenizer, rule2=rule2, pad_to_multiple_of=8)(features)
+        batch = collator(tokenizer, None, {"sea": {"type": "lpea", "rule2": rule2}})(features)
+        assert set(batch) == set(expected)
+        for key, value in expected.items():
+            assert torch.equal(batch[key], value), (rule2, key)
+    default = collator(tokenizer, None, {"sea": {"type": "dea"}})(features)
+    assert default["phrase_positions"][0, :3, 3].tolist() == [-1, -1, -1]  # symmetric: "ends" in their phrase
+    model = HeadAttnMarianMTModel(HeadAttnMarianConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=tokenizer.pad_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id, sea={"type": "dea", "rule2": "literal"}))
+    batch = collator(tokenizer, model, {"sea": {"type": "dea"}})(features)  # the model's reading wins
+    assert batch["phrase_positions"][0, :3, 3].tolist() == [X, X, X] and "decoder_input_ids" in batch

@@ -17,16 +17,16 @@ from datasets import Dataset, DatasetDict
 
 import hf_headattn
 from hf_headattn import HeadAttnMarianMTModel
-from hf_headattn.experiment.presets import method_names, method_settings
-from hf_headattn.experiment.tokenization import train_joint_sentencepiece
-from hf_headattn.experiment.recipe_parts import collator, prepare_features, scratch_model, set_languages, syntax_parser
+from hf_headattn.experiment.methods.sea.inputs import syntax_parser
 from hf_headattn.experiment.methods.sea.syntax import MissingParserError, SyntaxInputError
+from hf_headattn.experiment.presets import method_names, method_settings
+from hf_headattn.experiment.recipe_parts import collator, prepare_features, scratch_model, set_languages
+from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
 
-from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 import translate as translate_recipe  # noqa: E402
+from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
 SHAPE = {"shape": "tiny", "d_model": 16, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 32,
          "decoder_ffn_dim": 32}
@@ -161,14 +161,14 @@ def test_cli_names_the_line_and_skips_on_request(tmp_path, tokenizer, monkeypatc
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     (tmp_path / "in.en").write_text(f"{sources[0]}\nA dog # runs.\n\n{sources[1]}\n", encoding="utf-8")
-    monkeypatch.setattr("hf_headattn.experiment.translate.syntax_parser", lambda name: Picky())
+    monkeypatch.setattr("hf_headattn.experiment.methods.sea.inputs.syntax_parser", lambda name: Picky())
     argv = ["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.en"), "--output",
             str(tmp_path / "out.de"), "--num_beams", "1", "--max_length", "5"]
     message = r"(?s)line 2 of .*in\.en: cannot parse 'A dog # runs\.'.*--on_parse_error skip"
     with pytest.raises(SystemExit, match=message):
         translate_recipe.main(argv)
     out = translate_recipe.main([*argv, "--on_parse_error", "skip"])
-    assert "line 2: cannot parse 'A dog # runs.'; translated without syntax enhancement" in capsys.readouterr().err
+    assert "line 2: cannot parse 'A dog # runs.'; translated without the methods' own inputs" in capsys.readouterr().err
     lines = (tmp_path / "out.de").read_text(encoding="utf-8").split("\n")
     assert lines == [*out, ""] and len(out) == 4 and out[2] == "" and all(out[k] for k in (0, 1, 3))
 

@@ -5,10 +5,10 @@ import ast
 import importlib.metadata
 import json
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from packaging.version import Version
 from transformers import AutoConfig
@@ -16,7 +16,7 @@ from transformers import AutoConfig
 import hf_headattn
 from conftest import FAMILIES, TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
-from hf_headattn.configuration import HeadAttnDeprecationWarning
+from hf_headattn.deprecation import HeadAttnDeprecationWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE_0_1 = ROOT / "tests" / "data" / "release_0_1" / "config.json"  # flat dhicm/sea fields, eadra's dict

@@ -2,7 +2,8 @@
 
 :mod:`.head_ranking` scores heads by several criteria and chooses which to prune; :mod:`.head_pruning` prunes
 them step by step as Michel et al. (2019) do. Each method's own analysis lives in its kit
-(``hf_headattn/experiment/methods/<name>/analysis.py``); the ones below are re-exported here for one import.
+(``hf_headattn/experiment/methods/<name>/analysis.py``); the ones below are re-exported here for one import, the
+public spelling (as in releases 0.1 and 0.2, and not deprecated).
 """
 
 from ..experiment.methods.dhicm.analysis import mean_head_importance, plot_head_importance, sentence_head_importance

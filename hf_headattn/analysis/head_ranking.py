@@ -20,7 +20,6 @@ the method). Padding never counts. The criteria:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from numbers import Integral
 
@@ -29,10 +28,10 @@ import torch
 from ..eadra_math import normalized_entropy
 from ..experiment.kit import kit_of
 from ..head_masks import ARGUMENTS_BY_COMPONENT, attention_modules, head_numbers, module_rows, routed_modules
+from ..hf_compat import attention_backend
 from ..losses import IGNORE_INDEX
 from ..registry import readout, registered_methods
 from ..sites import COMPONENTS, component_of, component_shape
-from ..version import HeadAttnDeprecationWarning
 
 BUILT_IN = ("gradient", "confidence", "entropy", "random")
 #: The attention outputs of each component, as transformers names them.
@@ -85,7 +84,7 @@ def score_heads(model, batches: Iterable[dict], criteria_: Iterable[str] = BUILT
     if unknown:
         raise ValueError(f"unknown head importance criteria {unknown}; expected some of {known}")
     sums = _Sums(model, [name for name in names if name != "random"])
-    was_training, backend = model.training, model.config._attn_implementation
+    was_training = model.training
     model.eval()
     try:
         for batch in batches:
@@ -95,14 +94,12 @@ def score_heads(model, batches: Iterable[dict], criteria_: Iterable[str] = BUILT
             if "gradient" in names:
                 _gradient(model, batch, sums)
             if {"confidence", "entropy"} & set(names):
-                model.set_attn_implementation("eager")
-                _attention_statistics(model, batch, sums, names)
-                model.set_attn_implementation(backend)
+                with attention_backend(model, "eager"):
+                    _attention_statistics(model, batch, sums, names)
             for name in names:
                 if name in methods:
                     _method_criterion(model, batch, sums, name, methods[name])
     finally:
-        model.set_attn_implementation(backend)
         model.train(was_training)
     results = {name: sums.means(name) for name in names if name != "random"}
     if "gradient" in results:
@@ -115,13 +112,6 @@ def score_heads(model, batches: Iterable[dict], criteria_: Iterable[str] = BUILT
         for component, table in results["random"].items():
             table[pruned[component]] = float("nan")
     return {name: results[name] for name in names}
-
-
-def head_importance(*args, **kwargs) -> dict[str, dict[str, torch.Tensor]]:
-    """Deprecated name of :func:`score_heads`."""
-    warnings.warn("hf_headattn.analysis.head_ranking.head_importance is deprecated, use score_heads",
-                  HeadAttnDeprecationWarning, stacklevel=2)
-    return score_heads(*args, **kwargs)
 
 
 def _per_layer_l2(table: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import datasets
 
-from .multi30k import SPLITS as MULTI30K_SPLITS, TEST_SPLIT  # noqa: F401 (the recipes' names for them)
+from .multi30k import SPLITS as MULTI30K_SPLITS
+from .multi30k import TEST_SPLIT as TEST_SPLIT  # re-exported: the recipes import it from here
 
 # A TSV first line whose every field looks like this is a header (en, de, en_XX, pt-BR, ...).
 _LANG_CODE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2,4})?$")

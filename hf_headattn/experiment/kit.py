@@ -2,10 +2,11 @@
 
 The model needs a method's core spec (:class:`hf_headattn.registry.MethodSpec`: settings, placements, hooks,
 inputs, outputs). Everything else about it (its recipe names, the papers' presets, the model card's line, its
-head-importance criterion, whether the recipes must parse syntax for it) is its kit: ``KIT = MethodKit(...)`` in the
-module that ``MethodSpec.kit`` names, next to the method's study rows and analyses (the built-in ones:
+head-importance criterion, how the recipes and ``translate`` make its own forward inputs) is its kit:
+``KIT = MethodKit(...)`` in the module that ``MethodSpec.kit`` names, next to the method's analyses (the built-in ones:
 ``hf_headattn/experiment/methods/<name>/``). The core names its kit by import path only, so the model (and the
-code ``save_pretrained`` ships to the Hub) never loads it; :func:`kit_of` does, when a recipe asks.
+code ``save_pretrained`` ships to the Hub) never loads it; :func:`kit_of` does, when a recipe asks. How the hooks of
+several kits compose: :mod:`.method_inputs`.
 """
 
 from __future__ import annotations
@@ -57,19 +58,49 @@ class MethodKit:
     paper: one line for the model card (default: the name).
     method_names: recipe method names (``--method NAME``) -> this method's settings dict.
     presets: the papers' presets (``--preset NAME``) -> :class:`Preset`.
-    uses_syntax: whether the method reads the syntax inputs (the recipes then parse and collate them).
     importance: ``(criterion name, function)``: the method's head-importance criterion for
         :func:`hf_headattn.analysis.head_ranking.score_heads`; the function maps one batch's read-out (the value of
         its read-out field, :func:`hf_headattn.registry.readout`) to ``{module name: (per-head sums (heads,), number
         of items)}``, higher = more important.
+    model_test_names: the recipe method names (keys of ``method_names``) whose settings HF's common model tests run
+        the method with (``tests/test_hf_common.py``); default: the first one.
+
+    A method whose forward inputs (``MethodSpec.inputs``) come from the data has hooks, all optional, which the
+    recipes and ``translate`` call only while the method is switched on (:mod:`.method_inputs` composes several):
+
+    columns: the feature columns ``prepare_features`` adds; the collator takes them out of each feature before
+        padding the rest, and the Trainer keeps them (``remove_unused_columns=False``).
+    recipe_arguments: a dataclass of its recipe flags (``HfArgumentParser`` fields, e.g. SEA's ``--spacy_model``);
+        the recipes add it to their parser, and hand its parsed object to ``prepare_features``. Its class variable
+        ``input_flags`` (a ``ClassVar`` tuple) names the flags that are paths the run reads (never its output folder).
+    prepare_features: ``prepare_features(raw, features, job) -> features``: ``raw`` and ``features`` are
+        ``datasets.DatasetDict`` s of the same splits and rows (the ``translation`` pairs; their tokenization),
+        ``job`` a :class:`~.method_inputs.FeatureJob`; returns ``features`` with its ``columns`` added, every other
+        column kept. It may record on ``job.config`` what ``inference_inputs`` needs to make the same inputs (SEA:
+        the parser).
+    collate: ``collate(features, batch, *, tokenizer, settings, return_tensors) -> {forward input: tensor}``: a
+        batch's forward inputs from its ``features`` (the dicts given to the collator, its columns included) and the
+        ``batch`` the seq2seq collator padded; ``settings`` is its settings dict (the model's, else the recipe's).
+    inference_inputs: ``inference_inputs(model, tokenizer, *, max_source_length, parser=None) -> make``, called
+        once per ``translate`` (load a parser here, so that a missing one fails before any translating):
+        ``make(texts) -> [{column: value}, ...]``, one dict per text holding its ``columns``, as ``prepare_features``
+        makes them; a text it cannot handle raises :class:`MethodInputError` naming its index in ``texts``.
+    example_inputs: ``example_inputs(batch_size, source_length) -> {forward input: tensor}``: random, valid values of
+        its forward inputs, for HF's common model tests and the registry-wide tests.
     """
 
     name: str
     paper: str = ""
     method_names: Mapping[str, dict] = field(default_factory=dict)
     presets: Mapping[str, Preset] = field(default_factory=dict)
-    uses_syntax: bool = False
     importance: tuple[str, Callable] | None = None
+    model_test_names: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
+    recipe_arguments: type | None = None
+    prepare_features: Callable | None = None
+    collate: Callable | None = None
+    inference_inputs: Callable | None = None
+    example_inputs: Callable | None = None
 
 
 def kit_of(spec: MethodSpec) -> MethodKit:
@@ -96,6 +127,17 @@ def kits() -> list[MethodKit]:
     return found
 
 
-def uses_syntax(settings: Mapping[str, Any]) -> bool:
-    """Whether config settings (a dict of config fields, e.g. a recipe's) switch on a method that needs syntax."""
-    return any(kit.uses_syntax and settings.get(kit.name) is not None for kit in kits())
+class MethodInputError(ValueError):
+    """A text (or example) for which a method cannot make its inputs (e.g. SEA's parser refuses it): ``index`` is
+    its position in the texts or dataset given. Subclasses keep the ``(index, message)`` signature."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(index, message)  # both in args, so the error pickles back from datasets' worker processes
+        self.index, self.message = index, message
+
+    def __str__(self) -> str:
+        return f"example {self.index}: {self.message}"
+
+    def renumbered(self, index: int) -> MethodInputError:
+        """The same error for the same text at position ``index`` of a larger list."""
+        return type(self)(index, self.message)

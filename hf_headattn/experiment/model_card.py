@@ -52,9 +52,11 @@ def write_model_card(model, output_dir: str | Path, name: str, scores: dict | No
     methods = methods or "- none (the stock architecture)"
     rows = ["| test set | BLEU | chrF | signature |", "|---|---|---|---|"]
     for test_set, metrics in (scores or {}).items():
-        rows.append(f"| {test_set} | {metrics['bleu']:.2f} | {metrics['chrf']:.2f} | `{metrics.get('bleu_signature', '')}` |")
+        rows.append(f"| {test_set} | {metrics['bleu']:.2f} | {metrics['chrf']:.2f} | "
+                    f"`{metrics.get('bleu_signature', '')}` |")
     text = TEMPLATE.format(
-        name=name, model_type=model.config.model_type, tags="".join(f", {spec.name}" for spec in active), methods=methods,
+        name=name, model_type=model.config.model_type,
+        tags="".join(f", {spec.name}" for spec in active), methods=methods,
         settings=json.dumps(settings, indent=2), scores="\n".join(rows) if scores else "not evaluated yet",
     )
     path = Path(output_dir) / "README.md"

@@ -13,11 +13,12 @@ runs do not mix) or ``--resume_from_checkpoint`` (which continues them). A recip
 
 :func:`replacing_dir` writes a folder whole: into a hidden sibling ``.<name>.tmp-<pid>``, renamed to the output
 folder once complete (an earlier one is removed only then); on failure the sibling is removed and the output
-folder is as before.
+folder is as before. :func:`write_json_atomic` writes a JSON file whole or not at all (a temporary file renamed).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,8 +30,9 @@ from pathlib import Path
 #: What a Trainer run leaves that a new run in the same ``output_dir`` would mix with its own: the Trainer's
 #: checkpoint rotation, ``--resume_from_checkpoint true`` and ``--load_best_model_at_end`` read every one of them.
 TRAINER_RESULTS = re.compile(r"checkpoint-\d+")
-#: The data flags the recipes read (:class:`~hf_headattn.experiment.recipe_parts.ParallelDataArguments`, SEA's parses).
-DATA_FLAGS = ("multi30k_dir", "train_file", "validation_file", "test_file", "syntax_parses_dir")
+#: The data flags the recipes read (:class:`~hf_headattn.experiment.recipe_parts.ParallelDataArguments`); the
+#: methods' input flags: :func:`~hf_headattn.experiment.method_inputs.input_flags`.
+DATA_FLAGS = ("multi30k_dir", "train_file", "validation_file", "test_file")
 
 
 @dataclass
@@ -171,3 +173,13 @@ def replacing_dir(output_dir):
         old.unlink()
     elif old.exists():
         shutil.rmtree(old)
+
+
+def write_json_atomic(path: str | Path, payload) -> Path:
+    """Write JSON through a temporary file and a rename, so that a killed process never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path

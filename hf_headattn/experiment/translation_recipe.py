@@ -14,39 +14,68 @@ from dataclasses import asdict, dataclass, field
 from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn.experiment.evaluation import make_compute_metrics
+from hf_headattn.experiment.method_inputs import input_flags, method_options, recipe_argument_classes
 from hf_headattn.experiment.outputs import (
-    DATA_FLAGS, OutputArguments, check_trainer_output_dir, flag_inputs, remove_entries,
+    DATA_FLAGS,
+    OutputArguments,
+    check_trainer_output_dir,
+    flag_inputs,
+    remove_entries,
 )
-from hf_headattn.registry import registered_methods
 from hf_headattn.experiment.presets import (
-    check_setting_keys, early_stopping_callbacks, expand_argv, merge_settings, method_settings, model_shape, preset,
-    refuse_architecture, split_architecture,
-)
-from hf_headattn.experiment.trainer import (
-    TRAIN_TIME_FILE, HeadAttnSeq2SeqTrainer, TrainingClock, TrainingTimeLimit, resume_checkpoint, resumed_from,
+    check_setting_keys,
+    early_stopping_callbacks,
+    expand_argv,
+    merge_settings,
+    method_settings,
+    model_shape,
+    preset,
+    refuse_architecture,
+    split_architecture,
 )
 from hf_headattn.experiment.recipe_parts import (
-    ParallelDataArguments, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model,
-    scratch_tokenizer, set_languages, syntax_parser_name, translate_and_score, write_json,
+    ParallelDataArguments,
+    collator,
+    load_recipe_data,
+    method_columns,
+    prepare_features,
+    pretrained_model,
+    scratch_model,
+    scratch_tokenizer,
+    set_languages,
+    translate_and_score,
+    write_json,
 )
+from hf_headattn.experiment.trainer import (
+    TRAIN_TIME_FILE,
+    HeadAttnSeq2SeqTrainer,
+    TrainingClock,
+    TrainingTimeLimit,
+    resume_checkpoint,
+    resumed_from,
+)
+from hf_headattn.registry import registered_methods
 
 logger = logging.getLogger("train_translation")
 
 
 @dataclass
 class ModelArguments:
-    model_name_or_path: str | None = field(default=None, metadata={"help": "Pretrained mBART/Marian; else from scratch"})
+    model_name_or_path: str | None = field(default=None,
+                                           metadata={"help": "Pretrained mBART/Marian; else from scratch"})
     model_shape: str = field(default="tiny", metadata={"help": "From scratch: tiny, small or base"})
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer; else the model's or a new one"})
     vocab_size: int = field(default=8000, metadata={"help": "From scratch: joint sentencepiece vocabulary size"})
-    method: str = field(default="baseline", metadata={"help": "Method names joined by '+', see presets.method_settings"})
+    method: str = field(default="baseline",
+                        metadata={"help": "Method names joined by '+', see presets.method_settings"})
     method_settings: str | None = field(default=None, metadata={"help": "JSON dict of extra config fields"})
     label_smoothing: float = field(default=0.1, metadata={"help": "Computed inside the model"})
     dropout: float = field(default=0.1, metadata={"help": "From scratch: dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "From scratch: attention dropout"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
-    preset: str | None = field(default=None, metadata={"help": "Paper preset(s) joined by '+', see presets.PRESETS; "
-                                                              "flags you pass win over the preset's"})
+    preset: str | None = field(default=None, metadata={"help": "Paper preset(s) joined by '+', see "
+                                                              "presets.paper_presets(); flags you pass win over the "
+                                                              "preset's"})
     early_stopping_patience: int | None = field(default=None, metadata={
         "help": "Stop after N evaluations without a lower validation loss (DHICM: 10); implies evaluating and "
                 "saving each epoch and keeping the best checkpoint, unless you pass those flags"})
@@ -60,10 +89,6 @@ class DataArguments(ParallelDataArguments):
                                                                     "at the end (default: every split but train)"})
     source_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. en_XX"})
     target_lang_code: str | None = field(default=None, metadata={"help": "mBART language code, e.g. de_DE"})
-    spacy_model: str | None = field(default=None, metadata={"help": "SEA: spaCy pipeline (default: offline en)"})
-    syntax_parses_dir: str | None = field(default=None, metadata={
-        "help": "SEA: read the source parses from <dir>/<split>.<source_lang>.conllu (recipes/parse_sources.py) "
-                "instead of parsing with spaCy"})
     preprocessing_num_workers: int | None = field(default=None)
 
 
@@ -111,9 +136,19 @@ def check_methods_on(args: ModelArguments, model) -> None:
         )
 
 
+def parse_recipe_arguments(classes: tuple, argv=None) -> tuple:
+    """``classes`` (dataclasses) and the registered methods' recipe flags (``MethodKit.recipe_arguments``, e.g.
+    SEA's ``--spacy_model``) parsed from ``argv`` after the presets' flags (:func:`expand_argv`): ``(parser,
+    [one object per class], {method flag: value})``."""
+    parser = HfArgumentParser((*classes, *recipe_argument_classes()))
+    parsed = parser.parse_args_into_dataclasses(args=expand_argv(argv))
+    return parser, list(parsed[:len(classes)]), method_options(parsed[len(classes):])
+
+
 def main(argv=None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments))
-    model_args, data_args, output_args, training_args = parser.parse_args_into_dataclasses(args=expand_argv(argv))
+    parser, parsed, options = parse_recipe_arguments(
+        (ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments), argv)
+    model_args, data_args, output_args, training_args = parsed
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     try:  # a usage error (exit 2): the flags' settings and folders, before anything is read or written
@@ -122,6 +157,7 @@ def main(argv=None) -> dict:
             model_shape(split_architecture(model_args.model_shape, settings)[0])  # a named shape
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
+        inputs |= input_flags(options)
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
     except ValueError as error:
         parser.error(str(error))
@@ -162,13 +198,12 @@ def main(argv=None) -> dict:
     if data_args.source_lang_code:  # mBART-50 style tokenizers
         set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
 
+    # the methods record on the config what hf_headattn.translate needs to make their inputs alike (SEA: the parser)
     features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
                                 data_args.max_target_length, data_args.preprocessing_num_workers,
-                                data_args.spacy_model, data_args.syntax_parses_dir)
-    if "syntax_word" in features["train"].column_names:
-        training_args.remove_unused_columns = False  # the collator turns the syntax columns into model inputs
-        # saved with the model, so that hf_headattn.translate parses raw text with the same parser
-        model.config.syntax_parser = syntax_parser_name(data_args.spacy_model, data_args.syntax_parses_dir)
+                                config=model.config, **options)
+    if method_columns(settings):
+        training_args.remove_unused_columns = False  # the collator turns the methods' columns into model inputs
     training_args.predict_with_generate = True
     training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
     training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
@@ -192,7 +227,7 @@ def main(argv=None) -> dict:
         "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
         "stopped_at_time_limit": bool(time_limit and time_limit.stopped),
         "num_parameters": model.num_parameters(), "device": str(training_args.device),
-        "log_history": trainer.state.log_history, "args": {**asdict(model_args), **asdict(data_args)},
+        "log_history": trainer.state.log_history, "args": {**asdict(model_args), **asdict(data_args), **options},
         "scores": {},
     }
     for split in test_splits:

@@ -14,10 +14,9 @@ from datasets import Dataset
 from transformers import Seq2SeqTrainingArguments, TrainerCallback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from conftest import TINY  # noqa: E402
-
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration  # noqa: E402
-from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer  # noqa: E402
+from conftest import TINY
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 
 
 class Grads(TrainerCallback):

@@ -21,9 +21,9 @@ from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart
 
 from .attention import AttentionMethod, HeadAttnContext, attach_method
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
-from .losses import IGNORE_INDEX, label_smoothed_nll_loss, total_objective
 from .dhicm import METHOD as DHICM
 from .eadra import METHOD as EADRA
+from .losses import IGNORE_INDEX, label_smoothed_nll_loss, total_objective
 from .sea import METHOD as SEA
 
 #: Order matters: SEA changes the mask before the backend, EaDRA reads the probabilities, DHICM reweights the heads.

@@ -36,7 +36,6 @@ from .sea_math import (
 )
 from .settings_checks import check_choice, resolve_layers
 
-
 NAME = "sea"
 SEA_TYPES = (None, "dea", "lpea")
 SEA_HEADS = ("all", "redundant")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import key_allowed  # noqa: F401  (re-exported: part of Eq. 9's inputs)
+from .attention import key_allowed
 
 #: ``phrase_positions`` value outside the local phrase and on padding (the syntax collator writes it).
 NOT_IN_PHRASE = -10000

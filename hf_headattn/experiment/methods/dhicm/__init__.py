@@ -1,12 +1,11 @@
-"""DHICM's kit (Goindani & Shrivastava 2021): recipe names, Table 2's presets, its study rows and its
-head-importance criterion; :mod:`.analysis` reads the importances out over a dataset (the paper's Figure 3)."""
+"""DHICM's kit (Goindani & Shrivastava 2021): recipe names, Table 2's presets and its head-importance criterion;
+:mod:`.analysis` reads the importances out over a dataset (the paper's Figure 3)."""
 
 from __future__ import annotations
 
 import torch
 
 from hf_headattn.dhicm import NAME
-
 from hf_headattn.experiment.kit import MethodKit, Preset
 
 #: §4.3: 6+6 layers, d 512; Adam (0.9, 0.98, eps 1e-6), lr 5e-4, inverse square root after 4000 warm-up steps,
@@ -48,11 +47,6 @@ def table_2_presets() -> dict[str, Preset]:
             config=config, method_overrides=overrides,
         )
     return presets
-
-
-def study_settings(reduction: str, weight: float, mode: str = "paper") -> dict:
-    """A study row: DHICM on the last encoder and the last decoder layer, every field written out."""
-    return {NAME: {**LAYERS, "kl_reduction": reduction, "kl_weight": weight, "mode": mode}}
 
 
 def importance_sums(importances: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

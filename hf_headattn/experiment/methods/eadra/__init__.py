@@ -1,5 +1,5 @@
 """EaDRA's kit (Araabi, Niculae & Monz): recipe names, Table 6's presets (from scratch) and §5.4's (mBART
-fine-tuning), and its study rows; :mod:`.analysis` is the encoder-entropy read-out of its Table 2 and Figure 1."""
+fine-tuning); :mod:`.analysis` is the encoder-entropy read-out of its Table 2 and Figure 1."""
 
 from __future__ import annotations
 
@@ -28,10 +28,6 @@ TABLE_6 = {
 #: The paper presets read Eq. 8 as written (summed over query pairs) and use Table 6's alphas unscaled.
 PAPER_READING = {"dist_reduction": "sum", "alpha_scale": 1.0}
 
-#: The components the studies' EaDRA rows regularize (the "eadra" recipe name's): encoder and decoder self-attention.
-STUDY_COMPONENTS = ("encoder", "decoder")
-
-
 def table_6_presets() -> dict[str, Preset]:
     """``eadra_<component>_<data set>`` (Table 6, Transformer-base from scratch) and ``eadra_mbart_<component>``
     (§5.4, fine-tuning mBART on two heads)."""
@@ -56,16 +52,6 @@ def table_6_presets() -> dict[str, Preset]:
     return presets
 
 
-def study_settings(dist: str, *, warmup: int = 0, scale: float = 1.0, alpha_scale: float = 1.0) -> dict:
-    """A study row: EaDRA on encoder and decoder self-attention with Table 6's WMT En-De (100k) alphas
-    (``eadra.DEFAULTS``; alpha_peak 0) times ``scale``, written out, and the ``alpha_scale`` option (every alpha's
-    factor in the model) explicit, so that later default changes do not change a row."""
-    components = {name: {"alpha_peak": 0.0, "alpha_sent": DEFAULTS[name]["alpha_sent"] * scale,
-                         "alpha_dist": DEFAULTS[name]["alpha_dist"] * scale} for name in STUDY_COMPONENTS}
-    return {NAME: {**components, "dist_reduction": dist, "peak_reduction": "mean", "warmup_steps": warmup,
-                   "alpha_scale": alpha_scale}}
-
-
 KIT = MethodKit(
     NAME,
     paper="Araabi, Niculae & Monz, entropy- and distance-regularized attention (EaDRA)",
@@ -78,4 +64,5 @@ KIT = MethodKit(
                                 "warmup_steps": 0, "alpha_scale": 1.0},
     },
     presets=table_6_presets(),
+    model_test_names=("eadra_all",),
 )

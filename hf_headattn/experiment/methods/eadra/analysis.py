@@ -16,6 +16,7 @@ import torch
 
 from hf_headattn.eadra_math import normalized_entropy
 from hf_headattn.experiment.plotting import pyplot, save_figure
+from hf_headattn.hf_compat import attention_backend
 from hf_headattn.registry import method_inputs
 
 
@@ -35,25 +36,25 @@ def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
     dict with ``entropy`` (per layer, a list of per-head means in [0, 1]), ``min``, ``avg``, ``max`` (over all heads;
     ``avg`` is the mean of the head means), ``num_sentences`` and ``num_tokens`` (real source tokens).
     """
-    implementation, was_training = model.config._attn_implementation, model.training
-    model.set_attn_implementation("eager")  # SDPA returns no attention maps
+    was_training = model.training
     model.eval()
     sums, tokens, sentences = None, 0, 0
     try:
-        for batch in batches:
-            input_ids = batch["input_ids"].to(model.device)
-            mask = batch.get("attention_mask")
-            real = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.to(model.device).bool()
-            extra = {k: batch[k].to(model.device) for k in method_inputs() if batch.get(k) is not None}
-            out = model.get_encoder()(input_ids=input_ids, attention_mask=real.long(), output_attentions=True, **extra)
-            maps = torch.stack(out.attentions).float()  # (L, B, H, S, S)
-            h_n = normalized_entropy(maps, real[None, :, None, None, :])  # (L, B, H, S)
-            batch_sums = (h_n * real[None, :, None, :]).sum((1, 3)).double()  # (L, H)
-            sums = batch_sums if sums is None else sums + batch_sums
-            tokens += int(real.sum())
-            sentences += input_ids.shape[0]
+        with attention_backend(model, "eager"):  # SDPA returns no attention maps
+            for batch in batches:
+                input_ids = batch["input_ids"].to(model.device)
+                mask = batch.get("attention_mask")
+                real = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.to(model.device).bool()
+                extra = {k: batch[k].to(model.device) for k in method_inputs() if batch.get(k) is not None}
+                out = model.get_encoder()(input_ids=input_ids, attention_mask=real.long(), output_attentions=True,
+                                          **extra)
+                maps = torch.stack(out.attentions).float()  # (L, B, H, S, S)
+                h_n = normalized_entropy(maps, real[None, :, None, None, :])  # (L, B, H, S)
+                batch_sums = (h_n * real[None, :, None, :]).sum((1, 3)).double()  # (L, H)
+                sums = batch_sums if sums is None else sums + batch_sums
+                tokens += int(real.sum())
+                sentences += input_ids.shape[0]
     finally:
-        model.set_attn_implementation(implementation)
         model.train(was_training)
     if not tokens:
         raise ValueError("no real source token in the batches: expected at least one non-empty input")
@@ -74,7 +75,8 @@ def plot_encoder_entropy(result: dict, path: str | Path, title: str = "") -> Pat
     image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto")
     for layer, row in enumerate(values.tolist()):
         for rank, value in enumerate(row):
-            ax.text(rank, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color="w" if value < 0.5 else "k")
+            ax.text(rank, layer, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="w" if value < 0.5 else "k")
     ax.set_xlabel("head (sorted by entropy within the layer)")
     ax.set_ylabel("encoder layer")
     ax.set_yticks(range(layers))

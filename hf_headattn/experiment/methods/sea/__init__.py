@@ -1,5 +1,6 @@
-"""SEA + RHE's kit (Zhang et al. 2021): recipe names, Appendix A's preset, its study rows and the ``rhe``
-head-importance criterion; :mod:`.syntax` builds its inputs from parses, :mod:`.analysis` counts redundant heads."""
+"""SEA + RHE's kit (Zhang et al. 2021): recipe names, Appendix A's preset, the ``rhe`` head-importance criterion and
+the hooks that make its inputs (:mod:`.inputs`: recipe flags, features, collation, inference); :mod:`.syntax` builds
+its inputs from parses, :mod:`.analysis` counts redundant heads."""
 
 from __future__ import annotations
 
@@ -9,11 +10,8 @@ from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.sea import NAME
 
-
-def study_settings(kind: str, heads: str = "redundant") -> dict:
-    """A study row: DEA (``kind="dea"``) or LPEA (``"lpea"``) on the redundant heads (RHE) of the first encoder layer
-    (the recipe names ``dea_rhe``/``lpea_rhe``), with k = 6 and our reading of Rule 2 written out."""
-    return {NAME: {"type": kind, "heads": heads, "layers": [0], "max_relative_position": 6, "rule2": "symmetric"}}
+from . import inputs
+from .syntax import TOKEN_COLUMNS
 
 
 def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:
@@ -42,6 +40,12 @@ KIT = MethodKit(
             method_overrides={NAME: {"max_relative_position": 6, "layers": [0]}},
         ),
     },
-    uses_syntax=True,
     importance=("rhe", importance_sums),
+    model_test_names=("dea_rhe", "lpea_rhe"),
+    columns=TOKEN_COLUMNS,
+    recipe_arguments=inputs.SyntaxArguments,
+    prepare_features=inputs.prepare_features,
+    collate=inputs.collate,
+    inference_inputs=inputs.inference_inputs,
+    example_inputs=inputs.example_inputs,
 )

@@ -10,8 +10,10 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 from transformers.utils import PaddingStrategy
 
-from hf_headattn.sea import METHOD as SEA, RULE2, SEASettings
+from hf_headattn.sea import METHOD as SEA
+from hf_headattn.sea import RULE2, SEASettings
 from hf_headattn.settings_checks import check_choice
+
 from .dataset import SPECIAL_TOKEN_VALUES, TOKEN_COLUMNS
 from .features import token_dependency_mask, token_phrase_positions
 
@@ -55,32 +57,45 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
         check_choice(self.rule2, "rule2", RULE2)
         if self.padding is False or self.padding == PaddingStrategy.DO_NOT_PAD:
             raise ValueError(f"{type(self).__name__} needs padded input_ids; got padding={self.padding!r}")
-        lengths = np.array([len(f["input_ids"]) for f in features])
-        for b, f in enumerate(features):
-            for c in TOKEN_COLUMNS:
-                if c not in f or len(f[c]) != lengths[b]:
-                    got = f"{len(f[c])} values" if c in f else "no such column"
-                    raise ValueError(f"feature {b} of the batch: {c} has {got}, expected one per input_ids token "
-                                     f"({lengths[b]}); build the dataset with align_syntax and the same tokenizer "
-                                     "(and give the Trainer remove_unused_columns=False)")
+        check_token_columns(features)
         plain = [{k: v for k, v in f.items() if not k.startswith("syntax_")} for f in features]
         batch = super().__call__(plain, return_tensors=return_tensors)
-        src_len = batch["input_ids"].shape[1]
-        positions = np.arange(src_len)
-        if self.tokenizer.padding_side == "left":
-            present = positions >= src_len - lengths[:, None]  # (B, T)
-        else:
-            present = positions < lengths[:, None]
-        token = {}
-        for c in TOKEN_COLUMNS:
-            values = np.full(present.shape, SPECIAL_TOKEN_VALUES[c], dtype=np.int64)  # (B, T)
-            values[present] = np.concatenate([np.asarray(f[c], dtype=np.int64) for f in features])
-            token[c] = values
-        dependency_mask = token_dependency_mask(token["syntax_word"], token["syntax_head"])
-        phrase_positions = token_phrase_positions(
-            token["syntax_phrase_layer"], token["syntax_phrase_rank"], token["syntax_phrase_start"],
-            token["syntax_phrase_end"], present, self.rule2)
+        tensors = syntax_tensors(features, batch["input_ids"].shape[1], self.tokenizer.padding_side, self.rule2)
         if return_tensors == "pt":
-            dependency_mask, phrase_positions = torch.from_numpy(dependency_mask), torch.from_numpy(phrase_positions)
-        batch["dependency_mask"], batch["phrase_positions"] = dependency_mask, phrase_positions
+            tensors = {name: torch.from_numpy(value) for name, value in tensors.items()}
+        batch.update(tensors)
         return batch
+
+
+def check_token_columns(features) -> None:
+    """Raise ``ValueError`` naming the feature and column unless every feature holds each of :data:`TOKEN_COLUMNS`,
+    one value per ``input_ids`` token."""
+    for b, f in enumerate(features):
+        for c in TOKEN_COLUMNS:
+            if c not in f or len(f[c]) != len(f["input_ids"]):
+                got = f"{len(f[c])} values" if c in f else "no such column"
+                raise ValueError(f"feature {b} of the batch: {c} has {got}, expected one per input_ids token "
+                                 f"({len(f['input_ids'])}); build the dataset with align_syntax and the same tokenizer "
+                                 "(and give the Trainer remove_unused_columns=False)")
+
+
+def syntax_tensors(features, src_len: int, padding_side: str, rule2: str) -> dict[str, np.ndarray]:
+    """``dependency_mask`` (batch, src_len, src_len) bool and ``phrase_positions`` (batch, src_len, src_len) int64 of
+    a batch whose ``input_ids`` are padded to ``src_len`` on ``padding_side``, from its features'
+    :data:`TOKEN_COLUMNS` (see :class:`DataCollatorForSyntaxSeq2Seq`). Batched numpy ops, no per-token Python."""
+    lengths = np.array([len(f["input_ids"]) for f in features])
+    positions = np.arange(src_len)
+    if padding_side == "left":
+        present = positions >= src_len - lengths[:, None]  # (B, T)
+    else:
+        present = positions < lengths[:, None]
+    token = {}
+    for c in TOKEN_COLUMNS:
+        values = np.full(present.shape, SPECIAL_TOKEN_VALUES[c], dtype=np.int64)  # (B, T)
+        values[present] = np.concatenate([np.asarray(f[c], dtype=np.int64) for f in features])
+        token[c] = values
+    dependency_mask = token_dependency_mask(token["syntax_word"], token["syntax_head"])
+    phrase_positions = token_phrase_positions(
+        token["syntax_phrase_layer"], token["syntax_phrase_rank"], token["syntax_phrase_start"],
+        token["syntax_phrase_end"], present, rule2)
+    return {"dependency_mask": dependency_mask, "phrase_positions": phrase_positions}

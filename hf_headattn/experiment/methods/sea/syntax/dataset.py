@@ -10,9 +10,9 @@ Two batched ``datasets.map`` passes, both with a progress bar and the ``datasets
      pointers (words are nodes ``0..n-1``; see ``features``). Dependencies and phrases may come from different
      parsers with different word splits, so each keeps its own spans.
 
-2. :func:`align_syntax` (per tokenizer, fast) tokenizes like ``hf_headattn.experiment.data.tokenize_parallel`` (``input_ids``,
-   ``attention_mask``, ``labels``) and replaces the word columns with one int per token (:data:`TOKEN_COLUMNS`),
-   which the collator pads and expands to the (src, src) tensors:
+2. :func:`align_syntax` (per tokenizer, fast) tokenizes like ``hf_headattn.experiment.data.tokenize_parallel``
+   (``input_ids``, ``attention_mask``, ``labels``) and replaces the word columns with one int per token
+   (:data:`TOKEN_COLUMNS`), which the collator pads and expands to the (src, src) tensors:
 
    - ``syntax_word``, ``syntax_head``: the token's dependency word and that word's head (-1: none);
    - ``syntax_phrase_layer``, ``syntax_phrase_rank``, ``syntax_phrase_start``, ``syntax_phrase_end``: the
@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import unicodedata
 
+from hf_headattn.hf_compat import derived_fingerprint
 from hf_headattn.settings_checks import check_choice
+
 from .alignment import token_char_spans, token_words
 from .features import phrase_tree_features
 from .parsing import Dependencies, PhraseTree, SpacyParser, SyntaxInputError, dependency_phrase_tree
@@ -114,8 +116,6 @@ def parse_corpus(dataset, source: str, *, dependencies=None, phrases=DEPENDENCY_
     :class:`~.parsing.SyntaxInputError` naming the example index; a file with more parses than the
     dataset has examples raises ``ValueError`` (parsers with a ``check_count(n_examples)`` method, as the readers).
     """
-    from datasets.fingerprint import Hasher
-
     _check_source(dataset, source)
     if dependencies is None or not hasattr(dependencies, "parse"):  # a spaCy pipeline or its name
         dependencies = SpacyParser(*([] if dependencies is None else [dependencies]))
@@ -123,8 +123,8 @@ def parse_corpus(dataset, source: str, *, dependencies=None, phrases=DEPENDENCY_
         if hasattr(parser, "check_count"):
             parser.check_count(len(dataset))
     phrase_key = phrases if phrases == DEPENDENCY_PHRASES else phrases.fingerprint
-    fingerprint = Hasher.hash([dataset._fingerprint, "parse_corpus", _FORMAT_VERSION, source,
-                               dependencies.fingerprint, phrase_key])
+    fingerprint = derived_fingerprint(dataset, "parse_corpus", _FORMAT_VERSION, source, dependencies.fingerprint,
+                                      phrase_key)
     return dataset.map(_parse_batch, batched=True, with_indices=True, batch_size=batch_size, num_proc=num_proc,
                        fn_kwargs={"source": source, "dependencies": dependencies, "phrases": phrases},
                        new_fingerprint=fingerprint, desc=desc or f"Parsing {source!r}", **map_kwargs)

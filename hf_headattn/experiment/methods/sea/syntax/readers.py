@@ -14,7 +14,6 @@ from pathlib import Path
 from .parsing import Dependencies, PhraseTree, SyntaxInputError, match_words, phrase_tree_from_bracketed
 
 
-
 def _fingerprint(path: Path) -> str:
     return f"{path.name}:{hashlib.sha1(path.read_bytes()).hexdigest()}"
 

@@ -1,4 +1,4 @@
-"""Cells of the study recipes' tables of runs over seeds, each compared with the baseline run of the same seed (the
+"""Cells of the study scripts' tables of runs over seeds, each compared with the baseline run of the same seed (the
 generic ones, :func:`~hf_headattn.experiment.evaluation.mean_sd`, :func:`~hf_headattn.experiment.evaluation.per_seed`
 and :func:`~hf_headattn.experiment.evaluation.markdown_table`, are in :mod:`~hf_headattn.experiment.evaluation`).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from ..evaluation import per_seed_p_values
+from hf_headattn.experiment.evaluation import per_seed_p_values
 
 #: How a run's stop reason marks its epochs (early stopping, the expected one, is not marked).
 STOP_MARKS = {"early_stopping": "", "time_cap": " (time cap)", "max_epochs": " (max epochs)"}

@@ -1,7 +1,7 @@
 """A study in steps, every choice on validation: ``screen`` every row; ``confirm``, per method, the row with the best
 validation BLEU of the screen, and the baseline, with fresh seeds (the screen's seed chose the rows, so its scores
 carry the choice's optimism), the choice written to ``choice.json`` once and never remade; ``test``: the test set read
-once, for the confirmed runs only, after their confirmation (:mod:`~hf_headattn.experiment.study.scoring`). Here:
+once, for the confirmed runs only, after their confirmation (:mod:`~workshop.scoring`). Here:
 the choice and the checks between the steps (:class:`StagedStudy`) and the best rows per method.
 """
 
@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import git_commit, write_json_atomic
+from hf_headattn.experiment.outputs import write_json_atomic
+
+from . import git_commit
 from .launch import ConvergenceRuns, launch, run_status
 from .runs import Runs, load_records, missing, now, read_json, record_path
 from .scoring import read_test_once

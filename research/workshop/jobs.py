@@ -1,4 +1,4 @@
-"""Run many training commands side by side (the study recipes' job runner)."""
+"""Run many training commands side by side (the study scripts' job runner)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,19 @@
-"""What the study recipes share (``recipes/converged_study.py``, ``recipes/fidelity_study.py``,
-``recipes/reproduce_multi30k.py``; recipes do not import each other): ``make demo``'s and the reproduction's
-schedules, the shared tokenizer, the references, the git commit, and scoring a saved model on a split the way
-training scores it. The rows' method settings, written out in full, are each method's ``study_settings``
-(``hf_headattn/experiment/methods/<name>/``).
+"""The research workshop: what the study scripts beside it share (``research/converged_study.py``,
+``research/fidelity_study.py``, ``research/reproduce_multi30k.py``, ``research/search_hyperparameters.py``). Not
+installed: the scripts import it as ``workshop`` from their own folder (``python research/<script>.py`` puts
+``research/`` first on ``sys.path``); it imports the installed ``hf_headattn`` and never the reverse.
 
-Their runs: folders, records and loading in :mod:`.runs`; runs trained to convergence and resumed in :mod:`.launch`
-(each session: :mod:`.sessions`; what a run's log says: :mod:`.curves`; their command line: :mod:`.arguments`); the
-choice on validation in :mod:`.protocol`; the one reading of the test set in :mod:`.scoring`; the tables' cells in
-:mod:`.tables` (mean ± sd, per-seed paired bootstrap: :mod:`~hf_headattn.experiment.evaluation`).
+Here: ``make demo``'s and the reproduction's schedules, the shared tokenizer, the references, the git commit, and
+scoring a saved model on a split the way training scores it. The rows' method settings, written out in full:
+:mod:`.rows`. Their runs: folders, records and loading in :mod:`.runs`; side by side in :mod:`.jobs`; trained to
+convergence and resumed in :mod:`.launch` (each session: :mod:`.sessions`; what a run's log says: :mod:`.curves`;
+their command line: :mod:`.arguments`); the choice on validation in :mod:`.protocol`; the one reading of the test set
+in :mod:`.scoring`; the tables' cells in :mod:`.tables` (mean ± sd, per-seed paired bootstrap:
+:mod:`hf_headattn.experiment.evaluation`); the staged grid search in :mod:`.search`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -27,7 +27,7 @@ DEMO_SCHEDULE = [
     "--lr_scheduler_type", "inverse_sqrt", "--adam_beta2", "0.98", "--weight_decay", "0.0001",
     "--logging_steps", "50", "--report_to", "none", "--per_device_eval_batch_size", "100",
 ]
-#: The reproduction's schedule (recipes/reproduce_multi30k.py) without its length, evaluation and logging: the small
+#: The reproduction's schedule (research/reproduce_multi30k.py) without its length, evaluation and logging: the small
 #: shape, 8k vocabulary, dropout 0.3, batches of 256 sentences, lr 1e-3 with inverse-square-root decay after 500
 #: warm-up steps.
 REPRODUCTION_SCHEDULE = [
@@ -42,7 +42,7 @@ def prepare_tokenizer(tokenizer_dir: str | Path, multi30k_dir: str | Path, vocab
                       source_lang: str = "en", target_lang: str = "de") -> Path:
     """The joint sentencepiece tokenizer every run of a study shares (trained on Multi30k's training split; reused when
     ``tokenizer_dir`` holds one)."""
-    from ..recipe_parts import ParallelDataArguments, load_recipe_data, scratch_tokenizer
+    from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data, scratch_tokenizer
 
     data = ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang, target_lang=target_lang)
     scratch_tokenizer(load_recipe_data(data)["train"], vocab_size, tokenizer_dir, source_lang, target_lang)
@@ -60,7 +60,7 @@ def parse_sources(script: str | Path, multi30k_dir: str | Path, parses_dir: str 
 def references(multi30k_dir: str | Path, splits: Sequence[str], target_lang: str = "de",
                source_lang: str = "en") -> dict[str, list[str]]:
     """The raw (detokenised) references of Multi30k ``splits``, as training scores them."""
-    from ..recipe_parts import ParallelDataArguments, load_recipe_data
+    from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
                                                  target_lang=target_lang))
@@ -85,16 +85,6 @@ def git_dirty(cwd: str | Path | None = None) -> bool | None:
         return None
 
 
-def write_json_atomic(path: str | Path, payload) -> Path:
-    """Write JSON through a temporary file and a rename, so that a killed process never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
 def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Path, *, settings: dict,
                       parses_dir: str | Path | None = None, num_beams: int = 5, max_length: int = 128,
                       batch_size: int = 100, use_cpu: bool = True, bf16: bool = False,
@@ -107,11 +97,15 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
     import datasets
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
 
-    from ..presets import uses_syntax
-    from ..trainer import HeadAttnSeq2SeqTrainer
-    from ..recipe_parts import (
-        ParallelDataArguments, collator, load_recipe_data, prepare_features, syntax_parser_name, translate_and_score,
+    from hf_headattn.experiment.methods.sea.inputs import syntax_parser_name, uses_syntax
+    from hf_headattn.experiment.recipe_parts import (
+        ParallelDataArguments,
+        collator,
+        load_recipe_data,
+        prepare_features,
+        translate_and_score,
     )
+    from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
                                                  target_lang=target_lang))
@@ -120,7 +114,7 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
     syntax = uses_syntax(settings)
     features = prepare_features(raw, tokenizer, source_lang, target_lang, settings, max_length, max_length,
-                                parses_dir=parses_dir if syntax else None)
+                                syntax_parses_dir=parses_dir if syntax else None)
     if syntax and parses_dir is not None and model.config.syntax_parser != syntax_parser_name(None, parses_dir):
         raise ValueError(f"{model_dir} was trained on parses by {model.config.syntax_parser!r}, but {parses_dir} holds "
                          f"parses by {syntax_parser_name(None, parses_dir)!r}")

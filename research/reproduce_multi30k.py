@@ -4,14 +4,14 @@ several seeds, one set of hyperparameters (``COMMON_FLAGS``), scored on ``test_2
 bootstrap.
 
     # train every row and seed (runs side by side; on one GPU they share it), then print the table
-    python recipes/reproduce_multi30k.py run --output_dir runs/multi30k --seeds 1 2 --parallel 10
-    python recipes/reproduce_multi30k.py table --output_dir runs/multi30k
+    python research/reproduce_multi30k.py run --output_dir runs/multi30k --seeds 1 2 --parallel 10
+    python research/reproduce_multi30k.py table --output_dir runs/multi30k
 
     # the same on a CPU, smaller (flags after "--" go to every train_translation.py run and win)
-    python recipes/reproduce_multi30k.py run --output_dir runs/cpu --parallel 2 -- --model_shape tiny --use_cpu true
+    python research/reproduce_multi30k.py run --output_dir runs/cpu --parallel 2 -- --model_shape tiny --use_cpu true
 
 ``run`` trains one joint tokenizer for all rows, and, when a row uses SEA, parses the sources once with spaCy
-(``parse_sources.py``; or pass ``--parses_dir`` made elsewhere). Each run writes ``<row>/seed<k>/`` with
+(``recipes/parse_sources.py``; or pass ``--parses_dir`` made elsewhere). Each run writes ``<row>/seed<k>/`` with
 ``results.json``, ``predictions_test_2016_flickr.txt`` and ``train.log``. ``table`` reads them: the mean and the
 sample standard deviation over seeds, and for each seed a paired bootstrap (sacreBLEU's, 1000 resamples) of the row
 against the baseline run with the same seed. "Best combination" rows (``a+b``) are chosen on validation BLEU, never
@@ -28,11 +28,12 @@ from pathlib import Path
 
 from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, positive_float, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
-from hf_headattn.experiment.study import REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer
-from hf_headattn.experiment.study.arguments import split_passthrough
-from hf_headattn.experiment.study.runs import load_results, run_dir, training_jobs
+from workshop import REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer
+from workshop.arguments import split_passthrough
+from workshop.runs import load_results, run_dir, training_jobs
 
-HERE = Path(__file__).resolve().parent
+#: The recipes the reproduction runs (``train_translation.py``, ``parse_sources.py``), beside this folder.
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 ROWS = ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe"]
 
 #: The hyperparameters every row shares (transformer_iwslt-like optimisation scaled to a 4+4-layer d=256 model).
@@ -46,7 +47,8 @@ COMMON_FLAGS = [
 
 def prepare(args) -> tuple[Path, Path | None]:
     """The shared tokenizer, and the parses when a row needs them (both reused when already there)."""
-    from hf_headattn.experiment.presets import method_settings, uses_syntax
+    from hf_headattn.experiment.methods.sea.inputs import uses_syntax
+    from hf_headattn.experiment.presets import method_settings
 
     tokenizer_dir = args.tokenizer_dir or args.output_dir / "tokenizer"
     prepare_tokenizer(tokenizer_dir, args.multi30k_dir, args.vocab_size, args.source_lang, args.target_lang)
@@ -54,20 +56,21 @@ def prepare(args) -> tuple[Path, Path | None]:
     if parses_dir is None and any(uses_syntax(method_settings(row)) for row in args.rows):
         parses_dir = args.output_dir / "parses"
         if not parses_dir.is_dir():
-            parse_sources(HERE / "parse_sources.py", args.multi30k_dir, parses_dir, args.source_lang, args.target_lang)
+            parse_sources(RECIPES / "parse_sources.py", args.multi30k_dir, parses_dir, args.source_lang,
+                          args.target_lang)
     return tokenizer_dir, parses_dir
 
 
 def launch(args, extra: list[str]) -> None:
     """Train every row and seed, ``--parallel`` at a time, with the shared tokenizer (and parses)."""
-    from hf_headattn.experiment.jobs import run_jobs
+    from workshop.jobs import run_jobs
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
     data_flags = ["--multi30k_dir", str(args.multi30k_dir), "--source_lang", args.source_lang,
                   "--target_lang", args.target_lang]
     tokenizer_dir, parses_dir = prepare(args)
     jobs = training_jobs(args.output_dir, args.rows, args.seeds, lambda row, seed: [
-        sys.executable, str(HERE / "train_translation.py"), *COMMON_FLAGS, *data_flags,
+        sys.executable, str(RECIPES / "train_translation.py"), *COMMON_FLAGS, *data_flags,
         "--vocab_size", str(args.vocab_size), "--method", row, "--seed", str(seed),
         "--output_dir", str(run_dir(args.output_dir, row, seed)), "--overwrite_output_dir",  # a failed run: afresh
         "--tokenizer_name", str(tokenizer_dir),
@@ -99,8 +102,8 @@ def summarize(output_dir: Path, rows: list[str] | None = None, at_epoch: float |
     from dataclasses import fields
 
     from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
-    from hf_headattn.experiment.study.tables import p_values_vs_baseline
     from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data
+    from workshop.tables import p_values_vs_baseline
 
     runs = load_results(output_dir, rows)
     rows = rows or sorted(runs, key=lambda name: (name != "baseline", "+" in name, name))

@@ -16,10 +16,11 @@ inverse_sqrt, seed 1) the study
 3. writes the ``table``s (markdown) and the raw results (JSON).
 
     # CPU (2 cores: 2 runs at a time, one thread each; ~7 min a run on an idle machine; 2.5 h in all)
-    python recipes/fidelity_study.py screen --output_dir runs/fidelity --parallel 2
-    python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2 --methods dhicm --top 2  # reads test
-    python recipes/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2 --methods eadra
-    python recipes/fidelity_study.py table --output_dir runs/fidelity --json benchmarks/results/fidelity_study.json
+    python research/fidelity_study.py screen --output_dir runs/fidelity --parallel 2
+    # confirm reads the test set (of the confirmed runs only)
+    python research/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2 --methods dhicm --top 2
+    python research/fidelity_study.py confirm --output_dir runs/fidelity --parallel 2 --methods eadra
+    python research/fidelity_study.py table --output_dir runs/fidelity --json benchmarks/results/fidelity_study.json
     # a GPU: --device cuda --parallel 16 (the runs share it)
 
 Runs already finished (``results.json`` present) are kept, so an interrupted study resumes.
@@ -36,14 +37,15 @@ from pathlib import Path
 from hf_headattn.experiment.arguments import multi30k_folder, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
-from hf_headattn.experiment.jobs import run_jobs
-from hf_headattn.experiment.methods import dhicm, eadra
-from hf_headattn.experiment.study import prepare_tokenizer, references
-from hf_headattn.experiment.study.protocol import best_rows
-from hf_headattn.experiment.study.runs import load_results, run_dir, training_jobs
-from hf_headattn.experiment.study.tables import p_values_vs_baseline
+from workshop import prepare_tokenizer, references
+from workshop.jobs import run_jobs
+from workshop.protocol import best_rows
+from workshop.rows import dhicm_row, eadra_row
+from workshop.runs import load_results, run_dir, training_jobs
+from workshop.tables import p_values_vs_baseline
 
-HERE = Path(__file__).resolve().parent
+#: The training recipe each run calls, in ``recipes/`` beside this folder.
+TRAIN = Path(__file__).resolve().parent.parent / "recipes" / "train_translation.py"
 
 #: make demo's schedule (recipes/demo.py), scored on validation.
 SCHEDULE = [
@@ -64,20 +66,20 @@ CONFIRM_SEEDS = (2, 3, 4)
 #: ``alpha_scale`` 1.0 (the option came after these runs).
 SCREEN: dict[str, tuple[dict, bool]] = {
     "baseline": ({}, False),
-    "dhicm_per_token_l0.1": (dhicm.study_settings("per_token", 0.1), True),  # paper literal as released (0.1)
-    "dhicm_per_token_l1e-3": (dhicm.study_settings("per_token", 1e-3), True),
-    "dhicm_per_token_l1e-4": (dhicm.study_settings("per_token", 1e-4), True),
-    "dhicm_per_batch_l0.1": (dhicm.study_settings("per_batch", 0.1), True),
-    "dhicm_per_batch_l1": (dhicm.study_settings("per_batch", 1.0), True),
+    "dhicm_per_token_l0.1": (dhicm_row("per_token", 0.1), True),  # paper literal as released (0.1)
+    "dhicm_per_token_l1e-3": (dhicm_row("per_token", 1e-3), True),
+    "dhicm_per_token_l1e-4": (dhicm_row("per_token", 1e-4), True),
+    "dhicm_per_batch_l0.1": (dhicm_row("per_batch", 0.1), True),
+    "dhicm_per_batch_l1": (dhicm_row("per_batch", 1.0), True),
     # diagnostic, not a reading of an open choice (Eq. 3 is explicit): our fine-tuning variant, which keeps the
     # concatenation of the heads (weighted by H * G) instead of Eq. 3's mixture through one shared V
-    "dhicm_scaled_out_proj_per_batch_l0.1": (dhicm.study_settings("per_batch", 0.1, "scaled_out_proj"), False),
-    "eadra_sum": (eadra.study_settings("sum"), True),  # Eq. 8 literal, as released
-    "eadra_sum_a0.01": (eadra.study_settings("sum", scale=0.01), True),
-    "eadra_pair_mean": (eadra.study_settings("pair_mean"), True),
-    "eadra_pair_mean_warmup": (eadra.study_settings("pair_mean", warmup=250), True),
-    "eadra_pair_mean_a0.3": (eadra.study_settings("pair_mean", scale=0.3), True),
-    "eadra_pair_mean_a0.1": (eadra.study_settings("pair_mean", scale=0.1), True),
+    "dhicm_scaled_out_proj_per_batch_l0.1": (dhicm_row("per_batch", 0.1, "scaled_out_proj"), False),
+    "eadra_sum": (eadra_row("sum"), True),  # Eq. 8 literal, as released
+    "eadra_sum_a0.01": (eadra_row("sum", scale=0.01), True),
+    "eadra_pair_mean": (eadra_row("pair_mean"), True),
+    "eadra_pair_mean_warmup": (eadra_row("pair_mean", warmup=250), True),
+    "eadra_pair_mean_a0.3": (eadra_row("pair_mean", scale=0.3), True),
+    "eadra_pair_mean_a0.1": (eadra_row("pair_mean", scale=0.1), True),
     # Not screened (2 CPU cores): lambda 0, sentence-only EaDRA and the literal sum warmed up (diagnostics); a
     # "normalized_positions" row: on self-attention n_keys - 1 = the number of query pairs, so it equals pair_mean;
     # R_peak's reduction: alpha_peak is 0 in every Table 6 row, so "mean" and "sum" train the same model.
@@ -98,7 +100,7 @@ def command(args, stage: str, row: str, seed: int) -> list[str]:
     out = run_dir(args.output_dir / stage, row, seed)
     settings = SCREEN[row][0]
     return [
-        sys.executable, str(HERE / "train_translation.py"), "--multi30k_dir", str(args.multi30k_dir), *SCHEDULE,
+        sys.executable, str(TRAIN), "--multi30k_dir", str(args.multi30k_dir), *SCHEDULE,
         *(SCREEN_FLAGS if stage == "screen" else CONFIRM_FLAGS), "--method", "baseline",
         "--method_settings", json.dumps(settings), "--tokenizer_name", str(args.output_dir / "tokenizer"),
         "--seed", str(seed), "--output_dir", str(out), *(["--use_cpu", "true"] if args.device == "cpu" else []),

@@ -1,4 +1,4 @@
-"""The command line of a study whose runs train to convergence (:mod:`~hf_headattn.experiment.study.launch`): the
+"""The command line of a study whose runs train to convergence (:mod:`~workshop.launch`): the
 folders, runs at a time and the stop rules, with defaults per ``--device``; and the flags after ``--``, which a study
 passes on to every training run.
 """
@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..arguments import positive_float, positive_int
+from hf_headattn.experiment.arguments import positive_float, positive_int
 
 #: How the help names a device.
 DEVICE_NAMES = {"cpu": "the CPU", "cuda": "a GPU"}

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..jobs import run_jobs
-from ..presets import uses_syntax
-from . import git_commit, score_saved_model, write_json_atomic
+from hf_headattn.experiment.methods.sea.inputs import uses_syntax
+from hf_headattn.experiment.outputs import write_json_atomic
+
+from . import git_commit, score_saved_model
+from .jobs import run_jobs
 from .runs import Job, now, read_json, record_path
 
 

@@ -4,7 +4,7 @@ A run trains until its greedy validation BLEU has not improved for ``patience`` 
 ``max_epochs`` epochs and ``time_cap_minutes`` minutes of training in all (:class:`StopRules`); its best checkpoint
 by validation BLEU is scored on validation. It trains in ``<output_dir>/<stage>/<row>/seed<k>``, which keeps
 ``study_run.json`` (its identity and sessions) and a log per session (``train.<n>.log``), and resumes across
-sessions (:mod:`~hf_headattn.experiment.study.sessions`). Finished, it is recorded in
+sessions (:mod:`~workshop.sessions`). Finished, it is recorded in
 ``<results_dir>/<stage>-<row>-seed<k>.json``: identity, git commit, epochs, stop reason (``early_stopping``,
 ``time_cap`` or ``max_epochs``), validation curve, the training logs per epoch, best validation BLEU/chrF and
 predictions, training time; a recorded run is skipped. Stop a launch with Ctrl-C (or kill its process group): killing
@@ -19,12 +19,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..jobs import run_jobs
-from . import git_commit, git_dirty, write_json_atomic
+from hf_headattn.experiment.outputs import write_json_atomic
+
+from . import git_commit, git_dirty
 from .curves import best_index, stop_reason, training_curve, validation_curve
+from .jobs import run_jobs
 from .runs import now, record_path, run_dir
 from .sessions import (
-    StopRules, check_identity, checkpoint_progress, resumable_checkpoint, session_flags, training_processes,
+    StopRules,
+    check_identity,
+    checkpoint_progress,
+    resumable_checkpoint,
+    session_flags,
+    training_processes,
 )
 
 VALID = "validation"

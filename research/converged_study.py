@@ -11,7 +11,7 @@ of the screen, and the baseline, with seeds 2 and 3 (after the whole screen; the
 (stdout and ``<results_dir>/README.md``); ``status``. Each run trains until its greedy validation BLEU has not
 improved for ``--patience`` epochs, for at most ``--max_epochs`` epochs and ``--time_cap_minutes`` minutes of training
 in all; its best checkpoint is scored (beam 5), its record written to ``<results_dir>`` the moment it finishes; a
-restart resumes the unfinished runs from their last epoch (:mod:`hf_headattn.experiment.study.launch`); checkpoints
+restart resumes the unfinished runs from their last epoch (:mod:`workshop.launch`); checkpoints
 go to ``--output_dir``. Stop it with Ctrl-C or ``kill -- -PGID`` (killing its process alone leaves its runs going).
 
     # CPU (2 cores): the tiny shape, 2 runs at a time with 1 thread each. The same line starts and resumes the study
@@ -19,14 +19,14 @@ go to ``--output_dir``. Stop it with Ctrl-C or ``kill -- -PGID`` (killing its pr
     # 0.52 s a step alone on an idle machine, 0.8-1.2 s with two runs and other jobs: 4-10 min an epoch with the
     # 20-30 s evaluation. At 15-40 epochs a run (early stopping decides) that is 1.5-6 h a run, about 3 h typically;
     # 16 runs two at a time: about 24 h (15-45 h), eight 3-hour sessions.
-    python recipes/converged_study.py screen --parallel 2    # then confirm, test, table likewise; status: how far
+    python research/converged_study.py screen --parallel 2    # then confirm, test, table likewise; status: how far
 
     # GPU: the small shape, 10 runs sharing the GPU (start CUDA MPS first: nvidia-cuda-mps-control -d). On one H200
     # the 8 rows of the screen, 8 at a time, stopped early after 24-40 epochs, 5-10 min of training each; the
     # confirmation's 8 runs and the test reading took 9 minutes. The checkpoints stay on that machine: confirm and
     # test there. Make the tokenizer and the parses first where spaCy is installed, then carry them over:
-    python recipes/converged_study.py prepare --device cuda       # -> runs/converged-cuda/{tokenizer,parses}
-    python recipes/converged_study.py screen --device cuda --parallel 10   # then confirm, test, table likewise
+    python research/converged_study.py prepare --device cuda       # -> runs/converged-cuda/{tokenizer,parses}
+    python research/converged_study.py screen --device cuda --parallel 10   # then confirm, test, table likewise
 
 Defaults per device (``DEVICES``): CPU: the tiny shape with ``make demo``'s schedule, at most 60 epochs and 600
 minutes per run; GPU (``--device cuda``): the small shape with the reproduction's schedule (bf16), at most 150 epochs
@@ -44,32 +44,38 @@ from pathlib import Path
 from hf_headattn.experiment.arguments import existing_file, multi30k_folder
 from hf_headattn.experiment.data import TEST_SPLIT as TEST
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
-from hf_headattn.experiment.methods import dhicm, eadra, sea
-from hf_headattn.experiment.presets import uses_syntax
-from hf_headattn.experiment.study import (DEMO_SCHEDULE, REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer,
-                                          references)
-from hf_headattn.experiment.study.arguments import add_run_arguments, apply_device_defaults, split_passthrough
-from hf_headattn.experiment.study.launch import ConvergenceRuns, convergence_flags, launch
-from hf_headattn.experiment.study.protocol import StagedStudy
-from hf_headattn.experiment.study.runs import Runs, record_path, run_dir
-from hf_headattn.experiment.study.scoring import score_run
-from hf_headattn.experiment.study.sessions import StopRules
-from hf_headattn.experiment.study.tables import (
-    against, epochs_trained, p_values_vs_baseline, protocol_note, scores_note, validation_curves,
+from hf_headattn.experiment.methods.sea.inputs import uses_syntax
+from workshop import DEMO_SCHEDULE, REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer, references
+from workshop.arguments import add_run_arguments, apply_device_defaults, split_passthrough
+from workshop.launch import ConvergenceRuns, convergence_flags, launch
+from workshop.protocol import StagedStudy
+from workshop.rows import dhicm_row, eadra_row, sea_row
+from workshop.runs import Runs, record_path, run_dir
+from workshop.scoring import score_run
+from workshop.sessions import StopRules
+from workshop.tables import (
+    against,
+    epochs_trained,
+    p_values_vs_baseline,
+    protocol_note,
+    scores_note,
+    validation_curves,
 )
 
 HERE = Path(__file__).resolve().parent
+#: The recipes this study runs (``train_translation.py``, ``parse_sources.py``), beside this folder.
+RECIPES = HERE.parent / "recipes"
 STUDY, VALID, TEST_BEAMS = "converged", "validation", 5
 #: row -> (method, settings). Every setting written out, so later default changes do not change a row.
 ROWS: dict[str, tuple[str, dict]] = {
     "baseline": ("baseline", {}),
-    "dhicm_per_batch": ("dhicm", dhicm.study_settings("per_batch", 0.1)),
-    "dhicm_per_token": ("dhicm", dhicm.study_settings("per_token", 0.1)),
-    "eadra_pair_mean_a0.1": ("eadra", eadra.study_settings("pair_mean", alpha_scale=0.1)),
-    "eadra_pair_mean_a0.3": ("eadra", eadra.study_settings("pair_mean", alpha_scale=0.3)),
-    "eadra_pair_mean_a1": ("eadra", eadra.study_settings("pair_mean", alpha_scale=1.0)),
-    "dea_rhe": ("sea", sea.study_settings("dea")),
-    "lpea_rhe": ("sea", sea.study_settings("lpea")),
+    "dhicm_per_batch": ("dhicm", dhicm_row("per_batch", 0.1)),
+    "dhicm_per_token": ("dhicm", dhicm_row("per_token", 0.1)),
+    "eadra_pair_mean_a0.1": ("eadra", eadra_row("pair_mean", alpha_scale=0.1)),
+    "eadra_pair_mean_a0.3": ("eadra", eadra_row("pair_mean", alpha_scale=0.3)),
+    "eadra_pair_mean_a1": ("eadra", eadra_row("pair_mean", alpha_scale=1.0)),
+    "dea_rhe": ("sea", sea_row("dea")),
+    "lpea_rhe": ("sea", sea_row("lpea")),
 }
 #: The screen with seed 1, the confirmation with the fresh seeds 2 and 3 (seed 1 chose the rows), and the criterion.
 STEPS = StagedStudy({row: method for row, (method, _) in ROWS.items()}, (1,), (2, 3),
@@ -99,7 +105,7 @@ def identity(args, row: str, seed: int) -> dict:
 def train_command(args, stage: str, row: str, seed: int) -> list[str]:
     """The ``train_translation.py`` command of a run, before the per-session flags (resume, time left)."""
     return [
-        sys.executable, str(HERE / "train_translation.py"), "--multi30k_dir", str(args.multi30k_dir),
+        sys.executable, str(RECIPES / "train_translation.py"), "--multi30k_dir", str(args.multi30k_dir),
         *DEVICES[args.device]["flags"], *convergence_flags(args.patience, args.max_epochs, TEST_BEAMS),
         "--method", "baseline", "--method_settings", json.dumps(ROWS[row][1]),
         "--tokenizer_name", str(args.tokenizer_dir),
@@ -133,7 +139,7 @@ def prepare(args, rows) -> None:
     prepare_tokenizer(args.tokenizer_dir, args.multi30k_dir, DEVICES[args.device]["vocab_size"])
     if any(uses_syntax(ROWS[row][1]) for row in rows) and not (Path(args.parses_dir) / "parser.json").is_file():
         print(f"parsing the sources into {args.parses_dir} (spaCy)", flush=True)
-        parse_sources(HERE / "parse_sources.py", args.multi30k_dir, args.parses_dir)
+        parse_sources(RECIPES / "parse_sources.py", args.multi30k_dir, args.parses_dir)
 
 
 def screen_table(screen: Runs, refs: dict[str, list[str]]) -> str:
@@ -185,7 +191,7 @@ def table(args) -> str:
     refs = references(args.multi30k_dir, [VALID, TEST])
     any_run = next((run for runs in screen.values() for run in runs.values()), None)
     parts = [f"# The methods at convergence (issue #26): Multi30k En-De, schedule `{DEVICES[args.device]['schedule']}`",
-             "", "Written by `python recipes/converged_study.py table"
+             "", "Written by `python research/converged_study.py table"
              f"{' --device cuda' if args.device == 'cuda' else ''}` from the JSON records here.",
              protocol_note(any_run["patience"] if any_run else args.patience,
                            any_run["max_epochs"] if any_run else args.max_epochs, TEST_BEAMS, TEST),

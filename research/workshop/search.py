@@ -4,7 +4,7 @@ DHICM (Goindani & Shrivastava 2021, §4.2) first grid-searches the architecture 
 feed-forward size) with the regularization ones at their defaults, then the regularization hyperparameters (dropout,
 attention dropout, activation dropout, DHICM dropout, label smoothing) with the architecture fixed at the best of the
 first stage; "the optimal hyperparameters chosen are the ones that correspond to the minimum loss on the validation
-set". A grid (a JSON file, see ``recipes/grids/``) lists the stages in order; each stage's best values stay fixed in
+set". A grid (a JSON file, see ``research/grids/``) lists the stages in order; each stage's best values stay fixed in
 the later ones:
 
     {"stages": [{"name": "architecture", "grid": {"attention_heads": [2, 4, 8], "ffn_dim": [512, 1024, 2048]}},
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from ..registry import registered_methods
-from .presets import ARCHITECTURE_FIELDS, merge_settings
+from hf_headattn.experiment.presets import ARCHITECTURE_FIELDS, merge_settings
+from hf_headattn.registry import registered_methods
 
 #: Grid keys that set architecture config fields; the two aliases set the encoder's and the decoder's together.
 ARCHITECTURE = {

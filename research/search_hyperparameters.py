@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Grid-search hyperparameters in stages by validation loss (DHICM §4.2), with ``Trainer.hyperparameter_search``.
 
-Takes ``train_translation.py``'s model, data and training flags (``--preset`` and ``--early_stopping_patience``
-included; they set each trial's base settings) plus ``--grid``, a JSON file of stages (see ``hf_headattn.experiment.search``):
+Takes ``recipes/train_translation.py``'s model, data and training flags (``--preset`` and ``--early_stopping_patience``
+included; they set each trial's base settings) plus ``--grid``, a JSON file of stages (see ``workshop.search``):
 
     # DHICM's two stages: architecture (heads, feed-forward size), then regularization at the best architecture
-    python recipes/search_hyperparameters.py --grid recipes/grids/dhicm_two_stage.json --method dhicm \
+    python research/search_hyperparameters.py --grid research/grids/dhicm_two_stage.json --method dhicm \
         --model_shape small --output_dir outputs/search \
         --num_train_epochs 50 --early_stopping_patience 10 --save_total_limit 1 --per_device_train_batch_size 64
 
@@ -26,18 +26,31 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
+from transformers import AutoConfig, AutoTokenizer, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn.experiment.kit import kits
+from hf_headattn.experiment.method_inputs import input_flags
 from hf_headattn.experiment.outputs import DATA_FLAGS, OutputArguments, check_output_dir, flag_inputs, remove_entries
-from hf_headattn.experiment.presets import early_stopping_callbacks, expand_argv, merge_settings, split_architecture
+from hf_headattn.experiment.presets import early_stopping_callbacks, merge_settings, split_architecture
 from hf_headattn.experiment.recipe_parts import (
-    MODEL_CLASSES, collator, load_recipe_data, prepare_features, pretrained_model, scratch_model, scratch_tokenizer,
+    MODEL_CLASSES,
+    collator,
+    load_recipe_data,
+    method_columns,
+    prepare_features,
+    pretrained_model,
+    scratch_model,
+    scratch_tokenizer,
     write_json,
 )
-from hf_headattn.experiment.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
-from hf_headattn.experiment.translation_recipe import DataArguments, ModelArguments, settings_from
+from hf_headattn.experiment.translation_recipe import (
+    DataArguments,
+    ModelArguments,
+    parse_recipe_arguments,
+    settings_from,
+)
+from workshop.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
 
 logger = logging.getLogger("search_hyperparameters")
 
@@ -45,7 +58,7 @@ logger = logging.getLogger("search_hyperparameters")
 @dataclass
 class SearchArguments:
     grid: str | None = field(default=None, metadata={"help": "JSON file of the stages' grids, e.g. "
-                                                             "recipes/grids/dhicm_two_stage.json"})
+                                                             "research/grids/dhicm_two_stage.json"})
 
 
 def check_base(stages, model_args: ModelArguments, settings: dict, training_args) -> None:
@@ -66,15 +79,15 @@ def check_base(stages, model_args: ModelArguments, settings: dict, training_args
 
 
 def main(argv=None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, SearchArguments, OutputArguments,
-                               Seq2SeqTrainingArguments))
-    model_args, data_args, search_args, output_args, training_args = parser.parse_args_into_dataclasses(
-        args=expand_argv(argv))
+    parser, parsed, options = parse_recipe_arguments(
+        (ModelArguments, DataArguments, SearchArguments, OutputArguments, Seq2SeqTrainingArguments), argv)
+    model_args, data_args, search_args, output_args, training_args = parsed
     if not search_args.grid:
-        raise ValueError("--grid is required: a JSON file of stages, e.g. recipes/grids/dhicm_two_stage.json")
+        raise ValueError("--grid is required: a JSON file of stages, e.g. research/grids/dhicm_two_stage.json")
     stages = load_grid(search_args.grid)
     try:  # an earlier search's stage folders (their trials' checkpoints) and results, replaced only when asked
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
+        inputs |= input_flags(options)
         results_pattern = re.compile("|".join(re.escape(stage.name) for stage in stages) + r"|search_.*\.json")
         earlier = check_output_dir(training_args.output_dir, {**inputs, "--grid": search_args.grid},
                                    results=results_pattern, overwrite=output_args.overwrite_output_dir,
@@ -108,17 +121,17 @@ def main(argv=None) -> dict:
     def build_model(fields: dict):
         """A fresh model with a trial's config fields merged over the base settings (flags, preset, method)."""
         if path:
-            return pretrained_model(path, merge_settings(base, fields), attn_implementation=model_args.attn_implementation)
+            return pretrained_model(path, merge_settings(base, fields),
+                                    attn_implementation=model_args.attn_implementation)
         shape, rest = split_architecture(model_args.model_shape, merge_settings(base, fields))
         model = scratch_model(shape, tokenizer, rest, max_length)
         model.set_attn_implementation(model_args.attn_implementation)
         return model
 
     features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
-                                data_args.max_target_length, data_args.preprocessing_num_workers,
-                                data_args.spacy_model)
-    if "syntax_word" in features["train"].column_names:
-        training_args.remove_unused_columns = False  # the collator turns the syntax columns into model inputs
+                                data_args.max_target_length, data_args.preprocessing_num_workers, **options)
+    if method_columns(settings):
+        training_args.remove_unused_columns = False  # the collator turns the methods' columns into model inputs
     training_args.predict_with_generate = False  # the objective is the loss
     data_collator = collator(tokenizer, None, settings)  # the models shift the labels themselves
 

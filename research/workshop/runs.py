@@ -1,4 +1,4 @@
-"""A study's runs on disk, as the study recipes lay them out: a run trains in ``<root>/<row>/seed<k>`` (``root``: the
+"""A study's runs on disk, as the study scripts lay them out: a run trains in ``<root>/<row>/seed<k>`` (``root``: the
 study's output folder, or a stage's folder in it), where ``recipes/train_translation.py`` writes ``results.json`` and
 ``predictions_<split>.txt``; a study that keeps records writes one JSON file per finished run,
 ``<results_dir>/<stage>-<row>-seed<k>.json``. Here: those paths, the jobs that train rows x seeds, and loading what
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-#: A :func:`~hf_headattn.experiment.jobs.run_jobs` job: name, command, log file.
+#: A :func:`~workshop.jobs.run_jobs` job: name, command, log file.
 Job = tuple[str, list[str], Path]
 #: Runs by row and seed, ``{row: {seed: results or record}}``.
 Runs = dict[str, dict[int, dict]]

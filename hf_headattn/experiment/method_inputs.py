@@ -1,0 +1,162 @@
+"""The methods' own forward inputs in the recipes and ``translate``: the hooks of the switched-on methods' kits
+(:class:`~.kit.MethodKit`'s ``columns``, ``recipe_arguments``, ``prepare_features``, ``collate``; ``translate``
+calls ``inference_inputs``) composed, so that no shared module names a method.
+
+Several methods with inputs of their own compose: each adds its own feature columns, each ``collate`` adds its own
+forward inputs to the one padded batch, and ``translate`` merges each text's columns from every method. What cannot
+compose is refused naming both methods: two kits that declare one column or one recipe flag, or two collate hooks
+that make one input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import datasets
+from transformers import DataCollatorForSeq2Seq
+
+from .kit import MethodKit, kits
+
+_HOOKS = ("prepare_features", "collate", "inference_inputs")
+
+
+def _owners(found: Iterable[MethodKit], names: Callable[[MethodKit], Iterable[str]], what: str) -> dict[str, str]:
+    """``{name: method}`` over ``found``; a name two methods claim is refused, naming both."""
+    owners: dict[str, str] = {}
+    for kit in found:
+        for name in names(kit):
+            if owners.setdefault(name, kit.name) != kit.name:
+                raise ValueError(f"the methods {owners[name]!r} and {kit.name!r} both declare the {what} {name!r}; "
+                                 f"expected each {what} declared by one method")
+    return owners
+
+
+def input_kits(settings: Mapping[str, Any]) -> list[MethodKit]:
+    """The kits, in registry order, of the methods that ``settings`` (config fields, e.g. a recipe's settings or
+    ``config.to_dict()``) switch on (not None) and that make inputs of their own (columns or a hook)."""
+    found = [kit for kit in kits() if settings.get(kit.name) is not None
+             and (kit.columns or any(getattr(kit, hook) is not None for hook in _HOOKS))]
+    _owners(found, lambda kit: kit.columns, "feature column")
+    return found
+
+
+def recipe_argument_classes() -> list[type]:
+    """The registered kits' ``recipe_arguments`` dataclasses, for a recipe's ``HfArgumentParser`` (after its own);
+    two kits that define one flag are refused, naming both."""
+    found = [kit for kit in kits() if kit.recipe_arguments is not None]
+    _owners(found, lambda kit: [f.name for f in dataclasses.fields(kit.recipe_arguments)], "recipe flag")
+    return [kit.recipe_arguments for kit in found]
+
+
+def method_options(parsed: Sequence) -> dict[str, Any]:
+    """``{flag: value}`` of parsed ``recipe_arguments`` objects: :func:`prepare_method_features`'s ``options``."""
+    return {f.name: getattr(args, f.name) for args in parsed for f in dataclasses.fields(args)}
+
+
+def input_flags(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"--<flag>": value}`` of the methods' recipe flags that name paths a run reads (each ``recipe_arguments``
+    class lists them in its ``input_flags`` class variable), for :func:`~.outputs.check_output_dir`'s ``inputs``."""
+    return {f"--{name}": options.get(name) for cls in recipe_argument_classes()
+            for name in getattr(cls, "input_flags", ())}
+
+
+def _arguments(kit: MethodKit, options: Mapping[str, Any]):
+    """The kit's ``recipe_arguments`` object from the flat ``options`` (its defaults for flags not given)."""
+    if kit.recipe_arguments is None:
+        return None
+    names = {f.name for f in dataclasses.fields(kit.recipe_arguments) if f.init}
+    return kit.recipe_arguments(**{key: value for key, value in options.items() if key in names})
+
+
+@dataclass(frozen=True)
+class FeatureJob:
+    """What a kit's ``prepare_features`` is given besides the data.
+
+    tokenizer, source, target, max_source_length, max_target_length, num_proc: as the features were tokenized
+        (:func:`~.data.tokenize_parallel`; ``source``/``target`` are keys of the ``translation`` pairs).
+    settings: the method's settings dict (the recipe's).
+    args: its ``recipe_arguments`` object (defaults for the flags not given), or None.
+    config: the model's config, on which the kit records what inference needs to make the same inputs; None (e.g.
+        features for an analysis): nothing is recorded.
+    """
+
+    tokenizer: Any
+    source: str
+    target: str
+    max_source_length: int
+    max_target_length: int
+    settings: Mapping[str, Any]
+    args: Any = None
+    num_proc: int | None = None
+    config: Any = None
+
+
+def prepare_method_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, settings: Mapping[str, Any],
+                            job: Mapping[str, Any], options: Mapping[str, Any]) -> datasets.DatasetDict:
+    """``features`` with the columns of every method that ``settings`` switch on (their kits' ``prepare_features``,
+    in registry order). ``job``: :class:`FeatureJob`'s fields but ``settings`` and ``args``; ``options``: the kits'
+    recipe flags by name (unknown names are refused)."""
+    known = {f.name for cls in recipe_argument_classes() for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown method options {unknown}; expected recipe flags of the registered methods' kits: "
+                         f"{sorted(known)}")
+    for kit in input_kits(settings):
+        if kit.prepare_features is None:
+            continue
+        features = kit.prepare_features(raw, features, FeatureJob(
+            **job, settings=settings[kit.name], args=_arguments(kit, options)))
+        for split, dataset in features.items():
+            missing = [column for column in kit.columns if column not in dataset.column_names]
+            if missing:
+                raise ValueError(f"method {kit.name!r}: its prepare_features left out the columns {missing} of the "
+                                 f"{split!r} split; expected every column of its kit's columns {list(kit.columns)}")
+    return features
+
+
+@dataclass
+class MethodInputsCollator(DataCollatorForSeq2Seq):
+    """``DataCollatorForSeq2Seq`` plus the switched-on methods' own forward inputs.
+
+    Identical to the parent except: the ``columns`` of ``kits`` are taken out of every feature before the parent pads
+    the rest, then each kit's ``collate`` hook adds its forward inputs to the padded batch, given the features (its
+    columns included) and its settings (``method_settings[name]``). An input made twice is refused, naming who made
+    it first.
+    """
+
+    kits: Sequence[MethodKit] = ()
+    method_settings: Mapping[str, Mapping] = field(default_factory=dict)
+
+    def __call__(self, features, return_tensors=None):
+        return_tensors = return_tensors or self.return_tensors
+        own = {column for kit in self.kits for column in kit.columns}
+        batch = super().__call__([{k: v for k, v in f.items() if k not in own} for f in features],
+                                 return_tensors=return_tensors)
+        made = dict.fromkeys(batch, "the seq2seq collator")
+        for kit in self.kits:
+            if kit.collate is None:
+                continue
+            inputs = kit.collate(features, batch, tokenizer=self.tokenizer,
+                                 settings=self.method_settings.get(kit.name) or {}, return_tensors=return_tensors)
+            for key in inputs:
+                if key in made:
+                    raise ValueError(f"method {kit.name!r} makes the batch input {key!r}, which {made[key]} made "
+                                     "already; expected each input made once")
+                made[key] = f"method {kit.name!r}"
+            batch.update(inputs)
+        return batch
+
+
+def method_collator(tokenizer, model, settings: Mapping[str, Any], **kwargs) -> DataCollatorForSeq2Seq:
+    """The batch collator for ``settings`` (config fields): ``DataCollatorForSeq2Seq`` (``kwargs`` passed on), or
+    :class:`MethodInputsCollator` where a method that makes its own inputs is on; each method's collate hook gets
+    its settings from the model's config (so that inference reads them as training did), else from ``settings``."""
+    found = input_kits(settings)
+    if not found:
+        return DataCollatorForSeq2Seq(tokenizer, model=model, **kwargs)
+    config = getattr(model, "config", None)
+    chosen = {kit.name: getattr(config, kit.name, None) or settings.get(kit.name) or {} for kit in found}
+    return MethodInputsCollator(tokenizer, model=model, kits=tuple(found), method_settings=chosen, **kwargs)

@@ -1,0 +1,72 @@
+"""The wheel holds the library alone: setuptools' package discovery, as pyproject.toml configures it, finds
+``hf_headattn`` and its subpackages (the core, the experiment kit, the analyses), none of the research workshop
+(``research/``: the study scripts, their runs, search and jobs); the package never imports the workshop, and the study
+scripts run from ``research/``."""
+
+import ast
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from setuptools.config.pyprojecttoml import apply_configuration
+from setuptools.dist import Distribution
+from setuptools.warnings import SetuptoolsDeprecationWarning
+
+ROOT = Path(__file__).resolve().parents[1]
+#: What only the studies use (research/workshop): no module or package of the wheel has these names.
+WORKSHOP = {"study", "search", "jobs", "workshop", "research"}
+
+
+@pytest.fixture(scope="module")
+def wheel_modules() -> set[str]:
+    """The modules a wheel built from pyproject.toml holds: each found package's ``*.py`` files (``build_py``'s rule;
+    a folder without one, such as ``__pycache__``, adds nothing), ``__init__`` named as its package."""
+    with warnings.catch_warnings():  # setuptools' own deprecations of pyproject.toml fields: not what is tested here
+        warnings.simplefilter("ignore", SetuptoolsDeprecationWarning)
+        dist = apply_configuration(Distribution(), str(ROOT / "pyproject.toml"))
+    assert not dist.py_modules, dist.py_modules  # top-level modules beside the package: none
+    modules = set()
+    for package in dist.packages:
+        for path in (ROOT / Path(*package.split("."))).glob("*.py"):
+            modules.add(package if path.stem == "__init__" else f"{package}.{path.stem}")
+    return modules
+
+
+def test_the_wheel_holds_the_library_and_none_of_the_workshop(wheel_modules):
+    assert all(module.split(".")[0] == "hf_headattn" for module in wheel_modules), sorted(wheel_modules)
+    assert {"hf_headattn.configuration", "hf_headattn.legacy", "hf_headattn.deprecation",
+            "hf_headattn.experiment.recipe_parts", "hf_headattn.experiment.translate", "hf_headattn.experiment.data",
+            "hf_headattn.experiment.tokenization", "hf_headattn.analysis.head_ranking",
+            "hf_headattn.experiment.methods.sea.syntax.parsing"} <= wheel_modules
+    shipped = {module for module in wheel_modules if set(module.split(".")) & WORKSHOP}
+    assert not shipped, f"the wheel would ship research code: {sorted(shipped)}"
+
+
+def test_the_package_never_imports_the_workshop():
+    for path in sorted((ROOT / "hf_headattn").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not {name.split(".")[0] for name in names} & WORKSHOP, f"{path.relative_to(ROOT)} imports {names}"
+
+
+def test_the_study_scripts_import_the_package_and_their_workshop_only():
+    scripts = sorted((ROOT / "research").glob("*.py"))
+    assert {path.stem for path in scripts} >= {"converged_study", "fidelity_study", "reproduce_multi30k",
+                                               "search_hyperparameters"}
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not {name.split(".")[0] for name in names} & {p.stem for p in scripts}, path.name
+        assert "sys.path.insert" not in path.read_text(encoding="utf-8"), path.name
+
+
+@pytest.mark.slow
+def test_a_study_script_runs_from_research_and_finds_its_workshop(tmp_path):
+    """``python research/<script>.py`` from anywhere: Python puts the script's folder first on ``sys.path``."""
+    result = subprocess.run([sys.executable, str(ROOT / "research" / "fidelity_study.py"), "--help"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "screen" in result.stdout, result.stderr[-2000:]
