@@ -16,7 +16,11 @@ the JSON also holds each row's median step time and peak memory (GPU only), all 
 does: fp32 weights, forward and loss under ``torch.autocast(device, torch.bfloat16)``, backward outside it;
 ``bf16``/``fp16`` cast the whole model (``--dtype``, deprecated, names these); ``fp32`` is the CPU's default. AdamW
 is ``fused`` on CUDA and ``foreach`` elsewhere. ``--compile`` compiles every model, stock included
-(``torch.compile(model, backend=--compile-backend)``), so compiled rows are timed against compiled stock; each row
+(``torch.compile(model, backend=--compile-backend, mode=--compile-mode)``), so compiled rows are timed against
+compiled stock; ``--compile-mode reduce-overhead`` is what ``TrainingArguments(torch_compile_mode="reduce-overhead")``
+passes: CUDA graphs with Inductor on CUDA (each step begins with ``torch.compiler.cudagraph_mark_step_begin()``, as
+torch advises for training loops), the default elsewhere; the batch has one fixed shape, as batches padded to
+fixed shapes (``pad_to_multiple_of`` with a fixed ``max_length``) have. Each row
 then records ``compile``: ``graphs`` and ``graph_breaks`` (``torch._dynamo.utils.counters``) of its warm-up,
 ``recompiles``, the graphs compiled during the timed steps (0: no recompilation across steps; a row that compiles
 again after warm-up is timed alone, ``timed_alone``), ``settle_graphs``, those compiled in one more step of every
@@ -91,6 +95,8 @@ from setups import (
 GENERATE_TOKENS = 8
 #: The targets (ratios to stock SDPA in one run).
 TARGETS = {"operators": 1.20, "cpu_time": 1.10, "generate_operators": 1.10, "generate_operators_eadra": 1.0}
+#: torch.compile's modes (``--compile-mode``; TrainingArguments' ``torch_compile_mode``).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 def generate_operators(kind, model, batch, autocast_dtype=None) -> int:
     """Operators of a greedy ``generate`` of exactly ``GENERATE_TOKENS`` tokens (no labels, eval mode, no grad)."""
     inputs = {k: v for k, v in model_inputs(kind, model, batch).items() if k != "labels"}
@@ -137,12 +143,14 @@ def peak_memory(step, batch, device) -> float | None:
     return (resident_bytes([*own, *batch.values()]) + torch.cuda.max_memory_allocated() - before) / 2**30
 
 
-def prepare(kind, model, batch, device, precision, warmup, backend):
+def prepare(kind, model, batch, device, precision, warmup, backend, mode=None):
     """Compile a row's model (``backend``), warm it up and measure what is measured once: peak memory; eager, the
     operators, syncs and greedy ``generate`` operators; compiled, the warm-up's graphs and graph breaks, and whether
-    the step after warm-up compiled anything. Returns (step, measurements)."""
+    the step after warm-up compiled anything; ``mode``: torch.compile's. Returns (step, measurements)."""
     autocast_dtype = PRECISIONS[precision][1]
-    step = step_fn(kind, torch.compile(model, backend=backend) if backend else model, batch, autocast_dtype)
+    step = step_fn(kind, torch.compile(model, backend=backend, mode=mode) if backend else model, batch, autocast_dtype)
+    if backend and mode == "reduce-overhead":
+        step = graph_steps(step)
     (graphs, breaks), reasons = dynamo_counts(), dict(counters["graph_break"])
     start = time.perf_counter()
     for _ in range(warmup):
@@ -165,6 +173,17 @@ def prepare(kind, model, batch, device, precision, warmup, backend):
     if kind != "naive":
         row["generate_operators"] = generate_operators(kind, model, batch, autocast_dtype)
     return step, row
+
+
+def graph_steps(step):
+    """``step`` that first tells CUDA graph trees a new training step begins (no-op off CUDA graphs)."""
+
+    def marked():
+        torch.compiler.cudagraph_mark_step_begin()
+        step()
+
+    marked.forward_backward, marked.optimizer = step.forward_backward, step.optimizer
+    return marked
 
 
 def generate_fn(kind, model, batch, beams: int, tokens: int, autocast_dtype):
@@ -212,7 +231,7 @@ def rounds(calls: dict, repeats: int, device, counted=None, failures=None, untim
 
 def run(shape: str, rows: list[str], device: str, precision: str, repeats: int, warmup: int, naive: bool,
         attn_implementation: str, compile_backend: str | None = None, generate_beams: int = 0,
-        generate_tokens: int = 64, generate_repeats: int = 3) -> dict:
+        generate_tokens: int = 64, generate_repeats: int = 3, compile_mode: str | None = None) -> dict:
     device = torch.device(device)
     shape_kwargs, batch_size, length = SHAPES[shape]
     shape_kwargs = {"max_position_embeddings": max(1024, length), **shape_kwargs}
@@ -244,7 +263,7 @@ def run(shape: str, rows: list[str], device: str, precision: str, repeats: int, 
     for name in list(models):
         try:
             steps[name], measured[name] = prepare(runs[name][0], models[name], batch, device, precision, warmup,
-                                                  compile_backend)
+                                                  compile_backend, compile_mode)
         except Exception as error:
             failed(name, error)
     for name in steps if compile_backend else ():  # one more step each: what another model's compile changed
@@ -275,7 +294,7 @@ def run(shape: str, rows: list[str], device: str, precision: str, repeats: int, 
         "optimizer": "AdamW(fused=True)" if device.type == "cuda" else "AdamW(foreach=True)",
         "attn_implementation": attn_implementation, "repeats": repeats, "warmup": warmup,
         "compile": None if not compile_backend else {"call": "torch.compile(model)", "backend": compile_backend,
-                                                     **limits},
+                                                     "mode": compile_mode or "default", **limits},
         "generate": None if not generated else {"num_beams": generate_beams, "new_tokens": generate_tokens,
                                                 "batch_size": batch_size, "repeats": generate_repeats},
         "torch": torch.__version__, "transformers": transformers.__version__, "rows": {},
@@ -351,6 +370,9 @@ def main(argv=None):
                         help="deprecated: --precision of the same name")
     parser.add_argument("--compile", action="store_true", help="time every model, stock too, under torch.compile")
     parser.add_argument("--compile-backend", default="inductor", help="with --compile (aot_eager: fast, no codegen)")
+    parser.add_argument("--compile-mode", default=None, choices=COMPILE_MODES,
+                        help="with --compile: torch.compile's mode (TrainingArguments' torch_compile_mode; "
+                             "reduce-overhead: CUDA graphs on CUDA with inductor)")
     parser.add_argument("--generate-beams", type=int, default=0,
                         help="also time generate: a beam search of this many beams (0: not timed)")
     parser.add_argument("--generate-tokens", type=int, default=64, help="new tokens of the timed generate")
@@ -373,6 +395,8 @@ def main(argv=None):
             parser.error(f"--dtype {args.dtype} contradicts --precision {args.precision}")
         args.precision = args.dtype
     args.precision = args.precision or default_precision(args.device)
+    if args.compile_mode and not args.compile:
+        parser.error(f"--compile-mode {args.compile_mode}: only with --compile")
     if args.compile and args.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
         parser.error(f"--compile-backend {args.compile_backend!r}: not one of "
                      f"{torch.compiler.list_backends(exclude_tags=())}")
@@ -393,7 +417,7 @@ def main(argv=None):
     else:
         result = run(args.shape, args.rows or ["off"], args.device, args.precision, args.repeats, args.warmup,
                      args.naive, args.attn_implementation, args.compile_backend if args.compile else None,
-                     args.generate_beams, args.generate_tokens, args.generate_repeats)
+                     args.generate_beams, args.generate_tokens, args.generate_repeats, args.compile_mode)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -12,9 +12,10 @@ hook in at the one place transformers 5 designed for it, the attention registry:
   still reads ``"sdpa"``/``"eager"``, ``set_attn_implementation`` switches the backend under the methods, and
   ``config.output_attentions`` and HF's own attention tests work as on the stock model (a model-wide registered name
   would break all three);
-* that function runs the methods attached to the module around the backend the *model* is configured with (SDPA or
-  eager; others are refused): ``before`` may change the mask (SEA), the backend computes the output, ``after`` may
-  read q/k (EaDRA recomputes probabilities only for its heads) and transform the per-head output (DHICM).
+* that function runs the methods attached to the module around the backend the *model* is configured with (SDPA,
+  eager or flex attention, :mod:`hf_headattn.flex`; others are refused, and a method may refuse one: ``backends``):
+  ``before`` may change the mask (SEA), the backend computes the output, ``after`` may read q/k (EaDRA recomputes
+  probabilities only for its heads) and transform the per-head output (DHICM).
 
 Per-forward state (loss terms, read-outs) travels in a :class:`HeadAttnContext` passed as the ``headattn_context``
 keyword, which transformers forwards from the model to every attention call.
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 
+from .flex import FLEX, dense_mask, flex_attention_with
 from .head_masks import module_head_mask, scale_heads, scale_weights
 from .hf_compat import (
     ALL_ATTENTION_FUNCTIONS,
@@ -44,7 +46,7 @@ from .sites import AttentionSite
 #: loading it never changes the function that models built from another copy run.
 ATTENTION_NAME = f"headattn:{__name__}"
 #: The model backends the methods run around (tested); others are refused with an error naming these.
-SUPPORTED_BACKENDS = ("sdpa", "eager")
+SUPPORTED_BACKENDS = ("sdpa", "eager", FLEX)
 
 
 class HeadAttnContext:
@@ -153,6 +155,9 @@ class AttentionCall:
     kwargs: dict[str, Any]
     head_mask: torch.Tensor | None = None  # (1 or B, H), already applied to the per-head output ``after`` gets
     state: dict[str, Any] = field(default_factory=dict)  # what a method's ``before`` leaves for its ``after``
+    #: flex attention only: a ``score_mod`` a method's ``before`` sets (SEA); the call then runs torch's flex attention
+    #: with it and the block mask (:func:`~.flex.flex_attention_with`)
+    score_mod: Any = None
 
     @property
     def is_cross(self) -> bool:
@@ -177,6 +182,19 @@ class AttentionCall:
             return None
         mask = self.context.target_mask if self.is_decoder and not self.is_cross else self.context.source_mask
         return None if mask is None or mask.shape[1] != self.key.shape[2] else mask
+
+    @property
+    def mask_tensor(self) -> torch.Tensor | None:
+        """``attention_mask`` as a tensor: flex attention's BlockMask as the bool mask (B, 1, T, S) SDPA would get
+        (made once per forward and block mask, :func:`~.flex.dense_mask`), any other mask as it is. Refused once a
+        method set a ``score_mod``: the mask it stands for is then no tensor."""
+        if self.score_mod is not None:
+            raise ValueError(
+                f"{self.module.headattn_name}: a method's flex score_mod changed this call's mask, which another "
+                "method reads as a tensor; expected attn_implementation 'sdpa' or 'eager' for this combination"
+            )
+        cache = None if self.context is None else self.context.cache
+        return dense_mask(self.attention_mask, self.query.shape[2], self.key.shape[2], cache)
 
 
 def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.Tensor | None:
@@ -302,12 +320,24 @@ def headattn_attention_forward(
         head_mask,
     )
     methods = [getattr(module, name) for name in module.headattn_methods]
+    refused = [name for name, method in zip(module.headattn_methods, methods) if implementation not in method.backends]
+    if refused:
+        raise ValueError(
+            f"attn_implementation={implementation!r} is not supported by {refused} on {module.headattn_name} (expected "
+            f"attn_implementation in {getattr(module, refused[0]).backends}); load or build the model with one of "
+            "those, or switch the method off"
+        )
     check_loss_terms_get_gradients(module, headattn_context, methods)
     for method in methods:
         method.before(call)
-    attn_output, attn_weights = backend(
-        module, call.query, call.key, call.value, call.attention_mask, dropout=dropout, scaling=scaling, **kwargs
-    )  # attn_output: (B, T, H, D)
+    if call.score_mod is None:
+        attn_output, attn_weights = backend(
+            module, call.query, call.key, call.value, call.attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )  # attn_output: (B, T, H, D)
+    else:
+        attn_output, attn_weights = flex_attention_with(
+            module, call.query, call.key, call.value, call.attention_mask, call.score_mod, scaling, dropout
+        )
     if head_mask is not None:
         attn_output, attn_weights = scale_heads(attn_output, head_mask), scale_weights(attn_weights, head_mask)
     for method in methods:
@@ -320,7 +350,9 @@ class AttentionMethod(nn.Module):
 
     ``records_loss_terms``: whether the method records terms of the training objective (they need gradients).
     ``out_proj_per_head``: whether the module's ``out_proj`` still reads the concatenated heads (pruning then takes
-    its columns of the pruned heads).
+    its columns of the pruned heads). ``backends``: the model backends the method runs on (a call on another is
+    refused with an error naming them); on flex attention ``call.attention_mask`` is a BlockMask, which
+    ``call.mask_tensor`` gives as a tensor.
 
     Head masks and pruning (:mod:`hf_headattn.head_masks`, :mod:`hf_headattn.pruning`): ``after`` gets the per-head
     output already scaled by the call's ``head_mask``; a method that mixes heads or keeps per-head state treats a
@@ -329,6 +361,7 @@ class AttentionMethod(nn.Module):
     """
 
     records_loss_terms = False
+    backends = SUPPORTED_BACKENDS
     out_proj_per_head = True
 
     def init_weights(self, std: float) -> None:

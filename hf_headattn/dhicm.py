@@ -168,6 +168,18 @@ def token_weights(mask: torch.Tensor | None) -> torch.Tensor | None:
     return None if mask is None else mask / mask.sum().clamp(min=1)
 
 
+def query_weights(call) -> torch.Tensor | None:
+    """:func:`token_weights` of ``call.query_mask``, made once per forward for each side (encoder, decoder) and
+    shared by the modules there (three operators a module fewer)."""
+    mask = call.query_mask
+    if mask is None:
+        return None
+    key = (NAME, "token_weights", call.is_decoder)
+    if key not in call.context.cache:
+        call.context.cache[key] = token_weights(mask)
+    return call.context.cache[key]
+
+
 def token_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """The mean of (B, T) ``values`` (float or bool) over the real tokens, with ``weights`` from
     :func:`token_weights`."""
@@ -197,14 +209,23 @@ def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor
         log_heads = heads.clamp_min(1).to(importance.dtype).log()
         kl = (importance * (log_importance + log_heads)).sum(-1).where(heads[..., 0] > 0, 0.0)  # (B, T)
     mean_kl = token_mean(kl, weights)
-    with torch.no_grad():
+    if isinstance(log_heads, float):
+        return mean_kl, *entropy_and_top_share(importance, mean_kl, weights, log_heads)
+    with torch.no_grad():  # per sentence: the mean of 1 - KL / ln H over tokens, 0 where one head or none is left
         share = token_mean(importance.amax(-1) > TOP_HEAD_THRESHOLD, weights)
-        if isinstance(log_heads, float):  # one H: the mean of 1 - KL / ln H is 1 - mean KL / ln H
-            entropy = 1 - mean_kl / log_heads if log_heads > 0 else torch.zeros_like(mean_kl)
-        else:
-            log_heads = log_heads[..., 0]  # (1 or B, 1)
-            entropy = token_mean(torch.where(log_heads > 0, 1 - kl / log_heads.clamp_min(1e-12), 0.0), weights)
+        log_heads = log_heads[..., 0]  # (1 or B, 1)
+        entropy = token_mean(torch.where(log_heads > 0, 1 - kl / log_heads.clamp_min(1e-12), 0.0), weights)
     return mean_kl, entropy, share
+
+
+@torch.no_grad()
+def entropy_and_top_share(importance: torch.Tensor, mean_kl: torch.Tensor, weights: torch.Tensor | None,
+                          log_heads: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`importance_statistics`' mean normalised entropy and top-head share for one number of heads (``log_heads``
+    = ln H): the mean of 1 - KL / ln H is 1 - mean KL / ln H, one operator (``rsub``: 1 - alpha mean KL)."""
+    share = token_mean(importance.amax(-1) > TOP_HEAD_THRESHOLD, weights)
+    entropy = torch.rsub(mean_kl, 1, alpha=1 / log_heads) if log_heads > 0 else torch.zeros_like(mean_kl)
+    return entropy, share
 
 
 def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target_tokens) -> torch.Tensor:
@@ -233,26 +254,104 @@ def projected_input(hidden: torch.Tensor, u: torch.Tensor, p: float) -> torch.Te
     return dropout(hidden.reshape(-1, hidden.shape[-1]) @ u.T, p, p > 0)
 
 
+class HeadMixture(torch.autograd.Function):
+    """Eq. 1-4 of paper mode for all tokens at once, forward and backward written out (#47: DHICM's GPU step was
+    host work). The composition of :func:`importance_scores`, log-softmax (Eq. 1), :func:`combine_heads` and Eq. 4's
+    KL, gradchecked against it in float64, with one autograd node instead of one per operation and fewer operators:
+    a module's forward and backward 80 against 93 (``tests/test_overhead.py``). Products over heads are elementwise
+    with a sum, as in :func:`importance_scores` (a ``bmm`` over B T batches of H x d_k is slower on CPUs).
+
+    ``apply(heads (N, H, d_k), ux (N, d_m), w, v, weights (N,) or None, log_heads)`` -> (sum_h G_h V O^h (N, d_m),
+    mean KL (Eq. 4) with the token ``weights`` (None: the plain mean), G (N, H), no gradient). Backward: with
+    g = dL/dG from Eq. 3 plus w_t (log G + ln H + 1) from Eq. 4 (whose constants the softmax's backward cancels),
+    dL/ds = G (g - <G, g>), and s = O^h . p / sqrt(d_m) with p = W^T U x gives dL/dp and the second term of dL/dO.
+    Runs the backward under the forward's autocast state, as ``torch.amp.custom_bwd`` does.
+    """
+
+    @staticmethod
+    def forward(ctx, heads, ux, w, v, weights, log_heads):
+        tokens, count, head_dim = heads.shape
+        device = heads.device.type
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        if ctx.autocast[1]:  # autocast's casts of W and V, kept for the backward (not cast again there)
+            w, v = w.to(ctx.autocast[2]), v.to(ctx.autocast[2])
+        projected = torch.mm(ux, w)  # (N, d_k): W^T U x
+        scores = (heads * projected.unsqueeze(1)).sum(-1) / math.sqrt(w.shape[0])  # Eq. 2, as importance_scores
+        if scores.dtype in (torch.float16, torch.bfloat16):  # G and the KL in float32 at least
+            scores = scores.float()
+        log_importance = torch.log_softmax(scores, dim=-1)  # Eq. 1
+        importance = log_importance.exp()
+        kl = (importance * (log_importance + log_heads)).sum(-1)  # Eq. 4, per token
+        mean_kl = kl.mean() if weights is None else (kl * weights).sum()
+        mixing = importance.to(heads.dtype)  # G in the heads' dtype (autocast's), kept for the backward
+        mixed = (heads * mixing.unsqueeze(2)).sum(1)  # sum_h G_h O^h
+        ctx.save_for_backward(heads, ux, w, v, projected, importance, log_importance, mixing, mixed, weights)
+        ctx.mark_non_differentiable(importance)
+        ctx.set_materialize_grads(False)
+        return torch.mm(mixed, v.t()), mean_kl, importance  # Eq. 3 without W_s
+
+    @staticmethod
+    def backward(ctx, grad_output, grad_kl, _):
+        heads, ux, w, v, projected, importance, log_importance, mixing, mixed, weights = ctx.saved_tensors
+        tokens, count, head_dim = heads.shape
+        device, enabled, dtype = ctx.autocast
+        with torch.autocast(device, dtype=dtype, enabled=enabled):
+            if grad_output is None:
+                grad_output = mixed.new_zeros(tokens, v.shape[0])
+            grad_mixed = torch.mm(grad_output, v)  # (N, d_k)
+            grad_importance = (heads * grad_mixed.unsqueeze(1)).sum(-1).to(importance.dtype)
+            if grad_kl is not None:
+                token_grad = grad_kl / tokens if weights is None else (grad_kl * weights).unsqueeze(-1)
+                grad_importance = grad_importance + token_grad * log_importance
+            grad_scores = importance * (grad_importance - (importance * grad_importance).sum(-1, keepdim=True))
+            grad_scores = (grad_scores / math.sqrt(w.shape[0])).to(heads.dtype)
+            grad_projected = (heads * grad_scores.unsqueeze(2)).sum(1)
+            # G_h dL/d(mixed) + dL/ds_h p, both outer products
+            grad_heads = (mixing.unsqueeze(2) * grad_mixed.unsqueeze(1)).addcmul_(grad_scores.unsqueeze(2),
+                                                                               projected.unsqueeze(1))
+            return (grad_heads, torch.mm(grad_projected, w.t()), torch.mm(ux.t(), grad_projected),
+                    torch.mm(grad_output.t(), mixed), None, None)
+
+
+def mix_heads_paper(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
+                    v: torch.Tensor, weights: torch.Tensor | None, p: float) -> tuple:
+    """:func:`mix_heads` in paper mode without a head mask, with losses: U x with dropout, then :class:`HeadMixture`.
+    hidden (B, T, d), head_outputs (B, T, H, d_k), weights (B, T) or None -> ((B, T, d_m), G (B, T, H), statistics)."""
+    batch, length, heads, head_dim = head_outputs.shape
+    output, mean_kl, importance = HeadMixture.apply(
+        head_outputs.reshape(-1, heads, head_dim), projected_input(hidden, u, p), w, v,
+        None if weights is None else weights.view(-1), math.log(heads))
+    importance = importance.view(batch, length, heads)
+    return output.view(batch, length, -1), importance, (mean_kl, *entropy_and_top_share(
+        importance, mean_kl, weights, math.log(heads)))
+
+
 def mix_heads(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
-              v: torch.Tensor | None, head_mask: torch.Tensor | None, query_mask: torch.Tensor | None, p: float,
+              v: torch.Tensor | None, head_mask: torch.Tensor | None, weights: torch.Tensor | None, p: float,
               losses: bool) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
     """Eq. 1-3 of one module: U x with dropout ``p`` (Eq. 2), the importances G (Eq. 1, with the head mask's
     ``log m``), and the heads mixed by them: with ``v`` (paper mode) sum_h G_h V O^h (Eq. 3 without W_s, (B, T, d_m)),
     else (``scaled_out_proj``) each head's output scaled by H G_h ((B, T, H, d_k)); with ``losses`` also
-    :func:`importance_statistics` over the real tokens of ``query_mask`` (else None). (Compiled on its own, as
+    :func:`importance_statistics` with the token ``weights`` (:func:`token_weights`; None: every token counts),
+    else None. (Compiled on its own, as
     :mod:`hf_headattn.fused_passes` compiles EaDRA's pass, it did not make an H100 step faster: 1.144 against 1.129
     eager at transformer-base, ``benchmarks/results/gpu``.)
 
-    hidden (B, T, d), head_outputs (B, T, H, d_k) -> (output, G (B, T, H), statistics)."""
+    hidden (B, T, d), head_outputs (B, T, H, d_k) -> (output, G (B, T, H), statistics). Paper mode without a head
+    mask, with losses (training), is :func:`mix_heads_paper`, the same equations in fewer operators."""
+    if losses and v is not None and head_mask is None:
+        return mix_heads_paper(hidden, head_outputs, u, w, v, weights, p)
     ux = projected_input(hidden, u, p)
     scores = masked_logits(importance_scores(head_outputs, ux, w), head_mask)  # (B, T, H)
     heads = live_heads(head_mask, scores.shape[-1])
     heads = heads if isinstance(heads, int) else heads[:, None, None]  # (1 or B, 1, 1)
     statistics = None
     if losses:
-        log_importance = torch.log_softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
+        if scores.dtype in (torch.float16, torch.bfloat16):  # G and the KL in float32 at least
+            scores = scores.float()
+        log_importance = torch.log_softmax(scores, dim=-1)
         importance = log_importance.exp()
-        statistics = importance_statistics(importance, log_importance, token_weights(query_mask), heads)
+        statistics = importance_statistics(importance, log_importance, weights, heads)
     else:
         importance = importance_softmax(scores)
     if v is not None:
@@ -312,7 +411,7 @@ class DHICM(AttentionMethod):
             ux = projected_input(call.hidden_states, self.u, self.dropout.p if self.training else 0.0)
             return attend_over_heads(attn_output, ux @ self.w, self.v, head_mask)  # (B, T, d_m), to out_proj = W_s
         output, importance, statistics = mix_heads(
-            call.hidden_states, attn_output, self.u, self.w, self.v, head_mask, call.query_mask if losses else None,
+            call.hidden_states, attn_output, self.u, self.w, self.v, head_mask, query_weights(call) if losses else None,
             self.dropout.p if self.training else 0.0, losses)
         if losses:
             context.record(NAME, statistics)

@@ -191,7 +191,7 @@ class _Call(NamedTuple):
     @classmethod
     def of(cls, call: AttentionCall, component: str, num_heads: int, heads: HeadIndex | None = None) -> "_Call":
         """``heads``: the regularized head indices (None: the first ``num_heads``), gathered here."""
-        query, key, mask, weights = call.query, call.key, call.attention_mask, call.head_mask
+        query, key, mask, weights = call.query, call.key, call.mask_tensor, call.head_mask
         if heads is not None:
             heads = heads.on(query.device)
             query, key = query.index_select(1, heads), key.index_select(1, heads)

@@ -35,7 +35,7 @@ __all__ = [
     "ConfigStandIn", "attention_implementation", "attention_backend", "attention_query_input", "dict_outputs",
     "transformers_forward", "config_fields", "legacy_gradient_checkpointing", "CACHE_NAMES", "cache_argument",
     "replace_stack", "softmax_backward", "assert_async", "linear_cross_entropy", "derived_fingerprint",
-    "random_fingerprint", "get_relative_import_files",
+    "random_fingerprint", "get_relative_import_files", "flex_attention_function",
 ]
 
 # --- transformers: names it does not export at the top level, and what its internals do -----------------------------
@@ -165,6 +165,14 @@ def softmax_backward(grad: torch.Tensor, probs: torch.Tensor, dim: int = -1) -> 
 def assert_async(condition: torch.Tensor, message: str) -> None:
     """Fail on the device when ``condition`` is False, without synchronising the host."""
     torch._assert_async(condition, message)
+
+
+def flex_attention_function():
+    """transformers' ``compile_friendly_flex_attention`` (``transformers.integrations.flex_attention``, not exported at
+    the top level): torch's ``flex_attention`` compiled once per process as transformers' own flex backend runs it,
+    called as ``(query, key, value, score_mod=, block_mask=, scale=, training=)`` and returning the output
+    (B, H, T, D) when no log-sum-exp is asked for. Imported at the call: it imports torch's flex attention."""
+    return importlib.import_module("transformers.integrations.flex_attention").compile_friendly_flex_attention
 
 
 def linear_cross_entropy():

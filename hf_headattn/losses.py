@@ -7,7 +7,6 @@ import re
 import torch
 import torch.nn.functional as F
 
-from .eadra_math import _matmul_precision
 from .hf_compat import linear_cross_entropy
 
 IGNORE_INDEX = -100
@@ -86,13 +85,27 @@ def total_objective(
 # ----------------------------------------------------------------------------------------------------------------
 
 #: Rows of a chunk are chosen so that one chunk's float32 logits take about this many bytes (a (rows, V) buffer; the
-#: backward holds three of them). Measured on the CPU (docs/results/benchmarks.md, "The loss without the logits").
+#: forward holds about three of them with a gradient). Measured on the CPU (docs/results/benchmarks.md, "The loss
+#: without the logits").
 CHUNK_BYTES = 64 * 2**20
 
 
 def chunk_rows(num_rows: int, vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     """Rows per chunk: ``chunk_bytes`` of float32 logits, at least 1, at most ``num_rows``."""
     return max(1, min(num_rows, chunk_bytes // (4 * vocab_size)))
+
+
+#: On CUDA a chunk's float32 logits take about this many bytes: each chunk adds its (V, d) weight gradient into the
+#: float32 sum (a read and a write of 4 V d bytes, 1 GiB at mBART's vocabulary), so few large chunks. The loss without
+#: logits of mbart-large 8x512 took 2.08x stock's step on an H100 with 61 chunks of 64 MiB (torch 2.11, the logits
+#: recomputed in the backward); 512 MiB gives 8 chunks. To be settled by ``benchmarks/gpu.sh`` (mbart-no-logits).
+CUDA_CHUNK_BYTES = 512 * 2**20
+
+
+def chunk_bytes_for(device: torch.device) -> int:
+    """The float32 bytes of one chunk's logits on ``device``: :data:`CUDA_CHUNK_BYTES` on CUDA, else
+    :data:`CHUNK_BYTES`."""
+    return CUDA_CHUNK_BYTES if device.type == "cuda" else CHUNK_BYTES
 
 
 def smoothed_nll_terms(logits: torch.Tensor, labels: torch.Tensor, epsilon: float, ignore_index: int = IGNORE_INDEX):
@@ -160,79 +173,111 @@ class ChunkedSmoothedNLL(torch.autograd.Function):
 def chunked_linear_smoothed_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                 labels: torch.Tensor, epsilon: float, rows: int = 0) -> tuple[torch.Tensor, ...]:
     """``(loss_sum, nll_sum)`` of the logits ``hidden @ weight.T + bias`` (hidden (N, d), labels (N,)), chunk by chunk
-    over the N rows (``rows`` a chunk, 0: :func:`chunk_rows`): the (N, V) logits never exist. Forward: each chunk's
-    logits (in the inputs' dtype, then float32), their logsumexp, label logit and mean; backward: each chunk's logits
-    again, their gradient (:func:`smoothed_nll_grad`), and from it the gradients of ``hidden`` (n, d), ``weight``
-    (V, d, summed over the chunks in float32, :func:`add_weight_grad`) and ``bias`` (V,).
+    over the N rows (``rows`` a chunk, 0: :func:`chunk_rows`): the (N, V) logits never exist.
 
+    When a gradient is wanted, the forward computes it too, as torch's op and Liger Kernel do: each chunk's logits
+    once (one (n, d) x (d, V) product in the inputs' dtype, i.e. autocast's), their float32 statistics and gradient
+    (:func:`smoothed_nll_grad`), then the gradients of ``hidden`` (n, d, in its dtype) and ``weight`` (summed over
+    the chunks in float32, :func:`add_weight_grad`), two more products in the inputs' dtype. The backward only scales
+    the kept gradients of ``loss_sum`` (:func:`scale_kept_grads`); in evaluation (no grad) nothing of it is done.
     Our own, used where ``torch.nn.functional.linear_cross_entropy`` cannot be (see
-    :func:`linear_label_smoothed_nll_loss`). Saves ``hidden``, ``weight``, ``bias``, ``labels`` and the (N,)
-    logsumexp; costs one more (N, d) x (d, V) matmul than the logits path (the recomputation). A custom operator, as
-    torch's is: ``torch.compile`` sees one operation, not a loop over a number of chunks that each new length changes
-    (an ``autograd.Function`` compiled a tiny model again at every batch length under bf16 autocast)."""
-    sums, _ = _LINEAR_NLL(hidden, weight, bias, labels, float(epsilon), int(rows))
+    :func:`linear_label_smoothed_nll_loss`). A custom operator, as torch's is: ``torch.compile`` sees one operation,
+    not a loop over a number of chunks that each new length changes (an ``autograd.Function`` compiled a tiny model
+    again at every batch length under bf16 autocast)."""
+    need = torch.is_grad_enabled() and hidden.requires_grad, torch.is_grad_enabled() and weight.requires_grad, \
+        torch.is_grad_enabled() and bias is not None and bias.requires_grad
+    sums, *_ = _LINEAR_NLL(hidden, weight, bias, labels, float(epsilon), int(rows), *need)
     return sums[0], sums[1]
 
 
-def _linear_nll_forward(hidden, weight, bias, labels, epsilon: float, rows: int):
-    """(sums (2,): loss_sum and nll_sum; lse (N,)), float32 (float64 for float64 inputs)."""
-    acc, rows = _accumulation_dtype(hidden.dtype), rows or chunk_rows(hidden.shape[0], weight.shape[0])
+def _linear_nll_forward(hidden, weight, bias, labels, epsilon: float, rows: int, need_hidden: bool,
+                        need_weight: bool, need_bias: bool):
+    """``(sums, grad_hidden, grad_weight, grad_bias)``: sums (2,) = loss_sum and nll_sum in float32 (float64 for
+    float64 inputs); the gradients of ``loss_sum`` (an empty tensor where not needed): hidden's in its dtype,
+    weight's and bias's in the sums' dtype."""
+    acc, rows = _accumulation_dtype(hidden.dtype), rows or chunk_rows(hidden.shape[0], weight.shape[0],
+                                                                      chunk_bytes_for(hidden.device))
     sums = torch.zeros(2, dtype=acc, device=hidden.device)
-    lse = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+    grad_hidden = torch.empty_like(hidden) if need_hidden else hidden.new_empty(0)
+    grad_weight = torch.zeros_like(weight, dtype=acc) if need_weight else hidden.new_empty(0, dtype=acc)
+    grad_bias = torch.zeros_like(bias, dtype=acc) if need_bias else hidden.new_empty(0, dtype=acc)
+    one, zero = torch.ones((), dtype=acc, device=hidden.device), torch.zeros((), dtype=acc, device=hidden.device)
     for start in range(0, hidden.shape[0], rows):
         part = slice(start, start + rows)
         logits = F.linear(hidden[part], weight, bias).to(acc)
-        loss, nll, lse[part] = smoothed_nll_terms(logits, labels[part], epsilon)
+        loss, nll, lse = smoothed_nll_terms(logits, labels[part], epsilon)
         sums += torch.stack([loss.sum(), nll.sum()])
-    return sums, lse
-
-
-def _linear_nll_backward(grad_sums, hidden, weight, bias, labels, lse, epsilon: float, rows: int, need_hidden: bool,
-                         need_weight: bool, need_bias: bool):
-    """The gradients of ``grad_sums . sums`` w.r.t. hidden, weight and bias (an empty tensor where not needed)."""
-    rows = rows or chunk_rows(hidden.shape[0], weight.shape[0])
-    grad_hidden = torch.empty_like(hidden) if need_hidden else hidden.new_empty(0)
-    grad_weight = torch.zeros_like(weight, dtype=lse.dtype) if need_weight else None
-    grad_bias = torch.zeros_like(bias, dtype=lse.dtype) if need_bias else None
-    for start in range(0, hidden.shape[0], rows):
-        part = slice(start, start + rows)
-        logits = F.linear(hidden[part], weight, bias).to(lse.dtype)
-        grad = smoothed_nll_grad(logits, lse[part], labels[part], epsilon, grad_sums[0], grad_sums[1])
+        if not (need_hidden or need_weight or need_bias):
+            continue
+        grad = smoothed_nll_grad(logits, lse, labels[part], epsilon, one, zero)  # (n, V), float32, in place
         if need_bias:
             grad_bias += grad.sum(0)
+        grad = grad.to(hidden.dtype)  # what the logits path's products multiply
         if need_hidden:
-            grad_hidden[part] = grad.to(hidden.dtype) @ weight
+            torch.mm(grad, weight, out=grad_hidden[part])
         if need_weight:
             add_weight_grad(grad_weight, grad, hidden[part])
-    return (grad_hidden, hidden.new_empty(0) if grad_weight is None else grad_weight.to(weight.dtype),
-            hidden.new_empty(0) if grad_bias is None else grad_bias.to(bias.dtype))
+    return sums, grad_hidden, grad_weight, grad_bias
 
 
-def _linear_nll_fake(hidden, weight, bias, labels, epsilon, rows):
+def scale_kept_grads(grad_sums, grads, hidden, weight, labels, epsilon: float):
+    """The gradients of ``grad_sums . (loss_sum, nll_sum)`` from the kept gradients ``grads`` of ``loss_sum``
+    (hidden's, weight's, bias's; None where not wanted) without a product of the logits: ``nll_t = loss_t - eps *
+    (z_{t,y} - mean_v z_{t,v})``, whose logits' gradient ``eps * (1/V - onehot(y))`` per counted row is (n, d)
+    and (V,) work: ``eps * (mean_v W_v - W_y)`` for ``h_t``, ``eps * (s / V - sum_{t: y_t = v} h_t)`` for ``W_v``
+    (``s``: the counted rows' sum), ``eps * (n / V - count_v)`` for ``b_v``. Hidden's gradient in its dtype, the
+    weight's and bias's in the weight's dtype, each rounded once from float32."""
+    grad_loss, grad_nll = grad_sums[0], grad_sums[1]
+    grad_hidden, grad_weight, grad_bias = grads
+    scale, correction = grad_loss + grad_nll, grad_nll * epsilon
+    keep = labels.ne(IGNORE_INDEX).unsqueeze(-1)
+    target, vocab = labels.clamp(min=0), weight.shape[0]
+    counted = hidden.to(scale.dtype) * keep if epsilon and (grad_weight is not None) else None
+    if grad_hidden is not None:
+        grad_hidden = grad_hidden.to(scale.dtype) * scale
+        if epsilon:
+            offset = weight.mean(0, dtype=scale.dtype) - weight.index_select(0, target).to(scale.dtype)
+            grad_hidden = grad_hidden + (correction * offset) * keep
+        grad_hidden = grad_hidden.to(hidden.dtype)
+    if grad_weight is not None:
+        if epsilon:
+            grad_weight = torch.addcmul((correction / vocab) * counted.sum(0), grad_weight, scale)
+            grad_weight = grad_weight.index_add_(0, target, counted * -correction)
+        else:
+            grad_weight = grad_weight * scale
+        grad_weight = grad_weight.to(weight.dtype)
+    if grad_bias is not None:
+        if epsilon:
+            count = torch.zeros_like(grad_bias).index_add_(0, target, keep.squeeze(-1).to(grad_bias.dtype))
+            grad_bias = torch.addcmul(correction * (keep.sum().to(count.dtype) / vocab - count), grad_bias, scale)
+        else:
+            grad_bias = grad_bias * scale
+        grad_bias = grad_bias.to(weight.dtype)
+    return grad_hidden, grad_weight, grad_bias
+
+
+def _linear_nll_fake(hidden, weight, bias, labels, epsilon, rows, need_hidden, need_weight, need_bias):
     acc = _accumulation_dtype(hidden.dtype)
-    return hidden.new_empty(2, dtype=acc), hidden.new_empty(hidden.shape[0], dtype=acc)
-
-
-def _linear_nll_backward_fake(grad_sums, hidden, weight, bias, labels, lse, epsilon, rows, need_hidden, need_weight,
-                              need_bias):
-    return (torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
-            torch.empty_like(weight) if need_weight else hidden.new_empty(0),
-            torch.empty_like(bias) if need_bias else hidden.new_empty(0))
+    return (hidden.new_empty(2, dtype=acc), torch.empty_like(hidden) if need_hidden else hidden.new_empty(0),
+            torch.empty_like(weight, dtype=acc) if need_weight else hidden.new_empty(0, dtype=acc),
+            torch.empty_like(bias, dtype=acc) if need_bias else hidden.new_empty(0, dtype=acc))
 
 
 def _linear_nll_setup_context(ctx, inputs, output):
-    hidden, weight, bias, labels, epsilon, rows = inputs
-    ctx.save_for_backward(hidden, weight, bias, labels, output[1])
-    ctx.epsilon, ctx.rows = epsilon, rows
+    hidden, weight, bias, labels, epsilon, _, need_hidden, need_weight, need_bias = inputs
+    _, grad_hidden, grad_weight, grad_bias = output
+    ctx.save_for_backward(hidden, weight, labels, grad_hidden, grad_weight, grad_bias)
+    ctx.epsilon, ctx.need = epsilon, (need_hidden, need_weight, need_bias)
 
 
-def _linear_nll_grads(ctx, grad_sums, grad_lse):
-    hidden, weight, bias, labels, lse = ctx.saved_tensors
-    need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2])
+def _linear_nll_grads(ctx, grad_sums, *grads_of_grads):
+    hidden, weight, labels, *kept = ctx.saved_tensors
+    need = tuple(kept_need and wanted for kept_need, wanted in zip(ctx.need, ctx.needs_input_grad))
     if grad_sums is None or not any(need):
-        return None, None, None, None, None, None
-    grads = _LINEAR_NLL_BACKWARD(grad_sums, hidden, weight, bias, labels, lse, ctx.epsilon, ctx.rows, *need)
-    return *(grad if needed else None for grad, needed in zip(grads, need)), None, None, None
+        return (None,) * 9
+    grads = scale_kept_grads(grad_sums, [grad if wanted else None for grad, wanted in zip(kept, need)], hidden,
+                             weight, labels, ctx.epsilon)
+    return *grads, None, None, None, None, None, None
 
 
 def _custom_op(name: str, function, schema: str, fake):
@@ -244,36 +289,32 @@ def _custom_op(name: str, function, schema: str, fake):
     return op
 
 
-_LINEAR_NLL_BACKWARD = _custom_op(
-    "linear_smoothed_nll_backward", _linear_nll_backward,
-    "(Tensor grad_sums, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, Tensor lse, float epsilon, "
-    "int rows, bool need_hidden, bool need_weight, bool need_bias) -> (Tensor, Tensor, Tensor)",
-    _linear_nll_backward_fake)
 _LINEAR_NLL = _custom_op(
-    "linear_smoothed_nll", _linear_nll_forward,
-    "(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, float epsilon, int rows) -> (Tensor, Tensor)",
+    "linear_smoothed_nll_with_grads", _linear_nll_forward,
+    "(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, float epsilon, int rows, bool need_hidden, "
+    "bool need_weight, bool need_bias) -> (Tensor, Tensor, Tensor, Tensor)",
     _linear_nll_fake)
 _LINEAR_NLL.register_autograd(_linear_nll_grads, setup_context=_linear_nll_setup_context)
 
 
 def add_weight_grad(grad_weight: torch.Tensor, grad: torch.Tensor, hidden: torch.Tensor) -> None:
-    """``grad_weight += grad.T @ hidden`` for one chunk: the products of ``grad`` rounded to ``hidden``'s dtype (what
-    the logits path's one (V, N) x (N, d) product multiplies) summed in ``grad_weight``'s float32, so the chunks add
-    up to that product before one rounding to the weight's dtype. Summed in bf16 chunk by chunk, the tied embedding's
-    gradient of a tiny mBART under bf16 autocast was 0.47% off the logits path's (20 chunks), against 0.19% between
-    stock steps taken whole and in two micro-batches. Overwrites ``grad`` (float32, (n, V)) with its rounded values;
-    half-precision values are exact in TF32, which CUDA's products use (``_matmul_precision``)."""
-    if hidden.dtype in (torch.float16, torch.bfloat16):
-        grad.copy_(grad.to(hidden.dtype))
-    with _matmul_precision(hidden.dtype, hidden.device):
-        grad_weight.addmm_(grad.T, hidden.to(grad_weight.dtype))
+    """``grad_weight += grad.T @ hidden`` for one chunk: the product in ``hidden``'s dtype (``grad`` is already
+    rounded to it, what the logits path's one (V, N) x (N, d) product multiplies; half precision: bf16 inputs,
+    float32 accumulation inside the product, as autocast's matmul), summed over the chunks in ``grad_weight``'s
+    float32, so the result is rounded to the weight's dtype once per chunk's product, never summed in bf16. Summed in
+    bf16 chunk by chunk, the tied embedding's gradient of a tiny mBART under bf16 autocast was 0.47% off the logits
+    path's (20 chunks), against 0.19% between stock steps taken whole and in two micro-batches."""
+    if grad_weight.dtype == hidden.dtype:
+        grad_weight.addmm_(grad.T, hidden)
+    else:
+        grad_weight += grad.T @ hidden
 
 
 def _torch_linear_cross_entropy(hidden: torch.Tensor):
     """``torch.nn.functional.linear_cross_entropy`` and its options class, or None where torch lacks them (before
     2.13, the oldest ``pyproject`` declares, e.g. 2.11 on the lent GPUs) or ``hidden`` is half precision: then
-    :func:`chunked_linear_smoothed_nll` computes the loss. Torch's computes the gradients in its forward (no matmul
-    repeated, ours repeats one) but cannot smooth labels in its chunked path (the identity in
+    :func:`chunked_linear_smoothed_nll` computes the loss. Torch's computes the gradients in its forward, as ours does,
+    but cannot smooth labels in its chunked path (the identity in
     :func:`linear_label_smoothed_nll_loss` adds it). Of bf16 inputs (torch 2.13) it sums the loss and the weight's
     gradient in bf16 across chunks, and scales its gradients of the sum in bf16: under bf16 autocast a tiny mBART's
     loss was 0.17-0.20% off the logits path's (``eval_loss``, early stopping and model selection would differ by

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .attention import AttentionCall, AttentionMethod
+from .flex import is_block_mask, keeps_a_key, sea_score_mod
 from .hf_compat import assert_async, init_normal_, init_zeros_
 from .losses import IGNORE_INDEX
 from .registry import MethodSettings, MethodSpec
@@ -157,8 +158,8 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
         return
     if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
         raise ValueError(f"phrase_positions must be an integer tensor (torch.long), got {tensor.dtype}")
-    bad = (tensor != NOT_IN_PHRASE) & (tensor.abs() >= abs(NOT_IN_PHRASE))
-    bad = bad | (tensor == IGNORE_INDEX)
+    # outside [NOT_IN_PHRASE, -NOT_IN_PHRASE - 1], or IGNORE_INDEX: 5 elementwise operators over (B, S, S)
+    bad = (tensor < NOT_IN_PHRASE) | (tensor > -NOT_IN_PHRASE - 1) | (tensor == IGNORE_INDEX)
     expected = (f"expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} (clipped to [-{k}, {k}]) or "
                 f"NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase and on padding, as "
                 "DataCollatorForSyntaxSeq2Seq writes it")
@@ -190,6 +191,9 @@ class SEA(AttentionMethod):
     LPEA parameters (``d_h`` the head dimension, shared by the heads of the layer): ``lpea_embeddings`` w_-k..w_k
     (2k+1, d_h) ~ N(0, 1) like ``nn.Embedding``; ``lpea_weight`` W_P (d_h, d_h) ~ N(0, std); ``lpea_bias`` b_P = 0;
     ``lpea_projection`` U_P (d_h,) ~ N(0, std).
+
+    On flex attention the SEA mask is a ``score_mod`` over the sentence's positions and its selected heads
+    (:func:`~.flex.sea_score_mod`), the padding staying in transformers' block mask: no (B, H, T, S) tensor.
     """
 
     def __init__(self, settings: SEASettings, head_dim: int):
@@ -210,8 +214,10 @@ class SEA(AttentionMethod):
             init_normal_(self.lpea_projection, std=std)
 
     def label_bias(self) -> torch.Tensor:
-        """Eq. 8 for the 2k+1 labels: (2k+1,)."""
-        return lpea_label_bias(self.lpea_embeddings, self.lpea_weight, self.lpea_bias, self.lpea_projection)
+        """Eq. 8 for the 2k+1 labels: (2k+1,), in the parameters' dtype, outside autocast: 2k+1 rows of d_h, whose
+        casts under autocast (11 operators forward and backward, each a kernel launch) cost more than the math."""
+        with torch.autocast(self.lpea_weight.device.type, enabled=False):
+            return lpea_label_bias(self.lpea_embeddings, self.lpea_weight, self.lpea_bias, self.lpea_projection)
 
     def before(self, call: AttentionCall) -> None:
         """Check the inputs, find the redundant heads when needed (kept in ``call.state`` for ``after``
@@ -234,15 +240,21 @@ class SEA(AttentionMethod):
             allowed = dependency_allowed(inputs["dependency_mask"])
             bias = torch.zeros((), dtype=call.query.dtype, device=call.query.device).expand(allowed.shape)
         else:
-            bias, allowed = lpea_bias(inputs["phrase_positions"], self.label_bias(), NOT_IN_PHRASE)
+            # (cast to the query's dtype before the gather: 2k+1 values, not the gathered (B, S, S) bias)
+            bias, allowed = lpea_bias(inputs["phrase_positions"], self.label_bias().to(call.query.dtype), NOT_IN_PHRASE)
         selected = call.state["sea_redundant"] if self.settings.heads == "redundant" else None
+        if is_block_mask(call.attention_mask):  # flex attention
+            pad_allowed = key_allowed(call.mask_tensor, allowed.shape[-1])  # (B, 1, T, S)
+            syntax_bias = None if self.settings.type == "dea" else bias
+            call.score_mod = sea_score_mod(syntax_bias, allowed, selected, keeps_a_key(allowed, pad_allowed))
+            return
         call.attention_mask = enhanced_mask(call.attention_mask, bias, allowed, selected, call.query.dtype)
 
     @torch.no_grad()
     def _redundant(self, call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:
         """Eq. 3, 9, 10 on the plain attention of this call: (B, H) bool, True = redundant."""
         length = call.key.shape[2]
-        allowed = key_allowed(call.attention_mask, length)  # None or (B, 1, T, S)
+        allowed = key_allowed(call.mask_tensor, length)  # None or (B, 1, T, S)
         real = real_tokens(allowed, call.key.shape[0], length, call.key.device)  # (B, S) = (B, T)
         probs = plain_probabilities(call.query, call.key, call.scaling, allowed)  # (B, H, T, S)
         return redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hf_headattn
-from conftest import TINY, batch
+from conftest import TINY, batch, syntax_batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 from hf_headattn.analysis.head_ranking import criteria, score_heads
 from hf_headattn.experiment.kit import kit_of
@@ -240,16 +240,17 @@ def test_the_stand_in_config_reads_through_and_backends_are_checked(monkeypatch)
     sdpa = model(**batch()).logits
     model.set_attn_implementation("eager")
     torch.testing.assert_close(model(**batch()).logits, sdpa, atol=1e-5, rtol=1e-5)
-    # refused at the first attention with a method on: here the first (a method on the last layers only: the layers
-    # before it run flex attention, compiled, as transformers compiles the block mask, 15-45 CPU-seconds; the block
-    # mask built eagerly here)
+    # a method refuses a backend it does not run on (``backends``; here SEA made to refuse flex attention) at its first
+    # attention: here the first (a method on the last layers only: the layers before it run flex attention,
+    # compiled, as transformers compiles the block mask, 15-45 CPU-seconds; the block mask built eagerly here)
     monkeypatch.setattr(masking_utils, "create_block_mask",
                         lambda *args, _compile=False, **kwargs: create_block_mask(*args, **kwargs))
-    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, dhicm={"encoder_layers": [0]})).eval()
+    monkeypatch.setattr(hf_headattn.sea.SEA, "backends", ("sdpa", "eager"))
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, sea={"type": "dea"})).eval()
     model.config._attn_implementation = "flex_attention"
     with torch.no_grad(), pytest.raises(ValueError, match=r"attn_implementation='flex_attention' is not supported "
-                                                          r".*\('sdpa', 'eager'\)"):
-        model(**batch())
+                                                          r"by \['sea'\] .*\('sdpa', 'eager'\)"):
+        model(**syntax_batch())
 
 
 def _imports(path: Path) -> set[str]:

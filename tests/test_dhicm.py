@@ -321,3 +321,32 @@ def test_mean_kl_is_the_masked_token_mean_of_eq_4():
     log_g = torch.log_softmax(nearly, -1)
     expected = kl_from_uniform(nearly.double()).mean().float()
     torch.testing.assert_close(mean_kl_from_uniform(log_g.exp(), log_g, None), expected, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_head_mixture_equals_the_composition_of_eq_1_to_4_and_its_gradients_check(weighted):
+    """Training's paper-mode path (HeadMixture, a written-out backward) against importance_scores, the softmax,
+    combine_heads and Eq. 4's KL composed by autograd: outputs, KL and G equal, float64 gradcheck of output and KL."""
+    from hf_headattn.dhicm import HeadMixture
+
+    O, x, W, U, V = (t.requires_grad_() for t in random_inputs(B=2, T=3, H=3, d_k=2, d=3, d_m=4))
+    weights = torch.tensor([[0.25, 0.25, 0.0], [0.5, 0.0, 0.0]], dtype=torch.float64) if weighted else None
+
+    def fused(O, x, W, V):
+        out, kl, G = HeadMixture.apply(O.reshape(6, 3, 2), x.reshape(6, 3) @ U.T, W, V,
+                                       None if weights is None else weights.view(-1), math.log(3))
+        return out.view(2, 3, 4), kl, G.view(2, 3, 3)
+
+    def composed(O, x, W, V):
+        scores = importance_scores(O, x @ U.T, W)
+        kl = kl_from_uniform(scores)
+        return (combine_heads(O, importance_softmax(scores), V), kl.mean() if weights is None else (kl * weights).sum(),
+                importance_softmax(scores))
+
+    for got, expected in zip(fused(O, x, W, V), composed(O, x, W, V)):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda *args: fused(*args)[:2], (O, x, W, V))
+    out, kl, _ = fused(O, x, W, V)
+    kl.backward()  # the KL alone (no gradient from the output: None in backward) reaches O, x and W, not V
+    assert O.grad.abs().sum() > 0 and x.grad.abs().sum() > 0 and W.grad.abs().sum() > 0
+    assert V.grad is None or not V.grad.any()

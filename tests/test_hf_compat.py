@@ -281,6 +281,25 @@ def test_linear_cross_entropy():
     torch.testing.assert_close(total, F.cross_entropy(F.linear(hidden, weight, bias), labels, reduction="sum"))
 
 
+@pytest.mark.slow
+def test_flex_attention_function():
+    """Compiles flex attention (CPU: forward only) and runs it with a score_mod and a block mask, returning the output
+    (B, H, T, D): softmax(q k^T * scale + bias, where allowed) v, checked densely."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(2, 2, 4, 8) for _ in range(3))
+    bias = torch.randn(2, 4, 4)
+    allowed = torch.tensor([[True] * 4, [True, True, True, False]])  # (B, S)
+    block = create_block_mask(lambda b, h, q, kv: allowed[b, kv], B=2, H=None, Q_LEN=4, KV_LEN=4, device="cpu")
+    output = hf_compat.flex_attention_function()(
+        query, key, value, score_mod=lambda score, b, h, q, kv: score + bias[b, q, kv], block_mask=block, scale=0.5,
+        training=False)
+    scores = query @ key.transpose(-1, -2) * 0.5 + bias[:, None]  # (B, H, T, S)
+    scores = scores.masked_fill(~allowed[:, None, None, :], -float("inf"))
+    torch.testing.assert_close(output, scores.softmax(-1) @ value, atol=1e-5, rtol=1e-5)
+
+
 def test_derived_fingerprint():
     """Deterministic, one per dataset and parts, and ``map(new_fingerprint=...)`` gives the new dataset that one."""
     dataset = datasets.Dataset.from_dict({"text": ["a", "b"]})

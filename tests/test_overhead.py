@@ -91,3 +91,62 @@ def test_counted_mode_at_the_tiny_shape(tmp_path):
     assert rows["off"]["targets"]["within"] is True
     assert set(rows["eadra-scratch"]["targets"]) == {"flops_target", "flops", "saved_target", "saved", "within"}
     assert rows["eadra-scratch"]["targets"]["saved_target"] == 1.10
+
+
+# DHICM's host work: the operators one module adds to a training step (#47), pinned so that a regression fails.
+
+#: ATen operators of one DHICM module's forward (``after``: U x with the CPU dropout, Eq. 1-3, Eq. 4's KL and the
+#: statistics) and backward, by mode: 93 and 79 before #47 (paper mode's HeadMixture, shared token weights).
+DHICM_LAYER_OPERATORS = {"paper": 80, "scaled_out_proj": 74}
+
+
+def dhicm_layer_operators(mode: str) -> int:
+    from hf_headattn.attention import AttentionCall, HeadAttnContext
+    from hf_headattn.dhicm import DHICM
+    from operator_count import count_operators
+
+    torch.manual_seed(0)
+    method = DHICM(16, 4, 16, 0.1, mode).train()
+    method.init_weights(0.02)
+    hidden, heads = torch.randn(2, 5, 16, requires_grad=True), torch.randn(2, 5, 4, 4, requires_grad=True)
+    query = torch.randn(2, 4, 5, 4)
+    module = torch.nn.Module()
+    module.headattn_side, module.headattn_kind = "encoder", "self"
+    context = HeadAttnContext(source_mask=torch.arange(5) < torch.tensor([[5], [3]]))
+    call = AttentionCall(module, query, query, query, None, 1.0, hidden, context, {})
+    grad_output, grad_kl = torch.ones(heads.shape if mode != "paper" else hidden.shape), torch.tensor(1.0)
+
+    def forward_backward():
+        output = method.after(call, heads)
+        kl = context.recorded("dhicm")[-1][0]
+        torch.autograd.backward([output, kl], [grad_output, grad_kl])
+
+    forward_backward()
+    assert all(parameter.grad is not None for parameter in method.parameters())  # every parameter is trained
+    return count_operators(forward_backward)
+
+
+@pytest.mark.parametrize("mode", sorted(DHICM_LAYER_OPERATORS))
+def test_dhicm_module_operators_stay_at_their_ceiling(mode):
+    assert dhicm_layer_operators(mode) <= DHICM_LAYER_OPERATORS[mode]
+
+
+def test_compile_mode_is_refused_without_compile(capsys):
+    import overhead
+
+    with pytest.raises(SystemExit):
+        overhead.main(["--compile-mode", "reduce-overhead", "--rows", "dhicm"])
+    assert "--compile-mode reduce-overhead: only with --compile" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_reduce_overhead_rows_run_against_stock_compiled_the_same_way(tmp_path):
+    """gpu.sh's reduce-overhead parts on the CPU, where the mode falls back to the default (aot_eager ignores it)."""
+    import overhead
+
+    result = overhead.main(["--shape", "tiny", "--rows", "dhicm", "--compile", "--compile-backend", "aot_eager",
+                            "--compile-mode", "reduce-overhead", "--repeats", "1", "--warmup", "1",
+                            "--out", str(tmp_path / "ro.json")])
+    assert result["compile"]["mode"] == "reduce-overhead"
+    for row in result["rows"].values():
+        assert "error" not in row and row["compile"]["graph_breaks"] == 0 and row["compile"]["recompiles"] == 0

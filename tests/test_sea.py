@@ -263,3 +263,36 @@ def test_unpadded_batch_gives_the_same_sentence(checkpoint):
         alone = model(**inputs, output_redundant_heads=True)
     assert alone.redundant_heads[LAYER0].tolist() == [[True] * 4] == both.redundant_heads[LAYER0][:1].tolist()
     torch.testing.assert_close(alone.logits[0], both.logits[0], atol=1e-5, rtol=0)
+
+
+def test_lpea_label_bias_and_input_check_launch_few_operators(monkeypatch):
+    """LPEA+RHE's host work (issue #47: 1.08x stock eager on an H100, host-bound): the label bias is computed in the
+    parameters' dtype even under autocast (no cast of its four parameters forward or backward: 11 operators before),
+    and the device-side check of ``phrase_positions`` takes 8 operators (9 before), still catching every bad value."""
+    from hf_headattn import sea as sea_module
+    from operator_count import OperatorCounter
+
+    layer = sea_module.SEA(sea_module.SEASettings(type="lpea"), head_dim=8)
+    layer.init_weights(0.02)
+    counts, values = [], []
+    for autocast in (False, True):
+        layer.zero_grad(set_to_none=True)
+        with OperatorCounter() as counted:
+            with torch.autocast("cpu", torch.bfloat16, enabled=autocast):  # backward outside it, as the Trainer's
+                values.append(layer.label_bias())
+            values[-1].sum().backward()
+        counts.append(counted.count)
+    assert counts[1] == counts[0] and values[1].dtype == torch.float32  # (11 more operators under autocast before)
+    torch.testing.assert_close(values[1], values[0])
+
+    monkeypatch.setattr(sea_module, "_checks_on_host", lambda tensor: False)  # the GPU's path: a device assertion
+    query = torch.zeros(2, 4, 5, 8)
+    good = torch.tensor([NOT_IN_PHRASE, -9999, 9999, 0, -99]).expand(2, 5, 5).clone()
+    with OperatorCounter() as counted:
+        sea_module.check_input("phrase_positions", good, query, 6)
+    assert counted.count <= 8 and not counted.syncs
+    for value in (NOT_IN_PHRASE - 1, -NOT_IN_PHRASE, -100):
+        bad = good.clone()
+        bad[1, 2, 3] = value
+        with pytest.raises(RuntimeError, match="phrase_positions contains an invalid value"):
+            sea_module.check_input("phrase_positions", bad, query, 6)

@@ -1,0 +1,94 @@
+"""The methods on ``attn_implementation="flex_attention"``: what they read of a call that flex attention runs.
+
+On flex attention, transformers hands the attention function a :class:`~torch.nn.attention.flex_attention.BlockMask`
+(the padding and causal masks as a ``mask_mod``) instead of a mask tensor, and HF's flex function returns the
+per-head output as SDPA does. DHICM reads only that output and the query-side input; EaDRA reads the queries, keys
+and the mask as the bool tensor (B, 1, T, S) that SDPA would have received, which :func:`dense_mask` rebuilds from
+the block mask's ``mask_mod``, so its terms are the SDPA path's. SEA (which changes the mask per sentence and head)
+runs there as a ``score_mod`` over the sentence's positions and its selected heads (:func:`sea_score_mod`), the
+padding staying in the block mask.
+
+On the CPU flex attention runs forward only (torch 2.13 raises for its backward there); ``tests/test_flex.py``
+compares it with SDPA without gradients, and training on flex needs a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, create_mask
+
+from .hf_compat import flex_attention_function
+
+#: The backend name transformers gives flex attention.
+FLEX = "flex_attention"
+
+
+def is_block_mask(attention_mask) -> bool:
+    """Whether transformers gave the attention function a flex BlockMask (the model runs flex attention)."""
+    return isinstance(attention_mask, BlockMask)
+
+
+def dense_mask(attention_mask, query_length: int, key_length: int, cache: dict | None = None):
+    """``attention_mask`` as a tensor: a BlockMask as the bool mask (B, 1, T, S) it stands for (True = attend), any
+    other mask (None, bool or additive float tensor) unchanged.
+
+    ``cache``: a per-forward dict (``HeadAttnContext.cache``) that keeps the mask made from one BlockMask, so the
+    layers that share a block mask share one tensor (as they share SDPA's mask); not used under torch.compile.
+    """
+    if not isinstance(attention_mask, BlockMask):
+        return attention_mask
+    key = ("flex_dense_mask", id(attention_mask), query_length, key_length)
+    if cache is not None and not torch.compiler.is_compiling() and key in cache:
+        return cache[key][1]
+    batch = attention_mask.kv_num_blocks.shape[0]
+    mask = create_mask(attention_mask.mask_mod, batch, 1, query_length, key_length,
+                       attention_mask.kv_num_blocks.device)  # (B, 1, T, S) bool
+    if cache is not None and not torch.compiler.is_compiling():
+        cache[key] = (attention_mask, mask)  # the block mask kept alive: its id is not reused within the forward
+    return mask
+
+
+def keeps_a_key(syntax_allowed: torch.Tensor, pad_allowed: torch.Tensor | None) -> torch.Tensor:
+    """(B, T) bool: the query rows that keep a syntactic key the padding allows (the others keep the padding mask
+    alone, as :func:`~.sea_math.enhanced_mask` does). ``syntax_allowed`` (B, T, S); ``pad_allowed`` None or
+    (B, 1, T, S)."""
+    if pad_allowed is None:
+        return syntax_allowed.any(-1)
+    return (syntax_allowed & pad_allowed[:, 0]).any(-1)
+
+
+def sea_score_mod(syntax_bias: torch.Tensor | None, syntax_allowed: torch.Tensor, selected: torch.Tensor | None,
+                  keeps: torch.Tensor):
+    """SEA's mask (Eq. 4 / Eq. 6) on the selected heads of each sentence as a flex ``score_mod``: what
+    :func:`~.sea_math.enhanced_mask` adds to the scores, without a (B, H, T, S) tensor (the padding stays in the
+    block mask).
+
+    score'[b, h, i, j] = score + P[b, i, j] where allowed, -inf elsewhere, when head h of sentence b is selected and
+    row i keeps a key; score otherwise.
+
+    Parameters
+    ----------
+    syntax_bias : None (DEA: 0) or Tensor (B, T, S), LPEA's P
+    syntax_allowed : BoolTensor (B, T, S)
+    selected : BoolTensor (B, H), or None for every head
+    keeps : BoolTensor (B, T), from :func:`keeps_a_key`
+    """
+
+    def score_mod(score, batch, head, query, key):
+        on = keeps[batch, query] if selected is None else keeps[batch, query] & selected[batch, head]
+        enhanced = score if syntax_bias is None else score + syntax_bias[batch, query, key]
+        enhanced = torch.where(syntax_allowed[batch, query, key], enhanced, -float("inf"))
+        return torch.where(on, enhanced, score)
+
+    return score_mod
+
+
+def flex_attention_with(module, query, key, value, block_mask, score_mod, scaling: float, dropout: float = 0.0):
+    """Flex attention (compiled as transformers compiles it) with a method's ``score_mod`` and transformers' block
+    mask: ``(attn_output (B, T, H, D), None)``, what transformers' flex function returns on the CPU."""
+    if dropout > 0:
+        raise ValueError(f"flex_attention takes no attention dropout, got {dropout}; set attention_dropout=0.0 or "
+                         "train on attn_implementation 'sdpa' or 'eager'")
+    output = flex_attention_function()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
+                                       training=module.training)  # (B, H, T, D)
+    return output.transpose(1, 2).contiguous(), None
