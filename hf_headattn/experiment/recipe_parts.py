@@ -3,7 +3,6 @@ tokenizer, features, collator, test-set translation and scoring. (The Trainer it
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,8 +16,12 @@ from .data import load_parallel_dataset, tokenize_parallel
 from .evaluation import compute_translation_metrics
 from .method_inputs import input_kits, method_collator, prepare_method_features
 from .multi30k import find_multi30k
+from .outputs import write_json_atomic
 from .presets import check_setting_keys, model_shape
 from .tokenization import train_joint_sentencepiece
+
+#: The recipes' JSON writer (results.json, ...): the atomic one, so that a killed run never leaves half a file.
+write_json = write_json_atomic
 
 #: Which of our classes loads a checkpoint of each model type.
 MODEL_CLASSES = {
@@ -160,10 +163,3 @@ def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Datas
     if output_file is not None:
         Path(output_file).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     return scores
-
-
-def write_json(path: str | Path, payload: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-    return path
