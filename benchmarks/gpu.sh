@@ -29,26 +29,30 @@
 #   PLAN=2  150 + 170 = 320 s: compiled target rows
 #     tb-compiled-sea 150  default mode: dea-rhe lpea-rhe (stock's graph loaded from PLAN=1's cache if still there)
 #     tb-compiled-ro 170  mode="reduce-overhead" (CUDA graphs, fixed shapes): dhicm eadra-scratch
-#   PLAN=3  150 + 75 + 45 + 45 = 315 s, then what the deadline leaves
+#   PLAN=3  150 + 75 + 75 = 300 s, then what the deadline leaves (at least 30 s: tb-profile, cut if need be)
 #     tb-compiled-ro-sea 150  reduce-overhead: dea-rhe lpea-rhe (the last target rows)
+#     tb-flex        75  benchmarks/flex_check.py, transformer-base eager on flex_attention: stock (the ratios'
+#                        baseline) and dhicm eadra-scratch dea-rhe lpea-rhe, stock on SDPA beside (is flex faster at
+#                        all?), 6 repeats; first LPEA's bias gradient through flex's score_mod against SDPA's (a
+#                        failure is reported, the times are not judged; flex's kernels compile in its first steps,
+#                        about 3 score_mods; with SMOKE=1 neither runs: no flex backward on the CPU)
 #     compile-check  75  tiny model, inductor: "all" (every method in one compile)
-#     tb-profile     45  torch.profiler of 2 eager steps: off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe
-#                        lpea-rhe (the kernels and operators over stock's; not judged)
-#     tb-profile-compiled 45  the same compiled: dhicm eadra-scratch (their graphs loaded from tb-compiled's cache)
-#     then: tb-triton, mbart-triton (the Triton and eager passes in a step), mbart-eager-sea (dea-rhe lpea-rhe,
-#     eadra-finetune-no-logits and the naive port at mbart-large), tb-naive (the naive port and generate), tb-bf16,
-#     mbart-compiled
+#     then: tb-profile (45 s: torch.profiler of 2 eager steps of off dhicm eadra-scratch eadra-scratch-eager-pass
+#     dea-rhe lpea-rhe, the kernels and operators over stock's; not judged), tb-profile-compiled (45 s: the same
+#     compiled, dhicm eadra-scratch, their graphs from tb-compiled's cache), tb-triton, mbart-triton (the Triton and
+#     eager passes in a step), mbart-eager-sea (dea-rhe lpea-rhe, eadra-finetune-no-logits and the naive port at
+#     mbart-large), tb-naive (the naive port and generate), tb-bf16, mbart-compiled
 # Compiled graphs are cached between parts and plans: TORCHINDUCTOR_CACHE_DIR (default /tmp/gpu-sh-inductor, kept
 # across calls on a warm machine) with Inductor's FX graph cache and AOTAutograd's cache on: a graph compiled by one
 # part is loaded, not compiled, by a later one (stock's, tb-profile-compiled's), and Triton kernels are reused.
 #
 # Output: RESULTS (default benchmarks/results/gpu/<gpu>-<date>-<time>; outputs/gpu-smoke-<time> with SMOKE=1) holds
 # <part>.json (overhead.py's JSON; compile_check.py's for compile-check, triton_check.py's for triton-check,
-# profile_step.py's for tb-profile and tb-profile-compiled), logs/<part>.log and logs/<part>.tsv (status line),
-# parts.tsv (every part's status, seconds, shape, mode, precision and rows) and summary.json (gpu_summary.py: each
-# target row of its TARGET_ROWS met / not met / not measured and why, every check, one line per part and row), whose
-# table is printed at the end; `python benchmarks/gpu_summary.py RESULTS --readme README.md` then writes the README's
-# GPU table from that one folder.
+# profile_step.py's for tb-profile and tb-profile-compiled, flex_check.py's for tb-flex), logs/<part>.log and
+# logs/<part>.tsv (status line), parts.tsv (every part's status, seconds, shape, mode, precision and rows) and
+# summary.json (gpu_summary.py: each target row of its TARGET_ROWS met / not met / not measured and why, every check,
+# one line per part and row, tb-flex's times), whose table is printed at the end;
+# `python benchmarks/gpu_summary.py RESULTS --readme README.md` then writes the README's GPU table from that one folder.
 #
 # Environment: PYTHON (python3), DEVICE (cuda; cpu with SMOKE=1), PLAN (1, 2, 3 or all), PLAN_ONLY=1 (print the plan,
 # run nothing), DEADLINE (seconds from the start for all parts, 340: a part gets the least of its own limit times
@@ -95,6 +99,7 @@ if [[ $SMOKE == 1 ]]; then
     GENERATE=(--generate-beams 2 --generate-tokens 4 --generate-repeats 1)
     CHECK_ROWS=(dhicm all)
     PROFILE_TIMING=(--warmup 1 --steps 1)
+    FLEX_TIMING=(--repeats 1 --warmup 1)
     TRITON_CHECK=(--layers 2 --batch 2 --heads 2 --length 40 --repeats 1)
     export TRITON_INTERPRET=1  # the Triton kernels run on the CPU under Triton's interpreter
     RESULTS=${RESULTS:-outputs/gpu-smoke-$(date +%Y%m%d-%H%M%S)}
@@ -105,6 +110,7 @@ else
     GENERATE=(--generate-beams 4 --generate-tokens 64 --generate-repeats 2)
     read -ra CHECK_ROWS <<<"${CHECK_ROWS:-all}"  # or: off dhicm dhicm-scaled eadra dea-rhe lpea-rhe all
     PROFILE_TIMING=(--warmup 3 --steps 2)
+    FLEX_TIMING=(--repeats 6 --warmup 2)
     read -ra TRITON_CHECK <<<"${TRITON_CHECK:-}"  # e.g. --tiles 32x64 64x32 128x64: more tile shapes timed
     gpu=${gpu%% / torch*}
     slug=$(tr -cs 'a-z0-9' '-' <<<"${gpu,,}" | sed 's/-$//')  # e.g. nvidia-h100-80gb-hbm3
@@ -181,9 +187,13 @@ timing tb-compiled "$TB" compiled "$PRECISION" "dhicm eadra-scratch" 180 "${COMP
 SECTION=2
 timing tb-compiled-sea "$TB" compiled "$PRECISION" "dea-rhe lpea-rhe" 150 "${COMPILED_TIMING[@]}"
 timing tb-compiled-ro "$TB" reduce-overhead "$PRECISION" "dhicm eadra-scratch" 170 "${COMPILED_TIMING[@]}"
-# ---- PLAN=3: the last reduce-overhead rows, the compile check, the profiles, then the untargeted parts ----
+# ---- PLAN=3: the last reduce-overhead rows, flex attention, the compile check, then the profiles and the rest ----
 SECTION=3
 timing tb-compiled-ro-sea "$TB" reduce-overhead "$PRECISION" "dea-rhe lpea-rhe" 150 "${COMPILED_TIMING[@]}"
+FLEX_ROWS=(dhicm eadra-scratch dea-rhe lpea-rhe)  # (and stock on SDPA, row stock-sdpa)
+part tb-flex "$TB" flex "$PRECISION" "${FLEX_ROWS[*]}" 75 -- "$PYTHON" benchmarks/flex_check.py --shape "$TB" \
+    --device "$DEVICE" --precision "$PRECISION" --rows "${FLEX_ROWS[@]}" "${FLEX_TIMING[@]}" \
+    --out "$RESULTS/tb-flex.json"
 part compile-check tiny check "$PRECISION" "${CHECK_ROWS[*]}" 75 -- "$PYTHON" benchmarks/compile_check.py \
     --device "$DEVICE" --backend "$BACKEND" --precision "$PRECISION" --rows "${CHECK_ROWS[@]}" \
     --out "$RESULTS/compile-check.json"

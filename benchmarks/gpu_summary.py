@@ -14,8 +14,9 @@ from pathlib import Path
 #: The GPU targets: GPU, autocast-bf16, ratios to stock SDPA in the same run. Eager time by row (at the shapes
 #: ``gpu.sh`` runs them: eadra-scratch at transformer-base, eadra-finetune at mbart-large-8x512); compiled time (against
 #: compiled stock) and peak memory for every row but the naive port. Besides (``summarize``): each compiled row
-#: compiles cleanly (no recompilation after warm-up, no more graph breaks than stock) and every ``compile_check.py``
-#: row is ok (no crash, no recompilation, no graph break, equal to eager).
+#: compiles cleanly (no recompilation after warm-up, no more graph breaks than stock), every ``compile_check.py``
+#: row is ok (no crash, no recompilation, no graph break, equal to eager), and LPEA's bias gradient on flex attention
+#: equals SDPA's (``flex_check.py``; its times on flex are reported, not judged).
 #: Issue #47's targets (its "Targets" section, which the table of its "Why" predates where they differ).
 GPU_TARGETS = {
     "eager_time": {"eadra-scratch": 1.10, "eadra-finetune": 1.05, "dhicm": 1.05, "dhicm-finetune": 1.05,
@@ -144,6 +145,45 @@ def triton_checks(part: str, plan: dict, result: dict | None) -> list[dict]:
     return checks
 
 
+def flex_check(part: str, plan: dict, result: dict | None) -> dict:
+    """``flex_check.py``'s check: LPEA's bias gradient on flex attention within its tolerance of SDPA's (met), off,
+    missing or crashed (not met), or not measured and why (no flex backward on the CPU; the part cut or failed)."""
+    found = (result or {}).get("lpea_gradient")
+    if found is None:
+        measured, met = f"part {plan['status']}", verdict(f"part {plan['status']}", None)
+    else:
+        measured = {k: found.get(k) for k in ("status", "loss_diff", "grad_max_diff", "crashed")}
+        met = found["ok"] if found["ok"] is not None else verdict(found["status"], None)
+    return {"target": "flex lpea bias gradient", "row": (found or {}).get("row", "lpea-rhe"), "shape": plan["shape"],
+            "part": part, "mode": plan["mode"], "limit": (found or {}).get("tolerance"), "measured": measured,
+            "met": met}
+
+
+def flex_timing(plan: dict, result: dict | None) -> dict:
+    """What ``flex_check.py`` timed (not judged): each row's backend, ``time_ratio`` to stock on flex attention,
+    ``over_sdpa`` (its median step over stock SDPA's) and ``flex_over_sdpa`` (stock's), or ``timing``: why not."""
+    if not result or result.get("timing") != "ran":
+        return {"timing": (result or {}).get("timing") or f"part {plan['status']}"}
+    rows = result["rows"]
+    return {"timing": "ran", "flex_over_sdpa": result.get("flex_over_sdpa"), "over_sdpa": result.get("over_sdpa"),
+            "time_ratio": {name: row.get("time_ratio") for name, row in rows.items()},
+            "attn_implementation": {name: row.get("attn_implementation") for name, row in rows.items()},
+            "errors": {name: row["error"][:200] for name, row in rows.items() if "error" in row}}
+
+
+def table_lines(part: str, plan: dict, result: dict | None) -> list[dict]:
+    """One line of ``summarize``'s ``table`` per row of a timing part's JSON."""
+    lines = []
+    for row_name, row in (result or {}).get("rows", {}).items():
+        compiled = row.get("compile") or {}
+        lines.append({"part": part, "shape": plan["shape"], "mode": plan["mode"], "precision": plan["precision"],
+                      "row": row_name, **{key: row.get(key) for key in ("median_ms", "time_ratio", "peak_gib",
+                                                                         "memory_ratio", "generate_ms",
+                                                                         "generate_ratio", "error")},
+                      **{key: compiled.get(key) for key in ("graphs", "graph_breaks", "recompiles")}})
+    return lines
+
+
 def target_rows(checks: list[dict]) -> list[dict]:
     """Each of ``TARGET_ROWS``: the first check of that target, row and mode (parts in run order), or "not measured"
     and why: the part that was to measure it was cut or failed, or no part of this run measured it."""
@@ -167,9 +207,10 @@ def summarize(folder: Path) -> dict:
     """``summary.json`` of a ``gpu.sh`` run in ``folder``: ``run`` (device, versions), ``parts`` (each part's status,
     seconds, shape, mode, precision and rows, from ``parts.tsv``), ``targets`` (``limits``, counts ``met``,
     ``not_met``, ``not_measured``, and ``checks``: one per target, row and part, each with ``measured`` and ``met``:
-    true, false or "not measured: why", and ``why`` where a row is over for a reason ``WHY`` knows) and ``table``
-    (one line per part and row: times, ratios, peak memory, generate, compiled graphs / graph breaks / recompiles)."""
-    parts, checks, table, run_info = {}, [], [], {}
+    true, false or "not measured: why", and ``why`` where a row is over for a reason ``WHY`` knows), ``table``
+    (one line per part and row: times, ratios, peak memory, generate, compiled graphs / graph breaks / recompiles)
+    and ``flex`` (per flex part, :func:`flex_timing`: informational, no target; its gradient check is a check)."""
+    parts, checks, table, run_info, flex = {}, [], [], {}, {}
     for line in (folder / "parts.tsv").read_text().splitlines():
         name, status, seconds, shape, mode, precision, rows = line.split("\t")
         plan = parts[name] = {"status": status, "seconds": float(seconds), "shape": shape, "mode": mode,
@@ -192,13 +233,13 @@ def summarize(folder: Path) -> dict:
             continue
         if mode == "profile":  # profile_step.py's JSON (a kernel profile): no target, no timing table line
             continue
+        if mode == "flex":  # flex_check.py's JSON: times on flex attention (not judged), LPEA's gradient check
+            checks.append(flex_check(name, plan, result))
+            flex[name] = flex_timing(plan, result)
+            table += table_lines(name, plan, result)
+            continue
         checks += part_checks(name, plan, result)
-        for row_name, row in (result or {}).get("rows", {}).items():
-            compiled = row.get("compile") or {}
-            table.append({"part": name, "shape": shape, "mode": mode, "precision": precision, "row": row_name,
-                          **{key: row.get(key) for key in ("median_ms", "time_ratio", "peak_gib", "memory_ratio",
-                                                           "generate_ms", "generate_ratio", "error")},
-                          **{key: compiled.get(key) for key in ("graphs", "graph_breaks", "recompiles")}})
+        table += table_lines(name, plan, result)
     for check in checks:
         if check["met"] is False and (check["target"], check["row"]) in WHY:
             check["why"] = WHY[check["target"], check["row"]]
@@ -210,7 +251,8 @@ def summarize(folder: Path) -> dict:
                             "not_measured": row_verdicts.count(None)}
     run_info["judged"] = run_info.get("device", "").startswith("cuda") or "no: not a GPU run (a smoke run)"
     return {"run": run_info, "parts": parts,
-            "targets": {"limits": GPU_TARGETS, **counts, "rows": rows, "checks": checks}, "table": table}
+            "targets": {"limits": GPU_TARGETS, **counts, "rows": rows, "checks": checks}, "table": table,
+            "flex": flex}
 
 
 def summary_table(summary: dict) -> str:
@@ -235,6 +277,13 @@ def summary_table(summary: dict) -> str:
                  "measured")
     lines += [f"  {r['target']} {r['row']} ({r['mode']}): {'not met' if r['met'] is False else r['met']}"
               for r in targets["rows"] if r["met"] is not True]
+    for name, found in summary.get("flex", {}).items():
+        if found["timing"] != "ran":
+            lines.append(f"flex {name}: timing {found['timing']}")
+            continue
+        ratios = ", ".join(f"{row} {ratio}" for row, ratio in found["over_sdpa"].items() if row != "stock")
+        lines.append(f"flex {name}: stock on flex {found['flex_over_sdpa']} of stock SDPA's step (below 1: flex "
+                     f"faster); each row over stock SDPA: {ratios}")
     lines += [f"  part {name}: {p['status']} ({p['seconds']:.0f} s)" for name, p in summary["parts"].items()]
     return "\n".join(lines)
 

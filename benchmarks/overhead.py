@@ -37,11 +37,16 @@ GPU targets, each met, not met or not measured.
 JSON of a timed run: ``shape``, ``batch_size``, ``length``, ``device``, ``device_name``, ``precision``, ``dtype`` (of
 the weights), ``autocast`` (its dtype or null), ``optimizer``, ``attn_implementation``, ``repeats``, ``warmup``,
 ``compile`` (null, or the backend and dynamo's recompile limits), ``generate`` (null, or beams, new tokens, batch
-size and rounds), ``torch``, ``transformers``, ``rows`` (per row: ``settings``, ``median_ms``, ``time_ratio``,
-``median_ratio``, ``peak_gib``, ``memory_ratio``, ``spread_ms``, ``page_faults_per_step``, ``operators``,
-``operator_ratio``, ``syncs``, ``syncs_over_stock``, ``generate_operators``, ``generate_operator_ratio``,
-``compile``, and with ``--generate-beams`` ``generate_ms``, ``generate_ratio``; or ``settings`` and ``error``) and
-``targets`` (:data:`TARGETS`).
+size and rounds), ``torch``, ``transformers``, ``rows`` (per row: ``settings``, ``attn_implementation`` (the
+backend its model ran), ``median_ms``, ``time_ratio``, ``median_ratio``, ``peak_gib``, ``memory_ratio``,
+``spread_ms``, ``page_faults_per_step``, ``operators``, ``operator_ratio``, ``syncs``, ``syncs_over_stock``,
+``generate_operators``, ``generate_operator_ratio``, ``compile``, and with ``--generate-beams`` ``generate_ms``,
+``generate_ratio``; or ``settings`` and ``error``) and ``targets`` (:data:`TARGETS`).
+
+``--attn-implementation`` sets every model's backend, stock's included (the ratios are to stock on that backend);
+``--sdpa-baseline`` adds stock on SDPA as the row ``stock-sdpa`` in the same rounds (its ``time_ratio``: SDPA's step
+time over the backend's), and ``--no-count`` leaves out the operator, sync and ``generate`` counts (``null``), as
+``flex_check.py`` runs flex attention.
 
 ``--count`` (``counting.py``) counts instead of timing, under ``FakeTensorMode``: FLOPs of forward and
 backward and the bytes autograd saves for backward (distinct storages, parameters left out), as ratios to stock SDPA.
@@ -77,6 +82,7 @@ from torch._dynamo.utils import counters
 from transformers import MBartConfig
 
 from compile_check import break_reasons, dynamo_counts, raise_recompile_limits
+from hf_headattn.hf_compat import attention_implementation
 from operator_count import count_operators, sync_operators
 from setups import (
     PRECISIONS,
@@ -95,6 +101,8 @@ from setups import (
 GENERATE_TOKENS = 8
 #: The targets (ratios to stock SDPA in one run).
 TARGETS = {"operators": 1.20, "cpu_time": 1.10, "generate_operators": 1.10, "generate_operators_eadra": 1.0}
+#: The row of stock on SDPA with ``--sdpa-baseline`` (beside stock on ``--attn-implementation``, the ratios' baseline).
+SDPA_STOCK = "stock-sdpa"
 #: torch.compile's modes (``--compile-mode``; TrainingArguments' ``torch_compile_mode``).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 def generate_operators(kind, model, batch, autocast_dtype=None) -> int:
@@ -143,10 +151,11 @@ def peak_memory(step, batch, device) -> float | None:
     return (resident_bytes([*own, *batch.values()]) + torch.cuda.max_memory_allocated() - before) / 2**30
 
 
-def prepare(kind, model, batch, device, precision, warmup, backend, mode=None):
+def prepare(kind, model, batch, device, precision, warmup, backend, mode=None, count=True):
     """Compile a row's model (``backend``), warm it up and measure what is measured once: peak memory; eager, the
-    operators, syncs and greedy ``generate`` operators; compiled, the warm-up's graphs and graph breaks, and whether
-    the step after warm-up compiled anything; ``mode``: torch.compile's. Returns (step, measurements)."""
+    operators, syncs and greedy ``generate`` operators (unless not ``count``); compiled, the warm-up's graphs and
+    graph breaks, and whether the step after warm-up compiled anything; ``mode``: torch.compile's. Returns (step,
+    measurements)."""
     autocast_dtype = PRECISIONS[precision][1]
     step = step_fn(kind, torch.compile(model, backend=backend, mode=mode) if backend else model, batch, autocast_dtype)
     if backend and mode == "reduce-overhead":
@@ -166,6 +175,8 @@ def prepare(kind, model, batch, device, precision, warmup, backend, mode=None):
     row["peak_gib"] = peak_memory(step, batch, device)
     if backend:  # (a step after warm-up that compiles again would compile on every step: it is timed alone)
         row["compile"]["timed_alone"] = dynamo_counts()[0] > after_warmup[0]
+        return step, row
+    if not count:
         return step, row
     row["operators"] = count_operators(step)
     row["syncs"] = len(sync_operators(step.forward_backward))
@@ -231,12 +242,15 @@ def rounds(calls: dict, repeats: int, device, counted=None, failures=None, untim
 
 def run(shape: str, rows: list[str], device: str, precision: str, repeats: int, warmup: int, naive: bool,
         attn_implementation: str, compile_backend: str | None = None, generate_beams: int = 0,
-        generate_tokens: int = 64, generate_repeats: int = 3, compile_mode: str | None = None) -> dict:
+        generate_tokens: int = 64, generate_repeats: int = 3, compile_mode: str | None = None,
+        sdpa_baseline: bool = False, count: bool = True) -> dict:
     device = torch.device(device)
     shape_kwargs, batch_size, length = SHAPES[shape]
     shape_kwargs = {"max_position_embeddings": max(1024, length), **shape_kwargs}
     batch = make_batch(MBartConfig(**shape_kwargs), batch_size, length, device)
     runs = {"stock": ("stock", {})}
+    if sdpa_baseline:  # stock on SDPA beside stock on attn_implementation (the ratios' baseline)
+        runs[SDPA_STOCK] = ("stock", {})
     runs.update({row: ("ours", ROWS[row]) for row in rows})
     if naive:
         runs["naive"] = ("naive", {})
@@ -257,13 +271,14 @@ def run(shape: str, rows: list[str], device: str, precision: str, repeats: int, 
     dtype = PRECISIONS[precision][0]
     for name, (kind, settings) in runs.items():
         try:
-            models[name] = build_on(device, kind, settings, shape_kwargs, device, dtype, attn_implementation)
+            models[name] = build_on(device, kind, settings, shape_kwargs, device, dtype,
+                                    "sdpa" if name == SDPA_STOCK else attn_implementation)
         except Exception as error:
             failed(name, error)
     for name in list(models):
         try:
             steps[name], measured[name] = prepare(runs[name][0], models[name], batch, device, precision, warmup,
-                                                  compile_backend, compile_mode)
+                                                  compile_backend, compile_mode, count)
         except Exception as error:
             failed(name, error)
     for name in steps if compile_backend else ():  # one more step each: what another model's compile changed
@@ -307,7 +322,8 @@ def run(shape: str, rows: list[str], device: str, precision: str, repeats: int, 
         row, faults = measured[name], counted[name]["page_faults"]
         paired = name not in alone and "stock" not in alone
         result["rows"][name] = {
-            "settings": settings, "median_ms": round(median[name], 3),
+            "settings": settings, "attn_implementation": attention_implementation(models[name].config),
+            "median_ms": round(median[name], 3),
             "time_ratio": round(statistics.median(a / b for a, b in zip(times[name], times["stock"])) if paired
                                 else median[name] / median["stock"], 4),
             "median_ratio": round(median[name] / median["stock"], 4),
@@ -342,10 +358,11 @@ def check_targets(result: dict) -> dict:
     cpu_shape = result["shape"] in ("tiny", "small")
     checks = {}
     for name, row in result["rows"].items():
-        if name in ("stock", "naive"):
+        if name in ("stock", "naive", SDPA_STOCK):
             continue
         if "error" in row or row["operators"] is None:
-            checks[name] = {"operators": row.get("error", "not counted: compiled (the eager run counts them)")}
+            checks[name] = {"operators": row.get("error", "not counted: compiled or --no-count (the eager run "
+                                                          "counts them)")}
             continue
         if name.startswith("eadra"):  # a training regularizer: no operator over the same model with methods off
             off = result["rows"].get("off", result["rows"]["stock"])["generate_operators"]
@@ -380,6 +397,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--naive", action="store_true", help="add the naive EaDRA port as a second baseline")
+    parser.add_argument("--sdpa-baseline", action="store_true",
+                        help=f"also time stock on SDPA, as the row {SDPA_STOCK!r} (with another "
+                             "--attn-implementation: its time_ratio is SDPA's step time over that backend's)")
+    parser.add_argument("--no-count", action="store_true",
+                        help="count no operators, syncs or generate operators (eager rows; e.g. on flex attention, "
+                             "where generate's decoding shapes would compile its kernel again within the part)")
     parser.add_argument("--count", action="store_true",
                         help="count FLOPs and bytes saved for backward under FakeTensorMode instead of timing "
                              "(benchmarks/counting.py; the naive port is always a row, unless --no-naive)")
@@ -417,7 +440,8 @@ def main(argv=None):
     else:
         result = run(args.shape, args.rows or ["off"], args.device, args.precision, args.repeats, args.warmup,
                      args.naive, args.attn_implementation, args.compile_backend if args.compile else None,
-                     args.generate_beams, args.generate_tokens, args.generate_repeats, args.compile_mode)
+                     args.generate_beams, args.generate_tokens, args.generate_repeats, args.compile_mode,
+                     args.sdpa_baseline, not args.no_count)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

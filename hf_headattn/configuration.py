@@ -40,18 +40,25 @@ from .legacy import (
 
 # importing .methods registers the built-in methods ("from .x import", which save_pretrained ships, not "from . import")
 from .methods import register_method  # noqa: F401
-from .registry import readout_fields, registered_methods
+from .registry import active_methods, readout_fields, registered_methods
 from .remote_code import auto_map, ship
 from .settings_checks import check_pruned_heads
 from .version import __version__ as HEADATTN_VERSION  # the running release (shipped with remote code too)
 
 logger = logging.get_logger(__name__)
 
+#: What a saved config.json records of the switched-on methods registered later (plug-ins): ``{method: module}``
+#: (:meth:`HeadAttnSettings.to_dict`, checked by :meth:`HeadAttnSettings._check_method_modules`).
+METHOD_MODULES = "headattn_method_modules"
+
 #: The shared fields checked whenever they are set (:meth:`HeadAttnSettings._resolve_headattn_settings`).
-CHECKED_FIELDS = ("label_smoothing", "loss_without_logits", "syntax_parser", "headattn_version")
+CHECKED_FIELDS = ("label_smoothing", "loss_without_logits", "syntax_parser", "headattn_version", METHOD_MODULES)
 
 #: The config fields the methods' settings are resolved against (layer and head counts, sizes).
 SHAPE_FIELDS = ("encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads", "d_model")
+
+#: The methods registered when the config classes are made (the built-in ones): declared config fields.
+DECLARED_METHODS = tuple(sorted(spec.name for spec in registered_methods()))
 
 
 class FrozenDict(dict):
@@ -107,7 +114,7 @@ def _method_fields(cls: type) -> type:
     ``to_dict``, the ``null`` saved for a method that is off); the built-in methods are registered by then (the import
     of :mod:`.methods` above). A method registered later (a plug-in) is an undeclared config attribute, which HF keeps
     and saves as well."""
-    for name in sorted(spec.name for spec in registered_methods()):
+    for name in DECLARED_METHODS:
         cls.__annotations__[name] = "Any"
         setattr(cls, name, None)
     return cls
@@ -133,6 +140,9 @@ class HeadAttnSettings:
         (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
         release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
         0.1's translation on it (:func:`~.legacy.written_by_release_0_1`).
+    headattn_method_modules (undeclared; in a saved file only): ``{method name: module}`` of the switched-on methods
+        registered from outside the package, which ``to_dict`` writes (the module that defines the method's settings
+        class); a config that records a method not registered here refuses to load (:meth:`_check_method_modules`).
 
     (Annotated ``Any``: these fields are checked here, with ``ValueError``s, not by the strict dataclass.)
     """
@@ -222,10 +232,16 @@ class HeadAttnSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """HF's, plus the release that writes it: ``headattn_version`` is the running release; ``auto_map`` names the
-        model module the settings need (:func:`~.remote_code.auto_map`)."""
+        model module the settings need (:func:`~.remote_code.auto_map`); ``headattn_method_modules`` the modules of
+        the switched-on methods registered from outside the package (none: left out)."""
         output = super().to_dict()
         output.pop("_headattn_resolved", None)  # derived from the fields
         output["headattn_version"] = HEADATTN_VERSION
+        output.pop(METHOD_MODULES, None)  # the file's record, if loaded from one: written afresh
+        plugins = {spec.name: spec.settings.__module__ for spec in active_methods(self)
+                   if spec.name not in DECLARED_METHODS}
+        if plugins:
+            output[METHOD_MODULES] = plugins
         if output.get("auto_map"):
             output["auto_map"] = auto_map(self, output["auto_map"])
         return output
@@ -248,6 +264,7 @@ class HeadAttnSettings:
                              f"{self.syntax_parser!r}")
         if self.headattn_version is not None:
             recorded_release(self.headattn_version, "headattn_version")
+        self._check_method_modules()
         resolved = {}
         for spec in registered_methods():
             values = getattr(self, spec.name, None)
@@ -264,6 +281,32 @@ class HeadAttnSettings:
                 )
             resolved[spec.name] = settings
         self.__dict__["_headattn_resolved"] = FrozenDict(resolved)
+
+    def _check_method_modules(self) -> None:
+        """Refuse a config whose file records a method (``headattn_method_modules``) that is not registered here: a
+        checkpoint saved with a method kept outside the package, loaded in a process that has not imported it. Its
+        settings would be an unknown attribute, and the model would be built without the method (its weights left
+        unused, with a load report line only); instead the error names the field and the module to import.
+
+        The module is named, never imported here: a config.json (perhaps downloaded) must not choose which code runs.
+        Importing it is the user's decision, as ``trust_remote_code`` is for a checkpoint's model code: the recipes'
+        ``--method_modules``, or :func:`hf_headattn.registry.import_method_modules` (or an ``import``) in Python."""
+        recorded = self.__dict__.get(METHOD_MODULES)
+        if recorded is None:
+            return
+        if not isinstance(recorded, Mapping) or not all(isinstance(v, str) for v in recorded.values()):
+            raise ValueError(f"{METHOD_MODULES} must be a dict {{method name: module}}, got {recorded!r}")
+        known = {spec.name for spec in registered_methods()}
+        missing = {name: module for name, module in recorded.items() if name not in known}
+        if missing:
+            name, module = next(iter(missing.items()))
+            raise ValueError(
+                f"the config field {name!r} holds the settings of the method {name!r}, which is not registered in this "
+                f"process ({METHOD_MODULES} records it from the module {module!r}); expected it registered before the "
+                f"config loads: pass --method_modules {' '.join(dict.fromkeys(missing.values()))} to the recipes, or "
+                f"in Python import the module that registers it first "
+                f"(hf_headattn.registry.import_method_modules([{module!r}]) also registers a METHOD it only defines)"
+            )
 
 
 @strict

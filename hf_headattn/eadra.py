@@ -372,12 +372,8 @@ def _padded_supports(fused: list[list[_Call]], supports) -> tuple[torch.Tensor |
     batch = fused[0][0].query.shape[0]
     heads = max(support.shape[1] for _, support, _ in supports)
 
-    def pad(tensor, padding, value=0.0):  # (F.pad copies even when it adds nothing)
-        if not any(padding):
-            return tensor
-        if tensor.dtype == torch.bool and torch.compiler.is_compiling():  # Inductor's CPU code for a padded bool
-            return torch.nn.functional.pad(tensor.to(torch.uint8), padding, value=value).bool()  # fails (torch 2.13)
-        return torch.nn.functional.pad(tensor, padding, value=value)
+    def pad(tensor, padding, value=0.0):  # (F.pad copies even when it adds nothing; never compiled: _fusions)
+        return torch.nn.functional.pad(tensor, padding, value=value) if any(padding) else tensor
 
     biases, masks, rows = [], [], []
     for group, (bias, support, queries) in zip(fused, supports):

@@ -42,8 +42,9 @@ backward, two passes over the (query, key) tiles
   2. ``_backward_keys_kernel``, grid (N, key blocks), loops over query tiles: recomputes s, a, g (the cumulative
      sums from the carries), dS = a (g - D) and grad_key_j = scaling sum_i dS_ij q_i.
 
-Refused (:func:`supports` is False; the caller runs the eager or compiled pass): a ``bias`` that requires a
-gradient (SEA's LPEA bias); float64 heads. A bias without gradient (an additive mask) is supported.
+Refused with a ``ValueError`` naming what is missing (:func:`supports` is False; there is no silent fallback: choose
+"auto", "eager" or "compiled" there): a ``bias`` that requires a gradient (SEA's LPEA bias), float64 heads, CPU
+tensors outside the interpreter. A bias without gradient (an additive mask) is supported.
 
 Triton is optional: without it the module imports, :func:`available` is False and the entry points raise. On the
 CPU the kernels run only under Triton's interpreter, ``TRITON_INTERPRET=1`` set before Triton is imported (Triton

@@ -2,11 +2,12 @@
 
 On flex attention, transformers hands the attention function a :class:`~torch.nn.attention.flex_attention.BlockMask`
 (the padding and causal masks as a ``mask_mod``) instead of a mask tensor, and HF's flex function returns the
-per-head output as SDPA does. DHICM reads only that output and the query-side input; EaDRA reads the queries, keys
-and the mask as the bool tensor (B, 1, T, S) that SDPA would have received, which :func:`dense_mask` rebuilds from
-the block mask's ``mask_mod``, so its terms are the SDPA path's. SEA (which changes the mask per sentence and head)
-runs there as a ``score_mod`` over the sentence's positions and its selected heads (:func:`sea_score_mod`), the
-padding staying in the block mask.
+per-head output as SDPA does; off the CPU its second output is the log-sum-exp of the scores (B, H, T), where
+the other backends return weights or None (a head mask leaves it unchanged: :func:`~.head_masks.scale_weights`).
+DHICM reads only the output and the query-side input; EaDRA reads the queries, keys and the mask as the bool tensor
+(B, 1, T, S) that SDPA would have received, which :func:`dense_mask` rebuilds from the block mask's ``mask_mod``, so
+its terms are the SDPA path's. SEA (which changes the mask per sentence and head) runs there as a ``score_mod`` over
+the sentence's positions and its selected heads (:func:`sea_score_mod`), the padding staying in the block mask.
 
 On the CPU flex attention runs forward only (torch 2.13 raises for its backward there); ``tests/test_flex.py``
 compares it with SDPA without gradients, and training on flex needs a GPU.

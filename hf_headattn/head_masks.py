@@ -25,7 +25,8 @@ What a value m_h means, one rule for every method: m_h is the share of head h th
 So 1 keeps a head unchanged, 0 removes it everywhere exactly as pruning it does (outputs, loss terms, gradients),
 and values between weaken it continuously. The mask is differentiable: with ``requires_grad`` its gradient is the
 head importance of Michel et al. (2019). With the eager backend, returned attention weights are scaled alike
-(transformers 4 did so).
+(transformers 4 did so); flex attention's log-sum-exp, which it returns instead of weights on CUDA, is left as it is
+(:func:`scale_weights`).
 """
 
 from __future__ import annotations
@@ -139,8 +140,17 @@ def scale_heads(attn_output: torch.Tensor, head_mask: torch.Tensor) -> torch.Ten
 
 
 def scale_weights(attn_weights: torch.Tensor | None, head_mask: torch.Tensor) -> torch.Tensor | None:
-    """Attention weights (B, H, T, S), as the eager backend returns them, times the head mask."""
-    return None if attn_weights is None else attn_weights * head_mask[:, :, None, None].to(attn_weights.dtype)
+    """The backend's second output with the head mask (1 or B, H) applied where it is attention weights.
+
+    Attention weights (B, H, T, S), as the eager backend returns them, are multiplied by the mask. Anything else
+    passes unchanged: ``None`` (SDPA, flex attention on the CPU) and flex attention's log-sum-exp (B, H, T) of each
+    query's scores, which transformers' ``flex_attention_forward`` returns instead of weights off the CPU (on CUDA).
+    The mask scales a head's output after its softmax, so the scores and their log-sum-exp are what they were
+    without it (a masked head's lse is the unmasked one's, as its probabilities are); multiplying a log by m_h would
+    be meaningless, and the (1 or B, H, 1, 1) mask does not broadcast over (B, H, T)."""
+    if attn_weights is None or attn_weights.dim() != 4:
+        return attn_weights
+    return attn_weights * head_mask[:, :, None, None].to(attn_weights.dtype)
 
 
 def live_heads(head_mask: torch.Tensor | None, heads: int) -> torch.Tensor | int:

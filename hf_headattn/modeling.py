@@ -40,7 +40,7 @@ from .hf_compat import (
     transformers_forward,
 )
 from .losses import IGNORE_INDEX, label_smoothed_nll_loss, linear_label_smoothed_nll_loss, total_objective
-from .pruning import apply_pruned_heads, prune_heads
+from .pruning import apply_pruned_heads, modules_record, prune_heads
 from .registry import method_inputs, readout_flags, registered_methods
 from .sites import AttentionSite
 
@@ -274,9 +274,12 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         The config re-resolves its settings whenever they are set (in-place edits are refused), so an unchanged
         config holds the very objects the model was built with."""
         pruned = self.config.pruned_heads
-        if pruned is not self._pruned_heads and (pruned or {}) != (self._pruned_heads or {}):
-            raise ValueError(f"config.pruned_heads was changed after the model was built (to {pruned!r}, the model "
-                             f"has {self._pruned_heads!r}); prune with model.prune_heads(...), which records them")
+        if pruned is not self._pruned_heads:  # changed, or pruned through a part (prune_heads(model.get_encoder()))
+            if (pruned or {}) not in ((self._pruned_heads or {}), modules_record(self)):
+                raise ValueError(f"config.pruned_heads was changed after the model was built (to {pruned!r}, the "
+                                 f"model's modules have {modules_record(self)!r} pruned); prune with "
+                                 "model.prune_heads(...), which records them")
+            self._pruned_heads = pruned
         current = self.config.headattn_settings
         if current is self.headattn_settings or current == self.headattn_settings:
             return

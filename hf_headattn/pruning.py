@@ -94,6 +94,17 @@ def pruned_numbers(module: nn.Module, total: int) -> list[int]:
     return sorted(set(range(total)) - set(head_numbers(module)))
 
 
+def modules_record(model: nn.Module) -> dict[str, list[int]]:
+    """``{module name: [original head numbers]}`` of the heads ``model``'s attention modules no longer have (modules
+    that have all theirs left out): what ``config.pruned_heads`` holds while it agrees with the modules."""
+    record = {}
+    for name, module in routed_modules(model).items():
+        numbers = pruned_numbers(module, component_shape(model.config, AttentionSite.parse(name).component)[1])
+        if numbers:
+            record[name] = numbers
+    return record
+
+
 def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
     """Remove ``heads`` (``{module name: [original head numbers]}``) from ``model`` in place and record them in
     ``model.config.pruned_heads``; returns the updated record.

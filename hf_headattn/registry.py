@@ -15,10 +15,12 @@ config resolves them once, when set, into the method's frozen settings dataclass
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
+import traceback
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -177,6 +179,52 @@ def register_method(spec: MethodSpec) -> MethodSpec:
 
 def unregister_method(name: str) -> None:
     _REGISTRY.pop(name, None)
+
+
+def import_method_modules(names: Iterable[str]) -> dict[str, list[str]]:
+    """Import the modules ``names`` (dotted names, e.g. ``my_pkg.my_method``) that bring methods kept outside the
+    package, so that they are registered: what the recipes' ``--method_modules`` does before it parses their flags.
+    Returns ``{module: [names of the methods it brought]}``.
+
+    A module brings the methods it registers when imported (``register_method(METHOD)`` at its end, docs/design.md,
+    "Adding a fourth method") and the registered specs it holds; one that registers none but defines ``METHOD`` (a
+    :class:`MethodSpec`, the name a method's core module gives its spec) has that registered, so a core module is
+    named the same way whether or not it registers itself. A module that brings no method is refused, not warned
+    about: naming it has no other purpose, so it is a mistake (a kit module, a misspelt submodule) that would
+    otherwise surface later as an unknown ``--method`` or a checkpoint that does not load. Every error is a
+    ``ValueError`` naming the module and why (an import that fails: its exception, and where it was raised).
+    """
+    brought: dict[str, list[str]] = {}
+    for name in names:
+        before = dict(_REGISTRY)
+        try:
+            module = importlib.import_module(name)
+        except Exception as error:  # any failure of the module's own code is the user's to see, named
+            raise ValueError(f"method module {name!r} does not import: {type(error).__name__}: {error}"
+                             f"{_raised_at(error, name)}; expected an importable module (installed, or on PYTHONPATH) "
+                             "that registers a method") from error
+        new = [key for key, spec in _REGISTRY.items() if before.get(key) is not spec]
+        held = [value.name for value in vars(module).values()
+                if isinstance(value, MethodSpec) and _REGISTRY.get(value.name) is value]
+        found = list(dict.fromkeys([*new, *held]))
+        spec = getattr(module, "METHOD", None)
+        if not found and isinstance(spec, MethodSpec):
+            found = [register_method(spec).name]
+        if not found:
+            raise ValueError(f"method module {name!r} imports but brings no method: it registers none and defines no "
+                             "METHOD = MethodSpec(...); expected the module of a method's core, which ends with "
+                             "register_method(METHOD) or defines METHOD (docs/design.md, \"Adding a fourth method\")")
+        brought[name] = found
+    return brought
+
+
+def _raised_at(error: BaseException, name: str) -> str:
+    """`` (at file:line)``: where ``error`` was raised (its innermost frame outside the import machinery); nothing
+    for the named module (or its package) not found, whose message says all."""
+    if isinstance(error, ModuleNotFoundError) and error.name and f"{name}.".startswith(f"{error.name}."):
+        return ""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith("<")]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def registered_methods() -> list[MethodSpec]:

@@ -50,9 +50,13 @@ def auto_map(config, entries: dict) -> dict:
 def ship(config, folder) -> list[Path]:
     """Copy :func:`model_module` and the modules it imports relatively into ``folder`` when it is not
     :data:`MODEL_MODULE` and ``folder`` holds the model's code (``modeling.py``, which ``save_pretrained`` copies
-    before it saves the config); the copied files."""
+    before it saves the config); the copied files. Another model module an earlier save left in ``folder`` is removed
+    first (:func:`remove_stale`)."""
     folder, module = Path(folder), model_module(config)
-    if module == MODEL_MODULE or not (folder / f"{MODEL_MODULE}.py").is_file():
+    if not (folder / f"{MODEL_MODULE}.py").is_file():
+        return []
+    remove_stale(folder, module)
+    if module == MODEL_MODULE:
         return []
     source = Path(__file__).with_name(f"{module}.py")
     if not source.is_file():  # e.g. a checkpoint's own configuration.py, loaded without its model module
@@ -62,3 +66,28 @@ def ship(config, folder) -> list[Path]:
     for file in files:
         shutil.copyfile(file, folder / file.name)
     return [folder / file.name for file in files]
+
+
+def remove_stale(folder: Path, module: str) -> list[Path]:
+    """Remove from ``folder`` the model modules (``modeling_<...>.py``) other than ``module`` that an earlier save of
+    another config wrote there, and the files only they import, so that a folder re-saved without the Triton pass,
+    then pushed, carries no kernels its ``auto_map`` never names; the removed files. Only files equal to this copy
+    of the code are removed: a file of the user's own, or edited, stays."""
+    ours = Path(__file__).parent
+    if not (ours / f"{module}.py").is_file() or folder.resolve() == ours.resolve():
+        return []  # (ship names the missing module)
+
+    def same(name: str) -> bool:
+        return (ours / name).is_file() and (folder / name).read_bytes() == (ours / name).read_bytes()
+
+    needed = {Path(file).name for file in get_relative_import_files(ours / f"{module}.py")} | {f"{module}.py"}
+    needed |= {Path(file).name for file in get_relative_import_files(ours / f"{MODEL_MODULE}.py")}
+    removed = []
+    for stale in sorted(folder.glob(f"{MODEL_MODULE}_*.py")):
+        if stale.name == f"{module}.py" or not same(stale.name):
+            continue
+        for name in [stale.name, *(Path(file).name for file in get_relative_import_files(ours / stale.name))]:
+            if name not in needed and (folder / name).is_file() and same(name):
+                (folder / name).unlink()
+                removed.append(folder / name)
+    return removed

@@ -34,6 +34,7 @@ from hf_headattn.dhicm import METHOD as IMPORTANCE_METHOD
 from hf_headattn.experiment import translation_recipe as train_translation
 from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
+from hf_headattn.experiment.method_modules import add_method_modules_argument, import_or_exit
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.recipe_parts import write_json
 
@@ -76,6 +77,8 @@ def train(method: str, args) -> dict:
         argv += ["--max_train_samples", str(schedule.train_samples)]
     if args.tokenizer:
         argv += ["--tokenizer_name", str(args.tokenizer)]
+    if args.method_modules:
+        argv += ["--method_modules", *args.method_modules]
     print(f"\n=== training {method} ({args.max_steps} steps) -> {out}", flush=True)
     return train_translation.main(argv)
 
@@ -125,7 +128,9 @@ def main(argv=None):
                         help="Multi30k's folder (default: found or downloaded, see the module docstring)")
     parser.add_argument("--output_dir", default=None, help="default outputs/demo (outputs/demo-quick with --quick)")
     parser.add_argument("--tokenizer", type=existing_dir, default=None, help="reuse a saved tokenizer")
+    add_method_modules_argument(parser)  # --methods may then name their methods
     args = parser.parse_args(argv)
+    import_or_exit(parser, args.method_modules)
     args.schedule = QUICK if args.quick else FULL
     args.max_steps = args.max_steps or args.schedule.max_steps
     args.num_beams = args.num_beams or args.schedule.num_beams

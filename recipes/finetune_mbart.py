@@ -41,6 +41,7 @@ from hf_headattn import HeadAttnMBartForConditionalGeneration
 from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
 from hf_headattn.experiment.data import tokenize_parallel
 from hf_headattn.experiment.evaluation import make_compute_metrics
+from hf_headattn.experiment.method_modules import import_or_exit, method_modules_field
 from hf_headattn.experiment.outputs import (
     DATA_FLAGS,
     OutputArguments,
@@ -68,6 +69,7 @@ class ModelArguments:
                        metadata={"help": "JSON of the config field `eadra` (components to settings); null = off"})
     label_smoothing: float = field(default=0.1, metadata={"help": "Computed inside the model, with EaDRA's terms"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or eager"})
+    method_modules: list[str] = method_modules_field()  # a checkpoint that carries a method kept outside the package
 
 
 @dataclass
@@ -87,6 +89,7 @@ def entropy_report(trainer, features, name: str, output_dir: str) -> dict:
 def main(argv=None) -> dict:
     parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments))
     model_args, data_args, output_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    import_or_exit(parser, model_args.method_modules)  # before the checkpoint's config loads
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     try:

@@ -9,7 +9,8 @@ validation, and ``--test_split`` is read once, for the chosen model only. ``--mo
 with its tokenizer (a training run's ``--output_dir``: the run's final or, with ``--load_best_model_at_end``, best
 weights); a stock mBART/Marian checkpoint is refused (convert it first: ``HeadAttnMarianMTModel.from_pretrained`` loads
 it, ``save_pretrained`` writes it as ours). The criteria ``dhicm`` and ``rhe`` need a model that carries DHICM,
-resp. SEA with RHE.
+resp. SEA with RHE. A model with a method kept outside the package needs ``--method_modules`` (the module that
+registers it; its criterion is then one of ``--criteria``).
 
 Every argument (criteria against the model, shares, counts, folders) is checked before anything is read, evaluated,
 written or deleted: a bad one is a usage error (exit 2). A rerun with the same settings continues the run; an
@@ -64,6 +65,7 @@ from hf_headattn.experiment.arguments import (
 )
 from hf_headattn.experiment.data import MULTI30K_SPLITS, load_parallel_dataset
 from hf_headattn.experiment.evaluation import markdown_table
+from hf_headattn.experiment.method_modules import add_method_modules_argument, import_or_exit, method_modules_in
 from hf_headattn.experiment.model_card import method_settings_of, write_model_card
 from hf_headattn.experiment.outputs import check_output_dir, write_json_atomic
 from hf_headattn.experiment.plotting import pyplot, save_figure
@@ -76,6 +78,7 @@ EARLIER = ("pruning.json", "criteria", "model", "pruning.png")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    import_or_exit(parser, method_modules_in(argv))  # first: their methods' criteria are choices of --criteria
     parser.add_argument("--model_dir", type=existing_dir, required=True,
                         help="a trained hf-headattn model and its tokenizer (a run's --output_dir)")
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/prune_heads"))
@@ -110,6 +113,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing_repeats", type=positive_int, default=3,
                         help="generate timed this many times, alternately pruned and unpruned, for the ratio")
+    add_method_modules_argument(parser)
     args = parser.parse_args(argv)
     check_args(parser, args)
     return args

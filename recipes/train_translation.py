@@ -18,6 +18,9 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
     python recipes/train_translation.py --preset dhicm_be_en --model_shape small --num_train_epochs 100 \
         --output_dir outputs/dhicm_be_en
 
+    # a method kept outside the package: its module is imported first, so --method and its own flags know it
+    python recipes/train_translation.py --method_modules my_pkg.my_method --method my_method --output_dir outputs/mine
+
 An interrupted run continues with ``--resume_from_checkpoint true`` (the latest ``checkpoint-N`` in ``--output_dir``)
 or ``--resume_from_checkpoint <checkpoint folder>``. Without it, an ``--output_dir`` that holds ``checkpoint-N``
 folders is refused unless ``--overwrite_output_dir`` (start afresh: they are removed before training); one that is

@@ -11,7 +11,8 @@ with its line number; with ``--on_parse_error skip`` it is translated without sy
 stderr), never dropped. Lines longer than ``--max_source_length`` (default: the model's limit) are truncated, with a
 warning naming them. Input is read as UTF-8 unless ``--encoding`` says otherwise. The progress bar and the scores go
 to stderr. ``--output`` replaces an existing file, as ``>`` would, but never the input, the reference or a file of the
-model's or tokenizer's folder (a usage error, before anything is read).
+model's or tokenizer's folder (a usage error, before anything is read). A model trained with a method kept outside the
+package needs the module that registers it: ``--method_modules my_pkg.my_method``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import hf_headattn
 from hf_headattn.experiment.arguments import positive_int
 from hf_headattn.experiment.evaluation import compute_translation_metrics
 from hf_headattn.experiment.kit import MethodInputError
+from hf_headattn.experiment.method_modules import add_method_modules_argument, import_or_exit
 from hf_headattn.experiment.outputs import check_output_file
 
 
@@ -86,7 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--target_lang_code", default=None, help="mBART: e.g. de_DE")
     parser.add_argument("--reference", default=None, help="Reference lines: print sacreBLEU and chrF")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_method_modules_argument(parser)
     args = parser.parse_args(argv)
+    import_or_exit(parser, args.method_modules)  # before the model's config loads: it may name their methods
     try:
         codecs.lookup(args.encoding), codecs.lookup_error(args.encoding_errors)
     except LookupError as err:

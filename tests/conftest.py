@@ -15,6 +15,24 @@ TINY = dict(
     pad_token_id=1, eos_token_id=2, bos_token_id=0, decoder_start_token_id=0, forced_eos_token_id=None,
 )
 
+#: Test modules that run in the lowest environment only (marked ``lowest_only``; ``make test-newest`` passes
+#: ``-m "not lowest_only"``): what they check does not depend on the transformers release the package meets. The
+#: research workshop, the benchmark scripts (whose GPU runs carry the lowest release's wheels, benchmarks/gpu.sh),
+#: EaDRA's Triton kernels against the eager pass, and the wheel's contents: about two CPU-minutes of the newest run.
+LOWEST_ONLY = ("test_benchmarks_profile.py", "test_converged_study.py", "test_eadra_triton.py",
+               "test_fidelity_study.py", "test_gpu_script.py", "test_jobs.py", "test_long_run.py", "test_overhead.py",
+               "test_packaging.py", "test_search.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    missing = [name for name in LOWEST_ONLY if not (config.rootpath / "tests" / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py's LOWEST_ONLY names {missing}, which tests/ lacks")
+    for item in items:
+        if item.path.name in LOWEST_ONLY:
+            item.add_marker(pytest.mark.lowest_only)
+
+
 FAMILIES = {
     "mbart": (MBartConfig, MBartForConditionalGeneration, hf_headattn.HeadAttnMBartForConditionalGeneration),
     "marian": (MarianConfig, MarianMTModel, hf_headattn.HeadAttnMarianMTModel),

@@ -24,7 +24,7 @@ from torch._dynamo.utils import counters
 from compile_check import NO_DROPOUT, SETTINGS, fresh_batch
 from conftest import TINY, batch, syntax_batch
 from counting import SavedCounter
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, losses
 
 pytestmark = pytest.mark.slow  # every test compiles
 
@@ -93,12 +93,13 @@ def test_whole_model_compiles_in_one_graph_and_equals_eager(name):
 VARYING_BATCHES = [(4, 8, 7), (3, 12, 5), (2, 6, 11), (4, 10, 9), (3, 7, 10)]
 
 
-def varying_length_steps(settings: dict, autocast: bool = False):
+def varying_length_steps(settings: dict, autocast: bool = False, dtype: torch.dtype = torch.float32):
     """Eager and compiled (dynamo alone, the ``eager`` backend: what decides a recompilation, and the cheapest) copies
-    of a tiny model stepped over :data:`VARYING_BATCHES`: [(eager, compiled) per step], the graphs compiled after each
-    step, and the graph breaks."""
+    of a tiny model (cast to ``dtype``) stepped over :data:`VARYING_BATCHES`: [(eager, compiled) per step], the graphs
+    compiled after each step, and the graph breaks."""
     torch.manual_seed(0)
     eager = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **NO_DROPOUT, **settings)).train()
+    eager = eager.to(dtype)
     model = copy.deepcopy(eager)
     torch._dynamo.reset()
     counters.clear()
@@ -136,6 +137,21 @@ def test_the_loss_without_logits_under_autocast_compiles_once_more_at_most():
     assert graphs[1] <= graphs[0] + 1 and graphs[-1] == graphs[1], graphs
     assert_equal_steps(results)
 
+
+
+@pytest.mark.parametrize("loss_without_logits", [False, True])
+def test_a_model_cast_to_bf16_compiles_once_more_at_most(loss_without_logits, monkeypatch):
+    """A model cast to bf16 (``overhead.py --precision bf16``, not autocast) has bf16 logits, whose loss is our
+    chunked one (``losses.chunked_smoothed_nll``, in training with ``loss_without_logits`` off and in evaluation with
+    it on); with it on, training takes ``losses.chunked_linear_smoothed_nll``. Both are custom operators: as an
+    ``autograd.Function`` the first's loop over its chunks compiled again at every new length (5 graphs in these 5
+    batches; stock ``MBartForConditionalGeneration`` cast to bf16: 2). Several chunks a batch, as at real sizes."""
+    monkeypatch.setattr(losses, "chunk_rows", lambda *shape: 8)
+    results, graphs, breaks = varying_length_steps({"loss_without_logits": loss_without_logits,
+                                                    "label_smoothing": 0.1}, dtype=torch.bfloat16)
+    assert breaks == 0
+    assert graphs[1] <= graphs[0] + 1 and graphs[-1] == graphs[1], graphs
+    assert_equal_steps(results)
 
 def test_the_cuda_only_branches_compile_in_one_graph(monkeypatch):
     """The branches a model takes only on CUDA, taken on the CPU: EaDRA's "auto" pass, which compiles itself on CUDA

@@ -350,3 +350,28 @@ def test_head_mixture_equals_the_composition_of_eq_1_to_4_and_its_gradients_chec
     kl.backward()  # the KL alone (no gradient from the output: None in backward) reaches O, x and W, not V
     assert O.grad.abs().sum() > 0 and x.grad.abs().sum() > 0 and W.grad.abs().sum() > 0
     assert V.grad is None or not V.grad.any()
+
+
+def test_kl_and_statistics_are_the_means_over_modules_of_each_modules_own():
+    """``dhicm_kl`` and ``dhicm_stats`` (``dhicm.collect``): over the three modules, the mean of each one's mean over
+    its real tokens of KL(G || uniform) (Eq. 4), of 1 - KL / ln H and of [max_h G_h > 0.9], computed here from the
+    read-out G in float64; importances peaked enough that the modules' top-head shares differ."""
+    model = tiny()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".dhicm." in name:
+                parameter.mul_(100)
+    inputs = batch()
+    out = model(**inputs, output_head_importance=True)
+    masks = {"encoder": inputs["attention_mask"].bool(), "decoder": inputs["labels"].ne(-100)}
+    kls, entropies, shares = [], [], []
+    for name, importance in out.head_importances.items():
+        g = importance[masks[name.split(".")[0]]].double()  # (real tokens, H)
+        kl = torch.special.xlogy(g, g * g.shape[-1]).sum(-1).mean()
+        kls.append(kl)
+        entropies.append(1 - kl / math.log(g.shape[-1]))
+        shares.append((g.amax(-1) > 0.9).double().mean())
+    assert len(kls) == 3 and len({round(share.item(), 6) for share in shares}) > 1, shares
+    for value, expected in ((out.dhicm_kl, kls), (out.dhicm_stats["importance_entropy"], entropies),
+                            (out.dhicm_stats["top_head_share"], shares)):
+        torch.testing.assert_close(value.double(), torch.stack(expected).mean(), rtol=1e-5, atol=1e-6)

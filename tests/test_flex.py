@@ -18,6 +18,7 @@ from hf_headattn import (
     HeadAttnMBartForConditionalGeneration,
 )
 from hf_headattn.flex import dense_mask
+from hf_headattn.hf_compat import ALL_ATTENTION_FUNCTIONS
 
 FAMILIES = {"mbart": (HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration),
             "marian": (HeadAttnMarianConfig, HeadAttnMarianMTModel)}
@@ -25,6 +26,16 @@ FAMILIES = {"mbart": (HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 SELECTED = torch.tensor([[True, False, True, False], [False, True, False, False]])
 METHODS = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]},
                eadra={component: {"num_heads": 2} for component in ("encoder", "decoder", "cross")})
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiles():
+    """Each test compiles flex attention afresh: once another test in the same process has compiled it for other
+    inputs (tests/test_hf_compat.py's, when both run on one worker), the recompiled CPU kernel of torch 2.13 fails to
+    build ("'cur_kvSplitSize3' was not declared in this scope"), a torch bug outside this package."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
 
 
 def test_dense_mask_is_the_mask_the_block_mask_stands_for():
@@ -114,3 +125,48 @@ def test_sea_with_rhe_on_flex_equals_sdpa(sea, monkeypatch):
     with torch.no_grad(), pytest.raises(ValueError, match=r"encoder\.layers\.0\.self_attn: a method's flex "
                                                           r"score_mod .* 'sdpa' or 'eager'"):
         model(**inputs)
+
+
+@pytest.fixture
+def flex_returns_lse(monkeypatch):
+    """transformers' flex attention as it runs on CUDA, on the CPU: its second output the log-sum-exp (B, H, T) of
+    each query's scores (``return_lse = query.device.type != "cpu"`` in ``flex_attention_forward``), here computed
+    from q, k and the block mask. The list it returns collects what it returned."""
+    flex, returned = ALL_ATTENTION_FUNCTIONS["flex_attention"], []
+
+    def with_lse(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        output, weights = flex(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        assert weights is None  # (the CPU's)
+        scores = query @ key.transpose(-1, -2) * scaling  # (B, H, T, S)
+        allowed = dense_mask(attention_mask, query.shape[2], key.shape[2])  # (B, 1, T, S)
+        lse = (scores if allowed is None else scores.masked_fill(~allowed, -float("inf"))).logsumexp(-1)  # (B, H, T)
+        returned.append(lse)
+        return output, lse
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flex_attention", with_lse)
+    return returned
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("methods", ["off", "dhicm+eadra"])
+def test_head_masks_on_flex_leave_its_cuda_log_sum_exp_and_equal_sdpa(methods, flex_returns_lse):
+    """With a head mask kept on the model and one per sentence as an argument, flex attention returning the
+    log-sum-exp as on CUDA gives the SDPA path's logits and loss (methods off and on), and its (B, H, T) log-sum-exps
+    come out as ``output_attentions`` unchanged (the head mask scales weights only)."""
+    torch.manual_seed(0)
+    config = HeadAttnMBartConfig(**TINY, dropout=0.0, attention_dropout=0.0,
+                                 **(METHODS if methods != "off" else {}))
+    model = HeadAttnMBartForConditionalGeneration(config).eval()
+    model.set_head_mask("encoder", torch.tensor([[1.0, 0.0, 0.5, 1.0], [1.0, 1.0, 1.0, 0.25]]))
+    decoder_mask = torch.ones(2, 2, 4)  # (batch, layers, heads)
+    decoder_mask[0, 1, 2], decoder_mask[1, 0, 0] = 0.0, 0.5
+    inputs = {**batch(), "decoder_head_mask": decoder_mask}
+    with torch.no_grad():
+        expected = model(**inputs)
+        model.set_attn_implementation("flex_attention")
+        out = model(**inputs, output_attentions=True)
+    attentions = [*out.encoder_attentions, *out.decoder_attentions, *out.cross_attentions]
+    assert len(flex_returns_lse) == len(attentions) == 6
+    assert all(any(a is lse for lse in flex_returns_lse) and a.dim() == 3 for a in attentions)
+    for name in ("logits", "loss", *(("dhicm_kl", "eadra_loss") if methods != "off" else ())):
+        torch.testing.assert_close(out[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)

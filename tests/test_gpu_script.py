@@ -63,6 +63,19 @@ def test_eager_generate_rows():
     assert result["precision"] == "fp32" and result["autocast"] is None
 
 
+def test_sdpa_baseline_beside_another_backend_without_counts():
+    """``--attn-implementation`` builds stock and the rows on that backend (each row names the one it ran),
+    ``--sdpa-baseline`` adds stock on SDPA (not judged), ``--no-count`` counts nothing: what tb-flex runs on flex."""
+    result = overhead.main(["--shape", "tiny", "--rows", "off", "--attn-implementation", "eager", "--sdpa-baseline",
+                            "--no-count", "--precision", "fp32", "--repeats", "1", "--warmup", "0"])
+    rows = result["rows"]
+    assert {name: row["attn_implementation"] for name, row in rows.items()} == {
+        "stock": "eager", overhead.SDPA_STOCK: "sdpa", "off": "eager"}
+    assert rows["stock"]["time_ratio"] == 1.0 and rows[overhead.SDPA_STOCK]["time_ratio"] > 0
+    assert all(row[key] is None for row in rows.values() for key in ("operators", "syncs", "generate_operators"))
+    assert list(result["targets"]) == ["off"]
+
+
 @pytest.mark.slow
 def test_compile_check_on_the_cpu(tmp_path):
     import compile_check
@@ -237,3 +250,109 @@ def test_an_absent_target_row_is_not_measured_and_the_readme_table_comes_from_on
     readme.write_text("no markers")
     with pytest.raises(SystemExit, match="expected the lines"):
         gpu_summary.main([str(tmp_path), "--readme", str(readme)])
+
+
+def flex_folder(folder, status="ok", result=None):
+    """A gpu.sh RESULTS folder with the one part tb-flex (``result``: its JSON, None: none written)."""
+    (folder / "parts.tsv").write_text("\t".join(["tb-flex", status, "40", "transformer-base", "flex",
+                                                 "autocast-bf16", "dhicm lpea-rhe"]) + "\n")
+    if result is not None:
+        (folder / "tb-flex.json").write_text(json.dumps(result))
+    return gpu_summary.summarize(folder)
+
+
+def test_flex_part_on_the_cpu_runs_nothing_and_says_why(tmp_path):
+    """``SMOKE=1``'s tb-flex: torch has no flex backward on the CPU, so neither the gradient check nor the timing runs,
+    each says so, and the summary reports the check as not measured, for that reason, not as met."""
+    import flex_check
+
+    out = tmp_path / "tb-flex.json"
+    result = flex_check.main(["--shape", "tiny", "--device", "cpu", "--precision", "autocast-bf16", "--repeats", "1",
+                              "--warmup", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    check = result["lpea_gradient"]
+    assert (check["ok"], check["status"], check["grad_max_diff"]) == (None, "not run: no flex backward on cpu", {})
+    assert result["timing"] == "not run: no flex backward on cpu" and result["rows"] == {}
+    summary = flex_folder(tmp_path, result=result)
+    (found,) = summary["targets"]["checks"]
+    assert (found["target"], found["part"]) == ("flex lpea bias gradient", "tb-flex")
+    assert found["met"] == "not measured: not run: no flex backward on cpu"
+    assert summary["flex"] == {"tb-flex": {"timing": "not run: no flex backward on cpu"}}
+    assert summary["table"] == [] and "flex tb-flex: timing not run" in gpu_summary.summary_table(summary)
+
+
+def test_lpea_gradient_check_compares_the_bias_gradients_and_catches_a_missing_one(monkeypatch):
+    """The check's comparison on the CPU, eager in flex's place: the LPEA gradients agree with SDPA's; with the bias
+    detached on the compared backend's forward (what a torch without gradients to score_mod's captured tensors
+    gives), the check fails, naming the missing gradients."""
+    import torch
+
+    import flex_check
+    import hf_headattn.sea
+
+    cpu = torch.device("cpu")
+    check = flex_check.lpea_gradient("tiny", cpu, "fp32", backend="eager")
+    assert check["ok"] is True and check["crashed"] is None and len(check["grad_max_diff"]) == 4
+    assert max(check["grad_max_diff"].values()) < 1e-4 and check["loss_diff"] < 1e-5
+    bias, calls = hf_headattn.sea.lpea_bias, []
+
+    def detached_after_the_first(*args):  # (SEA is on one layer: one call per forward, SDPA's first)
+        calls.append(None)
+        value, allowed = bias(*args)
+        return (value if len(calls) == 1 else value.detach()), allowed
+
+    monkeypatch.setattr(hf_headattn.sea, "lpea_bias", detached_after_the_first)
+    check = flex_check.lpea_gradient("tiny", cpu, "fp32", backend="eager")
+    assert len(calls) == 2 and check["ok"] is False
+    assert set(check["grad_max_diff"].values()) == {"no gradient on eager"}
+
+
+def test_flex_timing_records_why_stock_failed(monkeypatch):
+    import torch
+
+    import flex_check
+
+    def compile_error(*args, **kwargs):
+        raise RuntimeError("flex kernel failed to compile")
+
+    monkeypatch.setattr(overhead, "run", compile_error)
+    assert flex_check.timing("tiny", ["dhicm"], torch.device("cuda"), "autocast-bf16", 1, 1) == {
+        "timing": "failed: RuntimeError: flex kernel failed to compile", "rows": {}}
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_summary_reports_the_flex_part_and_a_failed_gradient_check(tmp_path, ok):
+    rows = {"stock": {**row(40, 1.0, 1.0), "attn_implementation": "flex_attention"},
+            "stock-sdpa": {**row(36, 0.9, 0.95), "attn_implementation": "sdpa"},
+            "dhicm": {**row(44, 1.1, 1.0), "attn_implementation": "flex_attention"},
+            "lpea-rhe": row(0, 0, 0, error="OutOfMemoryError: x")}
+    gradient = {"row": "lpea-rhe", "ok": ok, "status": "ran", "tolerance": 0.05, "loss_diff": 1e-4,
+                "grad_max_diff": {"lpea_weight": 0.01 if ok else "no gradient on flex_attention"}, "crashed": None}
+    summary = flex_folder(tmp_path, result={
+        "device": "cuda", "device_name": "H100", "torch": "2", "transformers": "5", "lpea_gradient": gradient,
+        "timing": "ran", "rows": rows, "flex_over_sdpa": 1.1111, "over_sdpa": {"stock": 1.1111, "stock-sdpa": 1.0,
+                                                                               "dhicm": 1.2222}})
+    (found,) = summary["targets"]["checks"]  # the gradient check; the times are not judged
+    assert found["met"] is ok and found["limit"] == 0.05
+    assert summary["targets"]["rows"] == gpu_summary.target_rows([])  # no target row from the flex part
+    flex = summary["flex"]["tb-flex"]
+    assert flex["flex_over_sdpa"] == 1.1111 and flex["time_ratio"]["dhicm"] == 1.1
+    assert flex["attn_implementation"] == {"stock": "flex_attention", "stock-sdpa": "sdpa", "dhicm": "flex_attention",
+                                           "lpea-rhe": None}
+    assert flex["errors"] == {"lpea-rhe": "OutOfMemoryError: x"}
+    assert {r["row"] for r in summary["table"]} == set(rows)
+    text = gpu_summary.summary_table(summary)
+    assert "flex tb-flex: stock on flex 1.1111 of stock SDPA's step" in text and "dhicm 1.2222" in text
+    assert ("not met: flex lpea bias gradient lpea-rhe (tb-flex)" in text) is not ok
+
+
+@pytest.mark.parametrize("status", ["timeout after 75 s", "skipped: deadline"])
+def test_a_cut_flex_part_is_not_measured_and_an_absent_one_changes_nothing(tmp_path, status):
+    summary = flex_folder(tmp_path, status=status)
+    (found,) = summary["targets"]["checks"]
+    assert found["met"] == f"not measured: part {status}"
+    assert summary["flex"] == {"tb-flex": {"timing": f"part {status}"}}
+    (tmp_path / "parts.tsv").write_text("")  # a run without the part
+    absent = gpu_summary.summarize(tmp_path)
+    assert absent["flex"] == {} and absent["targets"]["checks"] == []
+    assert "flex" not in gpu_summary.summary_table(absent)

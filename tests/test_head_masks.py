@@ -111,3 +111,16 @@ def test_dhicm_module_with_every_head_masked_adds_kl_0_and_finite_gradients(mode
     output.loss.backward()
     assert torch.isfinite(mask.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_scale_weights_scales_weights_and_passes_the_flex_log_sum_exp_unchanged():
+    """Eager's weights (B, H, T, S) are scaled per head (one mask or one per sentence); flex attention's log-sum-exp
+    (B, H, T), its second output on CUDA, and SDPA's None come back as they are."""
+    weights, lse = torch.rand(2, 4, 3, 5), torch.randn(2, 4, 3)
+    shared, per_sentence = torch.tensor([[1.0, 0.0, 0.5, 1.0]]), torch.rand(2, 4)
+    for mask in (shared, per_sentence):
+        expected = torch.stack([torch.stack([weights[b, h] * mask[b % mask.shape[0], h] for h in range(4)])
+                                for b in range(2)])
+        torch.testing.assert_close(head_masks.scale_weights(weights, mask), expected, rtol=0, atol=0)
+        assert head_masks.scale_weights(lse, mask) is lse
+        assert head_masks.scale_weights(None, mask) is None

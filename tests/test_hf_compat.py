@@ -287,6 +287,7 @@ def test_flex_attention_function():
     (B, H, T, D): softmax(q k^T * scale + bias, where allowed) v, checked densely."""
     from torch.nn.attention.flex_attention import create_block_mask
 
+    torch.compiler.reset()  # compiled afresh, and for nobody after: see tests/test_flex.py's fresh_compiles
     torch.manual_seed(0)
     query, key, value = (torch.randn(2, 2, 4, 8) for _ in range(3))
     bias = torch.randn(2, 4, 4)
@@ -298,6 +299,7 @@ def test_flex_attention_function():
     scores = query @ key.transpose(-1, -2) * 0.5 + bias[:, None]  # (B, H, T, S)
     scores = scores.masked_fill(~allowed[:, None, None, :], -float("inf"))
     torch.testing.assert_close(output, scores.softmax(-1) @ value, atol=1e-5, rtol=1e-5)
+    torch.compiler.reset()
 
 
 def test_derived_fingerprint():

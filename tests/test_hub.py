@@ -162,3 +162,19 @@ def test_model_card_records_methods_settings_and_scores(tmp_path):
     assert "| test_2016_flickr | 35.12 | 60.00 | `nrefs:1|tok:13a` |" in text
     plain = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY))
     assert "none (the stock architecture)" in write_model_card(plain, tmp_path / "p", "x").read_text()
+
+
+def test_a_folder_saved_again_without_the_triton_pass_drops_its_kernels(tmp_path):
+    """Re-saving a model that does not choose the Triton pass into a folder that held one that did removes the
+    kernels and their model module (``auto_map`` no longer names them, and ``push_to_hub`` would upload them); a
+    file of the user's own with a model module's name stays."""
+    _, folder = saved_with_triton(tmp_path)
+    (folder / "modeling_mine.py").write_text("# the user's own\n")
+    torch.manual_seed(0)
+    HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **SETTINGS)).save_pretrained(folder)
+    assert not (folder / "eadra_triton.py").exists() and not (folder / "modeling_eadra_triton.py").exists()
+    assert (folder / "modeling_mine.py").read_text() == "# the user's own\n"
+    assert (folder / "eadra_passes.py").is_file() and (folder / "modeling.py").is_file()
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForSeq2SeqLM"] == "modeling.HeadAttnMBartForConditionalGeneration"
+    assert type(AutoModelForSeq2SeqLM.from_pretrained(folder)) is HeadAttnMBartForConditionalGeneration

@@ -23,9 +23,11 @@ WORKSHOP = {"study", "search", "jobs", "workshop", "research"}
 def wheel_modules() -> set[str]:
     """The modules a wheel built from pyproject.toml holds: each found package's ``*.py`` files (``build_py``'s rule;
     a folder without one, such as ``__pycache__``, adds nothing), ``__init__`` named as its package."""
-    with warnings.catch_warnings():  # setuptools' own deprecations of pyproject.toml fields: not what is tested here
-        warnings.simplefilter("ignore", SetuptoolsDeprecationWarning)
+    with warnings.catch_warnings():  # a deprecated pyproject.toml field fails the build once setuptools drops it
+        warnings.simplefilter("error", SetuptoolsDeprecationWarning)
         dist = apply_configuration(Distribution(), str(ROOT / "pyproject.toml"))
+    assert dist.metadata.license_expression == "Apache-2.0" and "LICENSE" in dist.metadata.license_files
+    assert (ROOT / "LICENSE").read_text().split()[:3] == ["Apache", "License", "Version"]
     assert not dist.py_modules, dist.py_modules  # top-level modules beside the package: none
     modules = set()
     for package in dist.packages:

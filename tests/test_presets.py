@@ -1,5 +1,7 @@
 """Presets (the papers' tables), their precedence under the user's flags, and early stopping in the training recipe."""
 
+import doctest
+import importlib
 import json
 from pathlib import Path
 
@@ -233,3 +235,10 @@ def test_early_stopping_stops_after_patience_and_keeps_the_best(tmp_path, multi3
 def test_early_stopping_needs_evaluations_and_the_best_checkpoint(tmp_path, extra, message):
     with pytest.raises(ValueError, match=message):
         run(tmp_path, "--early_stopping_patience", "3", *extra)
+
+
+@pytest.mark.parametrize("module", ["hf_headattn.experiment.presets", "workshop.search"])
+def test_the_docstring_examples_hold(module):
+    """The modules with ``>>>`` examples (``grep -rl '>>>' hf_headattn research``): each example's output as shown."""
+    results = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert results.attempted and not results.failed

@@ -56,3 +56,27 @@ def test_the_pruning_function_leaves_a_model_that_runs():
     reference.prune_heads({NAME: [1]})
     with torch.no_grad():
         torch.testing.assert_close(model(**batch()).logits, reference(**batch()).logits)
+
+
+@pytest.mark.parametrize("part", ["get_encoder", "base_model"])
+def test_pruning_a_part_leaves_the_whole_model_runnable_and_saved(part, tmp_path):
+    """Regression: pruning through a part (``prune_heads(model.get_encoder(), ...)``, or the base model's own
+    ``prune_heads``) recorded the heads in the shared config but left the outer model's record stale, and its next
+    forward refused ("config.pruned_heads was changed after the model was built")."""
+    model, reference = tiny_model(), tiny_model()
+    target = model.get_encoder() if part == "get_encoder" else model.model
+    prune_heads(target, {NAME: [1]})
+    reference.prune_heads({NAME: [1]})
+    assert model.config.pruned_heads == {NAME: [1]}
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch()).logits, reference(**batch()).logits)
+    model.save_pretrained(tmp_path)
+    reloaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert reloaded.config.pruned_heads == {NAME: [1]}
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch()).logits, reference(**batch()).logits)
+    model.config.pruned_heads = {NAME: [2]}  # an edit the modules do not hold is still refused
+    with pytest.raises(ValueError, match=r"config.pruned_heads was changed after the model was built \(to "
+                                         r"\{'encoder.layers.0.self_attn': \[2\]\}, the model's modules have "
+                                         r"\{'encoder.layers.0.self_attn': \[1\]\} pruned\)"):
+        model(**batch())

@@ -185,8 +185,8 @@ def __getattr__(name):
 def preset(spec: str) -> Preset:
     """The preset of a name or of a "+"-joined combination (later names win; nested config dicts merge).
 
-    >>> sorted(preset("eadra_enc_vi_en+eadra_dec_vi_en").config["eadra"])
-    ['decoder', 'encoder']
+    >>> sorted(preset("eadra_enc_vi_en+eadra_dec_vi_en").config["eadra"])  # both components, merged
+    ['alpha_scale', 'decoder', 'dist_reduction', 'encoder']
     """
     docs, flags, config, overrides, known = [], {}, {}, {}, paper_presets()
     for name in (part.strip() for part in spec.split("+")):

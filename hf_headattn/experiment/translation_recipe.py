@@ -15,6 +15,7 @@ from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArgumen
 
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.experiment.method_inputs import input_flags, method_options, recipe_argument_classes
+from hf_headattn.experiment.method_modules import import_or_exit, method_modules_field, method_modules_in
 from hf_headattn.experiment.outputs import (
     DATA_FLAGS,
     OutputArguments,
@@ -69,6 +70,7 @@ class ModelArguments:
     method: str = field(default="baseline",
                         metadata={"help": "Method names joined by '+', see presets.method_settings"})
     method_settings: str | None = field(default=None, metadata={"help": "JSON dict of extra config fields"})
+    method_modules: list[str] = method_modules_field()
     label_smoothing: float = field(default=0.1, metadata={"help": "Computed inside the model"})
     dropout: float = field(default=0.1, metadata={"help": "From scratch: dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "From scratch: attention dropout"})
@@ -139,9 +141,17 @@ def check_methods_on(args: ModelArguments, model) -> None:
 def parse_recipe_arguments(classes: tuple, argv=None) -> tuple:
     """``classes`` (dataclasses) and the registered methods' recipe flags (``MethodKit.recipe_arguments``, e.g.
     SEA's ``--spacy_model``) parsed from ``argv`` after the presets' flags (:func:`expand_argv`): ``(parser,
-    [one object per class], {method flag: value})``."""
+    [one object per class], {method flag: value})``. The modules of ``--method_modules`` (a field of
+    :class:`ModelArguments`) are imported first, so that their methods' names, presets and flags are known."""
+    modules = method_modules_in(argv)
+    if modules:
+        import_or_exit(HfArgumentParser(classes), modules)
     parser = HfArgumentParser((*classes, *recipe_argument_classes()))
     parsed = parser.parse_args_into_dataclasses(args=expand_argv(argv))
+    given = [name for args in parsed[:len(classes)] for name in getattr(args, "method_modules", [])]
+    if given != modules:  # an abbreviation, which argparse takes but the early reading cannot
+        parser.error(f"--method_modules {' '.join(given)}: expected the flag spelt out in full (--method_modules), "
+                     "as its modules are imported before the other flags are read")
     return parser, list(parsed[:len(classes)]), method_options(parsed[len(classes):])
 
 
