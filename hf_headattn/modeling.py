@@ -275,10 +275,12 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         config holds the very objects the model was built with."""
         pruned = self.config.pruned_heads
         if pruned is not self._pruned_heads:  # changed, or pruned through a part (prune_heads(model.get_encoder()))
-            if (pruned or {}) not in ((self._pruned_heads or {}), modules_record(self)):
-                raise ValueError(f"config.pruned_heads was changed after the model was built (to {pruned!r}, the "
-                                 f"model's modules have {modules_record(self)!r} pruned); prune with "
-                                 "model.prune_heads(...), which records them")
+            if (pruned or {}) != (self._pruned_heads or {}):
+                held = modules_record(self)
+                if (pruned or {}) != held:
+                    raise ValueError(f"config.pruned_heads was changed after the model was built (to {pruned!r}, the "
+                                     f"model's modules have {held!r} pruned); prune with model.prune_heads(...), which "
+                                     "records them")
             self._pruned_heads = pruned
         current = self.config.headattn_settings
         if current is self.headattn_settings or current == self.headattn_settings:

@@ -80,12 +80,14 @@ def remove_stale(folder: Path, module: str) -> list[Path]:
     def same(name: str) -> bool:
         return (ours / name).is_file() and (folder / name).read_bytes() == (ours / name).read_bytes()
 
+    stales = [stale for stale in sorted(folder.glob(f"{MODEL_MODULE}_*.py"))
+              if stale.name != f"{module}.py" and same(stale.name)]
+    if not stales:  # (the usual save: no import graph is read)
+        return []
     needed = {Path(file).name for file in get_relative_import_files(ours / f"{module}.py")} | {f"{module}.py"}
     needed |= {Path(file).name for file in get_relative_import_files(ours / f"{MODEL_MODULE}.py")}
     removed = []
-    for stale in sorted(folder.glob(f"{MODEL_MODULE}_*.py")):
-        if stale.name == f"{module}.py" or not same(stale.name):
-            continue
+    for stale in stales:
         for name in [stale.name, *(Path(file).name for file in get_relative_import_files(ours / stale.name))]:
             if name not in needed and (folder / name).is_file() and same(name):
                 (folder / name).unlink()
