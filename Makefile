@@ -59,12 +59,13 @@ test-newest: env-newest
 	@$(NEWEST_PY) -c "import transformers; print('== tests on transformers', transformers.__version__, '(newest) ==')"
 	$(TEST_ENV) $(NEWEST_PY) $(PYTEST) -m "not lowest_only"
 
+# ARGS: more flags, e.g. `make demo ARGS=--overwrite_output_dir` to replace an earlier demo's results.
 demo: env
-	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py
+	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py $(ARGS)
 
 # The same three models with a smoke-run schedule (under 3 minutes on two cores).
 demo-quick: env
-	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py --quick
+	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py --quick $(ARGS)
 
 bench: env
 	$(PY) benchmarks/overhead.py --shape tiny --rows off --naive --out outputs/overhead-tiny.json

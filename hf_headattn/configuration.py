@@ -19,6 +19,7 @@ records no version (release 0.1 and 0.2 wrote none) is recognised by its fields
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,6 +109,31 @@ def frozen(value):
     return value
 
 
+def misspelt_method(key: str) -> str | None:
+    """The registered method that a keyword ``key`` which is no method's name most likely misspells (``"dhcim"`` ->
+    ``"dhicm"``: close, or the same letters in another order, or another case), else None (also for keys starting
+    with ``_``, and for ``<method>_...``: release 0.1's flat fields, whose misspellings :mod:`.legacy` names)."""
+    methods = [spec.name for spec in registered_methods()]
+    if key in methods or key.startswith(("_", *(f"{name}_" for name in methods))):
+        return None
+    lower = key.lower()
+    return next((name for name in methods if lower == name or sorted(lower) == sorted(name)), None) or next(
+        iter(difflib.get_close_matches(lower, methods, n=1, cutoff=0.7)), None)
+
+
+def refuse_misspelt_methods(keys, where: str) -> None:
+    """A ``ValueError`` for the first of ``keys`` (keyword arguments that are no config field; in sorted order) that
+    misspells a method's name (:func:`misspelt_method`): HF keeps unknown keywords on a config, so the method would be
+    silently off."""
+    for key in sorted(keys):
+        method = misspelt_method(key)
+        if method is not None:
+            raise ValueError(
+                f"{where}: {key!r} is not a config field; did you mean {method!r}? (a method's settings are the field "
+                f"named after it, e.g. {method}={{...}}; the methods registered here: "
+                f"{sorted(spec.name for spec in registered_methods())})")
+
+
 def _method_fields(cls: type) -> type:
     """``cls`` with one field per registered method (applied before ``@dataclass``): named after it, annotated ``Any``,
     default None (off), in the order of their names. Declared fields are what HF's configs are made of (the signature,
@@ -170,6 +196,12 @@ class HeadAttnSettings:
         translate_flat_fields(config_dict, f"{pretrained_model_name_or_path}/config.json", saved_file=True)
         where = f"from_pretrained({str(pretrained_model_name_or_path)!r}, ...)"
         translate_pretrained_kwargs(config_dict, kwargs, where)  # from_pretrained(path, sea_type="dea")
+        refuse_misspelt_methods(kwargs, where)
+        # a method registered after the classes were made (a plug-in) is no declared field, which HF would hand to the
+        # model's __init__: its keyword goes into the file's fields, as a built-in method's replaces the file's value
+        for spec in registered_methods():
+            if spec.name in kwargs and spec.name not in DECLARED_METHODS:
+                config_dict[spec.name] = kwargs.pop(spec.name)
         return config_dict, kwargs
 
     @classmethod
@@ -190,6 +222,10 @@ class HeadAttnSettings:
 
     def __post_init__(self, **kwargs):
         translate_kwargs(self, kwargs)  # release 0.1's flat fields
+        # (not the methods a file records from outside the package: _check_method_modules names what to import)
+        recorded = kwargs.get(METHOD_MODULES)
+        refuse_misspelt_methods(kwargs.keys() - set(recorded if isinstance(recorded, Mapping) else ()),
+                                f"{type(self).__name__}(...)")
         super().__post_init__(**kwargs)
         self._resolve_headattn_settings()
 

@@ -59,8 +59,14 @@ def check_implementation(implementation, name: str = "implementation") -> None:
         missing = "a CUDA device (or TRITON_INTERPRET=1 on the CPU, Triton's interpreter), which this machine lacks"
     else:
         return
-    warnings.warn(f"{name}='triton' needs {missing}: a forward that computes EaDRA's terms will raise; 'auto', "
-                  "'eager' or 'compiled' give the same terms here", UserWarning, stacklevel=2)
+    message = (f"{name}='triton' needs {missing}: a forward that computes EaDRA's terms will raise; 'auto', "
+               "'eager' or 'compiled' give the same terms here")
+    if message not in _WARNED:  # once a process: the settings are resolved again at every change of the config
+        _WARNED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
+_WARNED: set[str] = set()
 
 
 def choose_pass(implementation: str, device: torch.device) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from hf_headattn.experiment import translation_recipe as train_translation
 from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.method_modules import add_method_modules_argument, import_or_exit
+from hf_headattn.experiment.outputs import check_output_dir, remove_entries
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.recipe_parts import write_json
 
@@ -94,14 +96,16 @@ def top_head_share(result: dict) -> float | None:
 def pictures(args, methods) -> list[Path]:
     """DHICM head importance (the paper's Figure 3) and per-head encoder attention entropy (EaDRA's Figure 1): the
     PNG files (the entropy numbers go to a JSON file beside each entropy picture)."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hf_headattn.experiment.tokenization import load_tokenizer
 
     out, paths = Path(args.output_dir), []
     sources = [line.strip() for line in gzip.open(args.multi30k_dir / f"{TEST_SPLIT}.en.gz", "rt")]
     sources = sources[:min(200, args.schedule.test_samples)]
     for method in methods:
         model = AutoModelForSeq2SeqLM.from_pretrained(out / method).eval()
-        tokenizer = AutoTokenizer.from_pretrained(out / method)
+        tokenizer = load_tokenizer(out / method)
         batches = [tokenizer(sources[i:i + 50], return_tensors="pt", padding=True) for i in range(0, len(sources), 50)]
         result = encoder_attention_entropy(model, batches)
         _, png = write_entropy_report(result, out, f"attention_entropy_{method}",
@@ -128,6 +132,8 @@ def main(argv=None):
                         help="Multi30k's folder (default: found or downloaded, see the module docstring)")
     parser.add_argument("--output_dir", default=None, help="default outputs/demo (outputs/demo-quick with --quick)")
     parser.add_argument("--tokenizer", type=existing_dir, default=None, help="reuse a saved tokenizer")
+    parser.add_argument("--overwrite_output_dir", action="store_true",
+                        help="replace an earlier demo's results in --output_dir (without it, they are refused)")
     add_method_modules_argument(parser)  # --methods may then name their methods
     args = parser.parse_args(argv)
     import_or_exit(parser, args.method_modules)
@@ -140,7 +146,19 @@ def main(argv=None):
             method_settings(method)
         except ValueError as error:
             parser.error(f"--methods: {error}")
-    args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, ("en", "de"))
+    # an earlier demo's results are replaced only when asked; the data and tokenizer it reads never
+    results = re.compile(rf"{'|'.join(map(re.escape, args.methods))}|summary\.json|attention_entropy_.+"
+                         r"|head_importance_.+")
+    try:
+        inputs = {"--multi30k_dir": args.multi30k_dir, "--tokenizer": args.tokenizer}
+        earlier = check_output_dir(args.output_dir, inputs, results=results, overwrite=args.overwrite_output_dir,
+                                   overwrite_flag="--overwrite_output_dir",
+                                   hint=" (with make: make demo ARGS=--overwrite_output_dir)")
+        args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, ("en", "de"))
+        check_output_dir(args.output_dir, {"the Multi30k folder": args.multi30k_dir}, results=results, overwrite=True)
+    except ValueError as error:
+        parser.error(str(error))
+    remove_entries(earlier)
     torch.manual_seed(0)
     start = time.perf_counter()
     results = {}

@@ -35,13 +35,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn import HeadAttnMBartForConditionalGeneration
 from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
+from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.data import tokenize_parallel
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.experiment.method_modules import import_or_exit, method_modules_field
+from hf_headattn.experiment.multi30k import Multi30kError
 from hf_headattn.experiment.outputs import (
     DATA_FLAGS,
     OutputArguments,
@@ -51,11 +53,13 @@ from hf_headattn.experiment.outputs import (
 )
 from hf_headattn.experiment.recipe_parts import (
     ParallelDataArguments,
-    load_recipe_data,
+    found_data,
+    read_data,
     set_languages,
     translate_and_score,
     write_json,
 )
+from hf_headattn.experiment.tokenization import load_tokenizer
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, resume_checkpoint
 
 logger = logging.getLogger("finetune_mbart")
@@ -87,7 +91,7 @@ def entropy_report(trainer, features, name: str, output_dir: str) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments))
+    parser = RecipeArgumentParser((ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments))
     model_args, data_args, output_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     import_or_exit(parser, model_args.method_modules)  # before the checkpoint's config loads
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
@@ -101,15 +105,13 @@ def main(argv=None) -> dict:
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
-    except ValueError as error:
+        check_trainer_output_dir(training_args.output_dir, found_data(data_args), True)  # never into the data either
+    except (ValueError, Multi30kError) as error:
         parser.error(str(error))
-    try:
-        raw = load_recipe_data(data_args)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(str(error))  # the data flags: missing files, unknown languages, unequal line counts
+    raw = read_data(parser, data_args)
     if "train" not in raw:
         parser.error(f"the data has no 'train' split; it has {sorted(raw)}")
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
     model = HeadAttnMBartForConditionalGeneration.from_pretrained(
         model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing,
         attn_implementation=model_args.attn_implementation,
@@ -120,7 +122,7 @@ def main(argv=None) -> dict:
     training_args.predict_with_generate = True
     training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
     training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
-    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier run's checkpoints, not mixed in
+    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier run's entries, not mixed in
     trainer = HeadAttnSeq2SeqTrainer(
         model=model, args=training_args, train_dataset=features["train"], eval_dataset=features.get("validation"),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8),

@@ -24,18 +24,19 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import HfArgumentParser
-
+from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.methods.sea.inputs import PARSER_FILE, parses_file_name, syntax_parser_name
 from hf_headattn.experiment.methods.sea.syntax import (
     DEFAULT_SPACY_MODEL,
     Dependencies,
+    MissingParserError,
     SpacyParser,
     parse_corpus,
     write_conllu,
 )
+from hf_headattn.experiment.multi30k import Multi30kError
 from hf_headattn.experiment.outputs import DATA_FLAGS, check_output_dir, flag_inputs, replacing_dir
-from hf_headattn.experiment.recipe_parts import ParallelDataArguments, load_recipe_data, write_json
+from hf_headattn.experiment.recipe_parts import ParallelDataArguments, found_data, read_data, write_json
 
 
 @dataclass
@@ -47,24 +48,23 @@ class ParseArguments:
 
 
 def main(argv=None) -> dict[str, str]:
-    parser = HfArgumentParser((ParallelDataArguments, ParseArguments))
+    parser = RecipeArgumentParser((ParallelDataArguments, ParseArguments))
     data_args, parse_args = parser.parse_args_into_dataclasses(args=argv)
     if parse_args.num_proc is not None and parse_args.num_proc < 1:
         parser.error(f"--num_proc must be a positive integer, got {parse_args.num_proc}")
     try:
         check_output_dir(parse_args.output_dir, flag_inputs(data_args, DATA_FLAGS), overwrite=parse_args.overwrite)
-    except ValueError as error:
+        check_output_dir(parse_args.output_dir, found_data(data_args), overwrite=True)  # never into the data either
+        spacy = SpacyParser(parse_args.spacy_model, on_multiple_sentences="join")
+        spacy.nlp  # loaded now: a missing spaCy or pipeline is named before the data is read
+    except (ValueError, Multi30kError, MissingParserError) as error:
         parser.error(str(error))
-    try:
-        raw = load_recipe_data(data_args)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(str(error))  # the data flags: missing files, unknown languages, unequal line counts
+    raw = read_data(parser, data_args)
     src = data_args.source_lang
-    parser = SpacyParser(parse_args.spacy_model, on_multiple_sentences="join")
     written = {}
     with replacing_dir(parse_args.output_dir) as folder:
         for split, dataset in raw.items():
-            parsed = parse_corpus(dataset, src, dependencies=parser, num_proc=parse_args.num_proc)
+            parsed = parse_corpus(dataset, src, dependencies=spacy, num_proc=parse_args.num_proc)
             parses = [Dependencies(*row) for row in zip(parsed["syntax_dep_starts"], parsed["syntax_dep_ends"],
                                                           parsed["syntax_dep_heads"])]
             texts = [pair[src] for pair in dataset["translation"]]

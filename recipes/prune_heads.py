@@ -44,7 +44,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_headattn  # noqa: F401  (registers the models)
 from hf_headattn.analysis.head_pruning import (
@@ -70,6 +70,7 @@ from hf_headattn.experiment.model_card import method_settings_of, write_model_ca
 from hf_headattn.experiment.outputs import check_output_dir, write_json_atomic
 from hf_headattn.experiment.plotting import pyplot, save_figure
 from hf_headattn.experiment.recipe_parts import collator, prepare_features
+from hf_headattn.experiment.tokenization import load_tokenizer
 from hf_headattn.sites import COMPONENTS, component_shape
 
 #: What a run writes into --output_dir.
@@ -206,7 +207,7 @@ class Study:
 
     def __init__(self, args):
         self.args = args
-        self.tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+        self.tokenizer = load_tokenizer(args.model_dir)
         self.config = self.load().config
         self.settings = method_settings_of(self.config)
         train_samples = args.importance_samples  # the first sentences score the heads; fine-tuning reads more

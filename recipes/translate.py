@@ -23,14 +23,15 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_headattn
 from hf_headattn.experiment.arguments import positive_int
 from hf_headattn.experiment.evaluation import compute_translation_metrics
-from hf_headattn.experiment.kit import MethodInputError
+from hf_headattn.experiment.kit import MethodInputError, MissingDependencyError
 from hf_headattn.experiment.method_modules import add_method_modules_argument, import_or_exit
 from hf_headattn.experiment.outputs import check_output_file
+from hf_headattn.experiment.tokenization import load_tokenizer
 
 
 def read_lines(path: str, encoding: str = "utf-8", errors: str = "strict") -> list[str]:
@@ -139,7 +140,7 @@ def main(argv=None) -> list[str]:
     if references is not None and len(references) != len(sources):
         raise SystemExit(f"--reference has {len(references)} lines but --input has {len(sources)}; expected one "
                          "reference per source line")
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path)
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path).to(args.device)
 
     def skipped(err: MethodInputError) -> None:
@@ -157,6 +158,8 @@ def main(argv=None) -> list[str]:
     except MethodInputError as err:
         raise SystemExit(f"line {err.index + 1} of {args.input}: {err.message}\n(--on_parse_error skip translates "
                          "such lines without the methods' own inputs)") from err
+    except MissingDependencyError as err:  # e.g. the model's parser (SEA) is not installed: the message says what to
+        raise SystemExit(f"translate.py: error: {err}") from err
     write_lines(args.output, translations)
     if references is not None:
         scores = compute_translation_metrics(translations, references)

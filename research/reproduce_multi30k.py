@@ -50,8 +50,10 @@ def prepare(args) -> tuple[Path, Path | None]:
     from hf_headattn.experiment.methods.sea.inputs import uses_syntax
     from hf_headattn.experiment.presets import method_settings
 
-    tokenizer_dir = args.tokenizer_dir or args.output_dir / "tokenizer"
-    prepare_tokenizer(tokenizer_dir, args.multi30k_dir, args.vocab_size, args.source_lang, args.target_lang)
+    tokenizer_dir = args.tokenizer_dir  # one made earlier, used as given
+    if tokenizer_dir is None:  # else trained, or reused when it was trained with these settings and data
+        tokenizer_dir = args.output_dir / "tokenizer"
+        prepare_tokenizer(tokenizer_dir, args.multi30k_dir, args.vocab_size, args.source_lang, args.target_lang)
     parses_dir = args.parses_dir
     if parses_dir is None and any(uses_syntax(method_settings(row)) for row in args.rows):
         parses_dir = args.output_dir / "parses"

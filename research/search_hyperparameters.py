@@ -26,23 +26,32 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, Seq2SeqTrainingArguments, set_seed
+from transformers import AutoConfig, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn.experiment.kit import kits
 from hf_headattn.experiment.method_inputs import input_flags
-from hf_headattn.experiment.outputs import DATA_FLAGS, OutputArguments, check_output_dir, flag_inputs, remove_entries
+from hf_headattn.experiment.multi30k import Multi30kError
+from hf_headattn.experiment.outputs import (
+    DATA_FLAGS,
+    OutputArguments,
+    check_output_dir,
+    flag_inputs,
+    remove_entries,
+)
 from hf_headattn.experiment.presets import early_stopping_callbacks, merge_settings, split_architecture
 from hf_headattn.experiment.recipe_parts import (
     MODEL_CLASSES,
     collator,
-    load_recipe_data,
+    found_data,
     method_columns,
     prepare_features,
     pretrained_model,
+    read_data,
     scratch_model,
     scratch_tokenizer,
     write_json,
 )
+from hf_headattn.experiment.tokenization import load_tokenizer
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.experiment.translation_recipe import (
     DataArguments,
@@ -83,35 +92,38 @@ def main(argv=None) -> dict:
         (ModelArguments, DataArguments, SearchArguments, OutputArguments, Seq2SeqTrainingArguments), argv)
     model_args, data_args, search_args, output_args, training_args = parsed
     if not search_args.grid:
-        raise ValueError("--grid is required: a JSON file of stages, e.g. research/grids/dhicm_two_stage.json")
+        parser.error("--grid is required: a JSON file of stages, e.g. research/grids/dhicm_two_stage.json")
     stages = load_grid(search_args.grid)
-    try:  # an earlier search's stage folders (their trials' checkpoints) and results, replaced only when asked
+    try:  # an earlier search's stage folders (their trials' checkpoints), tokenizer and results, replaced only if asked
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
         inputs |= input_flags(options)
-        results_pattern = re.compile("|".join(re.escape(stage.name) for stage in stages) + r"|search_.*\.json")
+        results_pattern = re.compile("|".join(re.escape(stage.name) for stage in stages)
+                                     + r"|tokenizer|search_.*\.json")
         earlier = check_output_dir(training_args.output_dir, {**inputs, "--grid": search_args.grid},
                                    results=results_pattern, overwrite=output_args.overwrite_output_dir,
                                    overwrite_flag="--overwrite_output_dir")
-    except ValueError as error:
+        check_output_dir(training_args.output_dir, found_data(data_args), results=results_pattern, overwrite=True)
+        settings = settings_from(model_args)
+    except (ValueError, Multi30kError) as error:
         parser.error(str(error))
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
-    settings = settings_from(model_args)
     check_base(stages, model_args, settings, training_args)
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
-    raw = load_recipe_data(data_args)
+    raw = read_data(parser, data_args)
     if "validation" not in raw:
-        raise ValueError(f"the search selects by validation loss, but the data has no validation split: {sorted(raw)}")
+        parser.error(f"the search selects by validation loss, but the data has no validation split: {sorted(raw)}")
     src, tgt = data_args.source_lang, data_args.target_lang
     max_length = max(data_args.max_source_length, data_args.max_target_length)
+    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier search's, its tokenizer included
 
     path = model_args.model_name_or_path
     if path:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or path)
+        tokenizer = load_tokenizer(model_args.tokenizer_name or path)
         config_class = MODEL_CLASSES[AutoConfig.from_pretrained(path).model_type].config_class
         check = lambda fields: config_class.from_pretrained(path, **{**settings, **fields})  # noqa: E731
     else:
-        tokenizer = (AutoTokenizer.from_pretrained(model_args.tokenizer_name) if model_args.tokenizer_name else
+        tokenizer = (load_tokenizer(model_args.tokenizer_name) if model_args.tokenizer_name else
                      scratch_tokenizer(raw["train"], model_args.vocab_size, f"{training_args.output_dir}/tokenizer",
                                        src, tgt))
         check = None
@@ -141,7 +153,6 @@ def main(argv=None) -> dict:
             data_collator=data_collator, processing_class=tokenizer, callbacks=callbacks,
         )
 
-    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier search's, not mixed in
     results = run_search(stages, build_model, make_trainer, training_args,
                          check=check or meta_model_check(build_model))
     results["train_translation_flags"] = train_flags(results["best_params"], model_args.method_settings)

@@ -254,3 +254,25 @@ def test_a_flat_field_at_its_default_leaves_an_off_method_off():
     with pytest.warns(HeadAttnDeprecationWarning):
         config.sea_type = "dea"
     assert config.sea == {"type": "dea"} and "sea" in config.headattn_settings
+
+
+@pytest.mark.parametrize("key, method", [("dhcim", "dhicm"), ("DHICM", "dhicm"), ("eadar", "eadra"), ("sae", "sea"),
+                                         ("seaa", "sea")])
+def test_a_misspelt_method_is_refused_naming_it(key, method, stock_checkpoint, tmp_path):
+    """HF keeps unknown keywords on a config: misspelt, a method would be silently off (built, from_pretrained's
+    keywords, a saved file)."""
+    message = rf"'{key}' is not a config field; did you mean '{method}'\?"
+    with pytest.raises(ValueError, match=r"HeadAttnMarianConfig\(\.\.\.\): " + message):
+        HeadAttnMarianConfig(**TINY, **{key: {"encoder_layers": [-1]}})
+    family, path = stock_checkpoint
+    with pytest.raises(ValueError, match=r"from_pretrained\(.*\): " + message):
+        LMS[family].from_pretrained(path, **{key: {"encoder_layers": [-1]}})
+    saved = {**json.loads((path / "config.json").read_text()), key: {"encoder_layers": [-1]}}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=message):
+        CONFIGS[family].from_pretrained(tmp_path)
+
+
+def test_keywords_unlike_a_method_are_kept_as_hf_keeps_them():
+    config = HeadAttnMarianConfig(**TINY, seed=3, my_note="x")  # far from every method's name
+    assert config.seed == 3 and config.my_note == "x" and config.headattn_settings == {}

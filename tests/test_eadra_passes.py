@@ -4,6 +4,7 @@ imports Triton, is imported only when chosen. (The passes' values: tests/test_fu
 tests/test_eadra_triton.py; what a checkpoint's remote code carries: tests/test_hub.py.)"""
 
 import ast
+import copy
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ import torch
 
 import hf_headattn
 from conftest import TINY
-from hf_headattn import HeadAttnMBartConfig, eadra_passes, fused_passes
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, eadra_passes, fused_passes
 from hf_headattn.eadra import ComponentSettings, EaDRASettings
 from hf_headattn.settings_checks import allowed_values
 
@@ -64,6 +65,15 @@ def test_triton_where_it_cannot_run_is_a_warning_when_resolved(monkeypatch, recw
         assert len(messages) == 1 and messages[0].startswith(f"eadra.implementation='triton' {warned}"), messages
     HeadAttnMBartConfig(**TINY, eadra={"encoder": {}, "implementation": "auto"})  # the others never warn
     assert len([w for w in recwarn if "triton" in str(w.message)]) == len(messages)
+
+
+def test_triton_where_it_cannot_run_warns_once_for_one_model(monkeypatch, recwarn):
+    """Building, copying and saving a model resolve its settings several times: one warning (it was five)."""
+    monkeypatch.setattr(eadra_passes, "_has_triton", lambda: False)
+    config = HeadAttnMBartConfig(**TINY, eadra={"encoder": {}, "implementation": "triton"})
+    model = HeadAttnMBartForConditionalGeneration(config)
+    copy.deepcopy(model.config).to_dict()
+    assert len([w for w in recwarn if "'triton' needs" in str(w.message)]) == 1
 
 
 def test_one_function_chooses_every_pass(monkeypatch):

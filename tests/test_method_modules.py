@@ -201,3 +201,20 @@ def test_the_training_recipe_runs_an_outside_method_from_the_command_line(tmp_pa
         translate_recipe.main(argv)
     assert exit_info.value.code == 2 and "pass --method_modules toy_method" in capsys.readouterr().err
     assert len(translate_recipe.main([*argv, "--method_modules", "toy_method"])) == 1
+
+
+def test_an_outside_method_is_switched_on_by_from_pretrained_as_the_built_in_ones(clean_registry, stock_checkpoint):
+    """``from_pretrained(stock checkpoint, <method>={...})``: a method registered from a user's module is no declared
+    config field, which HF would hand to the model's __init__ (a TypeError); it is a setting, as a built-in one is."""
+    import_method_modules([module(clean_registry, "users_method", USERS_METHOD)])
+    family, path = stock_checkpoint
+    model_class = {"mbart": hf_headattn.HeadAttnMBartForConditionalGeneration,
+                   "marian": hf_headattn.HeadAttnMarianMTModel}[family]
+    model = model_class.from_pretrained(path, toy={"encoder_layers": [-1], "weight": 0.25}, dhicm={
+        "encoder_layers": [-1]})
+    assert set(model.config.headattn_settings) == {"toy", "dhicm"}
+    assert model.config.headattn_settings["toy"].weight == 0.25
+    assert any(name.endswith("toy_scale") or "toy" in name for name, _ in model.named_parameters())
+    model.save_pretrained(clean_registry / "model")
+    reloaded = model_class.from_pretrained(clean_registry / "model", toy=None)  # and switched off again
+    assert set(reloaded.config.headattn_settings) == {"dhicm"}

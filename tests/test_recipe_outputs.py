@@ -13,12 +13,13 @@ from safetensors.torch import load_file
 import hf_headattn
 from conftest import TINY
 from hf_headattn.experiment import translation_recipe
-from hf_headattn.experiment.outputs import check_output_dir, check_output_file, replacing_dir
+from hf_headattn.experiment.outputs import check_output_dir, check_output_file, check_trainer_output_dir, replacing_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "research" / "grids" / "tiny_cpu.json"
 
 import average_checkpoints  # noqa: E402
+import demo  # noqa: E402
 import finetune_mbart  # noqa: E402
 import parse_sources  # noqa: E402
 import prune_heads  # noqa: E402
@@ -97,6 +98,19 @@ CASES = {
                                               "--model_name_or_path", str(out / "checkpoint-3")],
         trainer_earlier, "holds --model_name_or_path {out}/checkpoint-3 in checkpoint-3, which --overwrite_output_dir "
                          "replaces, an input of this run"),
+    "train_translation_finished_run": (
+        translation_recipe.main, lambda out: ["--output_dir", str(out)],
+        holding("config.json", "model.safetensors", "results.json", "tokenizer/"),
+        "holds ['config.json', 'model.safetensors', 'results.json', 'tokenizer'] of an earlier run; expected a folder "
+        "without them, or --overwrite_output_dir to replace them\n"),
+    "finetune_mbart_finished_run": (
+        finetune_mbart.main, lambda out: ["--output_dir", str(out)],
+        holding("model.safetensors", "predictions_validation.txt"),
+        "holds ['model.safetensors', 'predictions_validation.txt'] of an earlier run"),
+    "demo_earlier_demo": (
+        demo.main, lambda out: ["--output_dir", str(out), "--quick"], holding("baseline/", "summary.json", "x.log"),
+        "holds ['baseline', 'summary.json'] of an earlier run; expected a folder without them, or "
+        "--overwrite_output_dir to replace them (with make: make demo ARGS=--overwrite_output_dir)"),
     "finetune_mbart_checkpoints": (
         finetune_mbart.main, lambda out: ["--output_dir", str(out)],
         trainer_earlier, "holds ['checkpoint-3'] of an earlier run"),
@@ -153,6 +167,20 @@ def test_an_output_holding_earlier_results_or_inputs_is_refused_by_name(case, tm
     error = capsys.readouterr().err
     assert stop.value.code == 2 and message.format(out=out) in error and str(out) in error
     assert files(out) == before
+
+
+def test_a_trainer_recipe_refuses_its_own_entries_only(tmp_path):
+    """What the Trainer recipes write (an earlier run) is refused, and replaced with the flag; what they never write
+    (a log the shell writes there) is neither."""
+    out = holding("train.log", ".gitignore", "notes.txt")(tmp_path)
+    assert check_trainer_output_dir(out, {}, False) == []
+    holding("checkpoint-2/", "runs/", "predictions_test.txt", "source.spm", "README.md")(tmp_path)
+    with pytest.raises(ValueError, match=r"holds \['README.md', 'checkpoint-2', 'predictions_test.txt', 'runs', "
+                                         r"'source.spm'\] of an earlier run"):
+        check_trainer_output_dir(out, {}, False)
+    assert [path.name for path in check_trainer_output_dir(out, {}, True)] == [
+        "README.md", "checkpoint-2", "predictions_test.txt", "runs", "source.spm"]
+    assert check_trainer_output_dir(out, {}, False, resume=True) == []  # continued, not replaced
 
 
 def test_check_output_dir_and_output_file(tmp_path):

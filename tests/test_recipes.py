@@ -2,12 +2,13 @@
 
 import json
 import re
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import TrainerCallback
+from transformers import AutoTokenizer, TrainerCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,8 +94,12 @@ def test_time_limit_stops_after_an_evaluation(tmp_path, tokenizer_dir):
                   "1e-9", "--eval_strategy", "steps", "--eval_steps", "100")
     assert results["global_step"] == 1 and results["stopped_at_time_limit"] is True
     assert [entry["step"] for entry in results["log_history"] if "eval_loss" in entry] == [1]
-    with pytest.raises(ValueError, match="max_train_minutes must be a positive number of minutes, got 0"):
+
+def test_a_bad_time_limit_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
         run(tmp_path, "--max_train_minutes", "0")
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and "max_train_minutes must be a positive number of minutes, got 0" in error
 
 
 @pytest.mark.slow
@@ -113,6 +118,33 @@ def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir, multi30k
                              [tmp_path.name])
     assert len(pictures) == 3 and all(p.suffix == ".png" and p.is_file() for p in pictures)
     assert (tmp_path.parent / f"attention_entropy_{tmp_path.name}.json").is_file()
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.slow
+def test_a_finished_run_is_kept_and_overwriting_replaces_it_tokenizer_included(tmp_path, tokenizer_dir, capsys):
+    """A run saved without checkpoints (--save_strategy no, as make demo trains) is an earlier run: a second run into
+    its folder is refused, leaving it byte-identical; --overwrite_output_dir replaces it whole, its scratch tokenizer
+    too (a run asking for 200 pieces trained with the earlier 300 before), and results.json says what was used."""
+    finished = tmp_path / "finished"
+    shutil.copytree(tokenizer_dir.parent, finished)  # the module's baseline run, vocabulary 300
+    (finished / "train.log").write_text("the user's own log\n")  # not the recipe's: kept, never a reason to refuse
+    before = folder_bytes(finished)
+    with pytest.raises(SystemExit) as stop:
+        run(finished)
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and "of an earlier run; expected a folder without them, or --overwrite_output_dir" \
+        in error and "'config.json'" in error and "Traceback" not in error
+    assert folder_bytes(finished) == before
+    results = run(finished, "--overwrite_output_dir", "--vocab_size", "200")
+    assert len(AutoTokenizer.from_pretrained(finished / "tokenizer")) == 200
+    assert len(AutoTokenizer.from_pretrained(finished)) == 200
+    assert results["tokenizer"]["vocab_size"] == 200 and results["args"]["vocab_size"] == 200
+    assert json.loads((finished / "results.json").read_text())["tokenizer"]["vocab_size"] == 200
+    assert (finished / "train.log").read_text() == "the user's own log\n"
 
 
 class Interrupt(TrainerCallback):

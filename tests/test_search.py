@@ -186,6 +186,7 @@ def test_recipe_refuses_bad_input(tmp_path, multi30k, extra, grid, message):
         search(tmp_path, grid, *extra)
 
 
-def test_recipe_needs_a_grid(tmp_path):
-    with pytest.raises(ValueError, match="--grid is required"):
+def test_recipe_needs_a_grid(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
         search_hyperparameters.main(["--output_dir", str(tmp_path)])
+    assert stop.value.code == 2 and "--grid is required" in capsys.readouterr().err

@@ -245,6 +245,13 @@ def test_cli_input_not_in_utf8_names_the_file_and_line(tmp_path, saved_model, mo
     assert "unknown encoding: no-such-codec; expected a Python codec" in capsys.readouterr().err
 
 
+def test_cli_without_the_models_parser_says_what_to_install(tmp_path, saved_model):
+    (tmp_path / "in.en").write_text("A dog runs.\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"^translate\.py: error: this model parses its sources with "
+                                         r"'spacy:xx_no_such_pipeline'; .*pip install xx-no-such-pipeline"):
+        cli(saved_model, "--input", str(tmp_path / "in.en"), "--parser", "spacy:xx_no_such_pipeline")
+
+
 @pytest.mark.parametrize("flag, value", [("--num_beams", "0"), ("--num_beams", "-3"), ("--batch_size", "0"),
                                          ("--max_length", "0"), ("--max_source_length", "ten")])
 def test_cli_refuses_numbers_below_one(flag, value, capsys):

@@ -6,7 +6,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .multi30k import Multi30kChecksumError, Multi30kNotFoundError, find_multi30k
+from transformers import HfArgumentParser
+
+from .multi30k import Multi30kError, find_multi30k
+
+
+class RecipeArgumentParser(HfArgumentParser):
+    """``HfArgumentParser`` whose usage error is the one line that says what is wrong (argparse's own prints the
+    usage of every flag first: some 40 lines with ``Seq2SeqTrainingArguments``), and where ``--help`` is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n(run {self.prog} --help for the flags)\n")
 
 
 def _number(text: str, kind: type, expected: str, ok) -> int | float:
@@ -60,5 +70,5 @@ def multi30k_folder(parser: argparse.ArgumentParser, folder: str | Path | None, 
     lacks the files, or no copy at all, is a usage error naming what to do."""
     try:
         return find_multi30k(folder, languages=languages, argument="--multi30k_dir")
-    except (Multi30kNotFoundError, Multi30kChecksumError) as error:
+    except Multi30kError as error:
         parser.error(str(error))

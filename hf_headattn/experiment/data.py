@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -43,8 +44,14 @@ def _read_lines(path: Path) -> list[str]:
     """All lines of ``path`` without their line ending (``\\n`` or ``\\r\\n``)."""
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
-    with _open_text(path) as f:
-        return [line.rstrip("\r\n") for line in f]
+    try:
+        with _open_text(path) as f:
+            return [line.rstrip("\r\n") for line in f]
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:  # a cut or damaged download
+        raise ValueError(f"{path} is a damaged gzip file ({error}); expected a complete .gz file: download it again "
+                         "or replace it") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error}); expected UTF-8") from None
 
 
 def _stem(path: Path) -> str:

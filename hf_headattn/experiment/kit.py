@@ -127,6 +127,11 @@ def kits() -> list[MethodKit]:
     return found
 
 
+class MissingDependencyError(ImportError):
+    """A package that a method's inputs need (e.g. SEA's parser) is not installed; the message says what to install.
+    The recipes turn it into a usage error (exit 2)."""
+
+
 class MethodInputError(ValueError):
     """A text (or example) for which a method cannot make its inputs (e.g. SEA's parser refuses it): ``index`` is
     its position in the texts or dataset given. Subclasses keep the ``(index, message)`` signature."""

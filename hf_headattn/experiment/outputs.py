@@ -6,9 +6,10 @@ Each recipe that writes a folder checks it with :func:`check_output_dir` before 
 checkpoint it averages, its data); a folder whose replaced part holds an input (the overwrite would delete it).
 Refused unless the overwrite flag is given: a folder holding earlier results, i.e. the entries the recipe writes
 (``results``, a regular expression of entry names; None: any entry, for a recipe that replaces the whole folder).
-The Trainer recipes follow HF ``run_translation.py``'s convention: ``checkpoint-<step>`` folders
-(:data:`TRAINER_RESULTS`) are refused unless ``--overwrite_output_dir`` (they are removed before training, so the
-runs do not mix) or ``--resume_from_checkpoint`` (which continues them). A recipe that writes one file checks it with
+The Trainer recipes follow HF ``run_translation.py``'s convention: an earlier run's entries
+(:data:`TRAINER_RESULTS`: ``checkpoint-<step>`` folders, a finished model, its tokenizer and results) are refused
+unless ``--overwrite_output_dir`` (they are removed before training, so the runs do not mix) or
+``--resume_from_checkpoint`` (which continues them). A recipe that writes one file checks it with
 :func:`check_output_file` (never one of its inputs).
 
 :func:`replacing_dir` writes a folder whole: into a hidden sibling ``.<name>.tmp-<pid>``, renamed to the output
@@ -27,9 +28,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: What a Trainer run leaves that a new run in the same ``output_dir`` would mix with its own: the Trainer's
-#: checkpoint rotation, ``--resume_from_checkpoint true`` and ``--load_best_model_at_end`` read every one of them.
-TRAINER_RESULTS = re.compile(r"checkpoint-\d+")
+#: The Trainer's checkpoints: its rotation, ``--resume_from_checkpoint true`` and ``--load_best_model_at_end`` read
+#: every one of them, so a new run in the same ``output_dir`` would mix with them.
+CHECKPOINTS = re.compile(r"checkpoint-\d+")
+#: What a Trainer recipe run (``train_translation.py``, ``finetune_mbart.py``) writes into ``--output_dir``: its
+#: checkpoints, the final model (weights, configs, the model's code files, training arguments, model card), the
+#: tokenizer's files, ``tokenizer/`` (the scratch tokenizer), ``runs/`` (TensorBoard), ``results.json``,
+#: ``predictions_<split>.txt`` and the entropy reports. A finished run saved without checkpoints (``--save_strategy
+#: no``) is an earlier run as much as one with them. Other entries (a log the shell or a launcher writes there, a
+#: launcher's own record) are not the recipe's.
+TRAINER_RESULTS = re.compile(
+    r"checkpoint-\d+|runs|tokenizer|README\.md|predictions_.+\.txt|(all_|train_|eval_)?results\.json"
+    r"|(generation_)?config\.json|model(-\d+-of-\d+)?\.safetensors(\.index\.json)?|pytorch_model.*\.bin"
+    r"|training_args\.bin|(tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)\.json"
+    r"|(source|target)\.spm|sentencepiece\.bpe\.model|spiece\.model|encoder_entropy_.+|\w+\.py")
 #: The data flags the recipes read (:class:`~hf_headattn.experiment.recipe_parts.ParallelDataArguments`); the
 #: methods' input flags: :func:`~hf_headattn.experiment.method_inputs.input_flags`.
 DATA_FLAGS = ("multi30k_dir", "train_file", "validation_file", "test_file")
@@ -40,8 +52,9 @@ class OutputArguments:
     """The Trainer recipes' ``--overwrite_output_dir`` (transformers 5 dropped it from ``TrainingArguments``)."""
 
     overwrite_output_dir: bool = field(default=False, metadata={
-        "help": "Start afresh in an --output_dir that holds checkpoint-<step> folders of an earlier run (they are "
-                "removed before training); without it (or --resume_from_checkpoint) such a folder is refused"})
+        "help": "Start afresh in an --output_dir that holds an earlier run (its checkpoint-<step> folders, or its "
+                "finished model, tokenizer and results: they are removed before training); without it (or "
+                "--resume_from_checkpoint) such a folder is refused"})
 
 
 def flag_inputs(args, names) -> dict[str, object]:
@@ -105,14 +118,16 @@ def check_output_dir(output_dir, inputs: Mapping[str, object] = {}, *,
 
 def check_trainer_output_dir(output_dir, inputs: Mapping[str, object], overwrite_output_dir: bool,
                              resume=None) -> list[Path]:
-    """:func:`check_output_dir` for a Trainer recipe (HF ``run_translation.py``'s convention): earlier
-    ``checkpoint-<step>`` folders are refused unless ``overwrite_output_dir`` or ``resume`` (the resolved
-    ``--resume_from_checkpoint``; None: not resuming). Returns the folders to remove before training: the earlier
-    checkpoints when starting afresh over them, none when resuming."""
+    """:func:`check_output_dir` for a Trainer recipe (HF ``run_translation.py``'s convention): an earlier run's
+    entries (:data:`TRAINER_RESULTS`: its checkpoints, or the finished model, tokenizer and results) are refused
+    unless ``overwrite_output_dir`` or ``resume`` (the resolved ``--resume_from_checkpoint``; None: not resuming).
+    Returns the entries to remove before training: all of the earlier run's when starting afresh over them (its
+    tokenizer included, so that none is reused), none when resuming."""
+    checkpoints = earlier_results(output_dir, CHECKPOINTS)
     found = check_output_dir(output_dir, inputs, results=TRAINER_RESULTS,
                              overwrite=overwrite_output_dir or resume is not None,
                              overwrite_flag="--overwrite_output_dir",
-                             hint=" (or --resume_from_checkpoint true to continue that run)")
+                             hint=" (or --resume_from_checkpoint true to continue that run)" if checkpoints else "")
     return [] if resume is not None else found
 
 

@@ -3,22 +3,28 @@ tokenizer, features, collator, test-set translation and scoring. (The Trainer it
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 from ..configuration import HeadAttnMarianConfig
 from ..modeling import HeadAttnMarianMTModel, HeadAttnMBartForConditionalGeneration
 from .data import load_parallel_dataset, tokenize_parallel
 from .evaluation import compute_translation_metrics
 from .method_inputs import input_kits, method_collator, prepare_method_features
-from .multi30k import find_multi30k
+from .multi30k import DATA_ENV, Multi30kError, find_multi30k
 from .outputs import write_json_atomic
 from .presets import check_setting_keys, model_shape
-from .tokenization import train_joint_sentencepiece
+from .tokenization import load_tokenizer, train_joint_sentencepiece
+
+logger = logging.getLogger(__name__)
 
 #: The recipes' JSON writer (results.json, ...): the atomic one, so that a killed run never leaves half a file.
 write_json = write_json_atomic
@@ -54,6 +60,26 @@ class ParallelDataArguments:
     num_beams: int = field(default=5, metadata={"help": "Beam size for evaluation and test (the papers use 5)"})
 
 
+def found_data(args: ParallelDataArguments) -> dict[str, str]:
+    """The Multi30k folder a recipe reads when no data flag names it (found through ``$HF_HEADATTN_DATA``,
+    ``../shared`` or the cache, or downloaded: :func:`.multi30k.find_multi30k`), as
+    :func:`~.outputs.check_output_dir`'s ``inputs`` (``{}`` when a flag names the data: the flags are checked as
+    given), so that no run writes into it however it was found. The folder is recorded in ``args.multi30k_dir``
+    (what :func:`load_recipe_data` then reads, and ``results.json`` records). Raises
+    :class:`~.multi30k.Multi30kError`."""
+    if args.multi30k_dir or not _reads_multi30k(args):
+        return {}
+    args.multi30k_dir = str(find_multi30k(languages=(args.source_lang, args.target_lang)))
+    found = f"${DATA_ENV}" if os.environ.get(DATA_ENV) else "found or downloaded"
+    return {f"the Multi30k folder ({found})": args.multi30k_dir}
+
+
+def _reads_multi30k(args: ParallelDataArguments) -> bool:
+    """Multi30k is the data: named by ``--multi30k_dir``, or no other data flag given."""
+    return bool(args.multi30k_dir) or not (args.dataset_name or args.train_file or args.validation_file
+                                           or args.test_file)
+
+
 def load_recipe_data(args: ParallelDataArguments) -> datasets.DatasetDict:
     """The recipes' data: ``args`` carries run_translation-style fields (``source_lang``, ``target_lang``,
     ``dataset_name``, ``dataset_config_name``, ``train_file``/``validation_file``/``test_file``, ``multi30k_dir``,
@@ -61,15 +87,24 @@ def load_recipe_data(args: ParallelDataArguments) -> datasets.DatasetDict:
     (found or downloaded by :func:`.multi30k.find_multi30k`)."""
     files = {split: path for split, path in (("train", args.train_file), ("validation", args.validation_file),
                                              ("test", args.test_file)) if path}
-    multi30k_dir = args.multi30k_dir or None
-    if multi30k_dir is not None or not (args.dataset_name or files):
-        multi30k_dir = find_multi30k(multi30k_dir, languages=(args.source_lang, args.target_lang))
+    multi30k_dir = None
+    if _reads_multi30k(args):
+        multi30k_dir = find_multi30k(args.multi30k_dir or None, languages=(args.source_lang, args.target_lang))
     return load_parallel_dataset(
         args.source_lang, args.target_lang, dataset_name=args.dataset_name,
         dataset_config_name=args.dataset_config_name, data_files=files or None, multi30k_dir=multi30k_dir,
         max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
         max_predict_samples=args.max_predict_samples,
     )
+
+
+def read_data(parser, args: ParallelDataArguments) -> datasets.DatasetDict:
+    """:func:`load_recipe_data` for a recipe: a bad data flag (a missing or corrupt file, an unknown language, unequal
+    line counts, no Multi30k to be found or downloaded) is a usage error (exit 2) naming it."""
+    try:
+        return load_recipe_data(args)
+    except (Multi30kError, FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
 
 
 def set_languages(tokenizer, model, source_code: str, target_code: str) -> None:
@@ -114,12 +149,45 @@ def scratch_model(shape: str, tokenizer, settings: dict, max_length: int, **conf
     return HeadAttnMarianMTModel(config)
 
 
+#: Beside a scratch tokenizer: what it was trained with (:func:`scratch_tokenizer`), so that it is reused only for
+#: the same settings and data.
+TOKENIZER_RECORD = "headattn_tokenizer.json"
+
+
+def tokenizer_record(train: datasets.Dataset, vocab_size: int, src: str, tgt: str) -> dict:
+    """What a scratch tokenizer is trained from: the vocabulary size, the languages and the training pairs (their
+    number and the SHA-256 of their text)."""
+    digest = hashlib.sha256()
+    for pair in train["translation"]:
+        digest.update(f"{pair[src]}\t{pair[tgt]}\n".encode())
+    return {"vocab_size": vocab_size, "source_lang": src, "target_lang": tgt, "train_pairs": len(train),
+            "train_sha256": digest.hexdigest()}
+
+
 def scratch_tokenizer(train: datasets.Dataset, vocab_size: int, output_dir: str | Path, src: str, tgt: str):
-    """A joint sentencepiece tokenizer trained on the training sources and targets (reused if already saved)."""
+    """A joint sentencepiece tokenizer trained on the training sources and targets, saved in ``output_dir`` with
+    :data:`TOKENIZER_RECORD`. One already saved there is reused only when its record equals this run's (a resumed
+    run, a study's shared tokenizer); else a ``ValueError`` names what differs (a tokenizer saved without a record,
+    by release 0.3 or before, is reused with a warning: it cannot be checked)."""
     path = Path(output_dir)
+    record = tokenizer_record(train, vocab_size, src, tgt)
     if (path / "source.spm").is_file():
-        return AutoTokenizer.from_pretrained(path)
-    return train_joint_sentencepiece(train, vocab_size, path, source_lang=src, target_lang=tgt)
+        saved = path / TOKENIZER_RECORD
+        if not saved.is_file():
+            logger.warning(f"reusing the tokenizer in {path}, which records no {TOKENIZER_RECORD} (saved by an "
+                           "earlier release), unchecked against this run's vocabulary size and data")
+            return load_tokenizer(path)
+        earlier = json.loads(saved.read_text(encoding="utf-8"))
+        differ = {key: (earlier.get(key), value) for key, value in record.items() if earlier.get(key) != value}
+        if differ:
+            raise ValueError(
+                f"the tokenizer in {path} was trained with other settings or data than this run's "
+                f"({', '.join(f'{key}: {old!r} there, {new!r} here' for key, (old, new) in differ.items())}); "
+                "expected the settings and data it was trained with, or a new folder for a new tokenizer")
+        return load_tokenizer(path)
+    tokenizer = train_joint_sentencepiece(train, vocab_size, path, source_lang=src, target_lang=tgt)
+    write_json_atomic(path / TOKENIZER_RECORD, record)
+    return tokenizer
 
 
 def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, settings: dict,

@@ -19,9 +19,20 @@ from pathlib import Path
 
 import datasets
 import sentencepiece as spm
-from transformers import MarianTokenizer
+from transformers import AutoTokenizer, MarianTokenizer
 
 EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
+#: What ``MarianTokenizer`` warns when sacremoses is missing; transformers 5's never uses it (its ``normalize``, the
+#: only user, is called nowhere: ``tests/test_tokenization.py`` checks it), so the advice is noise to our users.
+SACREMOSES_ADVICE = "Recommended: pip install sacremoses"
+
+
+def load_tokenizer(name_or_path, **kwargs):
+    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)``, without ``MarianTokenizer``'s advice to install
+    sacremoses (:data:`SACREMOSES_ADVICE`); every other warning is kept."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SACREMOSES_ADVICE)
+        return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
 
 
 def _training_texts(texts) -> list[str]:
@@ -140,7 +151,7 @@ def train_joint_sentencepiece(
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0), encoding="utf-8")
 
     with warnings.catch_warnings():  # MarianTokenizer asks for sacremoses, which its tokenize never uses
-        warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
+        warnings.filterwarnings("ignore", message=SACREMOSES_ADVICE)
         tokenizer = MarianTokenizer(
             source_spm=str(out / "source.spm"),
             target_spm=str(out / "target.spm"),

@@ -11,11 +11,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from transformers import AutoTokenizer, HfArgumentParser, Seq2SeqTrainingArguments, set_seed
+from transformers import Seq2SeqTrainingArguments, set_seed
 
+from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.evaluation import make_compute_metrics
+from hf_headattn.experiment.kit import MissingDependencyError
 from hf_headattn.experiment.method_inputs import input_flags, method_options, recipe_argument_classes
 from hf_headattn.experiment.method_modules import import_or_exit, method_modules_field, method_modules_in
+from hf_headattn.experiment.multi30k import Multi30kError
 from hf_headattn.experiment.outputs import (
     DATA_FLAGS,
     OutputArguments,
@@ -37,16 +40,18 @@ from hf_headattn.experiment.presets import (
 from hf_headattn.experiment.recipe_parts import (
     ParallelDataArguments,
     collator,
-    load_recipe_data,
+    found_data,
     method_columns,
     prepare_features,
     pretrained_model,
+    read_data,
     scratch_model,
     scratch_tokenizer,
     set_languages,
     translate_and_score,
     write_json,
 )
+from hf_headattn.experiment.tokenization import load_tokenizer
 from hf_headattn.experiment.trainer import (
     TRAIN_TIME_FILE,
     HeadAttnSeq2SeqTrainer,
@@ -145,8 +150,8 @@ def parse_recipe_arguments(classes: tuple, argv=None) -> tuple:
     :class:`ModelArguments`) are imported first, so that their methods' names, presets and flags are known."""
     modules = method_modules_in(argv)
     if modules:
-        import_or_exit(HfArgumentParser(classes), modules)
-    parser = HfArgumentParser((*classes, *recipe_argument_classes()))
+        import_or_exit(RecipeArgumentParser(classes), modules)
+    parser = RecipeArgumentParser((*classes, *recipe_argument_classes()))
     parsed = parser.parse_args_into_dataclasses(args=expand_argv(argv))
     given = [name for args in parsed[:len(classes)] for name in getattr(args, "method_modules", [])]
     if given != modules:  # an abbreviation, which argparse takes but the early reading cannot
@@ -169,10 +174,11 @@ def main(argv=None) -> dict:
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
         inputs |= input_flags(options)
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
-    except ValueError as error:
+        check_trainer_output_dir(training_args.output_dir, found_data(data_args), True)  # never into the data either
+        time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
+    except (ValueError, Multi30kError) as error:
         parser.error(str(error))
     callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
-    time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
     callbacks += [time_limit] if time_limit else []
     resumed = resumed_from(resume, training_args.output_dir)
     previous_time = (resumed or {}).get("train_time_s", 0.0)
@@ -181,25 +187,27 @@ def main(argv=None) -> dict:
                        "results.json's total_train_time_s will be null")
     else:
         callbacks.append(TrainingClock(previous_time))
-    try:
-        raw = load_recipe_data(data_args)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(str(error))  # the data flags: missing files, unknown languages, unequal line counts
+    raw = read_data(parser, data_args)
     test_splits = data_args.test_splits.split(",") if data_args.test_splits else [s for s in raw if s != "train"]
     unknown = sorted(set(test_splits) - set(raw))
     if unknown:
         parser.error(f"--test_splits: {unknown} are not in the data; it has {sorted(raw)}")
     src, tgt = data_args.source_lang, data_args.target_lang
     max_length = max(data_args.max_source_length, data_args.max_target_length)
+    # --overwrite_output_dir: the earlier run's entries go now, its tokenizer included (never reused, never mixed in)
+    remove_entries(earlier, logger.warning)
 
     if model_args.model_name_or_path:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+        tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
         model = pretrained_model(model_args.model_name_or_path, settings,
                                  attn_implementation=model_args.attn_implementation)
     else:
-        tokenizer = (AutoTokenizer.from_pretrained(model_args.tokenizer_name) if model_args.tokenizer_name else
-                     scratch_tokenizer(raw["train"], model_args.vocab_size, f"{training_args.output_dir}/tokenizer",
-                                       src, tgt))
+        try:  # trained here, or the resumed run's (only if trained with this run's settings and data)
+            tokenizer = (load_tokenizer(model_args.tokenizer_name) if model_args.tokenizer_name else
+                         scratch_tokenizer(raw["train"], model_args.vocab_size,
+                                           f"{training_args.output_dir}/tokenizer", src, tgt))
+        except ValueError as error:
+            parser.error(str(error))
         shape, scratch_settings = split_architecture(model_args.model_shape, settings)  # heads etc. over the shape
         model = scratch_model(shape, tokenizer, scratch_settings, max_length,
                               dropout=model_args.dropout, attention_dropout=model_args.attention_dropout)
@@ -209,15 +217,17 @@ def main(argv=None) -> dict:
         set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
 
     # the methods record on the config what hf_headattn.translate needs to make their inputs alike (SEA: the parser)
-    features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
-                                data_args.max_target_length, data_args.preprocessing_num_workers,
-                                config=model.config, **options)
+    try:
+        features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
+                                    data_args.max_target_length, data_args.preprocessing_num_workers,
+                                    config=model.config, **options)
+    except MissingDependencyError as error:  # e.g. SEA's parser: the message names what to install
+        parser.error(str(error))
     if method_columns(settings):
         training_args.remove_unused_columns = False  # the collator turns the methods' columns into model inputs
     training_args.predict_with_generate = True
     training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
     training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
-    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier run's checkpoints, not mixed in
     trainer = HeadAttnSeq2SeqTrainer(
         model=model, args=training_args, train_dataset=features["train"],
         eval_dataset=features.get("validation"), data_collator=collator(tokenizer, model, settings),
@@ -237,6 +247,7 @@ def main(argv=None) -> dict:
         "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
         "stopped_at_time_limit": bool(time_limit and time_limit.stopped),
         "num_parameters": model.num_parameters(), "device": str(training_args.device),
+        "tokenizer": {"name_or_path": tokenizer.name_or_path, "vocab_size": len(tokenizer)},
         "log_history": trainer.state.log_history, "args": {**asdict(model_args), **asdict(data_args), **options},
         "scores": {},
     }

@@ -95,7 +95,7 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
     ``parses_dir``), collator, ``Trainer.predict`` with beam search, and sacreBLEU/chrF against the raw references.
     ``settings`` are the run's method settings (``results.json``'s ``settings``). Returns the scores."""
     import datasets
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
+    from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainingArguments
 
     from hf_headattn.experiment.methods.sea.inputs import syntax_parser_name, uses_syntax
     from hf_headattn.experiment.recipe_parts import (
@@ -105,12 +105,13 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
         prepare_features,
         translate_and_score,
     )
+    from hf_headattn.experiment.tokenization import load_tokenizer
     from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
                                                  target_lang=target_lang))
     raw = datasets.DatasetDict({split: raw[split]})
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
     syntax = uses_syntax(settings)
     features = prepare_features(raw, tokenizer, source_lang, target_lang, settings, max_length, max_length,

