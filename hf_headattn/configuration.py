@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -227,6 +228,7 @@ class HeadAttnSettings:
         refuse_misspelt_methods(kwargs.keys() - set(recorded if isinstance(recorded, Mapping) else ()),
                                 f"{type(self).__name__}(...)")
         super().__post_init__(**kwargs)
+        self._drop_newer_settings()
         self._resolve_headattn_settings()
 
     def __setattr__(self, key, value):
@@ -287,6 +289,29 @@ class HeadAttnSettings:
         ``save_pretrained`` and ``push_to_hub`` save its config after its code, and upload after both)."""
         super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
         ship(self, save_directory)
+
+    def _drop_newer_settings(self) -> None:
+        """A config written by a newer release (``headattn_version`` above the running one, as peft reads an adapter
+        of a newer peft): its methods' settings that this release does not know are dropped, with one warning naming
+        both releases and the settings (a setting added since cannot be honoured here; refusing would leave the
+        checkpoint unloadable). From the same or an older release, an unknown setting stays an error (a typo)."""
+        if self.headattn_version is None:
+            return
+        written = recorded_release(self.headattn_version, "headattn_version")
+        if written <= recorded_release(HEADATTN_VERSION, "the running release"):
+            return
+        dropped = []
+        for spec in registered_methods():
+            values = getattr(self, spec.name, None)
+            if isinstance(values, Mapping):
+                kept, unknown = spec.settings.without_unknown(values)
+                if unknown:
+                    dropped += [f"{spec.name}.{key}" for key in unknown]
+                    super().__setattr__(spec.name, frozen(kept))
+        if dropped:
+            warnings.warn(f"this config was written by hf-headattn {self.headattn_version}, newer than the running "
+                          f"{HEADATTN_VERSION}: its settings {sorted(dropped)} are unknown here and dropped (the "
+                          "model is built without them; upgrade hf-headattn to use them)", UserWarning, stacklevel=2)
 
     def _resolve_headattn_settings(self) -> None:
         """Validate every setting and keep ``{method name: resolved settings}`` of the methods switched on."""

@@ -53,6 +53,25 @@ class MethodSettings:
             check_type(value, hints[key], f"{name}.{key}")
         return cls(**values).resolved(model_config, name)
 
+    @classmethod
+    def without_unknown(cls, values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """``values`` without the keys that are no field of ``cls``, also inside nested settings given as dicts (e.g.
+        EaDRA's components), and those keys (``"cross.new_key"``): for a config written by a newer release, whose new
+        settings this release does not know (:meth:`HeadAttnSettings._drop_newer_settings
+        <hf_headattn.configuration.HeadAttnSettings._drop_newer_settings>`)."""
+        known, hints = {f.name for f in dataclasses.fields(cls) if f.init}, typing.get_type_hints(cls)
+        kept, dropped = {}, []
+        for key, value in values.items():
+            if key not in known:
+                dropped.append(key)
+                continue
+            nested = _nested_settings(hints[key])
+            if nested is not None and isinstance(value, Mapping):
+                value, inner = nested.without_unknown(value)
+                dropped += [f"{key}.{name}" for name in inner]
+            kept[key] = value
+        return kept, dropped
+
     def resolved(self, model_config, name: str) -> MethodSettings:
         """These settings checked against the model config (e.g. layer indices), with what depends on it filled in
         (a new object: settings are frozen); raise ``ValueError``. The default: :meth:`validate`, then ``self``."""
@@ -67,6 +86,14 @@ class MethodSettings:
         off, with a warning. (Settings that ask for something but place it nowhere, e.g. empty layer lists, are
         refused by the config.)"""
         return True
+
+
+def _nested_settings(annotation) -> type[MethodSettings] | None:
+    """The :class:`MethodSettings` class a field's annotation names (alone or in a union), else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, MethodSettings):
+            return candidate
+    return None
 
 
 def check_type(value, annotation, name: str) -> None:

@@ -164,3 +164,35 @@ def test_remote_code_records_its_own_release(tmp_path):
     assert sys.modules[remote_class.__module__].HEADATTN_VERSION == hf_headattn.__version__
     assert remote_class.from_pretrained(folder).to_dict()["headattn_version"] == hf_headattn.__version__
 
+
+
+def test_a_config_from_a_newer_release_drops_its_unknown_settings_with_one_warning(tmp_path, recwarn):
+    """As peft reads an adapter saved by a newer peft: the settings a newer release added are dropped, with one warning
+    naming both releases and the settings (nested ones included); the same file recording this release refuses them
+    (a typo, then). Saved again, the config records this release and the settings it used."""
+    torch.manual_seed(0)
+    HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(
+        **TINY, dhicm={"encoder_layers": [-1]}, eadra={"cross": {"num_heads": 2}})).save_pretrained(tmp_path / "new")
+    saved = json.loads((tmp_path / "new" / "config.json").read_text())
+    saved["dhicm"]["new_setting"] = 1
+    saved["eadra"]["cross"]["new_inner"] = True
+    for version in ("9.0.0", hf_headattn.__version__):
+        (tmp_path / "new" / "config.json").write_text(json.dumps({**saved, "headattn_version": version}))
+        if version == hf_headattn.__version__:
+            with pytest.raises(ValueError, match=r"has unknown settings \['new_(setting|inner)'\]"):
+                AutoConfig.from_pretrained(tmp_path / "new")
+            continue
+        recwarn.clear()
+        model = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path / "new")
+        warned = [str(w.message) for w in recwarn if "newer than the running" in str(w.message)]
+        assert warned == [f"this config was written by hf-headattn 9.0.0, newer than the running "
+                          f"{hf_headattn.__version__}: its settings ['dhicm.new_setting', 'eadra.cross.new_inner'] "
+                          "are unknown here and dropped (the model is built without them; upgrade hf-headattn to use "
+                          "them)"]
+        assert model.config.dhicm == {"encoder_layers": [-1]} and model.config.eadra == {"cross": {"num_heads": 2}}
+        assert set(model.config.headattn_settings) == {"dhicm", "eadra"}
+        model.save_pretrained(tmp_path / "again")
+        recwarn.clear()
+        again = AutoConfig.from_pretrained(tmp_path / "again")
+        assert again.headattn_version == hf_headattn.__version__ and again.dhicm == {"encoder_layers": [-1]}
+        assert not [w for w in recwarn if "newer than the running" in str(w.message)]
