@@ -142,7 +142,8 @@ def test_a_finished_run_is_kept_and_overwriting_replaces_it_tokenizer_included(t
     results = run(finished, "--overwrite_output_dir", "--vocab_size", "200")
     assert len(AutoTokenizer.from_pretrained(finished / "tokenizer")) == 200
     assert len(AutoTokenizer.from_pretrained(finished)) == 200
-    assert results["tokenizer"]["vocab_size"] == 200 and results["args"]["vocab_size"] == 200
+    assert results["tokenizer"] == {"name_or_path": f"{finished}/tokenizer", "vocab_size": 200}
+    assert results["args"]["vocab_size"] == 200
     assert json.loads((finished / "results.json").read_text())["tokenizer"]["vocab_size"] == 200
     assert (finished / "train.log").read_text() == "the user's own log\n"
 

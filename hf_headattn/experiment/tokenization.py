@@ -162,6 +162,7 @@ def train_joint_sentencepiece(
             eos_token=EOS,
             pad_token=PAD,
             model_max_length=model_max_length,
+            name_or_path=str(out),  # where it is saved, as a loaded one records
         )
     tokenizer.save_pretrained(out)
     return tokenizer
