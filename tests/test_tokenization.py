@@ -1,8 +1,10 @@
 """Tests for hf_headattn.experiment.tokenization on real Multi30k sentences."""
 
+import importlib.util
 import json
 import re
 import unicodedata
+import warnings
 
 import datasets
 import pytest
@@ -11,7 +13,7 @@ from sentencepiece import sentencepiece_model_pb2
 from transformers import AutoTokenizer, MarianTokenizer
 
 from hf_headattn.experiment.data import load_parallel_dataset
-from hf_headattn.experiment.tokenization import train_joint_sentencepiece
+from hf_headattn.experiment.tokenization import SACREMOSES_ADVICE, load_tokenizer, train_joint_sentencepiece
 
 VOCAB = 700
 
@@ -87,6 +89,27 @@ def test_save_and_reload(trained, corpus, tmp_path):
     again = AutoTokenizer.from_pretrained(tmp_path)
     assert again(src, text_target=tgt) == tok(src, text_target=tgt)
     assert again.pad_token_id == VOCAB - 1
+
+
+def test_the_sacremoses_advice_is_left_out_as_transformers_never_uses_it(trained, corpus, monkeypatch):
+    """MarianTokenizer advises installing sacremoses, which it would use only in ``normalize``; transformers 5 calls
+    ``normalize`` nowhere (the contract: tokenizing and decoding with it raising), so ``load_tokenizer`` drops the
+    advice and no other warning."""
+    tok, out = trained
+    monkeypatch.setattr(MarianTokenizer, "normalize", lambda self, x: pytest.fail("normalize was called"))
+    src = [pair["en"] for pair in corpus["validation"]["translation"][:8]]
+    encoded = tok(src, text_target=src)
+    assert tok.batch_decode(encoded["labels"], skip_special_tokens=True) == [_normalized(s) for s in src]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        AutoTokenizer.from_pretrained(out)
+        stock = [str(w.message) for w in caught]
+        caught.clear()
+        warnings.warn("another warning")
+        ours = load_tokenizer(out)
+    assert [str(w.message) for w in caught] == ["another warning"] and type(ours) is MarianTokenizer
+    if importlib.util.find_spec("sacremoses") is None:
+        assert any(SACREMOSES_ADVICE in message for message in stock)  # what is left out is there to leave out
 
 
 def test_deterministic(corpus, trained, tmp_path):

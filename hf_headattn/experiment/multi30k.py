@@ -47,6 +47,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from .outputs import write_json_atomic
+
 __all__ = ["DATA_ENV", "LANGUAGES", "MULTI30K_URL", "SHA256", "SPLITS", "TEST_SPLIT", "TEXT_SHA256", "URL_ENV",
            "Multi30kChecksumError", "Multi30kError", "Multi30kNotFoundError", "cache_dir", "fetch_verified",
            "file_names", "find_multi30k"]
@@ -144,20 +146,13 @@ def _read_record() -> dict:
 
 
 def _write_record(record: dict, paths: dict[Path, str]) -> None:
-    """Add ``paths`` (path -> its pinned SHA-256, found good) to ``record`` and write it through a temporary file and
-    a rename; a cache that cannot hold it only means hashing again next time."""
-    target = _record_path()
-    temporary = target.with_name(f".{target.name}.{os.getpid()}")
-    try:
+    """Add ``paths`` (path -> its pinned SHA-256, found good) to ``record`` and write it whole or not at all
+    (:func:`~.outputs.write_json_atomic`); a cache that cannot hold it only means hashing again next time."""
+    with contextlib.suppress(OSError):
         for path, sha256 in paths.items():
             stat = path.stat()
             record[str(path.resolve())] = [stat.st_size, stat.st_mtime_ns, sha256]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(json.dumps(record, indent=0))
-        os.replace(temporary, target)
-    except OSError:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
+        write_json_atomic(_record_path(), record)
 
 
 def _damaged(folder: Path, names: list[str]) -> list[tuple[str, Path, str]]:

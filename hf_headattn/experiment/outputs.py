@@ -191,10 +191,15 @@ def replacing_dir(output_dir):
 
 
 def write_json_atomic(path: str | Path, payload) -> Path:
-    """Write JSON through a temporary file and a rename, so that a killed process never leaves half a file."""
+    """Write JSON through a temporary file and a rename, so that a killed process never leaves half a file (and a
+    failed write no temporary file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -9,6 +9,7 @@ SentencePiece order, and ``<pad>`` appended last (id ``vocab_size - 1``, Marian'
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -27,11 +28,19 @@ EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
 SACREMOSES_ADVICE = "Recommended: pip install sacremoses"
 
 
-def load_tokenizer(name_or_path, **kwargs):
-    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)``, without ``MarianTokenizer``'s advice to install
-    sacremoses (:data:`SACREMOSES_ADVICE`); every other warning is kept."""
+@contextlib.contextmanager
+def _without_sacremoses_advice():
+    """Leave out ``MarianTokenizer``'s advice to install sacremoses (:data:`SACREMOSES_ADVICE`), every other warning
+    kept."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=SACREMOSES_ADVICE)
+        yield
+
+
+def load_tokenizer(name_or_path, **kwargs):
+    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)``, without ``MarianTokenizer``'s advice to install
+    sacremoses (:data:`SACREMOSES_ADVICE`)."""
+    with _without_sacremoses_advice():
         return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
 
 
@@ -150,8 +159,7 @@ def train_joint_sentencepiece(
     vocab[PAD] = len(vocab)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0), encoding="utf-8")
 
-    with warnings.catch_warnings():  # MarianTokenizer asks for sacremoses, which its tokenize never uses
-        warnings.filterwarnings("ignore", message=SACREMOSES_ADVICE)
+    with _without_sacremoses_advice():
         tokenizer = MarianTokenizer(
             source_spm=str(out / "source.spm"),
             target_spm=str(out / "target.spm"),
