@@ -52,8 +52,6 @@ TARGET_ROWS = [
 WHY = {
     ("eager time", "dhicm"): "host-bound: an H100 step at transformer-base is 24 ms of kernels in 33-48 ms and "
     "DHICM's kernels are 1.04x stock's (tb-profile, run1); the rest is its small operations, launched one by one",
-    ("compiled time", "dhicm"): "host-bound: compiled stock is 14.7 ms of kernels in a 31-36 ms step and DHICM's "
-    "kernels are 1.04x stock's (tb-profile-compiled, run4); the extra is host time",
     ("eager time", "eadra-scratch"): "the regularizer pass over 12 layers x 32 x 6 heads of 256 x 256 scores, forward "
     "and backward, takes 5.2 ms compiled (triton-check, run3): 11-15% of a 36-48 ms step, where 1.15 leaves ~4 ms",
     ("eager time", "eadra-scratch-triton-pass"): "the Triton kernels take 9.7 ms for the pass that the compiled one "
@@ -65,11 +63,20 @@ WHY = {
     ("eager time", "eadra-finetune"): "0.3% over: stock's own steps spread 134-142 ms in the same run (run3)",
     ("eager time", "eadra-finetune-triton-pass"): "the Triton pass is slower than the compiled one (9.7 against 5.2 "
     "ms at transformer-base, triton-check, run3)",
-    ("compiled time", "eadra-scratch"): "the pass is the compiled graph's own, its float32 maps forward and backward; "
-    "run4 kept them for the backward (the partitioner's choice; a checkpoint mark now makes it recompute them, "
-    "tested on the CPU, not yet timed on a GPU)",
-    ("peak memory", "eadra-scratch"): "compiled: the partitioner kept the maps for the backward (run4); a checkpoint "
-    "mark now makes it recompute them (tests/test_compile.py: saved bytes as eager's), not yet measured on a GPU",
+    ("compiled time", "eadra-scratch"): "kernel time: the pass takes 4.3 ms (bf16) to 5.1 ms (fp32) of a compiled "
+    "step of 26.8 ms (triton-check, tb-compiled, H200 20261127), where 1.10x leaves 2.7 ms; under reduce-overhead "
+    "(no host time) the same rows give 1.43x",
+    ("reduce-overhead time", "eadra-scratch"): "kernel time: the pass's 4.3-5.1 ms forward and backward against a "
+    "15.4 ms CUDA-graph step (tb-compiled-ro, triton-check, H200 20261127)",
+    ("peak memory", "eadra-scratch"): "compiled in default mode only (1.31x; eager 1.03x, reduce-overhead 1.00x, H200 "
+    "20261127): the checkpoint mark (tests/test_compile.py: saved bytes as eager's on the CPU) does not change "
+    "inductor's choice on CUDA; not yet profiled",
+    ("compiled time", "dhicm"): "host-bound: 1.43x compiled in default mode but 1.05x under reduce-overhead, which "
+    "replays the same kernels without host time (H200 20261127); DHICM's kernels are 1.04x stock's (run4)",
+    ("reduce-overhead time", "lpea-rhe"): "0.4% over (1.054): stock's own steps vary more between parts of one run "
+    "(15.40 and 15.68 ms, H200 20261127)",
+    ("triton pass over compiled", "triton"): "measured 2.17x (bf16: 9.4 against 4.3 ms; fp32 21.4 against 5.1 ms, "
+    "H200 20261127; run3 on the H100: 9.7 against 5.2): 'auto' never picks it; the pass is removed (#53)",
     ("compiles cleanly", "eadra-scratch"): "run3: the look for Triton (importlib.util.find_spec), which torch 2.11 "
     "does not trace, inside the compiled model; fixed in run4 (one graph, no break)",
     ("compile check", "all"): "run3: EaDRA's look for Triton (importlib.util.find_spec) inside the compiled model, "
@@ -217,8 +224,9 @@ def summarize(folder: Path) -> dict:
                               "precision": precision, "rows": rows.split()}
         path = folder / f"{name}.json"
         result = json.loads(path.read_text()) if path.exists() else None
-        run_info = run_info or {k: result[k] for k in ("device", "device_name", "torch", "transformers")
-                                if result and k in result}
+        for key in ("device", "device_name", "torch", "transformers"):  # the first part that names each
+            if result and key in result:
+                run_info.setdefault(key, result[key])
         if mode == "check":  # compile_check.py's JSON: its rows' verdicts
             found = (result or {}).get("rows", {})
             for row in plan["rows"]:

@@ -356,3 +356,19 @@ def test_a_cut_flex_part_is_not_measured_and_an_absent_one_changes_nothing(tmp_p
     absent = gpu_summary.summarize(tmp_path)
     assert absent["flex"] == {} and absent["targets"]["checks"] == []
     assert "flex" not in gpu_summary.summary_table(absent)
+
+
+def test_the_readme_gpu_table_is_the_committed_h200_run(tmp_path):
+    """The README's table is ``gpu_summary --readme`` of the committed run alone (#57), whose first part
+    (triton-check) names no transformers: the run's versions come from the first part that names each."""
+    folder = ROOT / "benchmarks" / "results" / "gpu" / "nvidia-h200-20261127"
+    summary = gpu_summary.summarize(folder)
+    assert summary["run"] == {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0+cu130",
+                              "transformers": "5.23.0", "judged": True}
+    assert summary["targets"]["row_counts"] == {"met": 20, "not_met": 11, "not_measured": 0}
+    table = gpu_summary.markdown_table(summary, "benchmarks/results/gpu/nvidia-h200-20261127")
+    start, end = gpu_summary.README_MARKERS
+    readme = (ROOT / "README.md").read_text()
+    assert readme.split(start)[1].split(end)[0].strip() == table
+    over = {(c["target"], c["row"]) for c in summary["targets"]["checks"] if c["met"] is False}
+    assert over - set(gpu_summary.WHY) == {("flex lpea bias gradient", "lpea-rhe")}  # every other one says why
