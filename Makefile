@@ -28,14 +28,14 @@ PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 $(VENV)/.installed: pyproject.toml tests/hf_common/VERSION
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(TORCH)
-	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search,triton]" "$(TRANSFORMERS)" \
+	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search]" "$(TRANSFORMERS)" \
 		"$(SPACY_PIPELINE)"
 	touch $@
 
 $(NEWEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(NEWEST_VENV)
 	$(NEWEST_PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -e ".[dev,parsers,search,triton]" "$(SPACY_PIPELINE)"
+	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -e ".[dev,parsers,search]" "$(SPACY_PIPELINE)"
 	touch $@
 
 env: $(VENV)/.installed

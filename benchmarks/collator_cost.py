@@ -24,13 +24,13 @@ import sentencepiece as spm
 import torch
 from transformers import DataCollatorForSeq2Seq, MBartConfig, MBartForConditionalGeneration, MBartTokenizer
 
-from hf_headattn.experiment.methods.sea.syntax import (
+from hf_headattn.experiment.multi30k import find_multi30k
+from hf_headattn.methods.sea.syntax import (
     DataCollatorForSyntaxSeq2Seq,
     SpacyParser,
     align_syntax,
     parse_corpus,
 )
-from hf_headattn.experiment.multi30k import find_multi30k
 
 SHAPES = {
     "tiny": dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,

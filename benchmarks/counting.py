@@ -132,7 +132,7 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
     """FLOPs and saved-for-backward bytes of one forward + backward of a row's model, under ``FakeTensorMode``."""
     register_cpu_sdpa_flops()
     register_chunked_cross_entropy_flops()
-    from hf_headattn import sea
+    from hf_headattn.methods.sea import core as sea
 
     with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}

@@ -2,7 +2,7 @@
 
 On a GPU each operator is a kernel launch and each host read (``SYNC_OPERATORS``) a host-device synchronisation;
 both are counted the same way on the CPU. Used by ``benchmarks/overhead.py`` and the tests (``tests/test_overhead.py``,
-``tests/test_eadra_model.py``), which put this folder on ``sys.path``.
+``tests/methods/eadra/test_eadra_model.py``), which put this folder on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_headattn import sea
+from hf_headattn.methods.sea import core as sea
 
 #: The operators that need a tensor's value on the host (on a GPU each one synchronises the host with the device), by
 #: overload packet (every overload of it counts), and why; also indexing with a boolean mask (``BOOL_INDEXING``).

@@ -48,10 +48,6 @@ ROWS = {
     "eadra-scratch-eager-pass": {"eadra": {**method_settings("eadra_all")["eadra"], "implementation": "eager"}},
     "eadra-finetune-eager-pass": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2},
                                             "implementation": "eager"}},
-    # "<row>-triton-pass": the pass as Triton kernels that never write a map (hf_headattn.eadra_triton)
-    "eadra-scratch-triton-pass": {"eadra": {**method_settings("eadra_all")["eadra"], "implementation": "triton"}},
-    "eadra-finetune-triton-pass": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2},
-                                             "implementation": "triton"}},
     "dea-rhe": method_settings("dea_rhe"),
     "lpea-rhe": method_settings("lpea_rhe"),
 }

@@ -7,6 +7,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .attention import HeadAttnContext
 from .configuration import HeadAttnMarianConfig, HeadAttnMBartConfig
+from .deprecation import install_moved_modules
 from .losses import label_smoothed_nll_loss
 from .modeling import (
     HeadAttnMarianModel,
@@ -25,11 +26,9 @@ for _config, _model, _lm in (
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForSeq2SeqLM.register(_config, _lm, exist_ok=True)
-    # save_pretrained/push_to_hub then copy the modeling code and write `auto_map`, so users without the package
-    # load the checkpoint with trust_remote_code=True
-    _config.register_for_auto_class()
-    _model.register_for_auto_class("AutoModel")
-    _lm.register_for_auto_class("AutoModelForSeq2SeqLM")
+install_moved_modules()  # release 0.2's module paths (hf_headattn.sea, ...) still import, with a warning
+# (save_pretrained writes the model's code and auto_map itself, flat, so that users without the package load a saved
+# folder with trust_remote_code=True: hf_headattn.remote_code)
 
 
 def __getattr__(name):

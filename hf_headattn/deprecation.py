@@ -10,10 +10,28 @@ checkpoint's remote code ships this module: standard library only.)
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 import warnings
 from collections.abc import Iterable
 from types import ModuleType
+
+#: The release that removes what the running release deprecates (every ``removed_in`` of the package names it).
+NEXT_RELEASE = "0.4"
+
+#: Modules that moved, old dotted name -> new (their submodules follow): importing the old name warns and gives the
+#: new module itself (:func:`install_moved_modules`). Release 0.2's flat method modules moved into one folder per
+#: method (``hf_headattn/methods/<name>/``) in 0.3.0, as did SEA's syntax pipeline (``hf_headattn.syntax``).
+MOVED_MODULES = {
+    "hf_headattn.dhicm": "hf_headattn.methods.dhicm.core",
+    "hf_headattn.eadra": "hf_headattn.methods.eadra.core",
+    "hf_headattn.eadra_math": "hf_headattn.methods.eadra.equations",
+    "hf_headattn.fused_passes": "hf_headattn.methods.eadra.compiled",
+    "hf_headattn.sea": "hf_headattn.methods.sea.core",
+    "hf_headattn.sea_math": "hf_headattn.methods.sea.equations",
+    "hf_headattn.syntax": "hf_headattn.methods.sea.syntax",
+}
 
 
 class HeadAttnDeprecationWarning(FutureWarning):
@@ -43,3 +61,36 @@ def alias_module(old: str, new: str, removed_in: str, submodules: Iterable[str] 
         sys.modules[f"{old}.{name}"] = importlib.import_module(f"{new}.{name}")
     sys.modules[old] = module
     return module
+
+
+def moved_module(name: str) -> str | None:
+    """The new name of module ``name`` if it (or a package above it) is in :data:`MOVED_MODULES`, else None."""
+    for old, new in MOVED_MODULES.items():
+        if name == old or name.startswith(f"{old}."):
+            return new + name[len(old):]
+    return None
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the old names of :data:`MOVED_MODULES` and their submodules, before the path finders (which would load a
+    submodule a second time, from the new package's folder under the old name); loading one returns the new module
+    (one module, not a copy: ``import hf_headattn.sea`` then gives ``hf_headattn.methods.sea.core`` itself). A moved
+    module warns; its submodules do not (their package did)."""
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if moved_module(name) else None
+
+    def create_module(self, spec):
+        new = moved_module(spec.name)
+        if spec.name in MOVED_MODULES:
+            warn_deprecated(f"the module {spec.name}", new, NEXT_RELEASE, stacklevel=2)  # (importlib's frames skipped)
+        return importlib.import_module(new)
+
+    def exec_module(self, module):
+        """Nothing to run: the new module was imported by :meth:`create_module`."""
+
+
+def install_moved_modules() -> None:
+    """Let the old names of :data:`MOVED_MODULES` import (the package's ``__init__`` calls it; idempotent)."""
+    if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _MovedModules())

@@ -51,7 +51,7 @@ def dense_mask(attention_mask, query_length: int, key_length: int, cache: dict |
 
 def keeps_a_key(syntax_allowed: torch.Tensor, pad_allowed: torch.Tensor | None) -> torch.Tensor:
     """(B, T) bool: the query rows that keep a syntactic key the padding allows (the others keep the padding mask
-    alone, as :func:`~.sea_math.enhanced_mask` does). ``syntax_allowed`` (B, T, S); ``pad_allowed`` None or
+    alone, as :func:`~.methods.sea.equations.enhanced_mask` does). ``syntax_allowed`` (B, T, S); ``pad_allowed`` None or
     (B, 1, T, S)."""
     if pad_allowed is None:
         return syntax_allowed.any(-1)
@@ -61,7 +61,7 @@ def keeps_a_key(syntax_allowed: torch.Tensor, pad_allowed: torch.Tensor | None) 
 def sea_score_mod(syntax_bias: torch.Tensor | None, syntax_allowed: torch.Tensor, selected: torch.Tensor | None,
                   keeps: torch.Tensor):
     """SEA's mask (Eq. 4 / Eq. 6) on the selected heads of each sentence as a flex ``score_mod``: what
-    :func:`~.sea_math.enhanced_mask` adds to the scores, without a (B, H, T, S) tensor (the padding stays in the
+    SEA's ``enhanced_mask`` adds to the scores, without a (B, H, T, S) tensor (the padding stays in the
     block mask).
 
     score'[b, h, i, j] = score + P[b, i, j] where allowed, -inf elsewhere, when head h of sentence b is selected and

@@ -1,11 +1,12 @@
 """The method registry: one :class:`MethodSpec` per method names everything the model needs from it.
 
-A method is one core module that defines a settings dataclass (a :class:`MethodSettings`), an
-:class:`~hf_headattn.attention.AttentionMethod` and a ``MethodSpec``, and one line in :mod:`hf_headattn.methods`
-registers it. The config, the model and the Trainer's logging read the registry; the recipes, the model card and the
-analyses read the method's kit (``MethodSpec.kit``, :mod:`hf_headattn.experiment.kit`), found through it; nothing
-else lists the methods. (The peft tuners are the model: one config dataclass per
-method, validated when it is built, and one registration call.)
+A method's core defines a settings dataclass (a :class:`MethodSettings`), an
+:class:`~hf_headattn.attention.AttentionMethod` and a ``MethodSpec`` (the built-in ones in
+``hf_headattn/methods/<name>/core.py``, one line in :mod:`hf_headattn.methods` registering each; one outside the
+package through :mod:`hf_headattn.plugin`; how: docs/design.md, "Adding a fourth method"). The config, the model
+and the Trainer's logging read the registry; the recipes, the model card and the analyses read the method's kit
+(``MethodSpec.kit``, :mod:`hf_headattn.experiment.kit`), found through it; nothing else lists the methods. (The peft
+tuners are the model: one config dataclass per method, validated when it is built, and one registration call.)
 
 Settings live on the model config under the method's name, as a read-only dict (JSON in ``config.json``), e.g.
 ``config.dhicm = {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.1, ...}``; ``None`` = off. The
@@ -159,12 +160,9 @@ class MethodSpec:
     legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
     kit: the import path of the method's kit module (``KIT = MethodKit(...)``: recipe names, presets, model card
-        line, head-importance criterion; :mod:`hf_headattn.experiment.kit`), or ``None``. Only the experiment kit
+        line, head-importance criterion; :mod:`hf_headattn.experiment.kit`), or ``None``: the module that defines
+        the settings class, if it has a ``KIT`` (a method kept in one module). Only the experiment kit
         imports it: the model, and the code ``save_pretrained`` ships, never do.
-    model_module: ``model_module(settings) -> module name or None``: for settings that need code the model does not
-        import (e.g. EaDRA's Triton kernels, imported by name only when chosen), the module beside ``modeling.py``
-        that imports the model classes and that code, which a checkpoint's ``auto_map`` then names, so that its
-        remote code carries the code (:mod:`hf_headattn.remote_code`); None (or returning None): ``modeling``.
     """
 
     name: str
@@ -182,7 +180,6 @@ class MethodSpec:
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
     kit: str | None = None
-    model_module: Callable | None = None
 
 
 _REGISTRY: dict[str, MethodSpec] = {}

@@ -1,95 +1,110 @@
-"""What a checkpoint's remote code carries: the modules ``save_pretrained`` copies for ``trust_remote_code`` and the
-``auto_map`` that names them.
+"""What a checkpoint's remote code carries: the model core written flat, and the ``auto_map`` that names it.
 
-transformers ships the module that defines each class registered for an Auto class and, recursively, the modules it
-imports relatively (a ``from .x import`` line anywhere in its text), and its loader fetches the same set, starting
-from the module ``auto_map`` names. Settings that need code the model does not import (EaDRA's Triton kernels,
-imported by name only when chosen, :mod:`.eadra_passes`) name a module that imports the model classes and that code
-(``MethodSpec.model_module``, e.g. ``modeling_eadra_triton``): a config whose settings do so points ``auto_map``'s
-model classes at it (:func:`auto_map`, from the config's ``to_dict``), and its ``save_pretrained`` copies it and what
-it imports beside ``modeling.py`` (:func:`ship`). The other checkpoints carry neither.
+A user without the package loads a saved folder with ``trust_remote_code=True``: transformers' loader fetches the
+module ``auto_map`` names (``modeling.py``) and, recursively, the modules it imports relatively, as flat sibling
+files (``from .x import`` means ``x.py`` beside it: its dynamic modules know no subpackages). The package keeps each
+method in its own folder (``methods/<name>/``), so the copy cannot be HF's (``custom_object_save`` copies files as
+they are). Instead a config's ``save_pretrained`` writes the core itself (:func:`ship`): every module that
+``configuration.py`` and ``modeling.py`` import relatively, each under a flat name (:func:`flat_name`:
+``methods/dhicm/core.py`` becomes ``dhicm_core.py``) with its relative imports rewritten to those names. The
+experiment kit is never reached (the core names kits by strings), so a checkpoint carries the model's code only.
+The rewriting is line-based, as HF's own reading of imports is (``from .x import`` at a line's start).
+
+Why not keep the core flat beside ``modeling.py`` as before: a method's code then lived in three trees. Why not
+vendor a flat copy in the package: two copies drift. Written at save time from the one copy, the folder holds what
+ran (tested: every method, and two together, loaded in a process that cannot import ``hf_headattn``).
+
+The same code runs when the model was itself loaded as remote code (its modules are then flat already, and
+:func:`flat_name` maps each to itself), so a remote-code model saved again carries the same files.
 """
 
 from __future__ import annotations
 
-import shutil
+import re
 from pathlib import Path
 
-from .hf_compat import get_relative_import_files
-from .registry import active_methods
-
-#: The module of the model classes (``modeling.py``); a method's model module is named ``modeling_<...>``.
-MODEL_MODULE = "modeling"
-
-
-def model_module(config) -> str:
-    """The module a checkpoint's ``auto_map`` names for the model classes: :data:`MODEL_MODULE`, or the one the
-    switched-on methods' settings ask for (``MethodSpec.model_module``); two different ones are refused."""
-    settings = getattr(config, "headattn_settings", {})
-    asked = {spec.name: spec.model_module(settings[spec.name]) for spec in active_methods(config) if spec.model_module}
-    modules = {module for module in asked.values() if module}
-    if len(modules) > 1:
-        raise ValueError(f"the methods' settings ask for different model modules in the checkpoint's remote code "
-                         f"({asked}); expected one at most")
-    return modules.pop() if modules else MODEL_MODULE
+#: The folder of the package (or of a flat remote copy of it).
+ROOT = Path(__file__).resolve().parent
+#: The modules ``auto_map`` names: the configs and the models.
+ENTRY_MODULES = ("configuration", "modeling")
+#: A relative import at a line's start (inside a function too), as transformers' loader reads them.
+RELATIVE_IMPORT = re.compile(r"^(\s*from\s+)(\.+)([\w.]*)(\s+import\b)", re.MULTILINE)
 
 
-def auto_map(config, entries: dict) -> dict:
-    """``entries`` (a config's ``auto_map``) with each model class (``"modeling....<class>"``) in
-    :func:`model_module`."""
-    module = model_module(config)
-
-    def moved(value):
-        if isinstance(value, str) and value.partition(".")[0].startswith(MODEL_MODULE):
-            return f"{module}.{value.rpartition('.')[2]}"
-        return value
-
-    return {auto_class: moved(value) for auto_class, value in entries.items()}
+def auto_map(config) -> dict[str, str]:
+    """The ``auto_map`` of a saved config: the Auto classes -> ``"<flat module>.<class>"`` of its config class and its
+    models (``config.headattn_model_classes``: the Auto class -> the model class's name)."""
+    return {"AutoConfig": f"configuration.{type(config).__name__}",
+            **{auto_class: f"modeling.{name}" for auto_class, name in config.headattn_model_classes.items()}}
 
 
-def ship(config, folder) -> list[Path]:
-    """Copy :func:`model_module` and the modules it imports relatively into ``folder`` when it is not
-    :data:`MODEL_MODULE` and ``folder`` holds the model's code (``modeling.py``, which ``save_pretrained`` copies
-    before it saves the config); the copied files. Another model module an earlier save left in ``folder`` is removed
-    first (:func:`remove_stale`)."""
-    folder, module = Path(folder), model_module(config)
-    if not (folder / f"{MODEL_MODULE}.py").is_file():
-        return []
-    remove_stale(folder, module)
-    if module == MODEL_MODULE:
-        return []
-    source = Path(__file__).with_name(f"{module}.py")
-    if not source.is_file():  # e.g. a checkpoint's own configuration.py, loaded without its model module
-        raise FileNotFoundError(f"the settings need {source.name} in the checkpoint's remote code, and this copy of "
-                                f"the code ({source.parent}) lacks it; expected hf_headattn installed to save it")
-    files = [source, *map(Path, get_relative_import_files(source))]
-    for file in files:
-        shutil.copyfile(file, folder / file.name)
-    return [folder / file.name for file in files]
+def flat_name(path: Path, root: Path = ROOT) -> str:
+    """The flat module name of a core module file: its path under ``root`` joined by ``_``, without the ``methods``
+    folder and ``__init__`` (``methods/dhicm/core.py`` -> ``dhicm_core``, ``methods/__init__.py`` -> ``methods``,
+    ``attention.py`` -> ``attention``)."""
+    parts = list(path.resolve().relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    if len(parts) > 1 and parts[0] == "methods":
+        parts.pop(0)
+    return "_".join(parts)
 
 
-def remove_stale(folder: Path, module: str) -> list[Path]:
-    """Remove from ``folder`` the model modules (``modeling_<...>.py``) other than ``module`` that an earlier save of
-    another config wrote there, and the files only they import, so that a folder re-saved without the Triton pass,
-    then pushed, carries no kernels its ``auto_map`` never names; the removed files. Only files equal to this copy
-    of the code are removed: a file of the user's own, or edited, stays."""
-    ours = Path(__file__).parent
-    if not (ours / f"{module}.py").is_file() or folder.resolve() == ours.resolve():
-        return []  # (ship names the missing module)
+def _imported_file(path: Path, dots: str, module: str, root: Path) -> Path:
+    """The file a relative import in ``path`` names (a module file, or a package's ``__init__.py``)."""
+    base = path.parent
+    for _ in range(len(dots) - 1):
+        base = base.parent
+    target = base.joinpath(*module.split(".")) if module else base
+    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+        if candidate.is_file() and candidate.resolve().is_relative_to(root):
+            return candidate.resolve()
+    raise FileNotFoundError(f"{path}: 'from {dots}{module} import' names no module file under {root}; expected the "
+                            "model core's relative imports to name modules of the package")
 
-    def same(name: str) -> bool:
-        return (ours / name).is_file() and (folder / name).read_bytes() == (ours / name).read_bytes()
 
-    stales = [stale for stale in sorted(folder.glob(f"{MODEL_MODULE}_*.py"))
-              if stale.name != f"{module}.py" and same(stale.name)]
-    if not stales:  # (the usual save: no import graph is read)
-        return []
-    needed = {Path(file).name for file in get_relative_import_files(ours / f"{module}.py")} | {f"{module}.py"}
-    needed |= {Path(file).name for file in get_relative_import_files(ours / f"{MODEL_MODULE}.py")}
-    removed = []
-    for stale in stales:
-        for name in [stale.name, *(Path(file).name for file in get_relative_import_files(ours / stale.name))]:
-            if name not in needed and (folder / name).is_file() and same(name):
-                (folder / name).unlink()
-                removed.append(folder / name)
-    return removed
+def core_files(root: Path = ROOT) -> dict[str, Path]:
+    """``{flat name: file}`` of the entry modules and every module they import relatively, recursively; two files
+    with one flat name are refused. (In a remote copy, transformers' loader puts the config's modules and the
+    model's in folders of their own: the entry module missing there is left to its own class's save, HF's.)"""
+    found: dict[str, Path] = {}
+    pending = [(root / f"{name}.py").resolve() for name in ENTRY_MODULES if (root / f"{name}.py").is_file()]
+    while pending:
+        path = pending.pop()
+        name = flat_name(path, root)
+        if name in found:
+            if found[name] != path:
+                raise ValueError(f"{found[name]} and {path} both have the flat name {name!r} in a checkpoint's remote "
+                                 "code; expected distinct names (rename one)")
+            continue
+        found[name] = path
+        for match in RELATIVE_IMPORT.finditer(path.read_text(encoding="utf-8")):
+            if not match.group(3):
+                raise ValueError(f"{path}: 'from {match.group(2)} import ...' imports from a package, which the flat "
+                                 "remote code cannot; expected 'from .module import name'")
+            pending.append(_imported_file(path, match.group(2), match.group(3), root))
+    return found
+
+
+def flattened(path: Path, root: Path = ROOT) -> str:
+    """The text of ``path`` with each relative import naming the flat module (``from ...attention import`` ->
+    ``from .attention import``)."""
+
+    def flat(match: re.Match) -> str:
+        target = _imported_file(path, match.group(2), match.group(3), root)
+        return f"{match.group(1)}.{flat_name(target, root)}{match.group(4)}"
+
+    return RELATIVE_IMPORT.sub(flat, path.read_text(encoding="utf-8"))
+
+
+def ship(folder) -> list[Path]:
+    """Write the model core into ``folder``, flat (:func:`core_files`, :func:`flattened`); the written files."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, path in sorted(core_files().items()):
+        target = folder / f"{name}.py"
+        if target.resolve() != path:  # (a remote copy saved into its own folder)
+            target.write_text(flattened(path), encoding="utf-8")
+        written.append(target)
+    return written

@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 from torch import nn
 
-SIDES = ("encoder", "decoder")
 KINDS = ("self", "cross")
 #: Each component's (side, kind): encoder self-, decoder self- and cross-attention.
 COMPONENT_SITES = {"encoder": ("encoder", "self"), "decoder": ("decoder", "self"), "cross": ("decoder", "cross")}

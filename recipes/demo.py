@@ -31,7 +31,6 @@ from hf_headattn.analysis import (
     sentence_head_importance,
     write_entropy_report,
 )
-from hf_headattn.dhicm import METHOD as IMPORTANCE_METHOD
 from hf_headattn.experiment import translation_recipe as train_translation
 from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
@@ -39,6 +38,7 @@ from hf_headattn.experiment.method_modules import add_method_modules_argument, i
 from hf_headattn.experiment.outputs import check_output_dir, remove_entries
 from hf_headattn.experiment.presets import method_settings
 from hf_headattn.experiment.recipe_parts import write_json
+from hf_headattn.methods.dhicm.core import METHOD as IMPORTANCE_METHOD
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,9 @@ TINY = dict(
 #: Test modules that run in the lowest environment only (marked ``lowest_only``; ``make test-newest`` passes
 #: ``-m "not lowest_only"``): what they check does not depend on the transformers release the package meets. The
 #: research workshop, the benchmark scripts (whose GPU runs carry the lowest release's wheels, benchmarks/gpu.sh),
-#: EaDRA's Triton kernels against the eager pass, and the wheel's contents: about two CPU-minutes of the newest run.
-LOWEST_ONLY = ("test_benchmarks_profile.py", "test_converged_study.py", "test_eadra_triton.py",
-               "test_fidelity_study.py", "test_gpu_script.py", "test_jobs.py", "test_long_run.py", "test_overhead.py",
-               "test_packaging.py", "test_search.py")
+#: and the wheel's contents: about two CPU-minutes of the newest run.
+LOWEST_ONLY = ("test_benchmarks_profile.py", "test_converged_study.py", "test_fidelity_study.py", "test_gpu_script.py",
+               "test_jobs.py", "test_long_run.py", "test_overhead.py", "test_packaging.py", "test_search.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -105,7 +104,7 @@ def _earlier_objects_frozen():
 
 @pytest.fixture(autouse=True)
 def _warnings_due_again():
-    """Each test sees the once-a-process warnings again (e.g. the Triton pass where it cannot run)."""
-    from hf_headattn import eadra_passes
+    """Each test sees the once-a-process warnings again (e.g. a removed EaDRA implementation)."""
+    from hf_headattn.methods.eadra import passes as eadra_passes
 
     eadra_passes._WARNED.clear()

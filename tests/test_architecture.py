@@ -12,7 +12,7 @@ import torch
 
 import hf_headattn
 from conftest import TINY, batch, syntax_batch
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, remote_code
 from hf_headattn.analysis.head_ranking import criteria, score_heads
 from hf_headattn.experiment.kit import kit_of
 from hf_headattn.experiment.model_card import write_model_card
@@ -204,6 +204,19 @@ def test_a_checkpoint_saved_by_release_0_1_loads_with_the_same_outputs():
         torch.testing.assert_close(out[name], expected[name], msg=name)
 
 
+def test_a_checkpoint_saved_by_release_0_3_before_the_method_folders_loads_with_the_same_outputs():
+    """tests/data/release_0_3: DHICM + EaDRA + LPEA+RHE saved at 43b4179 (its methods flat modules, #53)."""
+    folder = ROOT / "tests" / "data" / "release_0_3"
+    expected = torch.load(folder / "expected.pt")
+    model = HeadAttnMBartForConditionalGeneration.from_pretrained(folder).eval()
+    assert sorted(model.config.headattn_settings) == ["dhicm", "eadra", "sea"]
+    with torch.no_grad():
+        out = model(**batch(), dependency_mask=expected["dependency_mask"],
+                    phrase_positions=expected["phrase_positions"])
+    for name in ("logits", "loss", "dhicm_kl", "eadra_loss"):
+        torch.testing.assert_close(out[name], expected[name], msg=name)
+
+
 def test_loading_remote_code_never_changes_an_already_loaded_model(tmp_path):
     """Each copy of the code registers its attention function under its own name (issue: loading a second remote-code
     checkpoint replaced the function that already-loaded models ran). The checkpoint is saved by this code: release
@@ -245,7 +258,7 @@ def test_the_stand_in_config_reads_through_and_backends_are_checked(monkeypatch)
     # compiled, as transformers compiles the block mask, 15-45 CPU-seconds; the block mask built eagerly here)
     monkeypatch.setattr(masking_utils, "create_block_mask",
                         lambda *args, _compile=False, **kwargs: create_block_mask(*args, **kwargs))
-    monkeypatch.setattr(hf_headattn.sea.SEA, "backends", ("sdpa", "eager"))
+    monkeypatch.setattr(hf_headattn.methods.sea.core.SEA, "backends", ("sdpa", "eager"))
     model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, sea={"type": "dea"})).eval()
     model.config._attn_implementation = "flex_attention"
     with torch.no_grad(), pytest.raises(ValueError, match=r"attn_implementation='flex_attention' is not supported "
@@ -279,10 +292,18 @@ def test_import_graph_has_two_layers_and_no_circle():
     for path in PACKAGE.rglob("*.py"):
         name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
         modules[name] = _imports(path)
-    core = {name for name in modules if name.count(".") == 1 and name.split(".")[1] not in KIT}
+    # the model core: what a checkpoint's remote code carries (configuration, modeling and what they import)
+    core = {".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+            for path in remote_code.core_files().values()}
+    assert {"hf_headattn.methods.dhicm.core", "hf_headattn.methods.sea.equations", "hf_headattn.attention"} <= core
     for name in core:
-        kit = {imported for imported in modules[name] if imported.split(".")[1] in KIT}
+        kit = {imported for imported in modules[name] if imported in modules and imported not in core}
         assert not kit, f"the model core module {name} imports the experiment kit: {kit}"
+        assert name.split(".")[1] not in KIT, name
+        if name.startswith("hf_headattn.methods."):  # a method's core imports no other method's folder
+            folder = ".".join(name.split(".")[:3])
+            other = {i for i in modules[name] if i.startswith("hf_headattn.methods.") and not i.startswith(folder)}
+            assert not other, f"{name} imports another method's modules: {other}"
     # no circle: a depth-first search over the imports between modules (packages resolve to their __init__)
     graph = {name: {i for i in imports if i in modules and i != name} for name, imports in modules.items()}
     state = {}
@@ -356,7 +377,7 @@ def test_the_internals_check_flags_a_planted_use_outside_hf_compat():
     from internal_names import internal_uses, library_private_names, scanned_sources
 
     sources, library = scanned_sources(), library_private_names()
-    assert "def _fingerprint(" in sources["hf_headattn/experiment/methods/sea/syntax/readers.py"]
+    assert "def _fingerprint(" in sources["hf_headattn/methods/sea/syntax/readers.py"]
     found = internal_uses({**sources, "hf_headattn/planted.py": PLANTED_INTERNALS}, library_names=library)
     assert found == [
         "hf_headattn/planted.py:1: imports transformers.models.mbart.modeling_mbart",

@@ -155,11 +155,12 @@ def test_a_model_cast_to_bf16_compiles_once_more_at_most(loss_without_logits, mo
 
 def test_the_cuda_only_branches_compile_in_one_graph(monkeypatch):
     """The branches a model takes only on CUDA, taken on the CPU: EaDRA's "auto" pass, which compiles itself on CUDA
-    (:mod:`hf_headattn.fused_passes`, chosen by :mod:`hf_headattn.eadra_passes`), and so looks for Triton
+    (:mod:`~.eadra.compiled`, chosen by :mod:`~.eadra.passes`), and so looks for Triton
     (``importlib.util.find_spec``, which torch 2.11 does not trace: a graph break inside a compiled model). On an H100
     that look broke the whole-model compile of EaDRA into 13 graphs (6 breaks) while the CPU, which never took the
     branch, showed one."""
-    from hf_headattn import eadra_passes, fused_passes
+    from hf_headattn.methods.eadra import compiled as fused_passes
+    from hf_headattn.methods.eadra import passes as eadra_passes
 
     monkeypatch.setattr(eadra_passes, "AUTO_COMPILED_DEVICES", ("cpu",))
     monkeypatch.setattr(fused_passes, "COMPILE_BACKEND", "aot_eager")  # the eager copy's own compiled pass: fast

@@ -12,18 +12,24 @@ from packaging.version import Version
 
 import hf_headattn
 from conftest import TINY
-from hf_headattn import HeadAttnMBartConfig
+from hf_headattn import HeadAttnMBartConfig, deprecation
 from hf_headattn.deprecation import HeadAttnDeprecationWarning, deprecation_message, warn_deprecated
 from hf_headattn.experiment import presets
 from hf_headattn.legacy import FLAT_FIELDS_REMOVED_IN
 
 PACKAGE = Path(hf_headattn.__file__).parent
-SYNTAX = "hf_headattn.experiment.methods.sea.syntax"
+SYNTAX = "hf_headattn.methods.sea.syntax"
 #: The module paths release 0.2 published that moved in 0.3: old -> new.
 MOVED_MODULES = {
     "hf_headattn.syntax": SYNTAX,
     **{f"hf_headattn.syntax.{name}": f"{SYNTAX}.{name}"
        for name in ("alignment", "collator", "dataset", "features", "parsing", "readers")},
+    "hf_headattn.dhicm": "hf_headattn.methods.dhicm.core",
+    "hf_headattn.eadra": "hf_headattn.methods.eadra.core",
+    "hf_headattn.eadra_math": "hf_headattn.methods.eadra.equations",
+    "hf_headattn.fused_passes": "hf_headattn.methods.eadra.compiled",
+    "hf_headattn.sea": "hf_headattn.methods.sea.core",
+    "hf_headattn.sea_math": "hf_headattn.methods.sea.equations",
     "hf_headattn.experiment.training": "hf_headattn.experiment.recipe_parts",
     "hf_headattn.experiment.recipe": "hf_headattn.experiment.translation_recipe",
 }
@@ -49,6 +55,7 @@ def test_a_moved_module_path_imports_the_new_module_with_a_warning_naming_the_re
     for name in [name for name in sys.modules if name in MOVED_MODULES]:  # as in a fresh process
         monkeypatch.delitem(sys.modules, name)
     parent = "hf_headattn.syntax" if old.startswith("hf_headattn.syntax.") else old  # a submodule: its package warns
+    monkeypatch.delitem(sys.modules, "hf_headattn.syntax", raising=False)
     with pytest.warns(HeadAttnDeprecationWarning, match=rf"^the module {parent} is deprecated and will be removed in "
                                                         rf"hf-headattn 0\.4; use {MOVED_MODULES[parent]}$") as warned:
         __import__(old)  # an import statement's way (importlib.import_module would be the warning's line)
@@ -99,8 +106,9 @@ def _removal_releases() -> dict[str, str]:
             given = {keyword.arg: keyword.value for keyword in node.keywords}
             value = given.get("removed_in", node.args[2] if len(node.args) > 2 else None)
             assert value is not None, f"{where} names no removal release"
-            if isinstance(value, ast.Name):  # a constant of the module (importing an alias module would warn)
-                value = ast.Constant(getattr(importlib.import_module(module), value.id))
+            if isinstance(value, ast.Name):  # deprecation.NEXT_RELEASE, or a constant of the module
+                source = deprecation if hasattr(deprecation, value.id) else importlib.import_module(module)
+                value = ast.Constant(getattr(source, value.id))
             assert isinstance(value, ast.Constant) and isinstance(value.value, str), f"{where}: removed_in {value}"
             found[where] = value.value
     return found
@@ -109,8 +117,9 @@ def _removal_releases() -> dict[str, str]:
 def test_every_deprecation_in_the_package_names_a_removal_release_still_ahead():
     """Fails at the release that should have removed a spelling: remove it (and its test), or move the date."""
     releases = _removal_releases()
+    releases["hf_headattn/deprecation.py (MOVED_MODULES)"] = deprecation.NEXT_RELEASE
     assert {where.split(":")[0] for where in releases} >= {
-        "hf_headattn/syntax/__init__.py", "hf_headattn/experiment/training.py", "hf_headattn/experiment/recipe.py",
+        "hf_headattn/experiment/training.py", "hf_headattn/experiment/recipe.py",
         "hf_headattn/experiment/presets.py", "hf_headattn/legacy.py"}
     running = Version(hf_headattn.__version__)
     overdue = {where: release for where, release in releases.items() if Version(release) <= running}

@@ -6,10 +6,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_eadra_math import case, eadra_regularizers
 
 from conftest import TINY, batch
-from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel, dhicm, eadra
-from test_eadra_math import case, eadra_regularizers
+from hf_headattn import HeadAttnMarianConfig, HeadAttnMarianMTModel
+from hf_headattn.methods.dhicm import core as dhicm
+from hf_headattn.methods.eadra import core as eadra
 
 
 def collapse_statistics(importance: torch.Tensor,

@@ -13,7 +13,7 @@ import torch
 
 from conftest import TINY, syntax_batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
-from hf_headattn.eadra_math import _matmul_precision
+from hf_headattn.methods.eadra.equations import _matmul_precision
 from process_state import process_state
 
 EVERY_METHOD = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]},

@@ -5,7 +5,6 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -163,34 +162,6 @@ def test_summary_judges_each_target(tmp_path):
     assert "targets:" in text and f"why: {gpu_summary.WHY['eager time', 'dhicm']}" in text
 
 
-@pytest.mark.parametrize("tile", ["8x64", "64", "64x32x16", "axb"])
-def test_triton_check_names_a_bad_tile_shape(tile, capsys):
-    import triton_check
-
-    with pytest.raises(SystemExit):
-        triton_check.main(["--tiles", "64x32", tile])
-    assert f"--tiles {tile!r}: expected BLOCK_MxBLOCK_N, each at least 16" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_triton_check_under_the_interpreter(tmp_path):
-    """``benchmarks/triton_check.py`` on the CPU under Triton's interpreter, at a tiny stacked shape: the Triton pass
-    equals the eager pass and float64 (float32 heads within its tolerance), both heads dtypes timed, another tile
-    shape timed, the JSON written."""
-    pytest.importorskip("triton")
-    out = tmp_path / "triton.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_check.py"), "--device", "cpu", "--layers", "2",
-                    "--batch", "2", "--heads", "2", "--length", "20", "--repeats", "1", "--tiles", "32x16",
-                    "--out", str(out)],
-                   check=True, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, timeout=300)
-    result = json.loads(out.read_text())
-    assert result["ok"] is True and result["shape"] == {"layers": 2, "batch": 2, "heads": 2, "length": 20}
-    assert set(result["errors"]) == set(result["ms"]) == {"float32", "bfloat16"}
-    assert max(result["errors"]["float32"].values()) < 1e-5 and set(result["ms"]["float32"]) == {"triton", "eager"}
-    assert result["errors"]["bfloat16"]["terms_vs_eager"] < 1e-5  # the gradients carry one bfloat16 rounding
-    assert list(result["tiles"]) == ["32x16"] and isinstance(result["tiles"]["32x16"], float)
-
-
 def gpu_plan(plan: str) -> list[dict]:
     """``PLAN_ONLY=1 bash benchmarks/gpu.sh``'s parts of one plan: name, plan, limit_s, shape, mode, precision, rows."""
     out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh")], cwd=ROOT, check=True, capture_output=True,
@@ -209,8 +180,7 @@ def test_every_target_row_comes_first_in_a_plan_under_six_minutes():
     for plan, parts in plans.items():
         first = []  # the parts that add a target row: before any other part of the plan
         for part in parts:
-            judged = {(row, part["mode"]) for row in part["rows"] + (["triton"] if part["mode"] == "triton" else [])
-                      if part["precision"] in ("autocast-bf16", "fp32+bf16")}
+            judged = {(row, part["mode"]) for row in part["rows"] if part["precision"] == "autocast-bf16"}
             if judged & targets - held:
                 assert len(first) == parts.index(part), f"PLAN={plan}: {part['name']} after an untargeted part"
                 first.append(part)
@@ -219,8 +189,8 @@ def test_every_target_row_comes_first_in_a_plan_under_six_minutes():
     assert held == targets
     issue_table = {("dhicm", "eager"), ("dhicm", "compiled"), ("eadra-scratch", "eager"), ("eadra-scratch", "compiled"),
                    ("eadra-finetune", "eager"), ("dhicm-finetune", "eager"), ("lpea-rhe", "eager"),
-                   ("dea-rhe", "eager"), ("off-no-logits", "eager"), ("triton", "triton")}
-    assert issue_table <= {(row, p["mode"]) for p in plans["1"] for row in p["rows"] + ["triton"]}
+                   ("dea-rhe", "eager"), ("off-no-logits", "eager")}
+    assert issue_table <= {(row, p["mode"]) for p in plans["1"] for row in p["rows"]}
     assert sum(p["limit_s"] for p in plans["1"]) + start <= deadline  # PLAN=1 whole
 
 
@@ -288,20 +258,20 @@ def test_lpea_gradient_check_compares_the_bias_gradients_and_catches_a_missing_o
     import torch
 
     import flex_check
-    import hf_headattn.sea
+    import hf_headattn.methods.sea.core
 
     cpu = torch.device("cpu")
     check = flex_check.lpea_gradient("tiny", cpu, "fp32", backend="eager")
     assert check["ok"] is True and check["crashed"] is None and len(check["grad_max_diff"]) == 4
     assert max(check["grad_max_diff"].values()) < 1e-4 and check["loss_diff"] < 1e-5
-    bias, calls = hf_headattn.sea.lpea_bias, []
+    bias, calls = hf_headattn.methods.sea.core.lpea_bias, []
 
     def detached_after_the_first(*args):  # (SEA is on one layer: one call per forward, SDPA's first)
         calls.append(None)
         value, allowed = bias(*args)
         return (value if len(calls) == 1 else value.detach()), allowed
 
-    monkeypatch.setattr(hf_headattn.sea, "lpea_bias", detached_after_the_first)
+    monkeypatch.setattr(hf_headattn.methods.sea.core, "lpea_bias", detached_after_the_first)
     check = flex_check.lpea_gradient("tiny", cpu, "fp32", backend="eager")
     assert len(calls) == 2 and check["ok"] is False
     assert set(check["grad_max_diff"].values()) == {"no gradient on eager"}
@@ -360,15 +330,17 @@ def test_a_cut_flex_part_is_not_measured_and_an_absent_one_changes_nothing(tmp_p
 
 def test_the_readme_gpu_table_is_the_committed_h200_run(tmp_path):
     """The README's table is ``gpu_summary --readme`` of the committed run alone (#57), whose first part
-    (triton-check) names no transformers: the run's versions come from the first part that names each."""
+    (triton-check, a part of the plans before the Triton pass went) names no transformers: the run's versions come
+    from the first part that names each."""
     folder = ROOT / "benchmarks" / "results" / "gpu" / "nvidia-h200-20261127"
     summary = gpu_summary.summarize(folder)
     assert summary["run"] == {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0+cu130",
                               "transformers": "5.23.0", "judged": True}
-    assert summary["targets"]["row_counts"] == {"met": 20, "not_met": 11, "not_measured": 0}
+    assert summary["targets"]["row_counts"] == {"met": 20, "not_met": 10, "not_measured": 0}
     table = gpu_summary.markdown_table(summary, "benchmarks/results/gpu/nvidia-h200-20261127")
     start, end = gpu_summary.README_MARKERS
     readme = (ROOT / "README.md").read_text()
     assert readme.split(start)[1].split(end)[0].strip() == table
     over = {(c["target"], c["row"]) for c in summary["targets"]["checks"] if c["met"] is False}
     assert over - set(gpu_summary.WHY) == {("flex lpea bias gradient", "lpea-rhe")}  # every other one says why
+    assert ("triton pass over compiled", "triton") in over  # the measurement that removed it (still read)

@@ -15,8 +15,8 @@ from hf_headattn import (
     HeadAttnMBartConfig,
     HeadAttnMBartForConditionalGeneration,
 )
-from hf_headattn.experiment.methods.sea.syntax import NOT_IN_PHRASE
 from hf_headattn.head_masks import masked_logits
+from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
 
 METHODS = {
     "off": {},

@@ -1,153 +1,136 @@
-"""Sharing: saved folders carry the modeling code and auto_map, and load without hf_headattn installed."""
+"""Sharing: saved folders carry the model core, written flat (:mod:`hf_headattn.remote_code`), and its auto_map, and
+load without hf_headattn installed."""
 
-import contextlib
-import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM
 
 from conftest import TINY, batch
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, eadra_passes
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, remote_code
+from hf_headattn.hf_compat import get_relative_import_files
 
 SETTINGS = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]}, eadra={"encoder": {"num_heads": 2}},
-                sea={"type": "lpea", "heads": "all"}, dropout=0.0)
+                sea={"type": "lpea", "heads": "all"})
+#: each method alone, two together, and all three (SETTINGS)
+REMOTE_CASES = {
+    "dhicm": dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]}),
+    "eadra": dict(eadra={"encoder": {"num_heads": 2}, "cross": {}}),
+    "sea": dict(sea={"type": "dea", "heads": "redundant"}),
+    "dhicm+sea": dict(dhicm={"encoder_layers": [0]}, sea={"type": "lpea", "heads": "all"}),
+    "all": SETTINGS,
+}
 
 LOAD_WITHOUT_PACKAGE = """
-import sys, json, torch
+import sys, torch
 sys.modules["hf_headattn"] = None  # as if it were not installed
 from transformers import AutoModelForSeq2SeqLM
-folder, inputs = sys.argv[1], torch.load(sys.argv[2])
-model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
-with torch.no_grad():
-    out = model(**inputs)
-torch.save({"logits": out.logits, "loss": out.loss, "module": type(model).__module__,
-            "triton_pass": [name for name in sys.modules if name.endswith(".eadra_triton")]}, sys.argv[3])
+inputs, results = torch.load(sys.argv[1]), {}
+for folder in sys.argv[3:]:
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    with torch.no_grad():
+        out = model(**inputs)
+    results[folder] = {"logits": out.logits, "loss": out.loss, "module": type(model).__module__}
+    if folder == sys.argv[3]:  # a remote-code model saved again carries the same code
+        model.save_pretrained(folder + "-again")
+torch.save(results, sys.argv[2])
 """
 
-#: EaDRA with the Triton pass (on the CPU under Triton's interpreter; LPEA's bias gradient is refused by it)
-TRITON = {"encoder": {"num_heads": 2}, "decoder": {}, "cross": {"heads": [0, 2]}, "implementation": "triton"}
 
-
-def saved(tmp_path):
+def saved(tmp_path, settings=SETTINGS, name="model"):
     torch.manual_seed(0)
-    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **SETTINGS)).eval()
-    model.save_pretrained(tmp_path / "model")
-    return model, tmp_path / "model"
+    model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **settings, dropout=0.0)).eval()
+    model.save_pretrained(tmp_path / name)
+    return model, tmp_path / name
 
 
 def syntax_inputs():
+    torch.manual_seed(1)  # (the same inputs at every call)
     inputs = batch()
     n = inputs["input_ids"].shape[1]
     inputs["phrase_positions"] = torch.randint(-2, 3, (2, n, n))
+    inputs["dependency_mask"] = (torch.rand(2, n, n) < 0.5) | torch.eye(n, dtype=torch.bool)
     return inputs
 
 
-def saved_with_triton(tmp_path):
-    torch.manual_seed(0)
-    with triton_warning():
-        model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, eadra=TRITON, dropout=0.0)).eval()
-        model.save_pretrained(tmp_path / "triton")  # (saving checks the settings again)
-    return model, tmp_path / "triton"
+def load_in_subprocess(tmp_path, *folders):
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules")}  # a fresh copy of the remote code
+    torch.save(syntax_inputs(), tmp_path / "inputs.pt")
+    return subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(tmp_path / "inputs.pt"),
+                           str(tmp_path / "out.pt"), *map(str, folders)], capture_output=True, text=True,
+                          timeout=300, env=env)
 
 
-def triton_warning():
-    """The warning of a config choosing the Triton pass where it cannot run (tests/test_eadra_passes.py), expected
-    where it is due."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if importlib.util.find_spec("triton") is None or not (torch.cuda.is_available() or interpreted):
-        return pytest.warns(UserWarning, match="eadra.implementation='triton' needs")
-    return contextlib.nullcontext()
-
-
-def load_in_subprocess(tmp_path, folder, **env):
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), **env}  # a fresh copy of the remote code
-    return subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(folder), str(tmp_path / "inputs.pt"),
-                           str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=300, env=env)
-
-
-def test_saved_folder_has_code_and_auto_map(tmp_path):
+def test_the_saved_folder_holds_the_model_core_flat_and_auto_map_names_it(tmp_path):
+    """The folder holds the core, flat (each method's modules as ``<method>_<module>.py``), no kit and no folder;
+    every relative import names a flat sibling, so transformers' loader (which reads ``from .x import`` as ``x.py``
+    beside it) fetches from ``modeling.py`` exactly the files written; ``auto_map`` names the config and both models."""
     _, folder = saved(tmp_path)
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForSeq2SeqLM"] == "modeling.HeadAttnMBartForConditionalGeneration"
-    for name in ("modeling.py", "configuration.py", "attention.py", "dhicm.py", "eadra.py", "sea.py"):
-        assert (folder / name).is_file(), name
+    assert auto_map == {"AutoConfig": "configuration.HeadAttnMBartConfig", "AutoModel": "modeling.HeadAttnMBartModel",
+                        "AutoModelForSeq2SeqLM": "modeling.HeadAttnMBartForConditionalGeneration"}
+    code = {path.name for path in folder.glob("*.py")}
+    assert {"modeling.py", "configuration.py", "attention.py", "methods.py", "dhicm_core.py", "eadra_core.py",
+            "eadra_equations.py", "eadra_passes.py", "eadra_compiled.py", "sea_core.py", "sea_equations.py"} <= code
+    assert not any("kit" in name or "syntax" in name or "analysis" in name for name in code), code
+    assert not [path for path in folder.iterdir() if path.is_dir()]
+    fetched = {Path(file).name for file in get_relative_import_files(str(folder / "modeling.py"))} | {"modeling.py"}
+    assert fetched == code
+    for path in folder.glob("*.py"):
+        for dots in re.findall(r"^\s*from\s+(\.+)\w", path.read_text(), flags=re.MULTILINE):
+            assert dots == ".", path.name
 
 
-def test_remote_code_carries_the_triton_pass_only_when_the_config_chooses_it(tmp_path):
-    """By default the saved code holds no Triton kernels and auto_map names modeling.py; with
-    ``implementation="triton"`` auto_map names modeling_eadra_triton.py, which imports them, and both files are saved;
-    the folder loads back (settings and weights), and auto_map follows the settings."""
-    _, folder = saved(tmp_path)
-    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForSeq2SeqLM"] == "modeling.HeadAttnMBartForConditionalGeneration"
-    assert (folder / "eadra.py").is_file() and (folder / "eadra_passes.py").is_file()
-    assert not (folder / "eadra_triton.py").exists() and not (folder / "modeling_eadra_triton.py").exists()
-
-    model, folder = saved_with_triton(tmp_path)
-    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert auto_map == {"AutoConfig": "configuration.HeadAttnMBartConfig",
-                        "AutoModelForSeq2SeqLM": "modeling_eadra_triton.HeadAttnMBartForConditionalGeneration"}
-    for name in ("eadra_triton.py", "modeling_eadra_triton.py", "modeling.py", "eadra_math.py"):
-        assert (folder / name).is_file(), name
-    eadra_passes._WARNED.clear()  # loading it in a new process: the warning is due again (once a process)
-    with triton_warning():
-        loaded = AutoModelForSeq2SeqLM.from_pretrained(folder)
-    assert type(loaded) is HeadAttnMBartForConditionalGeneration and loaded.config.eadra == TRITON
-    for name, value in model.state_dict().items():
-        torch.testing.assert_close(loaded.state_dict()[name], value)
-    config = loaded.config
-    config.eadra = {**TRITON, "implementation": "auto"}
-    assert config.to_dict()["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling.HeadAttnMBartForConditionalGeneration"
-
-
-@pytest.mark.slow
-def test_remote_code_runs_the_triton_pass_without_the_package(tmp_path):
-    """A checkpoint that chooses the Triton pass, loaded without hf_headattn installed: its own copy of the kernels
-    runs (on the CPU under Triton's interpreter) and gives the eager pass's loss."""
-    pytest.importorskip("triton")
-    _, folder = saved_with_triton(tmp_path)
-    inputs = batch()
-    torch.save(inputs, tmp_path / "inputs.pt")
-    result = load_in_subprocess(tmp_path, folder, TRITON_INTERPRET="1")
-    assert result.returncode == 0, result.stderr[-3000:]
-    remote = torch.load(tmp_path / "out.pt")
-    assert remote["module"].startswith("transformers_modules.") and len(remote["triton_pass"]) == 1
-    assert remote["triton_pass"][0].startswith("transformers_modules."), remote["triton_pass"]
-    eager = HeadAttnMBartForConditionalGeneration.from_pretrained(folder,  # (warned once already, when saved)
-                                                                  eadra={**TRITON, "implementation": "eager"})
-    with torch.no_grad():
-        expected = eager.eval()(**inputs)
-    torch.testing.assert_close(remote["logits"], expected.logits)
-    torch.testing.assert_close(remote["loss"], expected.loss, rtol=1e-5, atol=1e-7)
+def test_flat_names_and_a_clash_refused(tmp_path):
+    root = tmp_path / "pkg"
+    (root / "methods" / "a").mkdir(parents=True)
+    assert remote_code.flat_name(root / "methods" / "a" / "core.py", root) == "a_core"
+    assert remote_code.flat_name(root / "methods" / "__init__.py", root) == "methods"
+    assert remote_code.flat_name(root / "attention.py", root) == "attention"
+    (root / "configuration.py").write_text("from .methods.a.core import X\nfrom .a_core import Y\n")
+    (root / "modeling.py").write_text("from .configuration import C\n")
+    (root / "methods" / "__init__.py").write_text("")
+    (root / "methods" / "a" / "core.py").write_text("X = 1\n")
+    (root / "a_core.py").write_text("Y = 1\n")
+    with pytest.raises(ValueError, match="both have the flat name 'a_core'"):
+        remote_code.core_files(root)
+    (root / "modeling.py").write_text("from . import configuration\n")
+    with pytest.raises(ValueError, match="imports from a package"):
+        remote_code.core_files(root)
 
 
 @pytest.mark.slow
 def test_remote_code_loads_without_the_package_with_same_outputs(tmp_path):
-    model, folder = saved(tmp_path)
-    inputs = syntax_inputs()
-    torch.save(inputs, tmp_path / "inputs.pt")
-    result = load_in_subprocess(tmp_path, folder)
+    """Each method, two together and all three, saved and loaded with ``trust_remote_code`` in a process that cannot
+    import hf_headattn: the same logits and loss; the first, loaded so and saved again, carries the same code."""
+    models = {name: saved(tmp_path, settings, name) for name, settings in REMOTE_CASES.items()}
+    result = load_in_subprocess(tmp_path, *(folder for _, folder in models.values()))
     assert result.returncode == 0, result.stderr[-3000:]
     remote = torch.load(tmp_path / "out.pt")
-    assert remote["module"].startswith("transformers_modules.")
-    with torch.no_grad():
-        expected = model(**inputs)
-    torch.testing.assert_close(remote["logits"], expected.logits)
-    torch.testing.assert_close(remote["loss"], expected.loss)
+    inputs = syntax_inputs()
+    for name, (model, folder) in models.items():
+        found = remote[str(folder)]
+        assert found["module"].startswith("transformers_modules."), name
+        with torch.no_grad():
+            expected = model(**inputs)
+        torch.testing.assert_close(found["logits"], expected.logits, msg=name)
+        torch.testing.assert_close(found["loss"], expected.loss, msg=name)
+    first = models["dhicm"][1]
+    again = first.with_name(first.name + "-again")
+    assert {p.name: p.read_text() for p in again.glob("*.py")} == {p.name: p.read_text() for p in first.glob("*.py")}
 
 
 @pytest.mark.slow
 def test_missing_code_file_is_named(tmp_path):
     _, folder = saved(tmp_path)
-    (folder / "dhicm.py").unlink()
-    torch.save(syntax_inputs(), tmp_path / "inputs.pt")
+    (folder / "dhicm_core.py").unlink()
     result = load_in_subprocess(tmp_path, folder)
-    assert result.returncode != 0 and "dhicm.py" in result.stderr.splitlines()[-1]
+    assert result.returncode != 0 and "dhicm_core.py" in result.stderr.splitlines()[-1]
 
 
 def test_model_card_records_methods_settings_and_scores(tmp_path):
@@ -162,19 +145,3 @@ def test_model_card_records_methods_settings_and_scores(tmp_path):
     assert "| test_2016_flickr | 35.12 | 60.00 | `nrefs:1|tok:13a` |" in text
     plain = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY))
     assert "none (the stock architecture)" in write_model_card(plain, tmp_path / "p", "x").read_text()
-
-
-def test_a_folder_saved_again_without_the_triton_pass_drops_its_kernels(tmp_path):
-    """Re-saving a model that does not choose the Triton pass into a folder that held one that did removes the
-    kernels and their model module (``auto_map`` no longer names them, and ``push_to_hub`` would upload them); a
-    file of the user's own with a model module's name stays."""
-    _, folder = saved_with_triton(tmp_path)
-    (folder / "modeling_mine.py").write_text("# the user's own\n")
-    torch.manual_seed(0)
-    HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, **SETTINGS)).save_pretrained(folder)
-    assert not (folder / "eadra_triton.py").exists() and not (folder / "modeling_eadra_triton.py").exists()
-    assert (folder / "modeling_mine.py").read_text() == "# the user's own\n"
-    assert (folder / "eadra_passes.py").is_file() and (folder / "modeling.py").is_file()
-    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForSeq2SeqLM"] == "modeling.HeadAttnMBartForConditionalGeneration"
-    assert type(AutoModelForSeq2SeqLM.from_pretrained(folder)) is HeadAttnMBartForConditionalGeneration

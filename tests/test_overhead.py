@@ -102,7 +102,7 @@ DHICM_LAYER_OPERATORS = {"paper": 80, "scaled_out_proj": 74}
 
 def dhicm_layer_operators(mode: str) -> int:
     from hf_headattn.attention import AttentionCall, HeadAttnContext
-    from hf_headattn.dhicm import DHICM
+    from hf_headattn.methods.dhicm.core import DHICM
     from operator_count import count_operators
 
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """A toy fourth method's core, written as docs/design.md ("Adding a fourth method") says a new method is: one core
 module, one kit folder (here ``tests/toy_kit``: its recipe name, preset, head-importance criterion, analysis and the
 hooks that make its input in the recipes and ``translate``) and one registration line (here the tests register it, as
-a user's script does before running a recipe; a built-in one gets its line in ``hf_headattn/methods.py``).
+a user's script does before running a recipe; a built-in one gets its line in ``hf_headattn/methods/__init__.py``).
 
 "Head scaling": each head's output is multiplied by a learned scale (times the optional forward input ``toy_gate``,
 one number per sentence); the objective adds ``weight * mean(scale^2)``; ``output_toy_scales=True`` reads the scales
@@ -15,10 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hf_headattn.attention import AttentionMethod
-from hf_headattn.hf_compat import init_ones_
-from hf_headattn.registry import MethodSettings, MethodSpec
-from hf_headattn.settings_checks import check_range, resolve_layers
+from hf_headattn.plugin import AttentionMethod, MethodSettings, MethodSpec, check_range, init_ones_, resolve_layers
 
 
 @dataclass(frozen=True)

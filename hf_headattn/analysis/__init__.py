@@ -2,13 +2,13 @@
 
 :mod:`.head_ranking` scores heads by several criteria and chooses which to prune; :mod:`.head_pruning` prunes
 them step by step as Michel et al. (2019) do. Each method's own analysis lives in its kit
-(``hf_headattn/experiment/methods/<name>/analysis.py``); the ones below are re-exported here for one import, the
+(``hf_headattn/methods/<name>/analysis.py``); the ones below are re-exported here for one import, the
 public spelling (as in releases 0.1 and 0.2, and not deprecated).
 """
 
-from ..experiment.methods.dhicm.analysis import mean_head_importance, plot_head_importance, sentence_head_importance
-from ..experiment.methods.eadra.analysis import encoder_attention_entropy, plot_encoder_entropy, write_entropy_report
-from ..experiment.methods.sea.analysis import count_redundant_heads, plot_redundancy, redundancy_report
+from ..methods.dhicm.analysis import mean_head_importance, plot_head_importance, sentence_head_importance
+from ..methods.eadra.analysis import encoder_attention_entropy, plot_encoder_entropy, write_entropy_report
+from ..methods.sea.analysis import count_redundant_heads, plot_redundancy, redundancy_report
 
 __all__ = [
     "mean_head_importance", "plot_head_importance", "sentence_head_importance",

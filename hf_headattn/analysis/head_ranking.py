@@ -12,8 +12,8 @@ the method). Padding never counts. The criteria:
   end-of-sentence queries left out (our reading of "excluding the end of sentence symbol").
 * ``entropy``: 1 minus the mean over real queries of the normalised attention entropy H(a) / log n (n the keys a
   query can see): the quantity EaDRA regularizes (Araabi et al., Eq. 1-2); focused heads score high.
-* the methods' own criteria (``MethodSpec.head_importance``): ``dhicm``, the mean DHICM importance G over real tokens
-  (Goindani & Shrivastava 2021, Eq. 1); ``rhe``, 1 minus the share of sentences in which RHE marks the head
+* the methods' own criteria (their kit's ``MethodKit.importance``): ``dhicm``, the mean DHICM importance G over real
+  tokens (Goindani & Shrivastava 2021, Eq. 1); ``rhe``, 1 minus the share of sentences in which RHE marks the head
   redundant (Zhang et al. 2021, Eq. 10).
 * ``random``: uniform in [0, 1), seeded.
 """
@@ -25,11 +25,11 @@ from numbers import Integral
 
 import torch
 
-from ..eadra_math import normalized_entropy
 from ..experiment.kit import kit_of
 from ..head_masks import ARGUMENTS_BY_COMPONENT, attention_modules, head_numbers, module_rows, routed_modules
 from ..hf_compat import attention_backend
 from ..losses import IGNORE_INDEX
+from ..methods.eadra.equations import normalized_entropy
 from ..registry import readout, registered_methods
 from ..sites import COMPONENTS, component_of, component_shape
 

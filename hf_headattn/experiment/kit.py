@@ -4,7 +4,7 @@ The model needs a method's core spec (:class:`hf_headattn.registry.MethodSpec`: 
 inputs, outputs). Everything else about it (its recipe names, the papers' presets, the model card's line, its
 head-importance criterion, how the recipes and ``translate`` make its own forward inputs) is its kit:
 ``KIT = MethodKit(...)`` in the module that ``MethodSpec.kit`` names, next to the method's analyses (the built-in ones:
-``hf_headattn/experiment/methods/<name>/``). The core names its kit by import path only, so the model (and the
+``hf_headattn/methods/<name>/``). The core names its kit by import path only, so the model (and the
 code ``save_pretrained`` ships to the Hub) never loads it; :func:`kit_of` does, when a recipe asks. How the hooks of
 several kits compose: :mod:`.method_inputs`.
 """
@@ -12,6 +12,7 @@ several kits compose: :mod:`.method_inputs`.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,12 +105,15 @@ class MethodKit:
 
 
 def kit_of(spec: MethodSpec) -> MethodKit:
-    """The kit ``spec.kit`` names (``KIT`` of that module), or an empty one (``MethodKit(spec.name)``)."""
-    if spec.kit is None:
+    """The kit ``spec.kit`` names (``KIT`` of that module); without ``spec.kit``, the ``KIT`` of the module that
+    defines the method's settings, if it has one (a method kept in one module needs not name itself), else an empty
+    one (``MethodKit(spec.name)``)."""
+    module = spec.kit or spec.settings.__module__
+    kit = getattr(sys.modules.get(module) or importlib.import_module(module), "KIT", None)
+    if spec.kit is None and kit is None:
         return MethodKit(spec.name, paper=spec.name)
-    kit = getattr(importlib.import_module(spec.kit), "KIT", None)
     if not isinstance(kit, MethodKit) or kit.name != spec.name:
-        raise ValueError(f"method {spec.name!r}: its kit module {spec.kit!r} must define KIT = MethodKit("
+        raise ValueError(f"method {spec.name!r}: its kit module {module!r} must define KIT = MethodKit("
                          f"{spec.name!r}, ...), got {kit!r}")
     return kit
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 from transformers import EarlyStoppingCallback
 
-from ..deprecation import warn_deprecated
+from ..deprecation import NEXT_RELEASE, warn_deprecated
 from ..registry import registered_methods
 from .kit import Preset, kits, merge_settings
 
@@ -154,7 +154,7 @@ def refuse_architecture(settings: dict, model_name_or_path: str) -> None:
 
 
 # --- the papers' presets ----------------------------------------------------------------------------------------
-# The papers' tables live in their method's kit (``MethodKit.presets``, hf_headattn/experiment/methods/<name>/);
+# The papers' tables live in their method's kit (``MethodKit.presets``, hf_headattn/methods/<name>/);
 # the training flags they share are here.
 
 #: Transformer-base training (Vaswani et al. 2017, §5.3-5.4), which EaDRA (§4.2) and RHE (Appendix A.1) follow:
@@ -177,7 +177,7 @@ def __getattr__(name):
     """``PRESETS``, release 0.2's dict of the presets: deprecated, :func:`paper_presets` (the methods registered
     now)."""
     if name == "PRESETS":
-        warn_deprecated(f"{__name__}.PRESETS", f"{__name__}.paper_presets()", removed_in="0.4")
+        warn_deprecated(f"{__name__}.PRESETS", f"{__name__}.paper_presets()", removed_in=NEXT_RELEASE)
         return paper_presets()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -97,7 +97,6 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
     import datasets
     from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainingArguments
 
-    from hf_headattn.experiment.methods.sea.inputs import syntax_parser_name, uses_syntax
     from hf_headattn.experiment.recipe_parts import (
         ParallelDataArguments,
         collator,
@@ -107,6 +106,7 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
     )
     from hf_headattn.experiment.tokenization import load_tokenizer
     from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
+    from hf_headattn.methods.sea.inputs import syntax_parser_name, uses_syntax
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
                                                  target_lang=target_lang))

@@ -1,14 +1,14 @@
 """The studies' rows: a method's settings with every field a study varies, or a later default change could move,
 written out, so that a row trains the same model whatever the running release's defaults are. Each method's
-constants come from its kit (``hf_headattn/experiment/methods/<name>/``) and its core module."""
+constants come from its kit (``hf_headattn/methods/<name>/``) and its core module."""
 
 from __future__ import annotations
 
-from hf_headattn.dhicm import NAME as DHICM
-from hf_headattn.eadra import DEFAULTS as EADRA_ALPHAS
-from hf_headattn.eadra import NAME as EADRA
-from hf_headattn.experiment.methods.dhicm import LAYERS as DHICM_LAYERS
-from hf_headattn.sea import NAME as SEA
+from hf_headattn.methods.dhicm.core import NAME as DHICM
+from hf_headattn.methods.dhicm.kit import LAYERS as DHICM_LAYERS
+from hf_headattn.methods.eadra.core import DEFAULTS as EADRA_ALPHAS
+from hf_headattn.methods.eadra.core import NAME as EADRA
+from hf_headattn.methods.sea.core import NAME as SEA
 
 #: The components the EaDRA rows regularize (the ``eadra`` recipe name's): encoder and decoder self-attention.
 EADRA_COMPONENTS = ("encoder", "decoder")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hf_headattn.experiment.methods.sea.inputs import uses_syntax
 from hf_headattn.experiment.outputs import write_json_atomic
+from hf_headattn.methods.sea.inputs import uses_syntax
 
 from . import git_commit, score_saved_model
 from .jobs import run_jobs

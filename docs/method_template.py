@@ -1,0 +1,99 @@
+"""A method kept outside the package, complete: copy this file, rename the method, change the math.
+
+Head gates (a simple relaxation of Voita et al. 2019's head pruning): each head's output on the chosen encoder
+self-attention layers is multiplied by a learned gate 2 * sigmoid(g_h) (1 at the start), and the objective adds
+``weight`` times the mean gate, which pushes unneeded heads towards 0.
+
+Everything comes from one import path, :mod:`hf_headattn.plugin`. Use it with the recipes (``docs/`` on PYTHONPATH,
+or the file copied into your own package)::
+
+    python recipes/train_translation.py --method_modules method_template --method head_gates ...
+
+or in a script: ``import method_template`` before building ``HeadAttnMBartConfig(..., head_gates={"weight": 0.01})``.
+Checkpoints record the module (``config.json``'s ``headattn_method_modules``); loading one needs it imported first.
+``tests/test_plugin.py`` runs this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hf_headattn.plugin import (
+    AttentionMethod,
+    MethodKit,
+    MethodSettings,
+    MethodSpec,
+    check_range,
+    init_zeros_,
+    register_method,
+    resolve_layers,
+)
+
+NAME = "head_gates"  # the config field, the parameters' prefix (...self_attn.head_gates.logits) and the --method name
+
+
+@dataclass(frozen=True)
+class HeadGateSettings(MethodSettings):
+    """encoder_layers: the encoder layers whose self-attention is gated (None: all; negative counts from the end);
+    weight: the penalty's weight in the objective (>= 0)."""
+
+    encoder_layers: list[int] | None = None
+    weight: float = 0.01
+
+    def validate(self, config, name: str) -> None:
+        resolve_layers(self.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
+        check_range(self.weight, f"{name}.weight", 0.0)
+
+
+class HeadGates(AttentionMethod):
+    """The gates of one attention module's heads."""
+
+    records_loss_terms = True  # (its penalty needs gradients: refused under reentrant checkpointing)
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.logits = nn.Parameter(torch.empty(num_heads))
+
+    def init_weights(self, std: float) -> None:
+        init_zeros_(self.logits)  # gate 1: the model starts as the stock one (skipped for loaded weights)
+
+    def prune_heads(self, keep: torch.Tensor) -> None:
+        self.logits = nn.Parameter(self.logits.data[keep])
+
+    def after(self, call, attn_output: torch.Tensor) -> torch.Tensor:
+        gates = 2 * torch.sigmoid(self.logits)  # (H,)
+        if call.context is not None and call.context.compute_losses:
+            call.context.record(NAME, gates.mean())
+        return attn_output * gates[None, None, :, None]  # attn_output: (B, T, H, D)
+
+
+def placements(settings: HeadGateSettings, config) -> list[tuple[str, int, str]]:
+    layers = resolve_layers(settings.encoder_layers, config.encoder_layers, f"{NAME}.encoder_layers")
+    return [("encoder", layer, "self") for layer in layers]
+
+
+def build(settings: HeadGateSettings, config, module) -> HeadGates:
+    return HeadGates(module.num_heads)
+
+
+def collect(context, settings: HeadGateSettings):
+    """The output fields and the objective's term of one forward, from what the modules recorded."""
+    recorded = context.recorded(NAME)
+    if not recorded:
+        return {}, None
+    penalty = torch.stack(recorded).mean()
+    return {"head_gates_penalty": penalty}, settings.weight * penalty
+
+
+METHOD = MethodSpec(
+    NAME, HeadGateSettings, placements, build, collect,
+    outputs={"head_gates_penalty": "the mean gate over the gated heads"},
+    logged=("head_gates_penalty",),  # the Trainer logs it beside the loss
+)
+# What the recipes know of it (found in this module: no MethodSpec(kit=...) needed).
+KIT = MethodKit(NAME, paper="Head gates (docs/method_template.py)", method_names={NAME: {"weight": 0.01}})
+
+register_method(METHOD)

@@ -1,0 +1,13 @@
+"""The built-in methods, one folder each (``methods/<name>/``, its README lists its files), one registration line each
+here. How to add a method: docs/design.md, "Adding a fourth method".
+"""
+
+# (``from .module import ...``, not ``from . import module``: the remote code is written from that form)
+from ..registry import register_method
+from .dhicm.core import METHOD as DHICM
+from .eadra.core import METHOD as EADRA
+from .sea.core import METHOD as SEA
+
+register_method(SEA)
+register_method(EADRA)
+register_method(DHICM)

