@@ -35,6 +35,7 @@ from .head_masks import module_head_mask, scale_heads, scale_weights
 from .hf_compat import (
     ALL_ATTENTION_FUNCTIONS,
     ConfigStandIn,
+    additive_mask_allowed,
     attention_implementation,
     attention_query_input,
     eager_attention_forward,
@@ -203,7 +204,7 @@ def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.T
     Parameters
     ----------
     attention_mask : None, BoolTensor (True = attend) or additive float tensor, shape (B, 1 or H, T, >= S)
-        SDPA gets bool; eager gets ``finfo.min`` where masked.
+        SDPA gets bool; eager gets ``finfo.min`` where masked (:func:`~.hf_compat.additive_mask_allowed`).
     key_length : int
         S; longer masks are cut to it, as the HF backends do.
 
@@ -216,7 +217,7 @@ def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.T
     attention_mask = attention_mask[..., :key_length]
     if attention_mask.dtype == torch.bool:
         return attention_mask
-    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    return additive_mask_allowed(attention_mask)
 
 
 def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext | None, methods) -> None:

@@ -31,7 +31,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import MarianConfig, MBartConfig
 from transformers.utils import logging
 
-from .hf_compat import CACHE_NAMES
+from .hf_compat import CACHE_NAMES, config_attributes
 from .legacy import (
     assign_flat_field,
     flat_fields,
@@ -239,13 +239,13 @@ class HeadAttnSettings:
         methods = {spec.name for spec in registered_methods()}
         if key in methods and value is not None:
             value = frozen(value)
-        resolved = self.__dict__.get("_headattn_resolved")
+        resolved = config_attributes(self).get("_headattn_resolved")
         if key == "pruned_heads" and value is not None:
             value = frozen(check_pruned_heads(value, self))
         if resolved is None or key not in {*methods, *SHAPE_FIELDS, *CHECKED_FIELDS}:
             super().__setattr__(key, value)
             return
-        previous = self.__dict__.get(key)
+        previous = config_attributes(self).get(key)
         super().__setattr__(key, value)
         try:
             self._resolve_headattn_settings()  # validated once, when set
@@ -256,8 +256,8 @@ class HeadAttnSettings:
     def __setstate__(self, state):
         """A copied or unpickled config: its method settings read-only again."""
         methods = {spec.name for spec in registered_methods()}
-        self.__dict__.update({key: frozen(value) if key in {*methods, "_headattn_resolved", "pruned_heads"} else value
-                              for key, value in state.items()})
+        config_attributes(self).update({key: frozen(value) if key in {*methods, "_headattn_resolved", "pruned_heads"}
+                                        else value for key, value in state.items()})
 
     @property
     def headattn_settings(self) -> Mapping:
@@ -347,7 +347,7 @@ class HeadAttnSettings:
                     f"name some layers, or set {spec.name}=None for off"
                 )
             resolved[spec.name] = settings
-        self.__dict__["_headattn_resolved"] = FrozenDict(resolved)
+        self._headattn_resolved = FrozenDict(resolved)
 
     def _check_method_modules(self) -> None:
         """Refuse a config whose file records a method (``headattn_method_modules``) that is not registered here: a
@@ -358,7 +358,7 @@ class HeadAttnSettings:
         The module is named, never imported here: a config.json (perhaps downloaded) must not choose which code runs.
         Importing it is the user's decision, as ``trust_remote_code`` is for a checkpoint's model code: the recipes'
         ``--method_modules``, or :func:`hf_headattn.registry.import_method_modules` (or an ``import``) in Python."""
-        recorded = self.__dict__.get(METHOD_MODULES)
+        recorded = config_attributes(self).get(METHOD_MODULES)
         if recorded is None:
             return
         if not isinstance(recorded, Mapping) or not all(isinstance(v, str) for v in recorded.values()):

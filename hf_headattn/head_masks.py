@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .hf_compat import INPUT_PROJECTIONS
 from .sites import COMPONENTS, component_of, component_shape
 
 #: Each component's forward argument.
@@ -179,7 +180,8 @@ def set_head_mask(model: nn.Module, component: str, mask: torch.Tensor | None) -
     if mask is not None:
         check_head_mask(mask, model.config, component, f"set_head_mask({component!r}, ...)", per_sentence=False)
     for module in attention_modules(model, component):
-        row = None if mask is None else module_rows(mask.detach(), module).to(module.q_proj.weight.device)
+        device = getattr(module, INPUT_PROJECTIONS[0]).weight.device
+        row = None if mask is None else module_rows(mask.detach(), module).to(device)
         module.register_buffer("headattn_head_mask", row, persistent=False)
 
 

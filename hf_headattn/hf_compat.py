@@ -1,11 +1,12 @@
 """Every assumption hf-headattn makes about transformers', torch's and datasets' internals, in one place.
 
-The rest of the package uses the libraries' public API (transformers' model, config and Trainer classes,
-``AttentionInterface``) and takes anything beyond it from here. Each assumption below is one name, and
+The rest of the package uses the libraries' public modules (an allow-list, ``tests/internal_names.py``) and takes
+anything beyond them from here: their internals, and the structure of HF's models and checkpoints (the attribute
+names of their parts, the files of a Trainer checkpoint). Each assumption below is one name, and
 ``tests/test_hf_compat.py`` holds one contract test per name (``test_<name>``): a release that breaks one fails that
-test, which says what to adapt. ``tests/test_architecture.py`` fails when another module reads a private name of
-theirs (``x._name``, ``torch._*``) or imports from transformers' model, ``modeling_utils``, ``initialization`` or
-``trainer_pt_utils`` modules.
+test, which says what to adapt. ``tests/test_architecture.py`` fails when another module imports a module of theirs
+off the allow-list, reads a private name of theirs (``x._name``, ``torch._*``) or spells one of HF's names kept here
+(``q_proj``, ``trainer_state.json``, ...).
 
 Transformers' open PR #48333 (Bart-family attention through ``ALL_ATTENTION_FUNCTIONS``, hyperparameters read from
 the config) would change :data:`eager_attention_forward`, :func:`attention_query_input` and :class:`ConfigStandIn`'s
@@ -15,7 +16,9 @@ reason to exist at once.
 from __future__ import annotations
 
 import importlib
+import re
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +38,9 @@ __all__ = [
     "ConfigStandIn", "attention_implementation", "attention_backend", "attention_query_input", "dict_outputs",
     "transformers_forward", "config_fields", "legacy_gradient_checkpointing", "CACHE_NAMES", "cache_argument",
     "replace_stack", "softmax_backward", "assert_async", "linear_cross_entropy", "derived_fingerprint",
-    "random_fingerprint", "get_relative_import_files", "flex_attention_function",
+    "random_fingerprint", "get_relative_import_files", "flex_attention_function", "INPUT_PROJECTIONS",
+    "OUTPUT_PROJECTION", "set_num_heads", "STACK_LAYERS", "BLOCK_ATTENTION", "logits_bias",
+    "additive_mask_allowed", "config_attributes", "TRAINER_STATE_FILE", "TRAINING_STATE_FILES", "checkpoint_world_size",
 ]
 
 # --- transformers: names it does not export at the top level, and what its internals do -----------------------------
@@ -152,6 +157,68 @@ def replace_stack(base_model, side: str, stack_class: type, config) -> None:
     builds each from the config alone, and ties their token embeddings to ``shared`` in ``post_init`` (which the
     caller runs afterwards)."""
     setattr(base_model, side, stack_class(config))
+
+
+def config_attributes(config) -> dict:
+    """The attributes an HF config holds, as stored: its ``__dict__``, which ``to_dict`` (so ``save_pretrained``)
+    copies whole and copies and pickles carry. Read or written there, a value bypasses the config's
+    ``__getattribute__`` and ``__setattr__`` (``attribute_map``, the strict dataclass's validators, and a subclass's
+    own checks, e.g. while a copy is restored)."""
+    return config.__dict__
+
+
+# --- transformers: the parts of its Bart-family models (mBART, Marian), by the names they keep them under -----------
+
+#: An attention module's query, key and value projections, in that order: ``nn.Linear`` (d_model -> heads *
+#: head_dim), head h in the rows h * head_dim to (h + 1) * head_dim.
+INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+#: An attention module's output projection: ``nn.Linear`` (heads * head_dim -> d_model) over the concatenated heads,
+#: head h in the same columns.
+OUTPUT_PROJECTION = "out_proj"
+#: An encoder's or decoder's blocks, one per layer (an ``nn.ModuleList``).
+STACK_LAYERS = "layers"
+#: A block's attention modules by kind: its self-attention, and a decoder block's cross-attention. With the stacks'
+#: ``encoder``/``decoder`` and :data:`STACK_LAYERS` they make a module's path in the base model
+#: (``decoder.layers.1.encoder_attn``).
+BLOCK_ATTENTION = {"self": "self_attn", "cross": "encoder_attn"}
+
+
+def set_num_heads(module, count: int) -> None:
+    """Record that an attention module whose projections now hold ``count`` heads has that many. The assumption: its
+    forward reshapes by ``head_dim`` alone (``(..., -1, head_dim)``), so its ``num_heads``, which the code that counts
+    its heads reads (ours, PEFT's), is all there is to update."""
+    module.num_heads = count
+
+
+def logits_bias(model) -> torch.Tensor:
+    """The LM bias of mBART's and Marian's generation models, a buffer (1, V) their forward adds to the output
+    projection's: ``logits = lm_head(h) + final_logits_bias``."""
+    return model.final_logits_bias
+
+
+def additive_mask_allowed(attention_mask: torch.Tensor) -> torch.BoolTensor:
+    """Where a float attention mask of transformers' (the eager backend's) lets a query attend to a key: its masks are
+    added to the scores, ``torch.finfo(dtype).min`` where a key is masked and 0 where it is allowed, so anything above
+    half the minimum is allowed (a bias added to an allowed entry stays there)."""
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+
+
+# --- transformers' Trainer: the files of a checkpoint folder (``checkpoint-<step>``) --------------------------------
+
+#: The Trainer's state (``global_step``, the log history, the callbacks' states), JSON; written after the model's.
+TRAINER_STATE_FILE = "trainer_state.json"
+#: The Trainer's own files in a checkpoint folder, beside the model's and the tokenizer's: optimizer, scheduler and
+#: scaler states, the RNG states, the trainer state and the training arguments.
+TRAINING_STATE_FILES = re.compile(
+    rf"(optimizer|scheduler|scaler)\.pt|rng_state.*\.pth|{re.escape(TRAINER_STATE_FILE)}|training_args\.bin")
+
+
+def checkpoint_world_size(folder) -> int | None:
+    """How many processes wrote a checkpoint folder, by its RNG states: the Trainer saves ``rng_state.pth`` when it
+    runs in one process and ``rng_state_<rank>.pth`` per process with several; None where the folder holds none."""
+    folder = Path(folder)
+    per_rank = list(folder.glob("rng_state_*.pth"))
+    return len(per_rank) if per_rank else (1 if (folder / "rng_state.pth").is_file() else None)
 
 
 # --- torch: operators outside the documented API --------------------------------------------------------------------

@@ -35,6 +35,7 @@ from .hf_compat import (
     cache_argument,
     dict_outputs,
     legacy_gradient_checkpointing,
+    logits_bias,
     marian_shift_tokens_right,
     replace_stack,
     transformers_forward,
@@ -82,11 +83,8 @@ def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encode
     """Route every attention module of ``sides`` to our attention function (:func:`~.attention.route`), attach every
     method switched on (``settings``: {name: resolved settings}) to its modules, then prune the heads
     ``config.pruned_heads`` names (:mod:`hf_headattn.pruning`)."""
-    for side in sides:
-        for layer, block in enumerate(getattr(base_model, side).layers):
-            route(block.self_attn, config, side, layer, "self")
-            if side == "decoder":
-                route(block.encoder_attn, config, side, layer, "cross")
+    for site in AttentionSite.in_model(base_model, sides):
+        route(site.module(base_model), config, *site)
     for spec in registered_methods():
         if spec.name not in settings:
             continue
@@ -149,6 +147,7 @@ class _DerivedForwardSignature:
     registered after the class was made are named too. ``_bind`` reads the arguments by that signature."""
 
     forward_extra: tuple[str, ...] = ()
+    _headattn_forward = None  # the models' forward body (HF's signature plus the methods'): set by the model classes
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -215,9 +214,9 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         legacy_checkpointing = legacy_gradient_checkpointing(config)
         super().__init__(config)
         # resolved and validated by the config when set; the model keeps the objects its methods are built with
-        self.headattn_settings, self._pruned_heads = config.headattn_settings, config.pruned_heads
+        self.headattn_settings, self.headattn_pruned_heads = config.headattn_settings, config.pruned_heads
         self._attach_methods(config)
-        if hasattr(type(self), "_forward_signature"):
+        if hasattr(self, "_forward_signature"):
             self._refresh_forward_signature()
             self.get_encoder().register_forward_pre_hook(check_encoder_inputs, with_kwargs=True)
         self.post_init()  # initialises the new method parameters (HF skips what is already initialised)
@@ -253,7 +252,7 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         ``{"encoder.layers.0.self_attn": [1, 5]}``; recorded in ``config.pruned_heads`` (see
         :mod:`hf_headattn.pruning`). Returns the updated record."""
         record = prune_heads(self, heads)
-        self._pruned_heads = self.config.pruned_heads
+        self.headattn_pruned_heads = self.config.pruned_heads
         return record
 
     def initialize_weights(self):
@@ -274,14 +273,14 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         The config re-resolves its settings whenever they are set (in-place edits are refused), so an unchanged
         config holds the very objects the model was built with."""
         pruned = self.config.pruned_heads
-        if pruned is not self._pruned_heads:  # changed, or pruned through a part (prune_heads(model.get_encoder()))
-            if (pruned or {}) != (self._pruned_heads or {}):
+        if pruned is not self.headattn_pruned_heads:  # changed, or pruned through a part (of model.get_encoder())
+            if (pruned or {}) != (self.headattn_pruned_heads or {}):
                 held = modules_record(self)
                 if (pruned or {}) != held:
                     raise ValueError(f"config.pruned_heads was changed after the model was built (to {pruned!r}, the "
                                      f"model's modules have {held!r} pruned); prune with model.prune_heads(...), which "
                                      "records them")
-            self._pruned_heads = pruned
+            self.headattn_pruned_heads = pruned
         current = self.config.headattn_settings
         if current is self.headattn_settings or current == self.headattn_settings:
             return
@@ -414,7 +413,7 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
         head = self.get_output_embeddings()
         if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
             return None
-        bias = self.final_logits_bias.reshape(-1)
+        bias = logits_bias(self).reshape(-1)
         return head.weight, bias if head.bias is None else bias + head.bias
 
 

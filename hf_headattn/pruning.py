@@ -26,6 +26,7 @@ from torch import nn
 
 from .attention import AttentionMethod, HeadIndex
 from .head_masks import head_numbers, routed_modules
+from .hf_compat import INPUT_PROJECTIONS, OUTPUT_PROJECTION, set_num_heads
 from .settings_checks import check_head_numbers, check_pruned_heads
 from .sites import AttentionSite, component_shape
 
@@ -43,7 +44,7 @@ def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
                          "attach the adapters (prune_heads, then get_peft_model), or merge them first: model = "
                          "peft_model.merge_and_unload(); model.prune_heads(...); then attach new adapters")
     for module in modules:
-        parts = {name: getattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "out_proj")}
+        parts = {name: getattr(module, name) for name in (*INPUT_PROJECTIONS, OUTPUT_PROJECTION)}
         parts.update({name: getattr(module, name) for name in module.headattn_methods})
         for name, part in parts.items():
             expected = AttentionMethod if name in module.headattn_methods else nn.Linear
@@ -145,8 +146,8 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[st
             record[name] = pruned_numbers(modules[name], totals[name])  # what the module now holds
     model.config.pruned_heads = {name: record[name] for name in sorted(record) if record[name]}
     for module in model.modules():  # the models (and stacks) check at each forward that they have what is recorded
-        if hasattr(module, "_pruned_heads") and module.config is model.config:
-            module._pruned_heads = model.config.pruned_heads
+        if hasattr(module, "headattn_pruned_heads") and module.config is model.config:
+            module.headattn_pruned_heads = model.config.pruned_heads
     return model.config.pruned_heads
 
 
@@ -164,14 +165,14 @@ def prune_module(module: nn.Module, numbers: list[int]) -> None:
     cpu = torch.device("cpu")  # (explicitly: from_pretrained builds under a meta device context)
     keep = torch.tensor([i for i, number in enumerate(original) if number not in numbers], device=cpu)
     rows = (keep[:, None] * module.head_dim + torch.arange(module.head_dim, device=cpu)).flatten()
-    for projection in (module.q_proj, module.k_proj, module.v_proj):
-        _select(projection, rows, dim=0)
+    for name in INPUT_PROJECTIONS:
+        _select(getattr(module, name), rows, dim=0)
     methods = [getattr(module, name) for name in module.headattn_methods]
     if all(method.out_proj_per_head for method in methods):
-        _select(module.out_proj, rows, dim=1)
+        _select(getattr(module, OUTPUT_PROJECTION), rows, dim=1)
     for method in methods:
         method.prune_heads(keep)
-    module.num_heads = len(keep)
+    set_num_heads(module, len(keep))
     module.headattn_heads = HeadIndex(original[i] for i in keep.tolist())
     if module.headattn_head_mask is not None:
         module.headattn_head_mask = module.headattn_head_mask[:, keep.to(module.headattn_head_mask.device)]

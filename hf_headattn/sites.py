@@ -13,11 +13,16 @@ from typing import NamedTuple
 
 from torch import nn
 
+from .hf_compat import BLOCK_ATTENTION, STACK_LAYERS
+
+SIDES = ("encoder", "decoder")
+
 KINDS = ("self", "cross")
 #: Each component's (side, kind): encoder self-, decoder self- and cross-attention.
 COMPONENT_SITES = {"encoder": ("encoder", "self"), "decoder": ("decoder", "self"), "cross": ("decoder", "cross")}
 COMPONENTS = tuple(COMPONENT_SITES)
-_NAME = re.compile(r"(?:.*\.)?((encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn))")
+_KIND_OF = {attribute: kind for kind, attribute in BLOCK_ATTENTION.items()}  # "self_attn": "self", ...
+_NAME = re.compile(rf"(?:.*\.)?((encoder|decoder)\.{STACK_LAYERS}\.(\d+)\.({'|'.join(_KIND_OF)}))")
 
 
 class AttentionSite(NamedTuple):
@@ -31,7 +36,7 @@ class AttentionSite(NamedTuple):
 
     @property
     def name(self) -> str:
-        return f"{self.side}.layers.{self.layer}.{'encoder_attn' if self.kind == 'cross' else 'self_attn'}"
+        return f"{self.side}.{STACK_LAYERS}.{self.layer}.{BLOCK_ATTENTION[self.kind]}"
 
     @classmethod
     def parse(cls, name) -> AttentionSite | None:
@@ -41,7 +46,15 @@ class AttentionSite(NamedTuple):
         if match is None:
             return None
         _, side, layer, attribute = match.groups()
-        return cls(side, int(layer), "cross" if attribute == "encoder_attn" else "self")
+        return cls(side, int(layer), _KIND_OF[attribute])
+
+    @classmethod
+    def in_model(cls, base_model: nn.Module, sides=SIDES) -> list[AttentionSite]:
+        """The sites of every attention module of ``base_model``'s stacks ``sides``, layer by layer (self-attention,
+        then a decoder's cross-attention)."""
+        return [cls(side, layer, kind) for side in sides
+                for layer in range(len(getattr(getattr(base_model, side), STACK_LAYERS)))
+                for kind in (KINDS if side == "decoder" else ("self",))]
 
     @classmethod
     def of(cls, module: nn.Module) -> AttentionSite:
@@ -50,8 +63,8 @@ class AttentionSite(NamedTuple):
 
     def module(self, base_model: nn.Module) -> nn.Module:
         """This site's attention module in ``base_model`` (one with ``encoder`` and ``decoder`` stacks)."""
-        block = getattr(base_model, self.side).layers[self.layer]
-        return block.encoder_attn if self.kind == "cross" else block.self_attn
+        block = getattr(getattr(base_model, self.side), STACK_LAYERS)[self.layer]
+        return getattr(block, BLOCK_ATTENTION[self.kind])
 
 
 def component_of(module: nn.Module) -> str:

@@ -342,53 +342,114 @@ def test_a_cycle_of_hook_constraints_is_refused_at_registration(toy):
 
 
 def test_internals_are_used_only_through_hf_compat():
-    """No module of the package, the recipes or the research scripts but ``hf_compat.py`` imports transformers'
-    model, ``modeling_utils``, ``initialization`` or ``trainer_pt_utils`` modules, reads a private attribute of an
-    HF/torch/datasets object or ``torch._*``, or defines one in a class (``tests/internal_names.py``)."""
-    from internal_names import internal_uses, library_private_names, scanned_sources
+    """No module of the package, the recipes or the research scripts but ``hf_compat.py`` imports or reaches a module
+    of transformers, torch or datasets off the allow-list, reads a private attribute of an object not ours or
+    ``torch._*``, defines one of theirs in a class, or spells HF's part and checkpoint names that ``hf_compat.py``
+    keeps (``tests/internal_names.py``)."""
+    from internal_names import hf_name_uses, internal_uses, library_private_names, scanned_sources
 
     sources = scanned_sources()
     assert "hf_headattn/hf_compat.py" in sources and "recipes/translate.py" in sources
     assert internal_uses(sources, library_names=library_private_names()) == []
+    assert hf_name_uses(sources) == []
 
 
-PLANTED_INTERNALS = '''\
-from transformers.models.mbart import modeling_mbart
-from transformers import initialization as init
-import torch._dynamo
+#: ``(kind, planted source, what the scanner says of it)``: one of each kind of use of the libraries' internals.
+PLANTED = [
+    ("a module off the allow-list", "from transformers.models.mbart import modeling_mbart\n",
+     ["1: imports transformers.models.mbart.modeling_mbart, no public module on the allow-list (PUBLIC_MODULES)"]),
+    ("a module off the allow-list, not transformers' model code", "import transformers.masking_utils as masks\n"
+     "from transformers.generation.utils import GenerationMixin\n"
+     "from transformers.integrations import sdpa_attention\n",
+     ["1: imports transformers.masking_utils, no public module on the allow-list (PUBLIC_MODULES)",
+      "2: imports transformers.generation.utils, no public module on the allow-list (PUBLIC_MODULES)",
+      "3: imports transformers.integrations.sdpa_attention, no public module on the allow-list (PUBLIC_MODULES)"]),
+    ("a private module", "import torch._dynamo\n", ["1: imports the private torch._dynamo"]),
+    ("a private name of a public module", "from torch.nn.functional import _in_projection\n",
+     ["1: imports the private torch.nn.functional._in_projection"]),
+    ("a private attribute of torch", "import torch\ntorch._dynamo.reset()\n", ["2: reads the private torch._dynamo"]),
+    ("an import by name", "import importlib\nm = importlib.import_module('transformers.models.mbart')\n"
+     "n = __import__(f'torch.{name}')\nimport sys\no = sys.modules['datasets.fingerprint']\n",
+     ["2: imports 'transformers.models.mbart' by name (import_module); expected an import statement of a public "
+      "module (PUBLIC_MODULES)",
+      "3: imports 'torch.' by name (__import__); expected an import statement of a public module (PUBLIC_MODULES)",
+      "5: imports 'datasets.fingerprint' by name (sys.modules); expected an import statement of a public module "
+      "(PUBLIC_MODULES)"]),
+    ("an attribute chain into transformers' model code",
+     "import transformers\nf = transformers.models.mbart.modeling_mbart.eager_attention_forward\n",
+     ["2: reads transformers.models.mbart.modeling_mbart, no public module on the allow-list (PUBLIC_MODULES)"]),
+    ("a private attribute", "def f(dataset):\n    return dataset._fingerprint\n",
+     ["2: reads the private attribute ._fingerprint"]),
+    ("a private attribute by getattr", "def f(p):\n    return getattr(p, '_is_hf_initialized', False)\n",
+     ["2: reads the private attribute '_is_hf_initialized' (getattr)"]),
+    ("a private attribute by vars and __dict__", "def f(x):\n    a = vars(x)['_cache']\n    x.__dict__['_cache'] = a\n",
+     ["2: reads the private attribute ['_cache'] (vars/__dict__)",
+      "3: writes the private attribute ['_cache'] (vars/__dict__)"]),
+    ("a private dunder", "def f(config_class):\n    return config_class.__dataclass_fields__\n",
+     ["2: reads the private attribute .__dataclass_fields__"]),
+    ("a private name a class of ours defines, read on another object",
+     "class Ours:\n    def __init__(self):\n        self._cache = {}\n\n\ndef f(module):\n    return module._cache\n",
+     ["7: reads the private attribute ._cache"]),
+    ("a class of ours that defines the libraries' private name",
+     "class Routed:\n    _attn_implementation = 'mine'\n\n    def f(self):\n        self._modules = {}\n",
+     ["2: defines the libraries' private _attn_implementation (class Routed)",
+      "5: defines the libraries' private _modules (class Routed)"]),
+]
 
 
-class Routed:
-    _attn_implementation = "mine"
+@pytest.mark.parametrize("kind, source, expected", PLANTED, ids=[kind for kind, _, _ in PLANTED])
+def test_the_internals_check_flags_each_kind_of_use(kind, source, expected):
+    """Each planted use is named by file and line; the same source is allowed in ``hf_compat.py``."""
+    from internal_names import internal_uses
+
+    library = {"_attn_implementation", "_modules", "_is_hf_initialized"}
+    assert internal_uses({"recipes/planted.py": source}, library_names=library) == [
+        f"recipes/planted.py:{line}" for line in expected]
+    assert internal_uses({"hf_headattn/hf_compat.py": source}, library_names=library) == []
 
 
-def backend(config, dataset, parameter):
-    torch._dynamo.reset()
-    if getattr(parameter, "_is_hf_initialized", False):
-        return dataset._fingerprint
-    return config._attn_implementation
-'''
+OURS = """\
+import torch
+from torch import nn
+from transformers.utils import logging
 
 
-def test_the_internals_check_flags_a_planted_use_outside_hf_compat():
-    """Each planted use is named by file and line: ``dataset._fingerprint`` although a module of ours defines a
-    function ``_fingerprint``, ``config._attn_implementation`` although the planted class defines it (an override
-    of transformers' name); the same source is allowed in ``hf_compat.py``."""
-    from internal_names import internal_uses, library_private_names, scanned_sources
+class Base(nn.Module):
+    _shared = None
 
-    sources, library = scanned_sources(), library_private_names()
-    assert "def _fingerprint(" in sources["hf_headattn/methods/sea/syntax/readers.py"]
-    found = internal_uses({**sources, "hf_headattn/planted.py": PLANTED_INTERNALS}, library_names=library)
-    assert found == [
-        "hf_headattn/planted.py:1: imports transformers.models.mbart.modeling_mbart",
-        "hf_headattn/planted.py:2: imports transformers.initialization",
-        "hf_headattn/planted.py:3: imports the private torch._dynamo",
-        "hf_headattn/planted.py:7: defines the libraries' private _attn_implementation (class Routed)",
-        "hf_headattn/planted.py:11: reads torch._dynamo",
-        "hf_headattn/planted.py:12: reads the private attribute '_is_hf_initialized' (getattr)",
-        "hf_headattn/planted.py:13: reads the private attribute ._fingerprint",
-        "hf_headattn/planted.py:14: reads the private attribute ._attn_implementation",
-    ]
-    assert internal_uses({**sources, "hf_headattn/hf_compat.py": PLANTED_INTERNALS}, library_names=library) == []
-    assert internal_uses({"recipes/x.py": "def f(config):\n    return config._attn_implementation\n"}) == [
-        "recipes/x.py:2: reads the private attribute ._attn_implementation"]
+    def __init__(self):
+        super().__init__()
+        self._cache = {}
+
+
+class Derived(Base):
+    _copied = Base._shared
+
+    def read(self):
+        return self._cache, self._shared, getattr(self, "_cache"), vars(self)["_cache"], type(self).__name__
+
+    @classmethod
+    def build(cls):
+        return cls._shared
+
+
+def use(derived: Derived, other: "Base | None"):
+    made = Derived()
+    return derived._cache, other._shared, made._cache, torch.nn.functional.softmax, nn.Linear, logging.get_logger
+"""
+
+
+def test_the_internals_check_allows_our_own_private_names_and_public_modules():
+    """A private name a class of ours (or a base class of ours) defines is ours on ``self``/``cls``, on the class by
+    its name and on a name bound to it (``x = Ours()``, ``x: Ours``); public modules are allowed at any depth."""
+    from internal_names import hf_name_uses, internal_uses
+
+    assert internal_uses({"hf_headattn/ours.py": OURS}) == []
+    planted = 'def f(module, folder, rank):\n    """out_proj, trainer_state.json"""\n' \
+              '    g(module.out_proj, module.out_proj_per_head, "scaled_out_proj", folder / "trainer_state.json")\n' \
+              '    return g(q_proj=1), f"rng_state_{rank}.pth", r"trainer_state\\.json"\n'
+    assert hf_name_uses({"hf_headattn/planted.py": planted}) == [
+        f"hf_headattn/planted.py:{line}" for line in (
+            "3: spells out_proj", "3: spells trainer_state.json", "4: spells q_proj", "4: spells rng_state",
+            "4: spells trainer_state.json")]
+    assert hf_name_uses({"hf_headattn/hf_compat.py": planted}) == []

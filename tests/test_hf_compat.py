@@ -1,8 +1,11 @@
 """One contract test per assumption of :mod:`hf_headattn.hf_compat` about transformers', torch's and datasets'
 internals: ``test_<name>`` fails when a release breaks the assumption behind ``hf_compat.<name>``."""
 
+import copy
 import dataclasses
 import inspect
+import json
+import pickle
 from pathlib import Path
 
 import datasets
@@ -17,6 +20,8 @@ from transformers import (
     MBartConfig,
     MBartForConditionalGeneration,
     MBartModel,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
 )
 from transformers.modeling_outputs import Seq2SeqModelOutput
 
@@ -27,6 +32,12 @@ from hf_headattn import HeadAttnMBartForConditionalGeneration, hf_compat
 def stock_mbart(**overrides):
     torch.manual_seed(0)
     return MBartForConditionalGeneration(MBartConfig(**TINY, **overrides)).eval()
+
+
+def stock_models():
+    """A tiny stock mBART and Marian model (the two families the package builds on)."""
+    torch.manual_seed(0)
+    return stock_mbart(), MarianMTModel(MarianConfig(**TINY)).eval()
 
 
 @pytest.fixture
@@ -255,6 +266,145 @@ def test_replace_stack():
     assert Recording.calls == 1
 
 
+def test_config_attributes():
+    """A config keeps its attributes in the mapping: ``to_dict`` copies it whole (an attribute written there is
+    saved), copies and pickles carry it; written there, a value skips the config's ``__setattr__`` (the strict
+    dataclass's validators), and read there its ``attribute_map``."""
+    config = MBartConfig(**TINY)
+    attributes = hf_compat.config_attributes(config)
+    assert attributes["d_model"] == config.hidden_size == 16 and "hidden_size" not in attributes
+    attributes["probe"] = {"a": 1}
+    assert config.probe == {"a": 1} and config.to_dict()["probe"] == {"a": 1}
+    assert copy.deepcopy(config).probe == pickle.loads(pickle.dumps(config)).probe == {"a": 1}
+    attributes["d_model"] = "unchecked"  # config.d_model = "unchecked" fails the strict dataclass's validation
+    assert config.d_model == "unchecked"
+
+
+def test_INPUT_PROJECTIONS_OUTPUT_PROJECTION():
+    """An attention module's projections are these ``nn.Linear`` modules, each head a block of ``head_dim`` rows of
+    the input projections and the same columns of the output projection: swapping two heads' blocks in all four
+    changes nothing, and leaving a head's value rows out equals leaving its output columns out."""
+    for model in stock_models():
+        attention = model.model.encoder.layers[0].self_attn
+        projections = [getattr(attention, name) for name in (*hf_compat.INPUT_PROJECTIONS, hf_compat.OUTPUT_PROJECTION)]
+        assert all(type(linear) is nn.Linear and linear.weight.shape == (16, 16) for linear in projections)
+        hidden, size = torch.randn(2, 3, TINY["d_model"]), attention.head_dim
+        expected = attention(hidden)[0]
+        swapped, value_left_out, output_left_out = (copy.deepcopy(attention) for _ in range(3))
+        order = torch.cat([torch.arange(size, 2 * size), torch.arange(size), torch.arange(2 * size, 16)])
+        with torch.no_grad():
+            for name in hf_compat.INPUT_PROJECTIONS:
+                linear = getattr(swapped, name)
+                linear.weight.copy_(linear.weight[order]), linear.bias.copy_(linear.bias[order])
+            output = getattr(swapped, hf_compat.OUTPUT_PROJECTION)
+            output.weight.copy_(output.weight[:, order])
+            value = getattr(value_left_out, hf_compat.INPUT_PROJECTIONS[2])
+            value.weight[size:2 * size], value.bias[size:2 * size] = 0, 0
+            getattr(output_left_out, hf_compat.OUTPUT_PROJECTION).weight[:, size:2 * size] = 0
+        torch.testing.assert_close(swapped(hidden)[0], expected)
+        torch.testing.assert_close(value_left_out(hidden)[0], output_left_out(hidden)[0])
+        assert not torch.allclose(value_left_out(hidden)[0], expected)
+
+
+def test_set_num_heads():
+    """An attention module told its new head count after its projections lost head 1 (its rows of the input
+    projections, its columns of the output projection) computes what the whole module computes without head 1."""
+    attention = stock_mbart().model.encoder.layers[0].self_attn
+    assert attention.num_heads == TINY["encoder_attention_heads"]
+    size = attention.head_dim
+    rows = torch.cat([torch.arange(size), torch.arange(2 * size, 4 * size)])
+    pruned, masked = copy.deepcopy(attention), copy.deepcopy(attention)
+    for name in hf_compat.INPUT_PROJECTIONS:
+        linear = getattr(pruned, name)
+        linear.weight, linear.bias = nn.Parameter(linear.weight[rows]), nn.Parameter(linear.bias[rows])
+    output = getattr(pruned, hf_compat.OUTPUT_PROJECTION)
+    output.weight = nn.Parameter(output.weight[:, rows])
+    hf_compat.set_num_heads(pruned, 3)
+    assert pruned.num_heads == 3
+    with torch.no_grad():
+        getattr(masked, hf_compat.OUTPUT_PROJECTION).weight[:, size:2 * size] = 0
+    hidden = torch.randn(2, 3, TINY["d_model"])
+    torch.testing.assert_close(pruned(hidden)[0], masked(hidden)[0])
+
+
+def test_STACK_LAYERS_BLOCK_ATTENTION():
+    """Each stack keeps one block a layer in a ``ModuleList`` under ``STACK_LAYERS``; a block its self-attention and
+    (a decoder's) cross-attention, the one a forward gives the encoder's states, under ``BLOCK_ATTENTION``; and
+    together they make the modules' paths in the base model."""
+    calls = []
+
+    def record(module, args, kwargs):
+        calls.append((module.probe_kind, kwargs.get("key_value_states") is not None))
+
+    for model in stock_models():
+        base = model.model
+        paths = {module: path for path, module in base.named_modules()}
+        for side, kinds in (("encoder", ("self",)), ("decoder", ("self", "cross"))):
+            blocks = getattr(getattr(base, side), hf_compat.STACK_LAYERS)
+            assert type(blocks) is nn.ModuleList and len(blocks) == TINY[f"{side}_layers"]
+            assert not hasattr(blocks[0], hf_compat.BLOCK_ATTENTION["cross"]) or side == "decoder"
+            for kind in kinds:
+                attention = getattr(blocks[1], hf_compat.BLOCK_ATTENTION[kind])
+                assert hasattr(attention, hf_compat.OUTPUT_PROJECTION)
+                assert paths[attention] == f"{side}.{hf_compat.STACK_LAYERS}.1.{hf_compat.BLOCK_ATTENTION[kind]}"
+                attention.probe_kind = kind
+                attention.register_forward_pre_hook(record, with_kwargs=True)
+        model(**batch())
+    assert sorted(set(calls)) == [("cross", True), ("self", False)] and len(calls) == 2 * 3
+
+
+def test_logits_bias():
+    """The generation models' logits are their output projection's plus the bias, a (1, V) buffer."""
+    for model in stock_models():
+        bias = hf_compat.logits_bias(model)
+        assert bias.shape == (1, TINY["vocab_size"]) and any(bias is buffer for buffer in model.buffers())
+        with torch.no_grad():
+            bias.normal_()
+            out = model(**batch(), output_hidden_states=True)
+        torch.testing.assert_close(out.logits, model.lm_head(out.decoder_hidden_states[-1]) + bias)
+
+
+def test_additive_mask_allowed():
+    """The eager backend's masks are float, 0 where a key is allowed and ``finfo.min`` where it is masked: padding in
+    the encoder, the future in the decoder."""
+    model, masks = stock_mbart(attn_implementation="eager"), {}
+
+    def recorder(side):
+        def record(module, args, kwargs):
+            masks.setdefault(side, kwargs["attention_mask"])
+
+        return record
+
+    for side in ("encoder", "decoder"):
+        getattr(model.model, side).layers[0].self_attn.register_forward_pre_hook(recorder(side), with_kwargs=True)
+    inputs = batch()
+    model(**inputs)
+    for mask in masks.values():
+        assert mask.is_floating_point() and set(mask.unique().tolist()) == {0.0, torch.finfo(mask.dtype).min}
+    encoder, decoder = masks["encoder"], masks["decoder"]
+    padding = inputs["attention_mask"].bool()[:, None, None, :].expand_as(encoder)
+    assert torch.equal(hf_compat.additive_mask_allowed(encoder), padding)
+    assert torch.equal(hf_compat.additive_mask_allowed(encoder + 3.0), padding)  # a bias on top
+    causal = torch.ones(decoder.shape[-2:], dtype=torch.bool).tril().expand_as(decoder)
+    assert torch.equal(hf_compat.additive_mask_allowed(decoder), causal)
+
+
+def test_TRAINER_STATE_FILE_TRAINING_STATE_FILES_checkpoint_world_size(tmp_path):
+    """A Trainer checkpoint (one step, one process) holds the model's files and the Trainer's own, which
+    ``TRAINING_STATE_FILES`` names (the trainer state among them); its RNG state says one process."""
+    inputs = batch()
+    rows = [{key: value[i] for key, value in inputs.items()} for i in range(2)]
+    args = Seq2SeqTrainingArguments(str(tmp_path), max_steps=1, save_steps=1, per_device_train_batch_size=2,
+                                    report_to=[], use_cpu=True, disable_tqdm=True, logging_strategy="no")
+    Seq2SeqTrainer(model=stock_mbart(), args=args, train_dataset=rows).train()
+    folder = tmp_path / "checkpoint-1"
+    files = {file.name for file in folder.iterdir()}
+    trainers = {name for name in files if hf_compat.TRAINING_STATE_FILES.fullmatch(name)}
+    assert files - trainers == {"config.json", "generation_config.json", "model.safetensors"}
+    assert json.loads((folder / hf_compat.TRAINER_STATE_FILE).read_text())["global_step"] == 1
+    assert hf_compat.checkpoint_world_size(folder) == 1 and hf_compat.checkpoint_world_size(tmp_path) is None
+
+
 def test_softmax_backward():
     x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     grad = torch.randn(3, 5, dtype=torch.float64)
@@ -336,7 +486,7 @@ def test_get_relative_import_files(tmp_path):
 def test_every_name_has_its_contract_test():
     """``__all__`` names every assumption the module defines, and each has its ``test_<name>`` here (several names
     may share one test, ``test_<name>_<name>``)."""
-    helpers = {"annotations", "contextmanager"}
+    helpers = {"annotations", "contextmanager", "Path"}
     defined = {name for name, value in vars(hf_compat).items()
                if not name.startswith("_") and not inspect.ismodule(value) and name not in helpers}
     assert defined == set(hf_compat.__all__)

@@ -22,13 +22,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM
 
+from ..hf_compat import TRAINING_STATE_FILES
 from .outputs import check_output_dir, replacing_dir
 
 #: Config fields that differ between checkpoints of one architecture without meaning anything.
 IGNORED_CONFIG_FIELDS = ("transformers_version", "headattn_version", "_name_or_path", "dtype", "torch_dtype",
                          "_commit_hash")
-#: Files of a Trainer checkpoint that are training state, not model or tokenizer (never copied).
-TRAINING_STATE = re.compile(r"(optimizer|scheduler|scaler)\.pt|rng_state.*\.pth|trainer_state\.json|training_args\.bin")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
@@ -146,7 +145,7 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, m
         model.save_pretrained(folder)
         for file in checkpoints[-1].iterdir():  # tokenizer files and the rest that is not weights or training state
             target = folder / file.name
-            if file.is_file() and not target.exists() and not TRAINING_STATE.fullmatch(file.name) \
+            if file.is_file() and not target.exists() and not TRAINING_STATE_FILES.fullmatch(file.name) \
                     and not file.name.startswith("model.safetensors"):
                 shutil.copy2(file, target)
         (folder / "averaged_from.json").write_text(

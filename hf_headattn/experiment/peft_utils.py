@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from torch import nn
 
 from ..attention import AttentionMethod
+from ..hf_compat import INPUT_PROJECTIONS, OUTPUT_PROJECTION
 
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
+#: LoRA's default targets: every attention module's projections.
+DEFAULT_TARGETS = (*INPUT_PROJECTIONS, OUTPUT_PROJECTION)
 
 
 def method_modules_to_save(model: nn.Module) -> list[str]:

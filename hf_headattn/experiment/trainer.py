@@ -19,7 +19,7 @@ from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
-from ..hf_compat import nested_gather
+from ..hf_compat import TRAINER_STATE_FILE, checkpoint_world_size, nested_gather
 from ..registry import logged_fields
 
 logger = logging.get_logger(__name__)
@@ -70,8 +70,7 @@ def check_resume_world_size(checkpoint, args) -> None:
         if checkpoint is None:
             return  # the Trainer raises its own error for that
     folder = Path(checkpoint)
-    per_rank = list(folder.glob("rng_state_*.pth"))
-    saved = len(per_rank) if per_rank else (1 if (folder / "rng_state.pth").is_file() else None)
+    saved = checkpoint_world_size(folder)
     if saved is not None and saved != args.world_size:
         raise ValueError(
             f"{folder} was written by {saved} process(es) but this run has world_size={args.world_size}; resume "
@@ -109,7 +108,7 @@ def resumed_from(checkpoint: str | bool | None, output_dir: str | Path) -> dict 
     if not checkpoint:
         return None
     folder = Path(last_checkpoint(output_dir) if checkpoint is True else checkpoint)
-    state, clock = folder / "trainer_state.json", folder / TRAIN_TIME_FILE
+    state, clock = folder / TRAINER_STATE_FILE, folder / TRAIN_TIME_FILE
     return {"checkpoint": str(folder),
             "step": json.loads(state.read_text())["global_step"] if state.is_file() else None,
             "train_time_s": json.loads(clock.read_text())["train_time_s"] if clock.is_file() else None}

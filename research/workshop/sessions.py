@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from hf_headattn.hf_compat import TRAINER_STATE_FILE
+
 from .runs import now
 
 
@@ -30,14 +32,14 @@ def resumable_checkpoint(folder: str | Path) -> Path | None:
     found = []
     for path in Path(folder).glob("checkpoint-*"):
         step = path.name.removeprefix("checkpoint-")
-        if step.isdigit() and (path / "trainer_state.json").is_file() and (path / "train_time.json").is_file():
+        if step.isdigit() and (path / TRAINER_STATE_FILE).is_file() and (path / "train_time.json").is_file():
             found.append((int(step), path))
     return max(found)[1] if found else None
 
 
 def checkpoint_progress(checkpoint: Path) -> tuple[dict, float]:
     """A checkpoint's trainer state and the run's training time up to it (seconds, all sessions)."""
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
     return state, json.loads((checkpoint / "train_time.json").read_text())["train_time_s"]
 
 

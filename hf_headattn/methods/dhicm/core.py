@@ -18,7 +18,7 @@ from torch import nn
 
 from ...attention import AttentionCall, AttentionMethod
 from ...head_masks import live_heads, masked_logits
-from ...hf_compat import init_normal_, init_zeros_
+from ...hf_compat import OUTPUT_PROJECTION, init_normal_, init_zeros_
 from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import allowed_values, check_range, resolve_layers
 
@@ -429,7 +429,8 @@ def build(settings: DHICMSettings, config, module) -> DHICM:
     d_m = settings.dim or config.d_model
     method = DHICM(config.d_model, module.num_heads, d_m, settings.dropout, settings.mode)
     if settings.mode == "paper" and d_m != config.d_model:
-        module.out_proj = nn.Linear(d_m, config.d_model, bias=module.out_proj.bias is not None)  # W_s
+        bias = getattr(module, OUTPUT_PROJECTION).bias is not None
+        setattr(module, OUTPUT_PROJECTION, nn.Linear(d_m, config.d_model, bias=bias))  # W_s
     return method
 
 
