@@ -6,9 +6,9 @@ term); the attention function turns every bias of the call into what its backend
 add up and no method imports another's math:
 
 * SDPA and eager: one mask tensor (:func:`biased_mask`), the call's mask with the biases in it, of H heads only where
-  a bias differs between heads (else (B, 1, T, S)); bool (True = attend) where the backend takes bool (SDPA) and every
-  bias is a hard mask, else additive float with ``finfo.min`` where masked (what eager needs, and SDPA with a float
-  bias);
+  a bias differs between heads (else (B, 1, T, S)); bool (True = attend) where the backend takes bool (SDPA) and the
+  one bias is a hard mask, else additive float with ``finfo.min`` where masked (what eager needs, and SDPA with a
+  float bias);
 * flex attention: a ``score_mod`` over (sentence, head, query, key) that reads each bias tensor by index
   (:func:`biased_score_mod`), so a compact bias ((B, 1, T, S), or only the chosen heads') never becomes (B, H, T, S);
   the padding and causality stay in transformers' block mask.
@@ -17,7 +17,8 @@ One bias (a :class:`ScoreBias`) is ``score + bias`` where ``allowed`` and ``-inf
 row whose allowed keys are all masked by the call's own mask (e.g. a padding row) keeps the call's mask alone on that
 bias's heads, the bias left out: a hard mask never leaves a row with nothing to attend to (SEA's rule for padding rows,
 which the paper does not cover). The row rule is per bias: two hard masks that together leave a row empty are the
-methods' own concern.
+methods' own concern (such a row attends uniformly on SDPA/eager, whose mask is then additive, and gets -inf
+everywhere on flex attention).
 
 Shapes: B batch, H the call's heads (after pruning, the heads of ``query``), T queries, S keys.
 """
@@ -137,8 +138,9 @@ def biased_mask(mask: torch.Tensor | None, biases: Sequence[ScoreBias], dtype: t
         The call's mask cut to the keys, causality explicit (None: every key allowed).
     biases : the call's :class:`ScoreBias` es, at least one, in the order added (they add up)
     dtype : of an additive result (the query's)
-    boolean : whether a bool result is taken (SDPA); it is returned when the mask is None or bool and every bias is a
-        hard mask (``allowed`` only), else the result is additive float
+    boolean : whether a bool result is taken (SDPA); it is returned when the mask is None or bool and the one bias is
+        a hard mask (``allowed`` only), else the result is additive float (two hard masks may leave a row empty,
+        which a bool mask would make NaN in SDPA)
 
     Returns
     -------
@@ -147,7 +149,7 @@ def biased_mask(mask: torch.Tensor | None, biases: Sequence[ScoreBias], dtype: t
     """
     allowed = _allowed(mask)
     added = None if mask is None or mask.dtype == torch.bool else mask.to(dtype)
-    boolean = boolean and added is None and all(term.bias is None for term in biases)
+    boolean = boolean and added is None and len(biases) == 1 and biases[0].bias is None
     shared = all(term.selection is biases[0].selection for term in biases)
     now_allowed, now_added = allowed, added
     for term in biases:

@@ -205,6 +205,18 @@ def test_one_methods_bias_on_heads_by_number(with_bias):
     torch.testing.assert_close(again.transpose(1, 2), output)
 
 
+def test_two_hard_masks_that_empty_a_row_leave_sdpa_finite():
+    """Each hard mask leaves every row a key, together they leave row 0 none: SDPA then gets an additive mask (a bool
+    one would give NaN there), and the row attends uniformly."""
+    first, second = (torch.ones(B, 1, T, T, dtype=torch.bool) for _ in range(2))
+    first[:, :, 0], second[:, :, 0] = torch.arange(T) == 0, torch.arange(T) == 1
+    module = attach(module_of("sdpa"), first=Bias(allowed=first), second=Bias(allowed=second), spy=MaskSpy())
+    query, key, value = qkv()
+    output, _ = headattn_attention_forward(module, query, key, value, None, scaling=SCALING)
+    assert module.spy.mask.dtype == torch.float32 and output.isfinite().all()
+    torch.testing.assert_close(output[:, 0], value.mean(2))
+
+
 def test_biases_gradcheck_on_the_mask():
     """float64 gradcheck of the mask made of a bias on heads by number and one on a per-sentence selection with a
     hard mask (each spread to the heads on its own), through SDPA."""
