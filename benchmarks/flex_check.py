@@ -11,7 +11,7 @@ on flex in the same rounds, and stock on SDPA as the row ``stock-sdpa``; no oper
 ``over_sdpa``: each row's median step over stock SDPA's.
 
 Gradient check (``lpea_gradient``): SEA's LPEA bias (Eq. 6-8) reaches flex as a ``score_mod`` that indexes captured
-tensors (:func:`hf_headattn.flex.sea_score_mod`), and only recent torch releases differentiate captured tensors. One
+tensors (:mod:`hf_headattn.scores`), and only recent torch releases differentiate captured tensors. One
 forward and backward of the ``lpea-rhe`` model at ``--shape`` (dropout 0, one model switched between the backends, so
 the same weights and batch) on SDPA and on flex: ``loss_diff`` and, per ``lpea_*`` parameter, ``grad_max_diff``,
 max |flex - SDPA| over max |SDPA| (that scale at least ``compile_check.GRAD_FLOOR`` of the largest SDPA gradient);

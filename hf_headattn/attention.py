@@ -14,8 +14,11 @@ hook in at the one place transformers 5 designed for it, the attention registry:
   would break all three);
 * that function runs the methods attached to the module around the backend the *model* is configured with (SDPA,
   eager or flex attention, :mod:`hf_headattn.flex`; others are refused, and a method may refuse one: ``backends``):
-  ``before`` may change the mask (SEA), the backend computes the output, ``after`` may read q/k (EaDRA recomputes
-  probabilities only for its heads) and transform the per-head output (DHICM).
+  ``before`` may add a bias or hard mask to some heads' scores (SEA; :meth:`AttentionCall.add_score_bias`, made into
+  the backend's mask or flex ``score_mod`` by :mod:`hf_headattn.scores`) or take over some heads' attention
+  (:meth:`AttentionCall.take_over`), the backend computes the output of the other heads, ``after`` may read q/k
+  (EaDRA recomputes probabilities only for its heads) and transform the per-head output (DHICM). Two methods' changes
+  compose; a combination that cannot is refused, naming both.
 
 Per-forward state (loss terms, read-outs) travels in a :class:`HeadAttnContext` passed as the ``headattn_context``
 keyword, which transformers forwards from the model to every attention call.
@@ -23,6 +26,7 @@ keyword, which transformers forwards from the model to every attention call.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +34,7 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 
-from .flex import FLEX, dense_mask, flex_attention_with
+from .flex import FLEX, dense_mask, flex_attention_with, is_block_mask
 from .head_masks import module_head_mask, scale_heads, scale_weights
 from .hf_compat import (
     ALL_ATTENTION_FUNCTIONS,
@@ -39,6 +43,16 @@ from .hf_compat import (
     attention_implementation,
     attention_query_input,
     eager_attention_forward,
+)
+from .scores import (
+    ScoreBias,
+    ScoreMod,
+    biased_mask,
+    biased_score_mod,
+    compose_score_mods,
+    head_numbers,
+    on_heads,
+    score_bias,
 )
 from .sites import AttentionSite
 
@@ -137,12 +151,36 @@ class HeadIndex:
         return repr(list(self.numbers))
 
 
+#: What a method that takes over heads computes for them (:meth:`AttentionCall.take_over`), called as transformers
+#: calls an attention function: ``attend(module, query, key, value, attention_mask, dropout=, scaling=)`` ->
+#: ``(output (B, T, h, D), weights (B, h, T, S) or None)``.
+Attend = Callable[..., tuple]
+
+
 @dataclass
 class AttentionCall:
-    """What a method sees of one attention call (shapes as transformers passes them).
+    """What a method sees of one attention call (shapes as transformers passes them), and the hooks it changes the
+    call's attention with.
 
-    query: (B, H, T, D); key, value: (B, H, S, D); attention_mask: None, bool (True = attend) or additive float,
-    broadcastable to (B, H, T, S); hidden_states: (B, T, d_model), the module's query-side input.
+    query: (B, H, T, D); key, value: (B, H, S, D) (H: the module's heads, fewer once pruned; head numbers below are
+    places in this dimension); attention_mask: what transformers passes: None, bool (True = attend) or additive float
+    (``finfo.min`` where masked), broadcastable to (B, H, T, >= S), or on flex attention a ``BlockMask``
+    (:attr:`mask_tensor` gives it as a tensor; with SDPA, None may stand for a causal mask, ``is_causal``);
+    hidden_states: (B, T, d_model), the module's query-side input; ``implementation``: the model's backend ("sdpa",
+    "eager", "flex_attention"; None where a test made the call).
+
+    A method's ``before`` changes the attention through the hooks, which compose (two methods' changes both apply, in
+    the order the methods run; a combination that cannot compose is refused naming both methods):
+
+    * :meth:`add_score_bias`: a bias (and/or a hard mask) on the scores of some heads, per sentence if need be (SEA;
+      a Gaussian locality bias; a relative-position bias); on SDPA/eager it reaches the backend inside the mask, on
+      flex attention as a ``score_mod`` (:mod:`hf_headattn.scores`);
+    * :meth:`add_score_mod`: on flex attention only, any ``score_mod`` (composed with the others);
+    * :meth:`take_over`: the method computes the attention of some heads itself (a value term needs the
+      probabilities, which SDPA does not return); the backend runs on the other heads only.
+
+    Replacing ``attention_mask`` (or q/k/v) in ``before`` still works: the hooks apply to the mask as the backend then
+    gets it.
     """
 
     module: nn.Module
@@ -156,9 +194,13 @@ class AttentionCall:
     kwargs: dict[str, Any]
     head_mask: torch.Tensor | None = None  # (1 or B, H), already applied to the per-head output ``after`` gets
     state: dict[str, Any] = field(default_factory=dict)  # what a method's ``before`` leaves for its ``after``
-    #: flex attention only: a ``score_mod`` a method's ``before`` sets (SEA); the call then runs torch's flex attention
-    #: with it and the block mask (:func:`~.flex.flex_attention_with`)
-    score_mod: Any = None
+    implementation: str | None = None
+    #: the score changes (ScoreBias, or (owner, score_mod) on flex) and the heads taken over ((owner, numbers,
+    #: attend)), in the order added; the method whose hook runs (errors name it); the mask made for the backend
+    _scores: list = field(default_factory=list, repr=False)
+    _taken: list = field(default_factory=list, repr=False)
+    _method: str | None = field(default=None, repr=False)
+    _made_mask: tuple | None = field(default=None, repr=False)
 
     @property
     def is_cross(self) -> bool:
@@ -167,6 +209,11 @@ class AttentionCall:
     @property
     def is_decoder(self) -> bool:
         return self.module.headattn_side == "decoder"
+
+    @property
+    def is_flex(self) -> bool:
+        """Whether flex attention runs the call (transformers then passes a ``BlockMask``)."""
+        return self.implementation == FLEX or is_block_mask(self.attention_mask)
 
     @property
     def query_mask(self) -> torch.Tensor | None:
@@ -186,16 +233,158 @@ class AttentionCall:
 
     @property
     def mask_tensor(self) -> torch.Tensor | None:
-        """``attention_mask`` as a tensor: flex attention's BlockMask as the bool mask (B, 1, T, S) SDPA would get
-        (made once per forward and block mask, :func:`~.flex.dense_mask`), any other mask as it is. Refused once a
-        method set a ``score_mod``: the mask it stands for is then no tensor."""
-        if self.score_mod is not None:
+        """The mask as a tensor, as the backend applies it: on SDPA/eager ``attention_mask`` with the score biases
+        added so far in it (:func:`~.scores.biased_mask`; ``attention_mask`` itself while there is none), on flex
+        attention the BlockMask as the bool mask (B, 1, T, S) SDPA would get (made once per forward and block mask,
+        :func:`~.flex.dense_mask`). On flex attention it is refused once a method changed the scores: the change is
+        a ``score_mod`` there, no tensor (use SDPA or eager for such a combination)."""
+        if self.is_flex:
+            if self._scores:
+                raise ValueError(
+                    f"{self.module.headattn_name}: a method's flex score_mod (from {self._owners(self._scores)}) "
+                    f"changed this call's mask, which {self._method or 'a method'!r} reads as a tensor; expected "
+                    "attn_implementation 'sdpa' or 'eager' for this combination"
+                )
+            return self._base_mask()
+        return self._backend_mask()
+
+    @property
+    def score_mod(self):
+        raise AttributeError("AttentionCall.score_mod is gone: a method adds a score_mod with call.add_score_mod(...) "
+                             "(flex attention) or a bias with call.add_score_bias(...), which compose")
+
+    @score_mod.setter
+    def score_mod(self, value) -> None:
+        raise ValueError(f"{self._method or 'a method'}: setting call.score_mod would overwrite another method's; "
+                         "expected call.add_score_mod(score_mod) (flex attention) or call.add_score_bias(bias, "
+                         "allowed=, heads=), which compose")
+
+    def add_score_bias(self, bias: torch.Tensor | None = None, *, allowed: torch.Tensor | None = None,
+                       heads: torch.Tensor | Sequence[int] | None = None) -> None:
+        """Add ``bias`` to the attention scores (q k^T * scaling) of ``heads`` and mask them where not ``allowed``;
+        on every backend, summed with the other methods' biases.
+
+        Parameters
+        ----------
+        bias : None or float tensor broadcastable to (B, h, T, S), finite
+            Added to the scores (trainable: its gradient flows through every backend; on flex attention only where
+            torch differentiates a ``score_mod``'s captured tensors, a GPU).
+        allowed : None or bool tensor broadcastable to (B, h, T, S)
+            A hard mask: False = the key is masked (-inf) for that query. A query row where it allows no key that
+            the call's mask allows (e.g. a padding row) keeps the call's mask alone on these heads, ``bias`` left out.
+        heads : None (every head: h = H), a bool tensor (H,) or (B, H) (the heads it applies to, per sentence
+            where (B, H): h = H), or a sequence of head numbers (h of them: the bias's head dimension follows their
+            order)
+
+        The backend then gets (:mod:`hf_headattn.scores`): SDPA a bool mask where the call's one bias is a hard
+        mask and the call's mask is bool or None, else an additive float mask (``finfo.min`` where masked), eager
+        always that; either (B, H, T, S) only where a bias applies to some heads or differs between heads; flex
+        attention a ``score_mod`` reading the tensors by index (no (B, H, T, S) tensor), the padding staying in the
+        block mask. A ``ValueError`` names the method and the bad argument.
+        """
+        batch, num_heads, length, _ = self.query.shape
+        shape = (batch, num_heads, length, self.key.shape[2])
+        self._scores.append(score_bias(self._method or "a method", bias, allowed, heads, shape))
+
+    def add_score_mod(self, score_mod: ScoreMod) -> None:
+        """Flex attention only: apply ``score_mod(score, batch, head, query, key) -> score`` (torch's flex
+        signature, the indices over the call's (B, H, T, S)) after the score changes added before it. On SDPA or
+        eager a ``ValueError`` asks for :meth:`add_score_bias` (which a mask carries there)."""
+        if not self.is_flex:
             raise ValueError(
-                f"{self.module.headattn_name}: a method's flex score_mod changed this call's mask, which another "
-                "method reads as a tensor; expected attn_implementation 'sdpa' or 'eager' for this combination"
+                f"{self._method or 'a method'}: add_score_mod needs attn_implementation 'flex_attention', got "
+                f"{self.implementation!r}; expected call.add_score_bias(bias, allowed=, heads=) on SDPA or eager"
             )
+        self._scores.append((self._method or "a method", score_mod))
+
+    def take_over(self, heads: Sequence[int], attend: Attend) -> None:
+        """Compute the attention of ``heads`` (head numbers) with ``attend`` instead of the backend, which then runs
+        on the other heads only (all of them taken: it does not run).
+
+        ``attend`` is called as transformers calls an attention function, on those heads:
+        ``attend(module, query, key, value, attention_mask, dropout=, scaling=)`` with query (B, h, T, D), key and
+        value (B, h, S, D) of the heads in the order given, ``attention_mask`` a tensor for them: None (every key),
+        bool (True = attend) or additive float (``finfo.min`` where masked), broadcastable to (B, h, T, S), with
+        causality explicit and the other methods' score biases on these heads in it (on flex attention too);
+        ``dropout`` the attention dropout probability (0 in eval). It returns ``(output (B, T, h, D), weights)``,
+        weights (B, h, T, S) or None; the call returns weights only where every part has them as (B, ., T, S).
+        Heads taken over by two methods, or a flex ``score_mod`` (:meth:`add_score_mod`) beside taken-over heads
+        (it has no tensor form), are refused naming both methods."""
+        owner = self._method or "a method"
+        numbers = head_numbers(owner, heads, self.query.shape[1])
+        for other, taken, _ in self._taken:
+            if set(numbers) & set(taken):
+                raise ValueError(f"{self.module.headattn_name}: {owner!r} takes over heads {list(numbers)} and "
+                                 f"{other!r} heads {list(taken)}; expected each head taken over by one method")
+        if not callable(attend):
+            raise ValueError(f"{owner}: take_over needs a function attend(module, query, key, value, "
+                             f"attention_mask, dropout=, scaling=), got {type(attend).__name__}")
+        self._taken.append((owner, numbers, attend))
+
+    @staticmethod
+    def _owners(changes) -> str:
+        names = dict.fromkeys(change.owner if isinstance(change, ScoreBias) else change[0] for change in changes)
+        return ", ".join(repr(name) for name in names)
+
+    def _base_mask(self) -> torch.Tensor | None:
+        """``attention_mask`` as a tensor, as transformers gave it (a BlockMask as bool (B, 1, T, S))."""
         cache = None if self.context is None else self.context.cache
         return dense_mask(self.attention_mask, self.query.shape[2], self.key.shape[2], cache)
+
+    def _explicit_mask(self) -> torch.Tensor | None:
+        """The call's mask as a tensor cut to the keys, with causality explicit: SDPA's None on a causal module is
+        the causal mask its ``is_causal`` stands for (as transformers' ``sdpa_attention_forward`` decides it)."""
+        mask, length, key_length = self._base_mask(), self.query.shape[2], self.key.shape[2]
+        if mask is not None:
+            return mask if mask.shape[-1] == key_length else mask[..., :key_length]
+        causal = self.kwargs.get("is_causal")
+        causal = getattr(self.module, "is_causal", True) if causal is None else causal
+        if self.implementation != "sdpa" or length == 1 or not causal:
+            return None
+        device = self.query.device
+        return (torch.arange(length, device=device)[:, None] >= torch.arange(key_length, device=device))[None, None]
+
+    def _biased_mask(self, boolean: bool) -> torch.Tensor | None:
+        """:meth:`_explicit_mask` with the score biases in it (the mask itself without any)."""
+        biases = [change for change in self._scores if isinstance(change, ScoreBias)]
+        if len(biases) < len(self._scores):
+            raise ValueError(f"{self.module.headattn_name}: a flex score_mod from {self._owners(self._scores)} has no "
+                             f"tensor form, which the heads {self._owners_of_taken()} take over need; expected "
+                             "call.add_score_bias(...) for such a combination")
+        mask = self._explicit_mask()
+        return mask if not biases else biased_mask(mask, biases, self.query.dtype, boolean)
+
+    def _owners_of_taken(self) -> str:
+        return ", ".join(repr(owner) for owner, _, _ in self._taken)
+
+    def _backend_mask(self) -> torch.Tensor | None:
+        """What SDPA or eager receives: ``attention_mask`` unchanged without score biases, else
+        :meth:`_biased_mask` (made once per call and mask)."""
+        if not self._scores:
+            return self.attention_mask
+        made = self._made_mask
+        if made is None or made[0] is not self.attention_mask or made[1] != len(self._scores):
+            made = (self.attention_mask, len(self._scores), self._biased_mask(self.implementation == "sdpa"))
+            self._made_mask = made
+        return made[2]
+
+    def _flex_score_mod(self) -> ScoreMod | None:
+        """The score changes as one flex ``score_mod`` (None: none), in the order added."""
+        if not self._scores:
+            return None
+        needs_mask = any(isinstance(change, ScoreBias) and change.allowed is not None for change in self._scores)
+        allowed = key_allowed(self._base_mask(), self.key.shape[2]) if needs_mask else None
+        score_mods, biases = [], []
+        for change in [*self._scores, None]:  # consecutive biases make one score_mod
+            if isinstance(change, ScoreBias):
+                biases.append(change)
+                continue
+            if biases:
+                score_mods.append(biased_score_mod(biases, allowed))
+                biases = []
+            if change is not None:
+                score_mods.append(change[1])
+        return compose_score_mods(score_mods)
 
 
 def key_allowed(attention_mask: torch.Tensor | None, key_length: int) -> torch.Tensor | None:
@@ -318,7 +507,7 @@ def headattn_attention_forward(
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     call = AttentionCall(
         module, query, key, value, attention_mask, scaling, headattn_hidden_states, headattn_context, kwargs,
-        head_mask,
+        head_mask, implementation=implementation,
     )
     methods = [getattr(module, name) for name in module.headattn_methods]
     refused = [name for name, method in zip(module.headattn_methods, methods) if implementation not in method.backends]
@@ -329,21 +518,83 @@ def headattn_attention_forward(
             "those, or switch the method off"
         )
     check_loss_terms_get_gradients(module, headattn_context, methods)
-    for method in methods:
+    for name, method in zip(module.headattn_methods, methods):
+        call._method = name
         method.before(call)
-    if call.score_mod is None:
-        attn_output, attn_weights = backend(
-            module, call.query, call.key, call.value, call.attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )  # attn_output: (B, T, H, D)
-    else:
-        attn_output, attn_weights = flex_attention_with(
-            module, call.query, call.key, call.value, call.attention_mask, call.score_mod, scaling, dropout
-        )
+    call._method = None
+    attn_output, attn_weights = run_attention(call, backend, dropout)  # attn_output: (B, T, H, D)
     if head_mask is not None:
         attn_output, attn_weights = scale_heads(attn_output, head_mask), scale_weights(attn_weights, head_mask)
-    for method in methods:
+    for name, method in zip(module.headattn_methods, methods):
+        call._method = name
         attn_output = method.after(call, attn_output)
     return attn_output, attn_weights
+
+
+def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.Tensor, Any]:
+    """The call's attention after the methods' ``before`` hooks: the backend with their score changes on the heads
+    no method took over, each taken-over group of heads by its method's ``attend``, put back in head order. Without
+    a taken-over head this is the backend alone (its mask unchanged where no method changed the scores)."""
+    if not call._taken:
+        return backend_on_heads(call, backend, None, dropout)
+    num_heads = call.query.shape[1]
+    taken = {head for _, numbers, _ in call._taken for head in numbers}
+    rest = tuple(head for head in range(num_heads) if head not in taken)
+    # the taken-over heads' mask (None, or (B, 1 or H, T, S)): the backend's where it has the biases in it
+    mask = call._backend_mask() if call._scores and not call.is_flex else call._biased_mask(boolean=True)
+    outputs, weights, order = [], [], []
+    if rest:
+        output, weight = backend_on_heads(call, backend, rest, dropout)
+        outputs.append(output)
+        weights.append(weight)
+        order.extend(rest)
+    for owner, numbers, attend_heads in call._taken:
+        index = torch.tensor(numbers, device=call.query.device)
+        query, key, value = (tensor.index_select(1, index) for tensor in (call.query, call.key, call.value))
+        heads_mask = mask if mask is None or mask.shape[1] == 1 else mask.index_select(1, index)
+        output, weight = attend_heads(call.module, query, key, value, heads_mask, dropout=dropout,
+                                      scaling=call.scaling)
+        expected = (query.shape[0], query.shape[2], len(numbers), value.shape[3])
+        if tuple(output.shape) != expected:
+            raise ValueError(f"{call.module.headattn_name}: {owner!r} returned an output of shape "
+                             f"{tuple(output.shape)} for the heads it took over, {list(numbers)}; expected (batch, "
+                             f"query, heads, head_dim) = {expected}")
+        outputs.append(output)
+        weights.append(weight)
+        order.extend(numbers)
+    return in_head_order(outputs, weights, order)
+
+
+def backend_on_heads(call: AttentionCall, backend, heads: tuple[int, ...] | None, dropout: float):
+    """The backend on the heads ``heads`` (None: all) with the methods' score changes: SDPA/eager with the mask made
+    for them (:meth:`AttentionCall._backend_mask`), flex attention with their ``score_mod``."""
+    query, key, value = call.query, call.key, call.value
+    index = None if heads is None else torch.tensor(heads, device=query.device)
+    if index is not None:
+        query, key, value = (tensor.index_select(1, index) for tensor in (query, key, value))
+    if call.is_flex:
+        score_mod = call._flex_score_mod()
+        if score_mod is not None:
+            score_mod = score_mod if index is None else on_heads(score_mod, index)
+            return flex_attention_with(call.module, query, key, value, call.attention_mask, score_mod, call.scaling,
+                                       dropout)
+        mask = call.attention_mask
+    else:
+        mask = call._backend_mask()
+        if index is not None and mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
+            mask = mask.index_select(1, index)
+    return backend(call.module, query, key, value, mask, dropout=dropout, scaling=call.scaling, **call.kwargs)
+
+
+def in_head_order(outputs: list[torch.Tensor], weights: list, order: list[int]) -> tuple[torch.Tensor, Any]:
+    """The per-head parts (B, T, h_i, D), computed for the heads ``order`` (concatenated), as one (B, T, H, D) in
+    head order; the weights likewise along their head dimension where every part gave them as (B, h_i, T, S), else
+    None."""
+    place = torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=outputs[0].device)
+    output = torch.cat(outputs, dim=2).index_select(2, place)
+    if any(weight is None or weight.dim() != 4 for weight in weights):
+        return output, None
+    return output, torch.cat(weights, dim=1).index_select(1, place)
 
 
 class AttentionMethod(nn.Module):
@@ -374,10 +625,17 @@ class AttentionMethod(nn.Module):
         """The module keeps only the heads ``keep`` (current numbers, sorted): drop per-head state of the others."""
 
     def before(self, call: AttentionCall) -> None:
-        """Runs before the backend; may replace ``call.attention_mask`` (or q/k/v)."""
+        """Runs before the backend, on q/k/v (B, H, T or S, D) and the mask as transformers passes them (None, bool
+        True = attend, or additive float with ``finfo.min``; a BlockMask on flex attention). Changes the attention
+        with the call's hooks, which compose with the other methods': ``call.add_score_bias(bias, allowed=,
+        heads=)`` (a bias or hard mask on some heads' scores, every backend), ``call.add_score_mod(score_mod)``
+        (flex attention only), ``call.take_over(heads, attend)`` (computes those heads itself); or replaces
+        ``call.attention_mask`` (or q/k/v). See :class:`AttentionCall`."""
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
-        """Runs after the backend on the per-head output (B, T, H, D); returns what ``out_proj`` receives."""
+        """Runs after the backend on the per-head output (B, T, H, D), every head's (the taken-over ones put back in
+        place), scaled by the head mask; returns what ``out_proj`` receives. ``call.mask_tensor`` is then the mask
+        with the score biases in it (refused on flex attention once a method changed the scores)."""
         return attn_output
 
 

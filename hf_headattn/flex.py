@@ -6,8 +6,9 @@ per-head output as SDPA does; off the CPU its second output is the log-sum-exp o
 the other backends return weights or None (a head mask leaves it unchanged: :func:`~.head_masks.scale_weights`).
 DHICM reads only the output and the query-side input; EaDRA reads the queries, keys and the mask as the bool tensor
 (B, 1, T, S) that SDPA would have received, which :func:`dense_mask` rebuilds from the block mask's ``mask_mod``, so
-its terms are the SDPA path's. SEA (which changes the mask per sentence and head) runs there as a ``score_mod`` over
-the sentence's positions and its selected heads (:func:`sea_score_mod`), the padding staying in the block mask.
+its terms are the SDPA path's. The methods' score biases (SEA's, which change the mask per sentence and head) run
+there as a ``score_mod`` over the sentence's positions and the heads they apply to
+(:func:`~.scores.biased_score_mod`), the padding staying in the block mask.
 
 On the CPU flex attention runs forward only (torch 2.13 raises for its backward there); ``tests/test_flex.py``
 compares it with SDPA without gradients, and training on flex needs a GPU.
@@ -47,41 +48,6 @@ def dense_mask(attention_mask, query_length: int, key_length: int, cache: dict |
     if cache is not None and not torch.compiler.is_compiling():
         cache[key] = (attention_mask, mask)  # the block mask kept alive: its id is not reused within the forward
     return mask
-
-
-def keeps_a_key(syntax_allowed: torch.Tensor, pad_allowed: torch.Tensor | None) -> torch.Tensor:
-    """(B, T) bool: the query rows that keep a syntactic key the padding allows (the others keep the padding mask
-    alone, as :func:`~.methods.sea.equations.enhanced_mask` does). ``syntax_allowed`` (B, T, S); ``pad_allowed`` None or
-    (B, 1, T, S)."""
-    if pad_allowed is None:
-        return syntax_allowed.any(-1)
-    return (syntax_allowed & pad_allowed[:, 0]).any(-1)
-
-
-def sea_score_mod(syntax_bias: torch.Tensor | None, syntax_allowed: torch.Tensor, selected: torch.Tensor | None,
-                  keeps: torch.Tensor):
-    """SEA's mask (Eq. 4 / Eq. 6) on the selected heads of each sentence as a flex ``score_mod``: what
-    SEA's ``enhanced_mask`` adds to the scores, without a (B, H, T, S) tensor (the padding stays in the
-    block mask).
-
-    score'[b, h, i, j] = score + P[b, i, j] where allowed, -inf elsewhere, when head h of sentence b is selected and
-    row i keeps a key; score otherwise.
-
-    Parameters
-    ----------
-    syntax_bias : None (DEA: 0) or Tensor (B, T, S), LPEA's P
-    syntax_allowed : BoolTensor (B, T, S)
-    selected : BoolTensor (B, H), or None for every head
-    keeps : BoolTensor (B, T), from :func:`keeps_a_key`
-    """
-
-    def score_mod(score, batch, head, query, key):
-        on = keeps[batch, query] if selected is None else keeps[batch, query] & selected[batch, head]
-        enhanced = score if syntax_bias is None else score + syntax_bias[batch, query, key]
-        enhanced = torch.where(syntax_allowed[batch, query, key], enhanced, -float("inf"))
-        return torch.where(on, enhanced, score)
-
-    return score_mod
 
 
 def flex_attention_with(module, query, key, value, block_mask, score_mod, scaling: float, dropout: float = 0.0):

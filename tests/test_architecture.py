@@ -4,6 +4,7 @@ import ast
 import copy
 import dataclasses
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -453,3 +454,31 @@ def test_the_internals_check_allows_our_own_private_names_and_public_modules():
             "3: spells out_proj", "3: spells trainer_state.json", "4: spells q_proj", "4: spells rng_state",
             "4: spells trainer_state.json")]
     assert hf_name_uses({"hf_headattn/hf_compat.py": planted}) == []
+
+
+#: The words that name a built-in method (its name, its variants and parts): no class or function outside the
+#: method's folder is named with one.
+METHOD_WORDS = {"dhicm": {"dhicm"}, "eadra": {"eadra"}, "sea": {"sea", "dea", "lpea", "rhe"}}
+
+
+def _words(name: str) -> set[str]:
+    return {word.lower() for word in re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+", name)}
+
+
+def test_each_method_is_one_folder():
+    """Every package file that holds a built-in method's code is in ``hf_headattn/methods/<name>/`` (its registration
+    line aside), and its tests in ``tests/methods/<name>/`` (#53)."""
+    for method, words in METHOD_WORDS.items():
+        assert (PACKAGE / "methods" / method / "core.py").is_file() and (PACKAGE / "methods" / method / "README.md")
+        assert list((ROOT / "tests" / "methods" / method).glob("test_*.py")), method
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                named = [method for method, words in METHOD_WORDS.items() if _words(node.name) & words]
+                if named and not relative.startswith(f"methods/{named[0]}/"):
+                    found.append(f"{relative}:{node.lineno}: {node.name}")
+    assert found == []
+    assert not [path.name for path in (ROOT / "tests").glob("test_*.py")
+                if _words(path.stem) & set().union(*METHOD_WORDS.values())]

@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from ...attention import AttentionCall, AttentionMethod
-from ...flex import is_block_mask, keeps_a_key, sea_score_mod
 from ...hf_compat import assert_async, init_normal_, init_zeros_
 from ...losses import IGNORE_INDEX
 from ...registry import MethodSettings, MethodSpec
@@ -32,7 +31,6 @@ from ...settings_checks import allowed_values, resolve_layers
 from .equations import (
     NOT_IN_PHRASE,
     dependency_allowed,
-    enhanced_mask,
     head_confidence,
     key_allowed,
     lpea_bias,
@@ -178,9 +176,10 @@ class SEA(AttentionMethod):
     """SEA (DEA Eq. 4-5 or LPEA Eq. 6-8) on all heads or, with RHE (Eq. 3, 9, 10), on the redundant heads only.
 
     ``before`` identifies the redundant heads from the layer's plain attention probabilities (softmax of q k^T *
-    scaling with the padding mask, no attention dropout; computed only when needed) and replaces the mask with the
-    additive SEA mask on the selected heads (per sentence and head), which the model's backend (SDPA, eager) applies;
-    ``after`` zeroes the redundant heads' outputs for RHE pruning.
+    scaling with the padding mask, no attention dropout; computed only when needed) and adds the SEA mask (Eq. 5's
+    hard mask, LPEA's bias P) to the scores of the selected heads, per sentence and head
+    (``call.add_score_bias``: the shared layer makes it the backend's mask, or flex's ``score_mod``); ``after`` zeroes
+    the redundant heads' outputs for RHE pruning.
 
     What gets gradients: the RHE statistics are computed under ``no_grad`` and Eq. 10 is a hard decision, so the
     selection gets none (no straight-through estimator; the paper gives none). Gradients flow as in any attention
@@ -193,7 +192,7 @@ class SEA(AttentionMethod):
     ``lpea_projection`` U_P (d_h,) ~ N(0, std).
 
     On flex attention the SEA mask is a ``score_mod`` over the sentence's positions and its selected heads
-    (:func:`~.flex.sea_score_mod`), the padding staying in transformers' block mask: no (B, H, T, S) tensor.
+    (:func:`~.scores.biased_score_mod`), the padding staying in transformers' block mask: no (B, H, T, S) tensor.
     """
 
     def __init__(self, settings: SEASettings, head_dim: int):
@@ -221,7 +220,9 @@ class SEA(AttentionMethod):
 
     def before(self, call: AttentionCall) -> None:
         """Check the inputs, find the redundant heads when needed (kept in ``call.state`` for ``after``
-        and recorded for ``output_redundant_heads``), and give the backend the SEA mask."""
+        and recorded for ``output_redundant_heads``), and add the SEA mask to the selected heads' scores: Eq. 5's
+        allowed pairs (DEA), with LPEA's bias P (Eq. 6). A row whose allowed keys are all padding keeps the padding
+        mask alone (the shared layer's rule, :mod:`hf_headattn.scores`)."""
         readout = call.context is not None and "output_redundant_heads" in call.context.flags
         inputs = {name: call.kwargs.get(name) for name in needed_inputs(self.settings, readout)}
         context = call.context
@@ -237,18 +238,13 @@ class SEA(AttentionMethod):
         if self.settings.type is None:
             return
         if self.settings.type == "dea":
-            allowed = dependency_allowed(inputs["dependency_mask"])
-            bias = torch.zeros((), dtype=call.query.dtype, device=call.query.device).expand(allowed.shape)
+            bias, allowed = None, dependency_allowed(inputs["dependency_mask"])
         else:
             # (cast to the query's dtype before the gather: 2k+1 values, not the gathered (B, S, S) bias)
             bias, allowed = lpea_bias(inputs["phrase_positions"], self.label_bias().to(call.query.dtype), NOT_IN_PHRASE)
+            bias = bias[:, None]  # (B, 1, T, S)
         selected = call.state["sea_redundant"] if self.settings.heads == "redundant" else None
-        if is_block_mask(call.attention_mask):  # flex attention
-            pad_allowed = key_allowed(call.mask_tensor, allowed.shape[-1])  # (B, 1, T, S)
-            syntax_bias = None if self.settings.type == "dea" else bias
-            call.score_mod = sea_score_mod(syntax_bias, allowed, selected, keeps_a_key(allowed, pad_allowed))
-            return
-        call.attention_mask = enhanced_mask(call.attention_mask, bias, allowed, selected, call.query.dtype)
+        call.add_score_bias(bias, allowed=allowed[:, None], heads=selected)
 
     @torch.no_grad()
     def _redundant(self, call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:

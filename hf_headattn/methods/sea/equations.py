@@ -4,12 +4,13 @@ Functions of tensors only (never of a config), each naming its equation:
 
 * :func:`head_confidence` (Eq. 3), :func:`syntactic_attention` (Eq. 9), :func:`redundant_heads` (Eq. 10): RHE;
 * :func:`dependency_allowed` (Eq. 5): DEA; :func:`lpea_label_bias` (Eq. 8 for the 2k+1 labels) and
-  :func:`lpea_bias` (Eq. 6-8 gathered by the relative phrasal positions; its gradient by :func:`sum_per_label`): LPEA;
-* :func:`enhanced_mask`: the additive mask the backend receives (Eq. 4 / Eq. 6 on the selected heads).
+  :func:`lpea_bias` (Eq. 6-8 gathered by the relative phrasal positions; its gradient by :func:`sum_per_label`): LPEA.
 
-Masking: the paper's -inf (Eq. 5, Figure 3's infinity) is the most negative finite value of the dtype
-(``torch.finfo(dtype).min``, as HF's own masks), combined with ``torch.where`` (never by addition, which could
-overflow to -inf and give NaN). The diagonal is always allowed, and a query row left with no allowed key (a padding
+Masking (Eq. 4 / Eq. 6 on the selected heads): SEA adds the allowed pairs and P to the scores through the shared
+layer (``AttentionCall.add_score_bias``, :mod:`hf_headattn.scores`), which makes the paper's -inf (Eq. 5, Figure 3's
+infinity) the most negative finite value of the dtype in an additive mask (``torch.finfo(dtype).min``, as HF's own
+masks, set with ``torch.where``, never by addition, which could overflow to -inf and give NaN), a bool mask's False,
+or -inf in flex's ``score_mod``. The diagonal is always allowed, and a query row left with no allowed key (a padding
 row) falls back to the padding mask alone, so no attention row is ever all-masked.
 
 Shapes: B batch, H heads, T = S source length (encoder self-attention), k = ``config.sea["max_relative_position"]``.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention import key_allowed  # (core.py imports it from here too: part of Eq. 9's inputs)
+from ...attention import key_allowed  # noqa: F401  (core.py imports it from here: part of Eq. 9's inputs)
 
 #: ``phrase_positions`` value outside the local phrase and on padding (the syntax collator writes it).
 NOT_IN_PHRASE = -10000
@@ -207,42 +208,3 @@ class _GatherLabels(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         (labels,) = ctx.saved_tensors
         return sum_per_label(grad, labels, ctx.num_labels), None
-
-
-def enhanced_mask(attention_mask: torch.Tensor | None, syntax_bias: torch.Tensor, syntax_allowed: torch.Tensor,
-                  selected: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask of Eq. 4 / Eq. 6 on the selected heads, combined with the padding mask.
-
-    mask[b, h, i, j] = finfo.min where the padding mask forbids j; otherwise the padding mask's own value plus,
-    when head h of sentence b is selected, ``syntax_bias[b, i, j]`` (finfo.min where ``syntax_allowed`` is False).
-    A query row whose allowed syntactic keys are all padding (padding rows) keeps the padding mask alone.
-
-    Parameters
-    ----------
-    attention_mask : None, bool (True = attend) or additive float, shape (B, 1, T, >= S)
-    syntax_bias : Tensor, shape (B, T, S), finite (0 for DEA, P for LPEA)
-    syntax_allowed : BoolTensor, shape (B, T, S)
-    selected : BoolTensor, shape (B, H), or None for every head (SEA on all heads)
-    dtype : dtype of the result (the query's)
-
-    Returns
-    -------
-    Tensor, shape (B, H, T, S) when ``selected`` is given, else (B, 1, T, S)
-    """
-    length = syntax_bias.shape[-1]
-    masked = torch.finfo(dtype).min
-    pad_allowed = key_allowed(attention_mask, length)  # None or (B, 1, T, S)
-    syntax_allowed = syntax_allowed[:, None]  # (B, 1, T, S)
-    enhanced = torch.where(syntax_allowed, syntax_bias[:, None].to(dtype), masked)  # (B, 1, T, S)
-    plain = torch.zeros((), dtype=dtype, device=enhanced.device)
-    if pad_allowed is not None:
-        keeps_a_key = (syntax_allowed & pad_allowed).any(dim=-1, keepdim=True)  # (B, 1, T, 1)
-        enhanced = enhanced.masked_fill(~keeps_a_key, 0)
-        if attention_mask.dtype != torch.bool:  # keep what an additive mask holds besides the masking
-            plain = attention_mask[..., :length].to(dtype).masked_fill(~pad_allowed, 0)
-            enhanced = enhanced + plain
-        enhanced = torch.where(pad_allowed, enhanced, masked)
-        plain = torch.where(pad_allowed, plain, masked)  # (B, 1, T, S)
-    if selected is None:
-        return enhanced
-    return torch.where(selected[:, :, None, None], enhanced, plain)  # (B, H, T, S): the one full-size op

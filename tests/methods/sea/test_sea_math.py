@@ -1,4 +1,5 @@
-"""SEA + RHE pure functions (Zhang et al. 2021, Eq. 3, 5, 8, 9, 10) against numpy loops, no NaN, gradcheck."""
+"""SEA + RHE pure functions (Zhang et al. 2021, Eq. 3, 5, 8, 9, 10) against numpy loops, no NaN, gradcheck; the mask
+SEA's score bias gives SDPA/eager through the shared layer (Eq. 4 / Eq. 6) against a loop."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,6 @@ import torch
 
 from hf_headattn.methods.sea.equations import (
     dependency_allowed,
-    enhanced_mask,
     head_confidence,
     key_allowed,
     lpea_bias,
@@ -18,6 +18,7 @@ from hf_headattn.methods.sea.equations import (
     syntactic_attention,
 )
 from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
+from hf_headattn.scores import biased_mask, score_bias
 
 B, H, T, D, K = 3, 4, 6, 5, 2
 LENGTHS = [6, 4, 1]  # the last sentence is a single token
@@ -33,6 +34,14 @@ def setup(seed=0):
     outside = (torch.rand(B, T, T, generator=g) < 0.3) | ~(real[:, :, None] & real[:, None, :])
     rp[outside] = NOT_IN_PHRASE
     return real, probs, dep, rp, g
+
+
+def enhanced_mask(attention_mask, syntax_bias, syntax_allowed, selected, dtype):
+    """The additive mask SEA's ``before`` gives SDPA/eager (``call.add_score_bias(P[:, None],
+    allowed=allowed[:, None], heads=selected)``): the shared layer's mask of Eq. 4 / Eq. 6 on the selected heads."""
+    shape = (syntax_bias.shape[0], H, *syntax_bias.shape[1:])
+    term = score_bias("sea", syntax_bias[:, None], syntax_allowed[:, None], selected, shape)
+    return biased_mask(attention_mask, [term], dtype)
 
 
 def test_head_confidence_eq3_and_syntactic_attention_eq9_match_loops():
