@@ -108,7 +108,7 @@ def test_sea_with_rhe_on_flex_equals_sdpa(sea, monkeypatch):
     inputs = syntax_batch()
     with torch.no_grad():
         rhe = model(**inputs, output_redundant_heads=True).redundant_heads
-        monkeypatch.setattr(hf_headattn.methods.sea.core, "redundant_heads", lambda *args: SELECTED)
+        monkeypatch.setattr(hf_headattn.methods.sea.core, "redundant_heads_of", lambda *args: SELECTED)
         expected = model(**inputs)
         model.set_attn_implementation("flex_attention")
         out = model(**inputs)

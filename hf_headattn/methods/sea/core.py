@@ -26,19 +26,13 @@ from torch import nn
 from ...attention import AttentionCall, AttentionMethod
 from ...hf_compat import assert_async, init_normal_, init_zeros_
 from ...losses import IGNORE_INDEX
+from ...redundancy import dependency_allowed, redundant_heads_of
 from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import allowed_values, resolve_layers
 from .equations import (
     NOT_IN_PHRASE,
-    dependency_allowed,
-    head_confidence,
-    key_allowed,
     lpea_bias,
     lpea_label_bias,
-    plain_probabilities,
-    real_tokens,
-    redundant_heads,
-    syntactic_attention,
 )
 
 NAME = "sea"
@@ -232,7 +226,7 @@ class SEA(AttentionMethod):
             if context is not None:
                 context.record(CHECKED, True)
         if self.settings.prune or self.settings.heads == "redundant" or readout:
-            call.state["sea_redundant"] = self._redundant(call, inputs["dependency_mask"])
+            call.state["sea_redundant"] = redundant_heads_of(call, inputs["dependency_mask"])
             if readout:
                 call.context.record("redundant_heads", (call.module.headattn_name, call.state["sea_redundant"]))
         if self.settings.type is None:
@@ -245,15 +239,6 @@ class SEA(AttentionMethod):
             bias = bias[:, None]  # (B, 1, T, S)
         selected = call.state["sea_redundant"] if self.settings.heads == "redundant" else None
         call.add_score_bias(bias, allowed=allowed[:, None], heads=selected)
-
-    @torch.no_grad()
-    def _redundant(self, call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:
-        """Eq. 3, 9, 10 on the plain attention of this call: (B, H) bool, True = redundant."""
-        length = call.key.shape[2]
-        allowed = key_allowed(call.mask_tensor, length)  # None or (B, 1, T, S)
-        real = real_tokens(allowed, call.key.shape[0], length, call.key.device)  # (B, S) = (B, T)
-        probs = plain_probabilities(call.query, call.key, call.scaling, allowed)  # (B, H, T, S)
-        return redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         if not self.settings.prune:

@@ -2,8 +2,9 @@
 
 Functions of tensors only (never of a config), each naming its equation:
 
-* :func:`head_confidence` (Eq. 3), :func:`syntactic_attention` (Eq. 9), :func:`redundant_heads` (Eq. 10): RHE;
-* :func:`dependency_allowed` (Eq. 5): DEA; :func:`lpea_label_bias` (Eq. 8 for the 2k+1 labels) and
+* RHE (Eq. 3, 9, 10) and Eq. 5's related pairs are shared by every bias method (``heads="redundant"``):
+  :mod:`hf_headattn.redundancy`;
+* :func:`lpea_label_bias` (Eq. 8 for the 2k+1 labels) and
   :func:`lpea_bias` (Eq. 6-8 gathered by the relative phrasal positions; its gradient by :func:`sum_per_label`): LPEA.
 
 Masking (Eq. 4 / Eq. 6 on the selected heads): SEA adds the allowed pairs and P to the scores through the shared
@@ -20,116 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from ...attention import key_allowed  # noqa: F401  (core.py imports it from here: part of Eq. 9's inputs)
+from ...redundancy import dependency_allowed
 
 #: ``phrase_positions`` value outside the local phrase and on padding (the syntax collator writes it).
 NOT_IN_PHRASE = -10000
-
-
-def real_tokens(allowed: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
-    """(B, S) bool, True at real tokens: the keys some query may attend to (bidirectional padding masks).
-
-    In encoder self-attention queries and keys are the same tokens, so this is also the query mask. It is read from
-    the mask itself so that ``generate()``, which runs the encoder without the model's context, sees the same tokens.
-    """
-    if allowed is None:
-        return torch.ones(batch, length, dtype=torch.bool, device=device)
-    return allowed.any(dim=-2).all(dim=1)  # (B, 1|H, T, S) -> (B, 1|H, S) -> (B, S)
-
-
-def plain_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float,
-                        allowed: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T * scaling) with the padding mask (Eq. 2), in float32.
-
-    Parameters
-    ----------
-    query : (B, H, T, D); key : (B, H, S, D)
-    allowed : None or BoolTensor broadcastable to (B, H, T, S), True = attend.
-
-    Returns
-    -------
-    FloatTensor, shape (B, H, T, S)
-    """
-    logits = torch.matmul(query, key.transpose(-1, -2)).float() * scaling  # (B, H, T, S)
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, torch.finfo(torch.float32).min)
-    return logits.softmax(dim=-1)
-
-
-def _token_mean(values: torch.Tensor, query_mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean of (B, H, T) values over the real query tokens -> (B, H)."""
-    if query_mask is None:
-        return values.mean(dim=-1)
-    weights = query_mask[:, None, :].to(values.dtype)  # (B, 1, T)
-    return (values * weights).sum(-1) / weights.sum(-1).clamp(min=1)
-
-
-def head_confidence(probs: torch.Tensor, query_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Eq. 3: h_conf = 1/n sum_i max_j Att(Q_i, K_j), per sentence and head.
-
-    Parameters
-    ----------
-    probs : FloatTensor, shape (B, H, T, S)
-        Attention probabilities (rows sum to 1).
-    query_mask : BoolTensor, shape (B, T), optional
-        True at real query tokens; n is their number (padding rows are left out).
-
-    Returns
-    -------
-    FloatTensor, shape (B, H)
-    """
-    return _token_mean(probs.amax(dim=-1), query_mask)
-
-
-def syntactic_attention(probs: torch.Tensor, dependency_mask: torch.Tensor,
-                        query_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Eq. 9: Syn_attn = 1/n sum_i sum_j Dep_mask(Att(Q_i, K_j)), the mean attention mass on related tokens.
-
-    Parameters
-    ----------
-    probs : FloatTensor, shape (B, H, T, S)
-    dependency_mask : BoolTensor, shape (B, T, S)
-        True for a head-dependent pair (either direction); the diagonal counts as related (Eq. 5: i = j).
-    query_mask : BoolTensor, shape (B, T), optional
-
-    Returns
-    -------
-    FloatTensor, shape (B, H)
-    """
-    related = dependency_allowed(dependency_mask).to(probs.dtype)  # (B, T, S)
-    mass = torch.einsum("bhts,bts->bht", probs, related)  # (B, H, T)
-    return _token_mean(mass, query_mask)
-
-
-def redundant_heads(h_conf: torch.Tensor, syn_attn: torch.Tensor) -> torch.Tensor:
-    """Eq. 10: a head is redundant (h_label = 0) when Syn_attn <= Syn_gate = sigmoid(h_conf).
-
-    A hard, non-differentiable decision: the result is a bool tensor with no gradient.
-
-    Parameters
-    ----------
-    h_conf, syn_attn : FloatTensor, shape (B, H)
-
-    Returns
-    -------
-    BoolTensor, shape (B, H), True = redundant
-    """
-    return syn_attn <= torch.sigmoid(h_conf)
-
-
-def dependency_allowed(dependency_mask: torch.Tensor) -> torch.Tensor:
-    """Eq. 5 as a bool mask: D_ij = 0 (allowed) for a dependency pair or i = j, -inf (not allowed) elsewhere.
-
-    Parameters
-    ----------
-    dependency_mask : BoolTensor, shape (B, T, S)
-
-    Returns
-    -------
-    BoolTensor, shape (B, T, S): ``dependency_mask`` with the diagonal set.
-    """
-    eye = torch.eye(*dependency_mask.shape[-2:], dtype=torch.bool, device=dependency_mask.device)
-    return dependency_mask | eye
 
 
 def lpea_label_bias(embeddings: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,

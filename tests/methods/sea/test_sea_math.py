@@ -1,23 +1,22 @@
-"""SEA + RHE pure functions (Zhang et al. 2021, Eq. 3, 5, 8, 9, 10) against numpy loops, no NaN, gradcheck; the mask
+"""SEA + RHE pure functions (Zhang et al. 2021, Eq. 3, 5, 8, 9, 10; RHE's in the shared hf_headattn.redundancy)
+against numpy loops, no NaN, gradcheck; the mask
 SEA's score bias gives SDPA/eager through the shared layer (Eq. 4 / Eq. 6) against a loop."""
 
 import numpy as np
 import pytest
 import torch
 
-from hf_headattn.methods.sea.equations import (
+from hf_headattn.attention import key_allowed
+from hf_headattn.methods.sea.equations import lpea_bias, lpea_label_bias, sum_per_label
+from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
+from hf_headattn.redundancy import (
     dependency_allowed,
     head_confidence,
-    key_allowed,
-    lpea_bias,
-    lpea_label_bias,
     plain_probabilities,
     real_tokens,
     redundant_heads,
-    sum_per_label,
     syntactic_attention,
 )
-from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
 from hf_headattn.scores import biased_mask, score_bias
 
 B, H, T, D, K = 3, 4, 6, 5, 2

@@ -1,0 +1,136 @@
+"""RHE, redundant head identification (Zhang et al. 2021, Eq. 3, 5, 9, 10), shared: SEA applies its masks to the heads
+it finds redundant, and so may any method that adds a bias to the scores (``heads="redundant"``, e.g. relative
+positions, Localness; RHE's Table 2). One implementation, in the shared layer, so that no method imports another's
+math.
+
+Per sentence and head of one self-attention call: the head's confidence (Eq. 3, the mean over real queries of its
+largest plain attention weight) and its syntactic attention (Eq. 9, the mean attention mass on dependency-related
+tokens, Eq. 5's pairs: head-dependent either way, and i = j); a head is redundant when its syntactic attention is at
+most sigmoid(confidence) (Eq. 10). The attention is the plain one (Eq. 2: softmax(q k^T * scaling) with the padding
+mask, in float32), never the one a method changed. A hard decision: no gradient.
+
+Shapes: B batch, H heads, T = S source length (encoder self-attention).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import AttentionCall, key_allowed
+
+
+def real_tokens(allowed: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+    """(B, S) bool, True at real tokens: the keys some query may attend to (bidirectional padding masks).
+
+    In encoder self-attention queries and keys are the same tokens, so this is also the query mask. It is read from
+    the mask itself so that ``generate()``, which runs the encoder without the model's context, sees the same tokens.
+    """
+    if allowed is None:
+        return torch.ones(batch, length, dtype=torch.bool, device=device)
+    return allowed.any(dim=-2).all(dim=1)  # (B, 1|H, T, S) -> (B, 1|H, S) -> (B, S)
+
+
+def plain_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float,
+                        allowed: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T * scaling) with the padding mask (Eq. 2), in float32.
+
+    Parameters
+    ----------
+    query : (B, H, T, D); key : (B, H, S, D)
+    allowed : None or BoolTensor broadcastable to (B, H, T, S), True = attend.
+
+    Returns
+    -------
+    FloatTensor, shape (B, H, T, S)
+    """
+    logits = torch.matmul(query, key.transpose(-1, -2)).float() * scaling  # (B, H, T, S)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return logits.softmax(dim=-1)
+
+
+def _token_mean(values: torch.Tensor, query_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of (B, H, T) values over the real query tokens -> (B, H)."""
+    if query_mask is None:
+        return values.mean(dim=-1)
+    weights = query_mask[:, None, :].to(values.dtype)  # (B, 1, T)
+    return (values * weights).sum(-1) / weights.sum(-1).clamp(min=1)
+
+
+def head_confidence(probs: torch.Tensor, query_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 3: h_conf = 1/n sum_i max_j Att(Q_i, K_j), per sentence and head.
+
+    Parameters
+    ----------
+    probs : FloatTensor, shape (B, H, T, S)
+        Attention probabilities (rows sum to 1).
+    query_mask : BoolTensor, shape (B, T), optional
+        True at real query tokens; n is their number (padding rows are left out).
+
+    Returns
+    -------
+    FloatTensor, shape (B, H)
+    """
+    return _token_mean(probs.amax(dim=-1), query_mask)
+
+
+def syntactic_attention(probs: torch.Tensor, dependency_mask: torch.Tensor,
+                        query_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 9: Syn_attn = 1/n sum_i sum_j Dep_mask(Att(Q_i, K_j)), the mean attention mass on related tokens.
+
+    Parameters
+    ----------
+    probs : FloatTensor, shape (B, H, T, S)
+    dependency_mask : BoolTensor, shape (B, T, S)
+        True for a head-dependent pair (either direction); the diagonal counts as related (Eq. 5: i = j).
+    query_mask : BoolTensor, shape (B, T), optional
+
+    Returns
+    -------
+    FloatTensor, shape (B, H)
+    """
+    related = dependency_allowed(dependency_mask).to(probs.dtype)  # (B, T, S)
+    mass = torch.einsum("bhts,bts->bht", probs, related)  # (B, H, T)
+    return _token_mean(mass, query_mask)
+
+
+def redundant_heads(h_conf: torch.Tensor, syn_attn: torch.Tensor) -> torch.Tensor:
+    """Eq. 10: a head is redundant (h_label = 0) when Syn_attn <= Syn_gate = sigmoid(h_conf).
+
+    A hard, non-differentiable decision: the result is a bool tensor with no gradient.
+
+    Parameters
+    ----------
+    h_conf, syn_attn : FloatTensor, shape (B, H)
+
+    Returns
+    -------
+    BoolTensor, shape (B, H), True = redundant
+    """
+    return syn_attn <= torch.sigmoid(h_conf)
+
+
+def dependency_allowed(dependency_mask: torch.Tensor) -> torch.Tensor:
+    """Eq. 5 as a bool mask: D_ij = 0 (allowed) for a dependency pair or i = j, -inf (not allowed) elsewhere.
+
+    Parameters
+    ----------
+    dependency_mask : BoolTensor, shape (B, T, S)
+
+    Returns
+    -------
+    BoolTensor, shape (B, T, S): ``dependency_mask`` with the diagonal set.
+    """
+    eye = torch.eye(*dependency_mask.shape[-2:], dtype=torch.bool, device=dependency_mask.device)
+    return dependency_mask | eye
+
+
+@torch.no_grad()
+def redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:
+    """Eq. 3, 9, 10 on the plain attention of one encoder self-attention call: (B, H) bool, True = redundant.
+    ``dependency_mask`` (B, T, S) bool, the sentence's head-dependent pairs (SEA's input ``dependency_mask``)."""
+    length = call.key.shape[2]
+    allowed = key_allowed(call.mask_tensor, length)  # None or (B, 1, T, S)
+    real = real_tokens(allowed, call.key.shape[0], length, call.key.device)  # (B, S) = (B, T)
+    probs = plain_probabilities(call.query, call.key, call.scaling, allowed)  # (B, H, T, S)
+    return redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
