@@ -289,8 +289,9 @@ def logged_fields() -> list[str]:
 
 
 def method_inputs() -> list[str]:
-    """Every method's forward inputs (``MethodSpec.inputs``), e.g. SEA's ``dependency_mask``."""
-    return [name for spec in registered_methods() for name in spec.inputs]
+    """Every method's forward inputs (``MethodSpec.inputs``), e.g. SEA's ``dependency_mask``, each once: methods may
+    read the same input (RHE's ``dependency_mask``, for SEA and for a bias method with ``heads="redundant"``)."""
+    return list(dict.fromkeys(name for spec in registered_methods() for name in spec.inputs))
 
 
 def readout_flags() -> list[str]:

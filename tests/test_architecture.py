@@ -482,3 +482,17 @@ def test_each_method_is_one_folder():
     assert found == []
     assert not [path.name for path in (ROOT / "tests").glob("test_*.py")
                 if _words(path.stem) & set().union(*METHOD_WORDS.values())]
+
+
+def test_two_methods_may_read_the_same_input(toy):
+    """An input two specs name (RHE's ``dependency_mask``, read by SEA and by a bias method) is one forward argument."""
+    import dataclasses as dc
+
+    twin = dc.replace(toy, name="toy_twin", kit=None, flags=(), outputs={}, logged=())
+    register_method(twin)
+    try:
+        assert method_inputs().count("toy_gate") == 1
+        model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY))
+        assert "toy_gate" in inspect.signature(model.forward).parameters  # (a name twice would raise here)
+    finally:
+        unregister_method("toy_twin")
