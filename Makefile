@@ -23,7 +23,7 @@ WORKERS ?= 2
 TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
 PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 
-.PHONY: env env-newest lint test test-fast test-lowest test-newest demo demo-quick bench hf-common clean
+.PHONY: env env-newest lint test test-fast test-lowest test-newest docs demo demo-quick bench hf-common clean
 
 $(VENV)/.installed: pyproject.toml tests/hf_common/VERSION
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,15 @@ test-newest: env-newest
 	@$(NEWEST_PY) -c "import transformers; print('== tests on transformers', transformers.__version__, '(newest) ==')"
 	$(TEST_ENV) $(NEWEST_PY) $(PYTEST) -m "not lowest_only"
 
+# The API reference (mkdocs.yml, docs/api/) built into site/ with warnings as errors; the docs extra joins $(VENV).
+# (NO_MKDOCS_2_WARNING: mkdocs-material's banner about MkDocs 2.0, printed on every build.)
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PIP) install -q --disable-pip-version-check -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 # ARGS: more flags, e.g. `make demo ARGS=--overwrite_output_dir` to replace an earlier demo's results.
 demo: env
 	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py $(ARGS)
@@ -79,4 +88,4 @@ hf-common: env
 	$(PY) tests/hf_common/refresh.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST_VENV) outputs
+	rm -rf $(VENV) $(NEWEST_VENV) outputs site

@@ -276,6 +276,8 @@ class AttentionCall:
             where (B, H): h = H), or a sequence of head numbers (h of them: the bias's head dimension follows their
             order)
 
+        Notes
+        -----
         The backend then gets (:mod:`hf_headattn.scores`): SDPA a bool mask where the call's one bias is a hard
         mask and the call's mask is bool or None, else an additive float mask (``finfo.min`` where masked), eager
         always that; either (B, H, T, S) only where a bias applies to some heads or differs between heads; flex

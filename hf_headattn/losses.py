@@ -369,7 +369,9 @@ def linear_label_smoothed_nll_loss(
     epsilon : label smoothing in [0, 1).
     rows : rows per chunk; default :func:`chunk_rows`.
 
-    Returns ``(loss_sum, nll_sum, num_tokens)`` as :func:`label_smoothed_nll_loss` does (float32 sums; float64 for
+    Returns
+    -------
+    ``(loss_sum, nll_sum, num_tokens)`` as :func:`label_smoothed_nll_loss` does (float32 sums; float64 for
     float64 inputs). For float32 and float64 inputs, where torch has ``F.linear_cross_entropy`` (torch >= 2.13), its
     chunked path gives ``nll_sum`` (it computes the gradients in its forward, so no matmul is repeated) and the
     smoothing term is added by the identity ``loss_t = nll_t + eps * (z_{t,y} - mean_v z_{t,v})``, whose two logits

@@ -112,6 +112,8 @@ def parse_corpus(dataset, source: str, *, dependencies=None, phrases=DEPENDENCY_
     batch_size, num_proc, desc, **map_kwargs
         Passed to ``Dataset.map`` (e.g. ``cache_file_name``, ``load_from_cache_file``).
 
+    Notes
+    -----
     Errors (empty text, multi-sentence line, words that do not match the text, too short a file) raise
     :class:`~.parsing.SyntaxInputError` naming the example index; a file with more parses than the
     dataset has examples raises ``ValueError`` (parsers with a ``check_count(n_examples)`` method, as the readers).

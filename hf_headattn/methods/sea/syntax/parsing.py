@@ -167,6 +167,8 @@ class SpacyParser:
         the example; ``"join"`` tells the parser beforehand that the line is one sentence (spaCy's parser honours
         preset ``is_sent_start = False``), which yields one tree per line.
 
+    Notes
+    -----
     Only the parser and the embedding components it listens to run; whitespace tokens are dropped (their
     dependents move to their head).
     """

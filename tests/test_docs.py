@@ -1,0 +1,66 @@
+"""The API reference's configuration (mkdocs.yml): a page per registered method, and every page and documented module
+there. The build itself is ``make docs`` (mkdocs --strict); this only reads files."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+from hf_headattn.registry import registered_methods
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+DOCS = ROOT / CONFIG["docs_dir"]
+#: The Python handler's configuration (its search paths).
+HANDLER = next(plugin["mkdocstrings"] for plugin in CONFIG["plugins"]
+               if isinstance(plugin, dict) and "mkdocstrings" in plugin)["handlers"]["python"]
+#: ``::: dotted.path`` lines: the objects mkdocstrings renders.
+DIRECTIVE = re.compile(r"^::: (\S+)", re.M)
+
+
+def nav_pages(entries) -> list[str]:
+    """The page files the nav names, in order (entries are ``{title: page}`` or ``{title: [entries]}``)."""
+    pages = []
+    for entry in entries:
+        for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            pages += nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def module_file(dotted: str) -> Path | None:
+    """The source file of the module ``dotted`` names or of the module that holds the object it names, among the
+    handler's search paths, else None."""
+    parts = dotted.split(".")
+    for folder in HANDLER["paths"]:
+        for end in range(len(parts), 0, -1):
+            base = (ROOT / folder).joinpath(*parts[:end])
+            for candidate in (base / "__init__.py", base.with_suffix(".py")):
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+def test_every_nav_page_exists_and_every_page_is_in_the_nav():
+    pages = nav_pages(CONFIG["nav"])
+    assert len(pages) == len(set(pages)), pages
+    assert [page for page in pages if not (DOCS / page).is_file()] == []
+    assert sorted(str(path.relative_to(DOCS)) for path in DOCS.rglob("*.md")) == sorted(pages)
+
+
+def test_every_documented_object_is_in_a_module_there():
+    for page in nav_pages(CONFIG["nav"]):
+        for dotted in DIRECTIVE.findall((DOCS / page).read_text()):
+            assert module_file(dotted) is not None, f"{page}: ::: {dotted} names no module of the search paths"
+
+
+def test_each_built_in_method_has_its_page_with_settings_spec_and_kit():
+    pages = nav_pages(CONFIG["nav"])
+    built_in = [spec for spec in registered_methods() if spec.settings.__module__.startswith("hf_headattn.")]
+    assert {spec.name for spec in built_in} >= {"dhicm", "eadra", "sea"}
+    for spec in built_in:
+        page = f"methods/{spec.name}.md"
+        assert page in pages, f"mkdocs.yml's nav has no page for the method {spec.name!r} ({page})"
+        text = (DOCS / page).read_text()
+        documented = DIRECTIVE.findall(text)
+        assert spec.settings.__module__ in documented and spec.kit in documented, (page, documented)
+        assert spec.settings.__name__ in text and "METHOD" in text, page  # the settings class and the spec
