@@ -1,7 +1,17 @@
 """hf-headattn: attention-head methods for mBART and Marian translation models in HF Transformers.
 
-Importing the package registers the configs and models with the Auto classes.
+Importing the package registers the configs and models with the Auto classes. The command line: ``hf-headattn``
+(:mod:`hf_headattn.cli`).
 """
+
+# First, before torch loads: `python -m hf_headattn.<module>` (while it locates the module, sys.argv[0] is "-m") of a
+# module that is no command is a one-line usage error naming the command to run (hf_headattn.cli).
+import sys as _sys
+
+if getattr(_sys, "argv", [])[:1] == ["-m"]:
+    from .cli import refuse_python_m
+
+    refuse_python_m()
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 

@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
-import average_checkpoints as recipe
 import hf_headattn
 from conftest import TINY
+from hf_headattn.experiment import average_checkpoints as recipe
 from hf_headattn.experiment.averaging import average_checkpoints, last_checkpoints
 
 

@@ -137,7 +137,7 @@ def test_the_training_recipe_and_translate_run_the_toy_beside_sea(toy, tmp_path,
     ``hf_headattn.translate`` and ``recipes/translate.py``."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    import translate as translate_recipe
+    from hf_headattn.experiment import translate_lines as translate_recipe
     from hf_headattn.experiment import translation_recipe
 
     tokenizer.save_pretrained(tmp_path / "tokenizer")

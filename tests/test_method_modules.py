@@ -98,11 +98,8 @@ def test_the_training_recipe_refuses_the_flag_abbreviated(tmp_path, capsys):
 
 def test_every_recipe_refuses_a_bad_module_as_a_usage_error(tmp_path, capsys):
     """Before anything is read or trained: the recipes that build or load a model with methods."""
-    import demo
-    import finetune_mbart
-    import prune_heads
-    import translate
-    from hf_headattn.experiment import translation_recipe
+    from hf_headattn.experiment import demo, finetune_mbart, prune_heads, translation_recipe
+    from hf_headattn.experiment import translate_lines as translate
 
     for main, argv in ((translation_recipe.main, ["--output_dir", str(tmp_path), "--method", "toy"]),
                        (prune_heads.parse_args, ["--model_dir", str(tmp_path), "--criteria", "toy_scale"]),
@@ -163,7 +160,7 @@ def test_the_training_recipe_runs_an_outside_method_from_the_command_line(tmp_pa
     """``python recipes/train_translation.py --method_modules toy_method --method toy --toy_gate_value 0.5`` in a
     fresh process (the toy's flag is accepted because its module was imported first); its checkpoint loads in a fresh
     process only with the module named, and ``recipes/translate.py`` says so."""
-    import translate as translate_recipe
+    from hf_headattn.experiment import translate_lines as translate_recipe
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"),
                                                                      os.environ.get("PYTHONPATH")]))}

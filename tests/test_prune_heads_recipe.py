@@ -1,4 +1,4 @@
-"""recipes/prune_heads.py end to end on a tiny model trained on a few real Multi30k lines."""
+"""hf-headattn prune (recipes/prune_heads.py) end to end on a tiny model trained on a few real Multi30k lines."""
 
 import json
 from pathlib import Path
@@ -10,9 +10,9 @@ from transformers import AutoModelForSeq2SeqLM
 
 ROOT = Path(__file__).resolve().parents[1]
 
-import prune_heads  # noqa: E402
 from hf_headattn.analysis import head_pruning  # noqa: E402
 from hf_headattn.analysis.head_pruning import largest_share_within, throughput_ratio  # noqa: E402
+from hf_headattn.experiment import prune_heads  # noqa: E402
 from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_headattn.experiment import demo, finetune_mbart, parse_sources
 from hf_headattn.experiment.arguments import (
     existing_dir,
     existing_file,
@@ -17,10 +18,7 @@ from hf_headattn.experiment.arguments import (
 
 ROOT = Path(__file__).resolve().parents[1]
 
-import demo  # noqa: E402
 import fidelity_study  # noqa: E402
-import finetune_mbart  # noqa: E402
-import parse_sources  # noqa: E402
 import reproduce_multi30k  # noqa: E402
 
 

@@ -1,11 +1,8 @@
-"""recipes/finetune_mbart.py end to end: a tiny locally saved mBART (with an mBART tokenizer trained here) fine-tuned
-with EaDRA for two steps on 32 Multi30k lines, then scored with sacreBLEU."""
+"""hf-headattn finetune (recipes/finetune_mbart.py) end to end: a tiny locally saved mBART (with an mBART tokenizer
+trained here) fine-tuned with EaDRA for two steps on 32 Multi30k lines, then scored with sacreBLEU."""
 
-import importlib.util
 import io
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import sentencepiece as spm
@@ -14,16 +11,7 @@ from transformers import MBartConfig, MBartForConditionalGeneration, MBartTokeni
 from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
 
 from hf_headattn import HeadAttnMBartForConditionalGeneration
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("finetune_mbart", ROOT / "recipes" / "finetune_mbart.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+from hf_headattn.experiment import finetune_mbart
 
 
 def mbart_tokenizer(sentences) -> MBartTokenizer:
@@ -59,7 +47,7 @@ def tiny_mbart(tmp_path_factory, multi30k_lines):
 @pytest.mark.slow
 def test_finetunes_with_eadra_and_scores_with_sacrebleu(tiny_mbart, tmp_path):
     out = tmp_path / "run"
-    results = load_recipe().main([
+    results = finetune_mbart.main([
         "--model_name_or_path", str(tiny_mbart), "--output_dir", str(out),
         "--eadra", '{"encoder": {"num_heads": 2}, "decoder": {"num_heads": 1, "layers": [-1]}}',
         "--max_train_samples", "32", "--max_eval_samples", "8", "--max_predict_samples", "8",
@@ -89,8 +77,7 @@ def test_finetunes_with_eadra_and_scores_with_sacrebleu(tiny_mbart, tmp_path):
 
 
 def test_unknown_language_code_is_a_clear_error(tiny_mbart):
-    recipe = load_recipe()
     tokenizer = MBartTokenizer.from_pretrained(tiny_mbart)
     model = HeadAttnMBartForConditionalGeneration.from_pretrained(tiny_mbart)
     with pytest.raises(ValueError, match="language code 'english' is not in the tokenizer's vocabulary"):
-        recipe.set_languages(tokenizer, model, "english", "de_DE")
+        finetune_mbart.set_languages(tokenizer, model, "english", "de_DE")

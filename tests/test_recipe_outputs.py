@@ -12,19 +12,21 @@ from safetensors.torch import load_file
 
 import hf_headattn
 from conftest import TINY
-from hf_headattn.experiment import translation_recipe
+from hf_headattn.experiment import (
+    average_checkpoints,
+    demo,
+    finetune_mbart,
+    parse_sources,
+    prune_heads,
+    translation_recipe,
+)
+from hf_headattn.experiment import translate_lines as translate
 from hf_headattn.experiment.outputs import check_output_dir, check_output_file, check_trainer_output_dir, replacing_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "research" / "grids" / "tiny_cpu.json"
 
-import average_checkpoints  # noqa: E402
-import demo  # noqa: E402
-import finetune_mbart  # noqa: E402
-import parse_sources  # noqa: E402
-import prune_heads  # noqa: E402
 import search_hyperparameters  # noqa: E402
-import translate  # noqa: E402
 
 
 def files(folder: Path) -> dict[str, bytes]:

@@ -9,11 +9,8 @@ import sys
 import datasets
 import pytest
 
-import demo
-import finetune_mbart
-import parse_sources
+from hf_headattn.experiment import demo, finetune_mbart, parse_sources, translation_recipe
 from hf_headattn.experiment import multi30k as m
-from hf_headattn.experiment import translation_recipe
 from hf_headattn.experiment.recipe_parts import TOKENIZER_RECORD, scratch_tokenizer
 
 EN_DE = m.file_names(("en", "de"))

@@ -12,8 +12,8 @@ from transformers import AutoTokenizer, TrainerCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 
-import parse_sources  # noqa: E402
 import reproduce_multi30k  # noqa: E402
+from hf_headattn.experiment import parse_sources  # noqa: E402
 from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
 #: The recipes find Multi30k themselves (no --multi30k_dir: the resolver, as a user runs them).
@@ -112,7 +112,8 @@ def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir, multi30k
     assert type(model).__name__ == "HeadAttnMarianMTModel" and model.config.dhicm["encoder_layers"] == [-1]
     out = model.generate(**tokenizer(["A dog runs."], return_tensors="pt"), max_new_tokens=5)
     assert out.shape[0] == 1
-    import demo  # the demo's pictures of this model: only pictures (the entropy JSON lies beside, unlisted)
+    # the demo's pictures of this model: only pictures (the entropy JSON lies beside, unlisted)
+    from hf_headattn.experiment import demo
 
     pictures = demo.pictures(SimpleNamespace(output_dir=tmp_path.parent, multi30k_dir=multi30k, schedule=demo.FULL),
                              [tmp_path.name])

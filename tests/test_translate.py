@@ -1,5 +1,5 @@
-"""hf_headattn.translate and recipes/translate.py: raw text in, the hand-built collator path's translations out, for
-every method, Marian and mBART; the parser saved with the model; parse errors; empty lines."""
+"""hf_headattn.translate and hf-headattn translate (recipes/translate.py): raw text in, the hand-built collator path's
+translations out, for every method, Marian and mBART; the parser saved with the model; parse errors; empty lines."""
 
 import copy
 import io
@@ -25,7 +25,7 @@ from hf_headattn.methods.sea.syntax import MissingParserError, SyntaxInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-import translate as translate_recipe  # noqa: E402
+from hf_headattn.experiment import translate_lines as translate_recipe  # noqa: E402
 from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
 
 SHAPE = {"shape": "tiny", "d_model": 16, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 32,
@@ -289,7 +289,7 @@ def test_decomposed_accents_normalised_on_request(tmp_path, tokenizer, saved_mod
     model = tiny(tokenizer, "dea_rhe")
     composed = "A caf\u00e9 owner smiles."
     decomposed = unicodedata.normalize("NFD", composed)
-    with pytest.raises(SyntaxInputError, match=r"not in Unicode NFC.*hf_headattn\.translate; recipes/translate\.py "
+    with pytest.raises(SyntaxInputError, match=r"not in Unicode NFC.*hf_headattn\.translate; hf-headattn translate "
                                                r"--unicode_normalization NFC"):
         hf_headattn.translate(model, tokenizer, [decomposed], **GENERATE)
     assert hf_headattn.translate(model, tokenizer, [decomposed], unicode_normalization="NFC", **GENERATE) == \

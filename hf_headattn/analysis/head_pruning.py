@@ -3,7 +3,7 @@
 Each step removes a share of the remaining heads, the least important by the criterion
 (:func:`~hf_headattn.analysis.head_ranking.heads_to_prune`), optionally fine-tunes, optionally recomputes the
 importance on the pruned model, and evaluates: BLEU and chrF on the evaluation sentences, the parameters, and
-``generate``'s sentences per second. ``recipes/prune_heads.py`` runs it per criterion and writes the JSON, the plot
+``generate``'s sentences per second. ``hf-headattn prune`` runs it per criterion and writes the JSON, the plot
 and the pruned model.
 """
 

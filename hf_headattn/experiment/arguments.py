@@ -11,9 +11,19 @@ from transformers import HfArgumentParser
 from .multi30k import Multi30kError, find_multi30k
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``--help`` with each flag's default (as ``HfArgumentParser`` shows them) and the description as written (a
+    command's module docstring, its example commands line by line)."""
+
+
 class RecipeArgumentParser(HfArgumentParser):
     """``HfArgumentParser`` whose usage error is the one line that says what is wrong (argparse's own prints the
-    usage of every flag first: some 40 lines with ``Seq2SeqTrainingArguments``), and where ``--help`` is."""
+    usage of every flag first: some 40 lines with ``Seq2SeqTrainingArguments``), and where ``--help`` is; its
+    ``--help`` shows a ``description`` as written (:class:`HelpFormatter`)."""
+
+    def __init__(self, dataclass_types, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(dataclass_types, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n(run {self.prog} --help for the flags)\n")

@@ -1,9 +1,9 @@
 """Translate raw text with a trained model, whatever its methods: ``hf_headattn.translate`` (and
-``recipes/translate.py``, a ``marian-decoder`` / ``fairseq-interactive`` for the command line).
+``hf-headattn translate``, a ``marian-decoder`` / ``fairseq-interactive`` for the command line).
 
 Methods with forward inputs of their own need them at inference too (SEA/RHE: the source's parse). :func:`translate`
 makes them as training does: each switched-on method's kit makes its columns for the texts (``MethodKit.
-inference_inputs``, e.g. SEA's parser recorded in the model's config by ``recipes/train_translation.py``), then the
+inference_inputs``, e.g. SEA's parser recorded in the model's config by ``hf-headattn train``), then the
 collator of :func:`~.recipe_parts.collator` turns them into the batch, as in training.
 """
 
@@ -70,7 +70,7 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         Normalise the texts to this Unicode form first (default None: the text as it is). SEA/RHE need it for
         sources whose characters the tokenizer normalises differently: decomposed accents (NFD) with a
         sentencepiece tokenizer raise SEA's ``SyntaxInputError`` otherwise, and "NFC" fixes
-        that. The training pipeline (``prepare_features``, ``recipes/train_translation.py``) does not normalise:
+        that. The training pipeline (``prepare_features``, ``hf-headattn train``) does not normalise:
         it reads the text as it is (Multi30k is NFC; ``add_syntax_features`` takes the same option). Sentencepiece
         tokenizers NFKC-normalise anyway, so NFC leaves their tokens unchanged.
     progress : bool

@@ -1,6 +1,40 @@
-"""The translation training recipe behind ``recipes/train_translation.py`` (its flags and what it writes are described
-there): arguments, method settings from ``--method``/``--preset``/``--method_settings``, and :func:`main`. In the kit,
-so that other recipes (the demo, the hyperparameter search) reuse it without importing each other.
+"""`hf-headattn train` (`python recipes/train_translation.py` from a clone): train and evaluate a translation model
+with any combination of the hf-headattn methods.
+
+In the style of HF's ``run_translation.py`` (its common flags keep their names), plus the method settings:
+
+    # Multi30k En-De from scratch (no data flag: Multi30k, found or downloaded), DHICM on, on the CPU
+    hf-headattn train --source_lang en --target_lang de \\
+        --model_shape tiny --method dhicm --output_dir outputs/dhicm --num_train_epochs 5 \\
+        --per_device_train_batch_size 64 --learning_rate 1e-3 --eval_strategy epoch --save_strategy epoch
+
+    # a pretrained checkpoint, methods combined with "+", extra fields as JSON
+    hf-headattn train --model_name_or_path facebook/mbart-large-50 --dataset_name wmt16 \\
+        --dataset_config_name ro-en --source_lang en --target_lang ro --method dhicm+eadra \\
+        --method_settings '{"dhicm": {"mode": "scaled_out_proj"}}' --output_dir outputs/mbart
+
+    # a paper's preset (hf_headattn.experiment.presets.paper_presets()): DHICM Table 2's Be-En column and §4.3's
+    # training, early stopping included; the flags you pass win over the preset's (here the shape and the epochs)
+    hf-headattn train --preset dhicm_be_en --model_shape small --num_train_epochs 100 \\
+        --output_dir outputs/dhicm_be_en
+
+    # a method kept outside the package: its module is imported first, so --method and its own flags know it
+    hf-headattn train --method_modules my_pkg.my_method --method my_method --output_dir outputs/mine
+
+An interrupted run continues with ``--resume_from_checkpoint true`` (the latest ``checkpoint-N`` in ``--output_dir``)
+or ``--resume_from_checkpoint <checkpoint folder>``. Without it, an ``--output_dir`` that holds ``checkpoint-N``
+folders is refused unless ``--overwrite_output_dir`` (start afresh: they are removed before training); one that is
+the model, tokenizer or data the run reads is refused always.
+
+Writes ``results.json`` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
+``predictions_<split>.txt`` per test split into ``--output_dir``. ``train_time_s`` is this run's wall time in
+``Trainer.train`` (after a resume: the resumed part only); ``total_train_time_s`` adds the time of the runs before,
+up to the resumed checkpoint (each checkpoint keeps it in ``train_time.json``; null for a checkpoint written before
+that file was); ``resumed_from`` names that checkpoint, its step and that earlier time (null: not resumed). Loss
+components are logged beside ``loss`` (``--report_to tensorboard`` for TensorBoard).
+
+The module: arguments, method settings from ``--method``/``--preset``/``--method_settings``, and :func:`main`; in the
+kit, so that other recipes (the demo, the hyperparameter search) reuse it without importing each other.
 """
 
 from __future__ import annotations
@@ -143,15 +177,16 @@ def check_methods_on(args: ModelArguments, model) -> None:
         )
 
 
-def parse_recipe_arguments(classes: tuple, argv=None) -> tuple:
+def parse_recipe_arguments(classes: tuple, argv=None, **parser_kwargs) -> tuple:
     """``classes`` (dataclasses) and the registered methods' recipe flags (``MethodKit.recipe_arguments``, e.g.
     SEA's ``--spacy_model``) parsed from ``argv`` after the presets' flags (:func:`expand_argv`): ``(parser,
     [one object per class], {method flag: value})``. The modules of ``--method_modules`` (a field of
-    :class:`ModelArguments`) are imported first, so that their methods' names, presets and flags are known."""
+    :class:`ModelArguments`) are imported first, so that their methods' names, presets and flags are known.
+    ``parser_kwargs`` go to the parser (``prog``, ``description``)."""
     modules = method_modules_in(argv)
     if modules:
-        import_or_exit(RecipeArgumentParser(classes), modules)
-    parser = RecipeArgumentParser((*classes, *recipe_argument_classes()))
+        import_or_exit(RecipeArgumentParser(classes, **parser_kwargs), modules)
+    parser = RecipeArgumentParser((*classes, *recipe_argument_classes()), **parser_kwargs)
     parsed = parser.parse_args_into_dataclasses(args=expand_argv(argv))
     given = [name for args in parsed[:len(classes)] for name in getattr(args, "method_modules", [])]
     if given != modules:  # an abbreviation, which argparse takes but the early reading cannot
@@ -160,9 +195,12 @@ def parse_recipe_arguments(classes: tuple, argv=None) -> tuple:
     return parser, list(parsed[:len(classes)]), method_options(parsed[len(classes):])
 
 
-def main(argv=None) -> dict:
+def main(argv=None, prog: str | None = None) -> dict:
+    """The training run of ``argv`` (default ``sys.argv[1:]``): its ``results.json``. ``prog``: the name its usage and
+    errors give (default the script's, argparse's)."""
     parser, parsed, options = parse_recipe_arguments(
-        (ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments), argv)
+        (ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments), argv, prog=prog,
+        description=__doc__)
     model_args, data_args, output_args, training_args = parsed
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)

@@ -6,7 +6,7 @@ over the syntax pipeline (:mod:`.syntax`).
   concern of the method that reads parses, and a fourth method with flags of its own then needs no edit of the
   shared recipe; the flags' names, defaults and the ``args`` of ``results.json`` are as before.
 * training (:func:`prepare_features`): the sources parsed with spaCy (or read from ``<dir>/<split>.<src>.conllu``,
-  written by ``recipes/parse_sources.py``), aligned to the tokens as the features were tokenized; the parser's name
+  written by ``hf-headattn parse``), aligned to the tokens as the features were tokenized; the parser's name
   is recorded in ``config.syntax_parser``;
 * batches (:func:`collate`): the ``dependency_mask`` and ``phrase_positions`` tensors, Rule 2 read as the model's
   settings say;
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The file of a parses folder that names the parser ``recipes/parse_sources.py`` used.
+#: The file of a parses folder that names the parser ``hf-headattn parse`` used.
 PARSER_FILE = "parser.json"
 
 
@@ -44,7 +44,7 @@ class SyntaxArguments:
 
     spacy_model: str | None = field(default=None, metadata={"help": "SEA: spaCy pipeline (default: offline en)"})
     syntax_parses_dir: str | None = field(default=None, metadata={
-        "help": "SEA: read the source parses from <dir>/<split>.<source_lang>.conllu (recipes/parse_sources.py) "
+        "help": "SEA: read the source parses from <dir>/<split>.<source_lang>.conllu (hf-headattn parse) "
                 "instead of parsing with spaCy"})
 
 
@@ -124,7 +124,7 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
         missing = sorted(str(path) for path in paths.values() if not path.is_file())
         if missing:
             raise FileNotFoundError(f"no parses {missing}; expected one CoNLL-U file per split, written by "
-                                    f"recipes/parse_sources.py with the same data flags")
+                                    f"hf-headattn parse (recipes/parse_sources.py) with the same data flags")
         parsers = {split: ConlluFile(path) for split, path in paths.items()}
     else:
         parsers = dict.fromkeys(raw, syntax_parser(syntax_parser_name(args.spacy_model)))

@@ -34,7 +34,7 @@ KIT = MethodKit(
     presets={
         "rhe_base": Preset(
             doc="RHE (Zhang et al.) Appendix A.1 (Transformer-base: hidden 512, filter 2048, 8 heads; the paper "
-                "averages the last 10 checkpoints: recipes/average_checkpoints.py --last 10), Table 3 (k = 6), "
+                "averages the last 10 checkpoints: hf-headattn average --last 10), Table 3 (k = 6), "
                 "LPEA+RHE on the first encoder layer (Appendix A.2).",
             flags={**TRANSFORMER_BASE, "method": "lpea_rhe"},
             method_overrides={NAME: {"max_relative_position": 6, "layers": [0]}},

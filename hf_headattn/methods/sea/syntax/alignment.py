@@ -54,7 +54,7 @@ def sentencepiece_spans(pieces: list[str], text: str, index: int) -> list[tuple[
             if pos >= len(norm) or norm[pos] != char:
                 hint = ("" if unicodedata.is_normalized("NFC", text) else "; the text is not in Unicode NFC (e.g. "
                         "decomposed accents): unicode_normalization='NFC' normalises it (an option of "
-                        "add_syntax_features and hf_headattn.translate; recipes/translate.py --unicode_normalization "
+                        "add_syntax_features and hf_headattn.translate; hf-headattn translate --unicode_normalization "
                         "NFC)")
                 raise SyntaxInputError(index, f"sentencepiece piece {k} {piece!r} does not spell the text at "
                                               f"character {back[pos]} of {text!r}; expected the tokenizer's pieces "
