@@ -32,7 +32,7 @@ from ...hf_compat import init_normal_
 from ...redundancy import real_tokens, redundant_heads_of
 from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
-from .equations import centre_and_window, gaussian_bias, sentence_positions
+from .equations import BIAS_FLOOR, centre_and_window, gaussian_bias, sentence_positions
 
 NAME = "localness"
 
@@ -122,7 +122,7 @@ class Localness(AttentionMethod):
 
     def bias(self, query: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
         """G (B, H, T, S) for the queries (B, H, T, d_h) of sentences whose real tokens are ``real`` (B, S), in
-        float32."""
+        float32 (floored at ``BIAS_FLOOR`` for a float16 query)."""
         if real is None:
             real = torch.ones(query.shape[0], query.shape[2], dtype=torch.bool, device=query.device)
         positions, lengths = sentence_positions(real)
@@ -130,7 +130,7 @@ class Localness(AttentionMethod):
         with torch.autocast(query.device.type, enabled=False):
             centre, width = centre_and_window(query.float(), self.weight.float(), self.centre_vector.float(),
                                               window_vector, lengths, self.fixed_window)
-            return gaussian_bias(centre, width, positions)
+            return gaussian_bias(centre, width, positions, BIAS_FLOOR if query.dtype == torch.float16 else None)
 
     def before(self, call: AttentionCall) -> None:
         selected = None

@@ -12,13 +12,16 @@ the length I count the sentence's real tokens only (padding is neither a positio
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-#: The bias's floor: exp(-1e4) is 0 in every float dtype, and the bias stays finite in half precision (a window
-#: that collapses to 0 would otherwise give -inf, or 0/0 = NaN at j = P_i). Never reached in ordinary use.
+#: The bias's floor where it is cast to float16: exp(-1e4) is 0 in every float dtype, and the bias stays finite there
+#: (a window collapsing to 0 would otherwise give -inf). Never reached in ordinary use.
 BIAS_FLOOR = -1.0e4
-#: The smallest window D (in tokens) the bias uses, so that sigma^2 never underflows to 0 (see ``BIAS_FLOOR``).
+#: The smallest window D (in tokens) the bias uses, so that sigma never underflows to 0 (0/0 = NaN at j = P_i) and
+#: the float32 bias stays finite (at most 2 I^2 / MIN_WINDOW^2).
 MIN_WINDOW = 1.0e-3
 
 
@@ -77,15 +80,17 @@ def centre_and_window(query: torch.Tensor, weight: torch.Tensor, centre_vector: 
     scale = lengths[:, None, None].to(query.dtype)  # (B, 1, 1)
     if window is None:
         logits = localness_logits(query, weight, torch.stack([centre_vector, window_vector], dim=-1))
-        predicted = scale[..., None] * torch.sigmoid(logits)  # (B, H, T, 2)
-        return predicted[..., 0], predicted[..., 1]
+        return (scale[..., None] * torch.sigmoid(logits)).unbind(-1)  # (B, H, T) each
     centre = scale * torch.sigmoid(localness_logits(query, weight, centre_vector[:, None])[..., 0])
     return centre, torch.full_like(centre, float(window))
 
 
-def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Eq. 5-6: G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2, floored at ``BIAS_FLOOR`` (with D_i at least
-    ``MIN_WINDOW``): a concave quadratic in j for each query i, 0 at j = P_i.
+def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Tensor,
+                  floor: float | None = None) -> torch.Tensor:
+    """Eq. 5-6: G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2 (D_i at least ``MIN_WINDOW``): a concave
+    quadratic in j for each query i, 0 at j = P_i. Computed as -r^2 with r = (j - P_i) sqrt(2) / D_i (three
+    elementwise operators over (B, H, T, S)); ``floor``: a lower bound (``BIAS_FLOOR`` for a bias cast to float16,
+    whose range would make a collapsed window -inf; float32 and bfloat16 hold it finite).
 
     Parameters
     ----------
@@ -96,6 +101,7 @@ def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Te
     -------
     (B, H, T, S)
     """
-    sigma = width.clamp(min=MIN_WINDOW) / 2
-    distance = positions[:, None, None, :].to(centre.dtype) - centre[..., None]  # (B, H, T, S)
-    return (-(distance ** 2) / (2 * sigma[..., None] ** 2)).clamp(min=BIAS_FLOOR)
+    inverse = math.sqrt(2) / width.clamp(min=MIN_WINDOW)  # 1 / (sqrt(2) sigma_i), (B, H, T)
+    distance = (positions[:, None, None, :].to(centre.dtype) - centre[..., None]) * inverse[..., None]
+    bias = torch.addcmul(distance.new_zeros(()), distance, distance, value=-1)  # -r^2, one operator
+    return bias if floor is None else bias.clamp(min=floor)
