@@ -233,3 +233,30 @@ def test_redundant_heads_need_the_dependency_mask(checkpoint):
     with pytest.raises(ValueError, match=r"dependency_mask has shape \(2, 5, 5\).*expected .* = \(2, 6, 6\)"):
         run(model, dependency_mask=torch.ones(2, 5, 5, dtype=torch.bool))
     run(load(checkpoint, settings={}))  # heads="all" needs none
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_parameters_get_gradients_through_the_backend(checkpoint, backend):
+    model = load(checkpoint, backend, {"layers": [0]}).train()
+    model(**batch()).loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if ".localness." in n}
+    assert set(grads) == KEYS and all(g is not None and g.abs().sum() > 0 for g in grads.values())
+    # on the redundant heads only: no head redundant, no gradient (zeros, never None)
+    model = load(checkpoint, backend, {"layers": [0], "heads": "redundant"}).train()
+    model(**batch(), dependency_mask=related((0, 1))).loss.backward()
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for n, p in model.named_parameters() if ".localness." in n)
+
+
+def test_half_precision_stays_finite_with_a_collapsed_window(checkpoint, monkeypatch, captured):
+    model = load(checkpoint, settings={"layers": [0]}).half()
+    predict = localness_core.centre_and_window
+
+    def collapsed(*args):  # D_i = 0 (a window whose sigmoid underflowed): the floor keeps the float16 bias finite
+        centre, width = predict(*args)
+        return centre, torch.zeros_like(width)
+
+    monkeypatch.setattr(localness_core, "centre_and_window", collapsed)
+    out = run(model)
+    (_, _, bias, _), = captured
+    assert bias.dtype == torch.float16 and torch.isfinite(bias).all() and bias.min() == -1e4
+    assert out.logits.dtype == torch.float16 and torch.isfinite(out.logits).all()
