@@ -2,7 +2,8 @@
 (row Localness) and Table 2 (row Localness + RHE) compare it on Transformer-base.
 
 Localness+RHE reads SEA's forward input ``dependency_mask``; only SEA's kit makes it from the data (parses), so a
-recipe run of ``--method localness_redundant`` (``--preset localness_rhe``) needs the batches to carry it (see the folder's README)."""
+recipe run of ``--method localness_redundant`` (``--preset localness_rhe``) needs the batches to carry it (see the
+folder's README)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hf_headattn.methods.localness.core import NAME
 
 
 def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:
-    """A random, valid ``dependency_mask`` (each token related to itself and to a random few others), for the
+    """A random, valid ``dependency_mask`` (each token related to a random few others; RHE adds i = j), for the
     registry-wide and HF's common tests of ``localness_redundant``."""
     related = torch.rand(batch_size, source_length, source_length) < 0.3
     return {"dependency_mask": related | related.transpose(1, 2)}
