@@ -50,6 +50,9 @@ ROWS = {
                                             "implementation": "eager"}},
     "dea-rhe": method_settings("dea_rhe"),
     "lpea-rhe": method_settings("lpea_rhe"),
+    # Localness (Yang et al.): the Gaussian bias on the lower half of the encoder layers, on every head / with RHE
+    "localness": method_settings("localness"),
+    "localness-rhe": method_settings("localness_redundant"),
 }
 
 

@@ -128,7 +128,23 @@ def dependency_allowed(dependency_mask: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:
     """Eq. 3, 9, 10 on the plain attention of one encoder self-attention call: (B, H) bool, True = redundant.
-    ``dependency_mask`` (B, T, S) bool, the sentence's head-dependent pairs (SEA's input ``dependency_mask``)."""
+    ``dependency_mask`` (B, T, S) bool, the sentence's head-dependent pairs (SEA's input ``dependency_mask``).
+
+    Computed once per call: two methods on one module (SEA and Localness+RHE) get the same selection, from the plain
+    attention, whichever runs first (the second would otherwise read a mask the first changed)."""
+    cached = call.state.get(_SELECTION)
+    if cached is not None and cached[0] is dependency_mask:
+        return cached[1]
+    selection = _redundant_heads_of(call, dependency_mask)
+    call.state[_SELECTION] = (dependency_mask, selection)
+    return selection
+
+
+#: ``call.state`` key of the call's RHE selection: (the dependency mask it was computed for, (B, H) bool).
+_SELECTION = "rhe_redundant"
+
+
+def _redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:
     length = call.key.shape[2]
     allowed = key_allowed(call.mask_tensor, length)  # None or (B, 1, T, S)
     real = real_tokens(allowed, call.key.shape[0], length, call.key.device)  # (B, S) = (B, T)

@@ -29,6 +29,7 @@ METHODS = {
     "dea_rhe": {"sea": {"type": "dea", "layers": [0, 1]}},
     "lpea_rhe": {"sea": {"type": "lpea", "layers": [1]}},
     "rhe_prune": {"sea": {"prune": True}},
+    "localness_rhe": {"localness": {"heads": "redundant", "layers": [0, 1]}},
 }
 #: Heads to prune (original numbers) and the same as masks.
 PRUNE = {"encoder.layers.1.self_attn": [0, 2], "encoder.layers.0.self_attn": [3],
@@ -79,7 +80,7 @@ def syntax(batch_size=2, length=6):
 
 
 def inputs_for(name):
-    return {**batch(), **(syntax() if name in ("dea_rhe", "lpea_rhe", "rhe_prune") else {})}
+    return {**batch(), **(syntax() if name in ("dea_rhe", "lpea_rhe", "rhe_prune", "localness_rhe") else {})}
 
 
 def run(model, inputs, **extra):

@@ -23,6 +23,7 @@ REMOTE_CASES = {
     "eadra": dict(eadra={"encoder": {"num_heads": 2}, "cross": {}}),
     "sea": dict(sea={"type": "dea", "heads": "redundant"}),
     "dhicm+sea": dict(dhicm={"encoder_layers": [0]}, sea={"type": "lpea", "heads": "all"}),
+    "localness+sea": dict(localness={"heads": "redundant"}, sea={"type": "lpea", "heads": "redundant"}),
     "all": SETTINGS,
 }
 

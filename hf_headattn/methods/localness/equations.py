@@ -1,0 +1,107 @@
+"""Localness's math (Yang, Tu, Wong, Meng, Chao & Zhang 2018, "Modeling Localness for Self-Attention Networks",
+EMNLP 2018, §2), pure functions of tensors.
+
+* the Gaussian bias G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2 (Eq. 5-6), added to the scores before
+  the softmax (Eq. 4);
+* the centre P_i = I * sigmoid(p_i), p_i = v_p^T tanh(W_p Q_i) (Eq. 7, 9) and the query-specific window
+  D_i = I * sigmoid(z_i), z_i = v_d^T tanh(W_p Q_i) (Eq. 8-9, W_p shared by the two), I the sentence's length.
+
+Shapes: B batch, H heads, T queries, S keys (T = S: encoder self-attention), d_h the head dimension. Positions j and
+the length I count the sentence's real tokens only (padding is neither a position nor part of I).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+#: The bias's floor where it is cast to float16: exp(-1e4) is 0 in every float dtype, and the bias stays finite there
+#: (a window collapsing to 0 would otherwise give -inf). Never reached in ordinary use.
+BIAS_FLOOR = -1.0e4
+#: The smallest window D (in tokens) the bias uses, so that sigma never underflows to 0 (0/0 = NaN at j = P_i) and
+#: the float32 bias stays finite (at most 2 I^2 / MIN_WINDOW^2).
+MIN_WINDOW = 1.0e-3
+
+
+def sentence_positions(real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions j of the real tokens in their sentence and the sentence lengths I.
+
+    Parameters
+    ----------
+    real : BoolTensor, shape (B, S)
+        True at real (non-padding) tokens; padding on either side.
+
+    Returns
+    -------
+    positions : FloatTensor, shape (B, S): 0, 1, ..., I - 1 over the real tokens (a padding token gets the position
+        of the real token before it, or -1 before the first: finite, and masked by the padding mask anyway)
+    lengths : FloatTensor, shape (B,): I, the number of real tokens (at least 1)
+    """
+    counts = real.long().cumsum(-1)  # (B, S)
+    return (counts - 1).float(), counts[:, -1].clamp(min=1).float()
+
+
+def localness_logits(query: torch.Tensor, weight: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    """Eq. 7-8's logits before the sigmoid: v^T tanh(W_p Q_i) for each of the vectors v (v_p, and v_d if predicted).
+
+    Parameters
+    ----------
+    query : (B, H, T, d_h), each head's query
+    weight : (d_h, d_h), W_p
+    vectors : (d_h, k), the columns v_p (and v_d)
+
+    Returns
+    -------
+    (B, H, T, k)
+    """
+    return torch.tanh(F.linear(query, weight)) @ vectors
+
+
+def centre_and_window(query: torch.Tensor, weight: torch.Tensor, centre_vector: torch.Tensor,
+                      window_vector: torch.Tensor | None, lengths: torch.Tensor,
+                      window: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 9: P_i = I sigmoid(v_p^T tanh(W_p Q_i)) and D_i = I sigmoid(v_d^T tanh(W_p Q_i)) (W_p shared), or the
+    fixed window D_i = ``window`` (the paper's fixed-window strategy: P_i still predicted).
+
+    Parameters
+    ----------
+    query : (B, H, T, d_h)
+    weight : (d_h, d_h), W_p; centre_vector, window_vector : (d_h,), v_p and v_d (``window_vector`` None with a
+        fixed ``window``)
+    lengths : (B,), I per sentence
+    window : None (predicted) or a positive number of tokens
+
+    Returns
+    -------
+    centre, width : (B, H, T) each, P_i and D_i
+    """
+    scale = lengths[:, None, None].to(query.dtype)  # (B, 1, 1)
+    if window is None:
+        logits = localness_logits(query, weight, torch.stack([centre_vector, window_vector], dim=-1))
+        return (scale[..., None] * torch.sigmoid(logits)).unbind(-1)  # (B, H, T) each
+    centre = scale * torch.sigmoid(localness_logits(query, weight, centre_vector[:, None])[..., 0])
+    return centre, torch.full_like(centre, float(window))
+
+
+def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Tensor,
+                  floor: float | None = None) -> torch.Tensor:
+    """Eq. 5-6: G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2 (D_i at least ``MIN_WINDOW``): a concave
+    quadratic in j for each query i, 0 at j = P_i. Computed as -r^2 with r = (j - P_i) sqrt(2) / D_i (three
+    elementwise operators over (B, H, T, S)); ``floor``: a lower bound (``BIAS_FLOOR`` for a bias cast to float16,
+    whose range would make a collapsed window -inf; float32 and bfloat16 hold it finite).
+
+    Parameters
+    ----------
+    centre, width : (B, H, T), P_i and D_i
+    positions : (B, S), the keys' positions j
+
+    Returns
+    -------
+    (B, H, T, S)
+    """
+    inverse = math.sqrt(2) / width.clamp(min=MIN_WINDOW)  # 1 / (sqrt(2) sigma_i), (B, H, T)
+    distance = (positions[:, None, None, :].to(centre.dtype) - centre[..., None]) * inverse[..., None]
+    bias = torch.addcmul(distance.new_zeros(()), distance, distance, value=-1)  # -r^2, one operator
+    return bias if floor is None else bias.clamp(min=floor)
