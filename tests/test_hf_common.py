@@ -26,6 +26,7 @@ from unittest import mock
 
 import pytest
 import transformers
+from packaging.version import Version
 
 from hf_common.refresh import vendored
 
@@ -39,6 +40,8 @@ if transformers.__version__ not in VENDORED:
     )
 #: The folder of the installed release, e.g. ``hf_common.v5_24_0``.
 VENDORED_PACKAGE = f"hf_common.{VENDORED[transformers.__version__].name}"
+#: The lowest end of the range (.venv, ``make test-lowest``) runs every class; the newest (.venv-newest) a part.
+AT_LOWEST = transformers.__version__ == min(VENDORED, key=Version)
 pytest.importorskip("parameterized", reason="HF's test_modeling_common needs `parameterized` (the dev extra)")
 
 from transformers import (  # noqa: E402
@@ -98,7 +101,10 @@ def method_cases() -> dict[str, tuple[MethodSpec | None, dict]]:
 METHODS = method_cases()
 
 
-#: Selection (time budget: the HF tests of every class here together run in about 4 minutes on 2 cores).
+#: Selection (time budget). The lowest end (.venv) runs all that is selected below; the newest end (.venv-newest,
+#: where `make test-newest` runs the module too) the Off classes in full, mBART's method classes the core
+#: (``CORE_METHOD_TESTS``) and Marian's none: a new release meets our subclasses in every HF test, and each method's
+#: attention in the core.
 #: The "Off" classes run every HF test except the fp16/bf16 eager-vs-SDPA variants (half precision on CPU is slow
 #: and the model is the stock one; the 7 fp32 variants run). The method classes run the tests below: forward,
 #: backward, outputs, attentions, save/load, init, attention dispatch and the cache's forward argument (its old
@@ -119,12 +125,13 @@ METHOD_TESTS = {
     "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions", "test_bc_cache_name_forward",
 }
 #: Marian's attention is a copy of mBART's, so the methods run the same code: Marian's method classes run this core
-#: (not test_model_outputs_equivalence, the slowest: the output classes are the same as mBART's).
-MARIAN_METHOD_TESTS = {
+#: (not test_model_outputs_equivalence, the slowest: the output classes are the same as mBART's). On the newest end
+#: mBART's method classes run it too, and Marian's none (the end of the module).
+CORE_METHOD_TESTS = {
     "test_config", "test_save_load", "test_training", "test_batching_equivalence", "test_attention_outputs",
     "test_hidden_states_output", "test_all_tensors_are_parameter_or_buffer",
     "test_can_init_all_missing_weights", "test_eager_matches_sdpa_inference_09_fp32_pad_left",
-    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions",
+    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions", "test_bc_cache_name_forward",
 }
 #: The slowest test: only where a method adds output fields to every forward (its ``logged`` fields; SEA adds none;
 #: the Off classes run it).
@@ -171,7 +178,7 @@ def selected(name: str, family: str, method: str) -> bool:
     if spec is not None and not spec.logged and name in FIELD_TESTS:
         return False
     if method != "Off":
-        return name in (MARIAN_METHOD_TESTS if family == "Marian" else METHOD_TESTS)
+        return name in (METHOD_TESTS if family == "MBart" and AT_LOWEST else CORE_METHOD_TESTS)
     return not (name.startswith("test_eager_matches_sdpa_inference") and any(p in name for p in HALF_PRECISION))
 
 
@@ -286,6 +293,10 @@ def test_vendored_files_unchanged():
 
 for _family in FAMILIES:
     for _method in METHODS if not _family.startswith("Stock") else ["Off"]:
+        # the newest end: the methods' tests on mBART only (Marian's attention is a copy of mBART's, so the methods
+        # run the same code; TestMarianOff still runs every HF test on Marian)
+        if _family == "Marian" and _method != "Off" and not AT_LOWEST:
+            continue
         _cls = make_test_class(_family, _method)
         globals()[_cls.__name__] = _cls
 del _cls
