@@ -5,8 +5,8 @@ Downloads the release's source distribution (``pip download --no-binary :all: --
 its ``tests/test_modeling_common.py`` and ``tests/test_configuration_common.py`` unchanged into a folder of their own,
 ``v<release, dots as underscores>/`` (e.g. ``v5_24_0/``), with ``VERSION`` (the release and the files' sha256) and
 the ``__init__.py`` that finds the shared stand-ins (``standins/``). ``tests/test_hf_common.py`` runs the folder of
-the installed release. Then run ``make test`` and update ``SKIPS`` in tests/test_hf_common.py for what the new
-release adds.
+the installed release. Then run ``make test-newest`` and update ``skips``/``EXPECTED_WARNINGS`` in
+tests/test_hf_common.py for what the new release adds (README.md).
 """
 
 from __future__ import annotations
