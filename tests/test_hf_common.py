@@ -3,33 +3,45 @@ method off and with each registered method (the settings of its kit's ``model_te
 kit's ``example_inputs``), so that a new method meets them with no edit here; the toy fourth method
 (``tests/toy_method.py``, registered from outside the package as a user registers one) meets them too.
 
-The HF test files are vendored in tests/hf_common/ (see its README) from the release named in its VERSION, the lowest
-release we support; with another release installed the module is skipped. The model tester is ours, modelled on HF's
+The HF test files are vendored in tests/hf_common/ (see its README), a folder for each end of the supported range (the
+lowest release, in .venv; the newest, in .venv-newest): the module runs the installed release's, and skips itself
+(naming ``make hf-common``) where none is vendored. The model tester is ours, modelled on HF's
 MBart/Marian testers (their test files are not in the sdist): HF's tiny sizes, the two model classes per family.
 
 Every HF test that passes on the stock classes (``HF_COMMON_STOCK=1`` adds ``TestStockMBartOff``/
 ``TestStockMarianOff``, HF's tests on MBartModel/MBartForConditionalGeneration and MarianModel/MarianMTModel) passes
-on ours or is skipped below with its reason (``skips``); which tests run per class is ``selected`` (time budget).
+on ours or is skipped below with its reason (``skips``; ``EXPECTED_WARNINGS``: those run with a transformers
+deprecation warning allowed); which tests run per class is ``selected`` (time budget).
 HF tests that skip themselves on stock too (GPU, flash attention, kernels, composite or multimodal models) skip here.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
 import os
 import unittest
-from pathlib import Path
 from unittest import mock
 
 import pytest
 import transformers
+from packaging.version import Version
 
-#: The release tests/hf_common was vendored from (``make hf-common`` refreshes it from the installed release).
-VENDORED_TRANSFORMERS = (Path(__file__).parent / "hf_common" / "VERSION").read_text().split()[0]
-if transformers.__version__ != VENDORED_TRANSFORMERS:
+from hf_common.refresh import vendored
+
+#: The releases vendored in tests/hf_common (one folder each; ``make hf-common`` vendors the one of .venv-newest).
+VENDORED = vendored()
+if transformers.__version__ not in VENDORED:
     pytest.skip(
-        f"tests/hf_common is HF's test code of transformers {VENDORED_TRANSFORMERS}, installed is "
-        f"{transformers.__version__}", allow_module_level=True,
+        f"tests/hf_common has HF's common model tests of transformers {', '.join(VENDORED)}, not of the installed "
+        f"{transformers.__version__}: `make hf-common` vendors them (tests/hf_common/README.md)",
+        allow_module_level=True,
     )
+#: The folder of the installed release, e.g. ``hf_common.v5_24_0``.
+VENDORED_PACKAGE = f"hf_common.{VENDORED[transformers.__version__].name}"
+#: The lowest end of the range (.venv, ``make test-lowest``) runs every class; the newest (.venv-newest) a part.
+AT_LOWEST = transformers.__version__ == min(VENDORED, key=Version)
 pytest.importorskip("parameterized", reason="HF's test_modeling_common needs `parameterized` (the dev extra)")
 
 from transformers import (  # noqa: E402
@@ -48,10 +60,12 @@ from transformers.testing_utils import torch_device  # noqa: E402
 
 import hf_headattn  # noqa: E402
 import toy_method  # noqa: E402
-from hf_common.test_configuration_common import ConfigTester  # noqa: E402
-from hf_common.test_modeling_common import ModelTesterMixin, ids_tensor  # noqa: E402
 from hf_headattn.experiment.kit import kit_of  # noqa: E402
 from hf_headattn.registry import MethodSpec, register_method, registered_methods, unregister_method  # noqa: E402
+
+ConfigTester = importlib.import_module(f"{VENDORED_PACKAGE}.test_configuration_common").ConfigTester
+_modeling_common = importlib.import_module(f"{VENDORED_PACKAGE}.test_modeling_common")
+ModelTesterMixin, ids_tensor = _modeling_common.ModelTesterMixin, _modeling_common.ids_tensor
 
 FAMILIES = {
     # name: (config class, base model, LM model)
@@ -87,10 +101,14 @@ def method_cases() -> dict[str, tuple[MethodSpec | None, dict]]:
 METHODS = method_cases()
 
 
-#: Selection (time budget: the HF tests of every class here together run in about 4 minutes on 2 cores).
+#: Selection (time budget). The lowest end (.venv) runs all that is selected below; the newest end (.venv-newest,
+#: where `make test-newest` runs the module too) the Off classes in full, mBART's method classes the core
+#: (``CORE_METHOD_TESTS``) and Marian's none: a new release meets our subclasses in every HF test, and each method's
+#: attention in the core.
 #: The "Off" classes run every HF test except the fp16/bf16 eager-vs-SDPA variants (half precision on CPU is slow
 #: and the model is the stock one; the 7 fp32 variants run). The method classes run the tests below: forward,
-#: backward, outputs, attentions, save/load, init and attention dispatch, i.e. what the methods change. Not run there:
+#: backward, outputs, attentions, save/load, init, attention dispatch and the cache's forward argument (its old
+#: name too, from 5.24), i.e. what the methods change (a name a release's mixin lacks selects nothing). Not run there:
 #: embedding resizing, dtype/device/offload loading, FFN chunking, input-grad hooks for PEFT, and the reentrant
 #: gradient-checkpointing variants: code the methods do not touch (the Off classes run them).
 METHOD_TESTS = {
@@ -104,15 +122,16 @@ METHOD_TESTS = {
     "test_config_attn_implementation_setter", "test_capture_outputs_decorator",
     "test_model_forward_default_config_values", "test_encoder_decoder_loss_no_double_shift",
     "test_eager_matches_sdpa_inference_09_fp32_pad_left", "test_eager_matches_sdpa_inference_13_fp32_pad_right",
-    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions",
+    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions", "test_bc_cache_name_forward",
 }
 #: Marian's attention is a copy of mBART's, so the methods run the same code: Marian's method classes run this core
-#: (not test_model_outputs_equivalence, the slowest: the output classes are the same as mBART's).
-MARIAN_METHOD_TESTS = {
+#: (not test_model_outputs_equivalence, the slowest: the output classes are the same as mBART's). On the newest end
+#: mBART's method classes run it too, and Marian's none (the end of the module).
+CORE_METHOD_TESTS = {
     "test_config", "test_save_load", "test_training", "test_batching_equivalence", "test_attention_outputs",
     "test_hidden_states_output", "test_all_tensors_are_parameter_or_buffer",
     "test_can_init_all_missing_weights", "test_eager_matches_sdpa_inference_09_fp32_pad_left",
-    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions",
+    "test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions", "test_bc_cache_name_forward",
 }
 #: The slowest test: only where a method adds output fields to every forward (its ``logged`` fields; SEA adds none;
 #: the Off classes run it).
@@ -128,6 +147,26 @@ def skips(spec: MethodSpec | None) -> dict[str, str]:
                                       "exactly 5 fields (attention shapes: tests/test_model_outputs.py)"}
 
 
+#: HF tests that check one of transformers' deprecation warnings with ``warnings.catch_warnings(record=True)``, which
+#: keeps the filters in force: pyproject.toml makes every FutureWarning an error, so the warning would be raised
+#: instead of recorded (on the stock classes too). They run with that warning shown: ``{test: filterwarnings mark}``.
+EXPECTED_WARNINGS = {
+    # 5.24: forward's `past_key_values` argument is `cache`; the old name still works, with a FutureWarning
+    "test_bc_cache_name_forward": "always:`past_key_values` is deprecated:FutureWarning",
+}
+
+
+def allowing_warning(name: str, action: str):
+    """HF's test ``name``, run with the warnings filter ``action`` (pytest's ``filterwarnings`` mark)."""
+    test = getattr(ModelTesterMixin, name)
+
+    @pytest.mark.filterwarnings(action)
+    @functools.wraps(test)
+    def run(self):
+        return test(self)
+    return run
+
+
 def skipped(reason: str):
     def test(self):
         self.skipTest(reason)
@@ -139,7 +178,7 @@ def selected(name: str, family: str, method: str) -> bool:
     if spec is not None and not spec.logged and name in FIELD_TESTS:
         return False
     if method != "Off":
-        return name in (MARIAN_METHOD_TESTS if family == "Marian" else METHOD_TESTS)
+        return name in (METHOD_TESTS if family == "MBart" and AT_LOWEST else CORE_METHOD_TESTS)
     return not (name.startswith("test_eager_matches_sdpa_inference") and any(p in name for p in HALF_PRECISION))
 
 
@@ -237,12 +276,27 @@ def make_test_class(family: str, method: str) -> type:
     # a test set to None is not collected
     attributes.update({name: None for name in dir(HeadAttnModelTestBase)
                        if name.startswith("test_") and not selected(name, family, method)})
+    attributes.update({name: allowing_warning(name, action) for name, action in EXPECTED_WARNINGS.items()
+                       if hasattr(ModelTesterMixin, name) and selected(name, family, method)})
     attributes.update({name: skipped(reason) for name, reason in skips(spec).items()})
     return type(f"Test{family}{method}", (HeadAttnModelTestBase, unittest.TestCase), attributes)
 
 
+def test_vendored_files_unchanged():
+    """The installed release's vendored files are HF's, as ``refresh.py`` wrote them (their sha256 in ``VERSION``)."""
+    folder = VENDORED[transformers.__version__]
+    _, *lines = (folder / "VERSION").read_text().splitlines()
+    recorded = dict(reversed(line.split()) for line in lines)
+    assert recorded == {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+                        for path in folder.glob("test_*.py")}
+
+
 for _family in FAMILIES:
     for _method in METHODS if not _family.startswith("Stock") else ["Off"]:
+        # the newest end: the methods' tests on mBART only (Marian's attention is a copy of mBART's, so the methods
+        # run the same code; TestMarianOff still runs every HF test on Marian)
+        if _family == "Marian" and _method != "Off" and not AT_LOWEST:
+            continue
         _cls = make_test_class(_family, _method)
         globals()[_cls.__name__] = _cls
 del _cls

@@ -1,1 +1,1 @@
-"""HF's own common model tests, vendored from the transformers sdist (see README.md)."""
+"""HF's own common model tests, vendored from the transformers sdists, one folder a release (see README.md)."""

@@ -1,7 +1,7 @@
 """Stand-in for ``config_common_kwargs`` of transformers' tests/utils/test_configuration_utils.py (not in the sdist).
 
 ``ConfigTester.check_config_arguments_init`` builds a config from these and checks each one is kept: every common
-``PreTrainedConfig`` field of transformers 5.23 with a value that differs from its default.
+``PreTrainedConfig`` field of transformers 5.23 and 5.24 with a value that differs from its default.
 """
 
 config_common_kwargs = {
