@@ -128,9 +128,19 @@ def dependency_allowed(dependency_mask: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:
     """Eq. 3, 9, 10 on the plain attention of one encoder self-attention call: (B, H) bool, True = redundant.
-    ``dependency_mask`` (B, T, S) bool, the sentence's head-dependent pairs (SEA's input ``dependency_mask``)."""
+    ``dependency_mask`` (B, T, S) bool, the sentence's head-dependent pairs (SEA's input ``dependency_mask``).
+
+    Computed once per call (kept in ``call.state``): two methods on one layer (SEA and a bias method with
+    ``heads="redundant"``) get the same selection, from the plain attention and the call's own mask whichever runs
+    first (the first computes it before adding its score changes, which the second's ``call.mask_tensor`` would
+    contain: a hard mask there, refused on flex attention)."""
+    cached = call.state.get("redundant_heads_of")
+    if cached is not None and cached[0] is dependency_mask:
+        return cached[1]
     length = call.key.shape[2]
     allowed = key_allowed(call.mask_tensor, length)  # None or (B, 1, T, S)
     real = real_tokens(allowed, call.key.shape[0], length, call.key.device)  # (B, S) = (B, T)
     probs = plain_probabilities(call.query, call.key, call.scaling, allowed)  # (B, H, T, S)
-    return redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
+    redundant = redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
+    call.state["redundant_heads_of"] = (dependency_mask, redundant)
+    return redundant
