@@ -50,6 +50,10 @@ ROWS = {
                                             "implementation": "eager"}},
     "dea-rhe": method_settings("dea_rhe"),
     "lpea-rhe": method_settings("lpea_rhe"),
+    # Shaw et al.'s relative positions on every encoder self-attention (k = 16): key term a score bias, value term by
+    # taking over every head; "-keys" without the value term (SDPA's path, the bias in its mask)
+    "rel-pos": method_settings("rel_pos"),
+    "rel-pos-keys": {"rel_pos": {"values": False}},
 }
 
 
