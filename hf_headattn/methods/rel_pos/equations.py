@@ -21,8 +21,8 @@ def relative_labels(query_length: int, key_length: int, k: int, device=None) -> 
     The queries are the *last* T of the S positions (query i sits at position i + S - T): in self-attention without a
     cache T = S; with a key-value cache during generation the one new query is position S - 1."""
     offset = key_length - query_length
-    positions = torch.arange(query_length, device=device) + offset
-    return (torch.arange(key_length, device=device)[None, :] - positions[:, None]).clamp(-k, k) + k
+    positions = torch.arange(offset - k, key_length - k, device=device)  # i + offset - k: the label's shift folded in
+    return (torch.arange(key_length, device=device)[None, :] - positions[:, None]).clamp(0, 2 * k)
 
 
 def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
