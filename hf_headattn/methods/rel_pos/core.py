@@ -1,8 +1,8 @@
 """Relative position representations (Shaw, Uszkoreit & Vaswani 2018) on self-attention, optionally only on the heads
 RHE finds redundant (Zhang et al. 2021, Table 2's Rel_Pos + RHE).
 
-``rel_pos={"max_relative_position": 16}`` adds, on the self-attention of ``encoder_layers`` (default: every encoder
-layer) and ``decoder_layers`` (default: none), Eq. 4's key term to the scores and Eq. 3's value term to the output:
+``rel_pos={"max_relative_position": 16}`` adds, on the self-attention of ``encoder_layers`` (default ``"all"``) and
+``decoder_layers`` (default None: none), Eq. 4's key term to the scores and Eq. 3's value term to the output:
 e_ij = q_i (k_j + w^K_{clip(j-i, k)})^T / sqrt(d), z_i = sum_j alpha_ij (v_j + w^V_{clip(j-i, k)}), with learned
 tables w^K, w^V of (2k+1, d_head) per layer, shared by its heads (as in the paper). The math is in
 :mod:`hf_headattn.methods.rel_pos.equations`; no (T, S, d) tensor is made.
@@ -47,22 +47,22 @@ NAME = "rel_pos"
 class RelPosSettings(MethodSettings):
     """Relative positions' settings (``config.rel_pos``).
 
-    encoder_layers: encoder layers whose self-attention gets the terms (None: all; negative counts from the end).
-    decoder_layers: decoder layers likewise (None: none). max_relative_position: k, the clipping distance (>= 1; the
-    paper's base setting 16). values: whether Eq. 3's value term is added (the paper: True; False keeps only the key
-    term, a score bias, and SDPA's fast path). heads: "all", or "redundant" (RHE's per-sentence selection, encoder
-    layers only; needs the input ``dependency_mask``).
+    encoder_layers: encoder layers whose self-attention gets the terms: indices (negative count from the end), "all"
+    (the default) or None (none). decoder_layers: decoder layers likewise (default None: none; "all" as the paper).
+    max_relative_position: k, the clipping distance (>= 1; the paper's 16). values: whether Eq. 3's value term is
+    added (the paper: True; False keeps only the key term, a score bias, and SDPA's fast path). heads: "all", or
+    "redundant" (RHE's per-sentence selection, encoder layers only; needs the input ``dependency_mask``).
     """
 
-    encoder_layers: list[int] | None = None
-    decoder_layers: list[int] | None = None
+    encoder_layers: list[int] | Literal["all"] | None = "all"
+    decoder_layers: list[int] | Literal["all"] | None = None
     max_relative_position: int = 16
     values: bool = True
     heads: Literal["all", "redundant"] = "all"
 
     def validate(self, config, name: str) -> None:
-        encoder_layers(self, config, name)
-        decoder = resolve_layers(self.decoder_layers, config.decoder_layers, f"{name}.decoder_layers")
+        layers(self, config, "encoder", name)
+        decoder = layers(self, config, "decoder", name)
         if self.max_relative_position < 1:
             raise ValueError(f"{name}.max_relative_position must be an integer >= 1, got "
                              f"{self.max_relative_position!r}")
@@ -72,16 +72,15 @@ class RelPosSettings(MethodSettings):
                              "decoder_layers=None (or heads='all')")
 
 
-def encoder_layers(settings: RelPosSettings, config, name: str = NAME) -> list[int]:
-    """The encoder layers: ``settings.encoder_layers``, by default all of them."""
-    chosen = list(range(config.encoder_layers)) if settings.encoder_layers is None else settings.encoder_layers
-    return resolve_layers(chosen, config.encoder_layers, f"{name}.encoder_layers")
+def layers(settings: RelPosSettings, config, side: str, name: str = NAME) -> list[int]:
+    """The layers of ``side`` ("encoder", "decoder") whose self-attention gets the terms, sorted: ``"all"``, the
+    indices given, or none (None)."""
+    chosen, count = getattr(settings, f"{side}_layers"), getattr(config, f"{side}_layers")
+    return resolve_layers(range(count) if chosen == "all" else chosen, count, f"{name}.{side}_layers")
 
 
 def placements(settings: RelPosSettings, config) -> list[tuple[str, int, str]]:
-    decoder = resolve_layers(settings.decoder_layers, config.decoder_layers, f"{NAME}.decoder_layers")
-    return ([("encoder", layer, "self") for layer in encoder_layers(settings, config)]
-            + [("decoder", layer, "self") for layer in decoder])
+    return [(side, layer, "self") for side in ("encoder", "decoder") for layer in layers(settings, config, side)]
 
 
 def neutral_inputs(batch_size: int, length: int) -> dict[str, torch.Tensor]:

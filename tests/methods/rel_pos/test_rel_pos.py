@@ -127,8 +127,12 @@ def test_save_and_load_keep_the_tables(checkpoint, tmp_path):
     ({"heads": "some"}, r"rel_pos.heads must be one of 'all', 'redundant', got 'some'"),
     ({"values": 1}, r"rel_pos.values must be True or False, got 1"),
     ({"encoder_layers": [2]}, r"rel_pos.encoder_layers contains 2, but the model has 2 layers"),
+    ({"encoder_layers": "some"}, r"rel_pos.encoder_layers must be a list of \(an integer\) or one of 'all' or None, "
+                                 r"got 'some'"),
+    ({"encoder_layers": None}, r"places rel_pos on no attention module"),
     ({"heads": "redundant", "decoder_layers": [0]}, r"rel_pos.heads='redundant' needs RHE's dependency_mask of the "
                                                     r"source, which the decoder's self-attention has none of"),
+    ({"heads": "redundant", "decoder_layers": "all"}, r"rel_pos.heads='redundant' needs RHE's dependency_mask"),
 ])
 def test_settings_errors_name_the_field(settings, message):
     with pytest.raises(ValueError, match=message):
