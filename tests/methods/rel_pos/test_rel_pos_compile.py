@@ -1,6 +1,7 @@
 """torch.compile with relative positions (tests/test_compile.py's checks, aot_eager on the CPU): loss and gradients
 equal eager ones, no graph break, no recompilation across steps of one shape, once more at most over varying
-lengths; with the value term (every head taken over) and with RHE's per-sentence selection."""
+lengths; with the value term (every head taken over) and with RHE's per-sentence selection. Flex attention's
+forward (compiled by transformers) gives SDPA's logits."""
 
 import copy
 
@@ -10,7 +11,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from compile_check import NO_DROPOUT, fresh_batch
-from conftest import TINY
+from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 
 pytestmark = pytest.mark.slow  # every test compiles
@@ -56,3 +57,21 @@ def test_compiles_without_breaks_or_recompiles_and_equals_eager(name):
         torch._dynamo.reset()
     assert graphs[0] >= 1 and graphs[1] == graphs[0], graphs  # nothing compiled after the first step
     assert graphs[2] <= graphs[0] + 1 and graphs[-1] == graphs[2], graphs
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_flex_attention_gives_sdpas_logits(values):
+    """Flex attention (forward: the CPU has no flex backward): with the value term the heads are taken over (their
+    mask from the block mask), without it the key term is a score_mod reading the bias by index."""
+    torch.compiler.reset()
+    try:
+        torch.manual_seed(0)
+        settings = {"max_relative_position": 2, "decoder_layers": "all", "values": values}
+        model = HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY, init_std=0.5, rel_pos=settings))
+        model.eval()
+        with torch.no_grad():
+            expected = model(**batch()).logits
+            model.set_attn_implementation("flex_attention")
+            torch.testing.assert_close(model(**batch()).logits, expected, atol=1e-5, rtol=1e-5)
+    finally:
+        torch.compiler.reset()
