@@ -53,7 +53,7 @@ ROWS = {
     # Shaw et al.'s relative positions on every encoder self-attention (k = 16): key term a score bias, value term by
     # taking over every head; "-keys" without the value term (SDPA's path, the bias in its mask)
     "rel-pos": method_settings("rel_pos"),
-    "rel-pos-keys": {"rel_pos": {"values": False}},
+    "rel-pos-keys": method_settings("rel_pos_keys"),
 }
 
 

@@ -1,9 +1,11 @@
 """Relative positions' kit (Shaw et al. 2018; with RHE, Zhang et al. 2021): recipe names and the presets of RHE's
 Table 1 (Rel_Pos) and Table 2 (Rel_Pos + RHE).
 
-Its input ``dependency_mask`` (for ``heads="redundant"``) has no hooks here: SEA's kit makes it from parses, and two
-kits may not declare one column or recipe flag; with ``rel_pos_rhe`` alone, pass ``dependency_mask`` to the model
-yourself (``model(..., dependency_mask=...)``)."""
+Its input ``dependency_mask`` (for ``heads="redundant"``) has no hooks here: SEA's kit makes it from parses (its
+syntax pipeline, in SEA's folder), and two kits may not declare one column or recipe flag. So the recipes and
+``translate`` offer no ``--method`` name for Rel_Pos + RHE yet (a name they cannot feed); the ``rel_pos_rhe`` preset
+builds the model, which then needs ``dependency_mask`` passed to it (``model(..., dependency_mask=...)``, as SEA's
+collator makes it)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ KIT = MethodKit(
     paper="Shaw, Uszkoreit & Vaswani 2018, self-attention with relative position representations",
     method_names={
         "rel_pos": {},  # every encoder layer, every head, key and value terms, k = 16
-        "rel_pos_rhe": {"heads": "redundant"},  # the encoder's redundant heads only (RHE)
+        "rel_pos_keys": {"values": False},  # the key term only: a score bias, SDPA's fast path
     },
     presets={
         "rel_pos_shaw": Preset(
@@ -32,9 +34,9 @@ KIT = MethodKit(
         "rel_pos_rhe": Preset(
             doc="RHE (Zhang et al. 2021) Table 2, row Rel_Pos + RHE: the relative positions (k = 16) on the heads "
                 "RHE finds redundant per sentence, in every encoder layer (our reading: RHE needs the source's "
-                "dependency_mask, so the decoder keeps plain attention); pass dependency_mask (SEA's syntax "
-                "pipeline makes it).",
-            flags={**TRANSFORMER_BASE, "method": "rel_pos_rhe"},
+                "dependency_mask, so the decoder keeps plain attention); the model needs dependency_mask passed "
+                "to it (SEA's syntax pipeline makes it; no kit hooks yet).",
+            flags={**TRANSFORMER_BASE, "method": "rel_pos"},
             method_overrides={NAME: {"max_relative_position": 16, "heads": "redundant"}},
         ),
     },
