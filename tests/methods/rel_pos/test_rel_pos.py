@@ -137,3 +137,17 @@ def test_save_and_load_keep_the_tables(checkpoint, tmp_path):
 def test_settings_errors_name_the_field(settings, message):
     with pytest.raises(ValueError, match=message):
         HeadAttnMBartConfig(**TINY, rel_pos=settings)
+
+
+def test_pruning_equals_masking(checkpoint):
+    """The tables are shared by a layer's heads: pruning heads (whose outputs the value term adds to) gives the
+    logits of masking them."""
+    model = load(checkpoint, decoder_layers="all")
+    prune = {"encoder.layers.0.self_attn": [1], "decoder.layers.1.self_attn": [0, 2]}
+    head_mask, decoder_head_mask = torch.ones(2, 4), torch.ones(2, 4)
+    head_mask[0, 1], decoder_head_mask[1, [0, 2]] = 0, 0
+    with torch.no_grad():
+        masked = model(**batch(), head_mask=head_mask, decoder_head_mask=decoder_head_mask).logits
+        assert not torch.allclose(masked, model(**batch()).logits)
+        model.prune_heads(prune)
+        torch.testing.assert_close(model(**batch()).logits, masked, atol=1e-5, rtol=1e-5)
