@@ -20,8 +20,9 @@ computed for every head and added where selected (one take-over of all heads, ra
 which ``take_over``'s fixed head numbers cannot express): the unselected sentence-heads get plain attention.
 Refused on decoder layers (RHE needs the source's parse).
 
-Positions: queries are the last T of the S key positions (with a key-value cache in generation, the new query is at
-S - 1); a static cache, whose keys are longer than the positions filled, is not supported.
+Positions: queries are the last T of the S key positions (with a dynamic key-value cache in generation, the new
+query is at S - 1); with fewer queries than keys and a mask (a static cache, whose keys include slots not yet filled),
+each query's position is the last key its causal mask allows.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ...attention import AttentionCall, AttentionMethod
+from ...attention import AttentionCall, AttentionMethod, key_allowed
 from ...hf_compat import init_normal_
 from ...redundancy import redundant_heads_of
 from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
-from .equations import key_term, relative_labels, value_term
+from .equations import key_term, labels_at, query_positions, relative_labels, value_term
 
 NAME = "rel_pos"
 
@@ -125,7 +126,7 @@ class RelativePositions(AttentionMethod):
     def before(self, call: AttentionCall) -> None:
         """The key term as a score bias on the chosen (sentence-)heads; with ``values``, every head taken over."""
         query = call.query
-        labels = relative_labels(query.shape[2], call.key.shape[2], self.k, query.device)  # (T, S)
+        labels = self.labels(call)  # (T, S) or (B, 1, T, S)
         selected = None
         if self.settings.heads == "redundant":
             selected = redundant_heads_of(call, check_dependency_mask(call.kwargs.get("dependency_mask"), query))
@@ -133,6 +134,17 @@ class RelativePositions(AttentionMethod):
         call.add_score_bias(bias, heads=selected)
         if self.relative_values is not None:
             call.take_over(range(query.shape[1]), partial(self.attend, labels=labels, selected=selected))
+
+    def labels(self, call: AttentionCall) -> torch.Tensor:
+        """The relative labels: the queries are the last T of the S positions, except after a cache with a mask
+        (fewer queries than keys: a static cache's keys include empty slots), where each query's position is the
+        last key its causal mask allows."""
+        length, key_length = call.query.shape[2], call.key.shape[2]
+        mask = call.mask_tensor if length < key_length and call.attention_mask is not None else None
+        if mask is None:
+            return relative_labels(length, key_length, self.k, call.query.device)  # (T, S)
+        allowed = key_allowed(mask, key_length)
+        return labels_at(query_positions(allowed[:, :1]), key_length, self.k)  # (B, 1, T, S)
 
     def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels, selected):
         """Eq. 3 on the heads taken over (all of them): alpha from the scores and the mask (the key term in it),

@@ -25,6 +25,28 @@ def relative_labels(query_length: int, key_length: int, k: int, device=None) -> 
     return (torch.arange(key_length, device=device)[None, :] - positions[:, None]).clamp(0, 2 * k)
 
 
+def query_positions(allowed: torch.Tensor) -> torch.Tensor:
+    """The positions of the queries from a causal mask: the last key each query may attend to, itself (a static cache,
+    whose S keys include slots not yet filled, so that the queries are not the last T positions).
+
+    Parameters
+    ----------
+    allowed : BoolTensor (B, 1, T, S), True = attend
+
+    Returns
+    -------
+    LongTensor (B, 1, T)
+    """
+    keys = torch.arange(allowed.shape[-1], device=allowed.device)
+    return torch.where(allowed, keys, 0).amax(-1)
+
+
+def labels_at(positions: torch.Tensor, key_length: int, k: int) -> torch.Tensor:
+    """clip(j - i, k) + k for queries at ``positions`` (B, 1, T): LongTensor (B, 1, T, S)."""
+    keys = torch.arange(key_length, device=positions.device)
+    return (keys - positions[..., None]).clamp(-k, k) + k
+
+
 def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """q_i . w^K_{label_ij} for every (query, key) pair (Eq. 4's second term, before the scaling).
 
@@ -32,7 +54,7 @@ def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -> 
     ----------
     query : (B, H, T, D)
     table : (L, D), w^K (rows w_-k .. w_k)
-    labels : LongTensor (T, S), :func:`relative_labels`
+    labels : LongTensor (T, S) (:func:`relative_labels`) or (B, 1, T, S) (:func:`labels_at`)
 
     Returns
     -------
@@ -57,7 +79,7 @@ def value_term(probs: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -
     ----------
     probs : (B, H, T, S), the attention weights alpha
     table : (L, D), w^V
-    labels : LongTensor (T, S)
+    labels : LongTensor (T, S) or (B, 1, T, S)
 
     Returns
     -------

@@ -77,6 +77,10 @@ def test_generate_with_beams_and_cache_equals_no_cache(checkpoint, backend):
     cached, uncached = model.generate(**generate), model.generate(**generate, use_cache=False)
     assert torch.equal(cached.sequences, uncached.sequences)
     torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, atol=1e-5, rtol=1e-5)
+    # a static cache: its keys include empty slots, each query's position comes from its causal mask
+    static = model.generate(**generate, cache_implementation="static")
+    assert torch.equal(static.sequences, uncached.sequences)
+    torch.testing.assert_close(static.sequences_scores, uncached.sequences_scores, atol=1e-5, rtol=1e-5)
     assert not torch.equal(cached.sequences, stock(checkpoint, backend).generate(**generate).sequences)
 
 

@@ -140,6 +140,24 @@ def test_queries_after_a_cache_sit_at_the_last_positions(backend, length):
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_queries_of_a_static_cache_take_their_positions_from_the_mask(backend):
+    """Two queries at positions 2 and 3 over a static cache of 7 slots, 5 of them filled (the last two empty, masked):
+    the rows of the full call's output at those positions."""
+    module = module_of(backend, "decoder")
+    query, key, value = qkv(length=2)
+    empty = torch.randn(B, H, 2, D, generator=torch.Generator().manual_seed(9))
+    key_slots, value_slots = torch.cat([key[:, :, :4], empty], 2), torch.cat([value[:, :, :4], empty], 2)  # (B, H, 6)
+    allowed = torch.ones(6, dtype=torch.bool)[None, :] & (torch.arange(6)[None, :] <= torch.tensor([2, 3])[:, None])
+    mask = allowed[None, None].expand(B, 1, 2, 6)
+    if backend == "eager":
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo().min)
+    output, _ = headattn_attention_forward(module, query, key_slots, value_slots, mask, scaling=SCALING)
+    full_query = torch.cat([torch.zeros(B, H, 2, D), query, torch.zeros(B, H, 1, D)], 2)  # positions 2, 3 of 5
+    expected = reference(full_query, key, value, allowed_keys("decoder"), *tables(module))[:, 2:4]
+    torch.testing.assert_close(output.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_the_layer_gradchecks(backend):
     """float64 gradcheck of the attention function (q, k, v and both tables), key term and value term."""
     module = module_of(backend).double()
