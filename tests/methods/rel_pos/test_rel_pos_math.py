@@ -86,7 +86,8 @@ def allowed_keys(side):
 
 def reference(query, key, value, allowed, w_k, w_v, chosen=None, hard=None):
     """Shaw et al.'s attention in float64 by loops: the queries are the last t of the S positions; ``chosen`` (B, H)
-    the sentence-heads that get the relative terms (None: all); ``hard`` (B, S, S) another method's hard mask."""
+    the sentence-heads that get the relative terms (None: all); ``hard`` (B, S, S) another method's hard mask (on the
+    same sentence-heads)."""
     query, key, value = (tensor.detach().double() for tensor in (query, key, value))
     w_k, w_v = w_k.detach().double(), None if w_v is None else w_v.detach().double()
     length, offset = query.shape[2], T - query.shape[2]
@@ -101,7 +102,7 @@ def reference(query, key, value, allowed, w_k, w_v, chosen=None, hard=None):
                     k_j = key[b, h, j] + (w_k[clip_label(position, j)] if on else 0)
                     scores.append(query[b, h, i] @ k_j * SCALING)
                 keep = allowed[b, position].clone()
-                if hard is not None and (hard[b, position] & keep).any():
+                if on and hard is not None and (hard[b, position] & keep).any():
                     keep &= hard[b, position]
                 probs = torch.stack(scores).masked_fill(~keep, float("-inf")).softmax(-1)
                 for j in range(T):
@@ -217,4 +218,34 @@ def test_with_sea_on_one_layer_both_apply(backend, values):
     output, _ = headattn_attention_forward(module, query, key, value, call_mask(backend, "encoder"),
                                            scaling=SCALING, dependency_mask=dependency)
     expected = reference(query, key, value, allowed_keys("encoder"), *tables(module), hard=dependency)
+    torch.testing.assert_close(output.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_with_sea_both_on_the_redundant_heads_rhe_runs_once(monkeypatch):
+    """SEA's DEA+RHE and Rel_Pos+RHE on one layer: RHE's plain attention is computed once for the call (by SEA, before
+    its mask), and both apply to the heads it selects."""
+    from hf_headattn import redundancy
+
+    torch.manual_seed(0)
+    config = HeadAttnMBartConfig(
+        **TINY, attention_dropout=0.0, sea={"type": "dea", "heads": "redundant", "layers": [0]},
+        rel_pos={"max_relative_position": K, "encoder_layers": [0], "heads": "redundant"})
+    module = HeadAttnMBartForConditionalGeneration(config).eval().model.encoder.layers[0].self_attn
+    g = torch.Generator().manual_seed(2)
+    for table in module.rel_pos.parameters():
+        table.data.copy_(torch.randn(table.shape, generator=g))
+    dependency = (torch.rand(B, T, T, generator=g) < 0.4) | torch.eye(T, dtype=torch.bool)
+    calls = []
+    plain = redundancy.plain_probabilities
+    monkeypatch.setattr(redundancy, "plain_probabilities", lambda *args: calls.append(1) or plain(*args))
+    query, key, value = qkv()
+    mask = call_mask("sdpa", "encoder")
+    output, _ = headattn_attention_forward(module, query, key, value, mask, scaling=SCALING,
+                                           dependency_mask=dependency)
+    assert len(calls) == 1
+    probs = plain(query, key, SCALING, mask)
+    chosen = redundancy.redundant_heads(redundancy.head_confidence(probs, REAL),
+                                        redundancy.syntactic_attention(probs, dependency, REAL))
+    assert chosen.any() and not chosen.all()
+    expected = reference(query, key, value, allowed_keys("encoder"), *tables(module), chosen=chosen, hard=dependency)
     torch.testing.assert_close(output.double(), expected, atol=1e-5, rtol=1e-5)
