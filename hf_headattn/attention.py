@@ -551,9 +551,12 @@ def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.T
         weights.append(weight)
         order.extend(rest)
     for owner, numbers, attend_heads in call._taken:
-        index = torch.tensor(numbers, device=call.query.device)
-        query, key, value = (tensor.index_select(1, index) for tensor in (call.query, call.key, call.value))
-        heads_mask = mask if mask is None or mask.shape[1] == 1 else mask.index_select(1, index)
+        if numbers == tuple(range(num_heads)):  # every head, in order (one method takes the call): no copies
+            query, key, value, heads_mask = call.query, call.key, call.value, mask
+        else:
+            index = torch.tensor(numbers, device=call.query.device)
+            query, key, value = (tensor.index_select(1, index) for tensor in (call.query, call.key, call.value))
+            heads_mask = mask if mask is None or mask.shape[1] == 1 else mask.index_select(1, index)
         output, weight = attend_heads(call.module, query, key, value, heads_mask, dropout=dropout,
                                       scaling=call.scaling)
         expected = (query.shape[0], query.shape[2], len(numbers), value.shape[3])
@@ -592,6 +595,9 @@ def in_head_order(outputs: list[torch.Tensor], weights: list, order: list[int]) 
     """The per-head parts (B, T, h_i, D), computed for the heads ``order`` (concatenated), as one (B, T, H, D) in
     head order; the weights likewise along their head dimension where every part gave them as (B, h_i, T, S), else
     None."""
+    if len(outputs) == 1 and order == sorted(order):  # one part, in head order: as it is
+        weight = weights[0]
+        return outputs[0], weight if weight is not None and weight.dim() == 4 else None
     place = torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=outputs[0].device)
     output = torch.cat(outputs, dim=2).index_select(2, place)
     if any(weight is None or weight.dim() != 4 for weight in weights):

@@ -149,4 +149,6 @@ def _redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> t
     allowed = key_allowed(call.mask_tensor, length)  # None or (B, 1, T, S)
     real = real_tokens(allowed, call.key.shape[0], length, call.key.device)  # (B, S) = (B, T)
     probs = plain_probabilities(call.query, call.key, call.scaling, allowed)  # (B, H, T, S)
-    return redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
+    redundant = redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
+    call.state["redundant_heads_of"] = (dependency_mask, redundant)
+    return redundant

@@ -458,7 +458,8 @@ def test_the_internals_check_allows_our_own_private_names_and_public_modules():
 
 #: The words that name a built-in method (its name, its variants and parts): no class or function outside the
 #: method's folder is named with one.
-METHOD_WORDS = {"dhicm": {"dhicm"}, "eadra": {"eadra"}, "sea": {"sea", "dea", "lpea", "rhe"}}
+METHOD_WORDS = {"dhicm": {"dhicm"}, "eadra": {"eadra"}, "sea": {"sea", "dea", "lpea", "rhe"},
+                "rel_pos": {"rel", "shaw"}, "localness": {"localness"}}
 
 
 def _words(name: str) -> set[str]:

@@ -24,6 +24,7 @@ REMOTE_CASES = {
     "sea": dict(sea={"type": "dea", "heads": "redundant"}),
     "dhicm+sea": dict(dhicm={"encoder_layers": [0]}, sea={"type": "lpea", "heads": "all"}),
     "localness+sea": dict(localness={"heads": "redundant"}, sea={"type": "lpea", "heads": "redundant"}),
+    "rel_pos": dict(rel_pos={"decoder_layers": [-1], "max_relative_position": 2}),
     "all": SETTINGS,
 }
 

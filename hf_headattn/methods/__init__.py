@@ -7,9 +7,11 @@ from ..registry import register_method
 from .dhicm.core import METHOD as DHICM
 from .eadra.core import METHOD as EADRA
 from .localness.core import METHOD as LOCALNESS
+from .rel_pos.core import METHOD as REL_POS
 from .sea.core import METHOD as SEA
 
 register_method(SEA)
 register_method(EADRA)
 register_method(DHICM)
 register_method(LOCALNESS)
+register_method(REL_POS)

@@ -1,0 +1,181 @@
+"""Relative position representations (Shaw, Uszkoreit & Vaswani 2018) on self-attention, optionally only on the heads
+RHE finds redundant (Zhang et al. 2021, Table 2's Rel_Pos + RHE).
+
+``rel_pos={"max_relative_position": 16}`` adds, on the self-attention of ``encoder_layers`` (default ``"all"``) and
+``decoder_layers`` (default None: none), Eq. 4's key term to the scores and Eq. 3's value term to the output:
+e_ij = q_i (k_j + w^K_{clip(j-i, k)})^T / sqrt(d), z_i = sum_j alpha_ij (v_j + w^V_{clip(j-i, k)}), with learned
+tables w^K, w^V of (2k+1, d_head) per layer, shared by its heads (as in the paper). The math is in
+:mod:`hf_headattn.methods.rel_pos.equations`; no (T, S, d) tensor is made.
+
+How it runs (``before``): the key term, q @ W^K^T gathered by the relative labels, is a score bias
+(``call.add_score_bias``), so with ``values=False`` SDPA keeps its fast path; the value term needs the probabilities,
+so with ``values=True`` (the paper) the method takes over every head of the layer (``call.take_over``): its
+``attend`` gets the call's mask with every method's score biases in it (its own key term, SEA's masks on a shared
+layer), computes alpha, alpha @ V and the per-label sums of alpha times W^V.
+
+``heads="redundant"``: the terms apply only to the heads RHE (Eq. 3, 9, 10; :func:`~...redundancy.redundant_heads_of`,
+shared with SEA) marks redundant in each sentence; it reads the forward input ``dependency_mask`` (B, S, S) bool.
+The key term goes to those sentence-heads through ``add_score_bias(heads=(B, H) selection)``; the value term is
+computed for every head and added where selected (one take-over of all heads, rather than a take-over per selection,
+which ``take_over``'s fixed head numbers cannot express): the unselected sentence-heads get plain attention.
+Refused on decoder layers (RHE needs the source's parse).
+
+Positions: queries are the last T of the S key positions (with a dynamic key-value cache in generation, the new
+query is at S - 1); with fewer queries than keys and a mask (a static cache, whose keys include slots not yet filled),
+each query's position is the last key its causal mask allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+import torch
+from torch import nn
+
+from ...attention import AttentionCall, AttentionMethod, key_allowed
+from ...hf_compat import init_normal_
+from ...redundancy import redundant_heads_of
+from ...registry import MethodSettings, MethodSpec
+from ...settings_checks import resolve_layers
+from .equations import key_term, labels_at, query_positions, relative_labels, value_term
+
+NAME = "rel_pos"
+
+
+@dataclass(frozen=True)
+class RelPosSettings(MethodSettings):
+    """Relative positions' settings (``config.rel_pos``).
+
+    encoder_layers: encoder layers whose self-attention gets the terms: indices (negative count from the end), "all"
+    (the default) or None (none). decoder_layers: decoder layers likewise (default None: none; "all" as the paper).
+    max_relative_position: k, the clipping distance (>= 1; the paper's 16). values: whether Eq. 3's value term is
+    added (the paper: True; False keeps only the key term, a score bias, and SDPA's fast path). heads: "all", or
+    "redundant" (RHE's per-sentence selection, encoder layers only; needs the input ``dependency_mask``).
+    """
+
+    encoder_layers: list[int] | Literal["all"] | None = "all"
+    decoder_layers: list[int] | Literal["all"] | None = None
+    max_relative_position: int = 16
+    values: bool = True
+    heads: Literal["all", "redundant"] = "all"
+
+    def validate(self, config, name: str) -> None:
+        layers(self, config, "encoder", name)
+        decoder = layers(self, config, "decoder", name)
+        if self.max_relative_position < 1:
+            raise ValueError(f"{name}.max_relative_position must be an integer >= 1, got "
+                             f"{self.max_relative_position!r}")
+        if self.heads == "redundant" and decoder:
+            raise ValueError(f"{name}.heads='redundant' needs RHE's dependency_mask of the source, which the decoder's "
+                             f"self-attention has none of; got {name}.decoder_layers={self.decoder_layers!r}: expected "
+                             "decoder_layers=None (or heads='all')")
+
+
+def layers(settings: RelPosSettings, config, side: str, name: str = NAME) -> list[int]:
+    """The layers of ``side`` ("encoder", "decoder") whose self-attention gets the terms, sorted: ``"all"``, the
+    indices given, or none (None)."""
+    chosen, count = getattr(settings, f"{side}_layers"), getattr(config, f"{side}_layers")
+    return resolve_layers(range(count) if chosen == "all" else chosen, count, f"{name}.{side}_layers")
+
+
+def placements(settings: RelPosSettings, config) -> list[tuple[str, int, str]]:
+    return [(side, layer, "self") for side in ("encoder", "decoder") for layer in layers(settings, config, side)]
+
+
+def neutral_inputs(batch_size: int, length: int) -> dict[str, torch.Tensor]:
+    """A ``dependency_mask`` that changes nothing: every pair related, so RHE finds no head redundant."""
+    return {"dependency_mask": torch.ones(batch_size, length, length, dtype=torch.bool)}
+
+
+def check_dependency_mask(tensor, query: torch.Tensor) -> torch.Tensor:
+    """``tensor`` if it is a valid ``dependency_mask`` for this call ((B, S, S) bool on the query's device), else a
+    ``ValueError`` saying what was expected."""
+    if tensor is None:
+        raise ValueError(f"{NAME} with heads='redundant' needs the forward argument dependency_mask (batch, src_len, "
+                         "src_len) bool (RHE's Eq. 9): model(..., dependency_mask=...) or model.generate(..., "
+                         "dependency_mask=...)")
+    expected = (query.shape[0], query.shape[2], query.shape[2])
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.bool or tuple(tensor.shape) != expected:
+        got = (f"{tensor.dtype} of shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor)
+               else type(tensor).__name__)
+        raise ValueError(f"{NAME}: dependency_mask must be a bool tensor of shape (batch, src_len, src_len) = "
+                         f"{expected}, got {got}")
+    if tensor.device != query.device:
+        raise ValueError(f"{NAME}: dependency_mask is on {tensor.device} but the model runs on {query.device}")
+    return tensor
+
+
+class RelativePositions(AttentionMethod):
+    """The tables of one self-attention module: ``relative_keys`` w^K and, with ``values``, ``relative_values`` w^V,
+    each (2k+1, d_head), rows w_-k .. w_k, ~ N(0, init_std) (the paper does not give an initialisation)."""
+
+    def __init__(self, settings: RelPosSettings, head_dim: int):
+        super().__init__()
+        self.settings = settings
+        self.k = settings.max_relative_position
+        self.relative_keys = nn.Parameter(torch.empty(2 * self.k + 1, head_dim))
+        self.relative_values = nn.Parameter(torch.empty(2 * self.k + 1, head_dim)) if settings.values else None
+
+    def init_weights(self, std: float) -> None:
+        init_normal_(self.relative_keys, std=std)
+        if self.relative_values is not None:
+            init_normal_(self.relative_values, std=std)
+
+    def before(self, call: AttentionCall) -> None:
+        """The key term as a score bias on the chosen (sentence-)heads; with ``values``, every head taken over."""
+        query = call.query
+        labels = self.labels(call)  # (T, S) or (B, 1, T, S)
+        selected = None
+        if self.settings.heads == "redundant":
+            selected = redundant_heads_of(call, check_dependency_mask(call.kwargs.get("dependency_mask"), query))
+        bias = key_term(query, self.relative_keys.to(query.dtype), labels) * call.scaling  # (B, H, T, S)
+        call.add_score_bias(bias, heads=selected)
+        if self.relative_values is not None:
+            call.take_over(range(query.shape[1]), partial(self.attend, labels=labels, selected=selected))
+
+    def labels(self, call: AttentionCall) -> torch.Tensor:
+        """The relative labels: the queries are the last T of the S positions, except after a cache with a mask
+        (fewer queries than keys: a static cache's keys include empty slots), where each query's position is the
+        last key its causal mask allows."""
+        length, key_length = call.query.shape[2], call.key.shape[2]
+        mask = call.mask_tensor if length < key_length and call.attention_mask is not None else None
+        if mask is None:
+            return relative_labels(length, key_length, self.k, call.query.device)  # (T, S)
+        allowed = key_allowed(mask, key_length)
+        return labels_at(query_positions(allowed[:, :1]), key_length, self.k)  # (B, 1, T, S)
+
+    def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels, selected):
+        """Eq. 3 on the heads taken over (all of them): alpha from the scores and the mask (the key term in it),
+        as eager computes it (softmax in at least float32, dropout on alpha), then alpha @ V plus the value term
+        (only on the selected sentence-heads with ``heads="redundant"``)."""
+        scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, S)
+        if attention_mask is not None:
+            if attention_mask.dtype == torch.bool:
+                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+            else:
+                scores = scores + attention_mask
+        probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
+        probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+        extra = value_term(probs, self.relative_values.to(query.dtype), labels)  # (B, H, T, D)
+        if selected is not None:
+            extra = extra * selected[:, :, None, None].to(extra.dtype)
+        output = torch.matmul(probs, value) + extra
+        return output.transpose(1, 2), probs
+
+
+def build(settings: RelPosSettings, config, module) -> RelativePositions:
+    return RelativePositions(settings, module.head_dim)
+
+
+def collect(context, settings: RelPosSettings) -> tuple[dict, None]:
+    """No output fields, no objective term."""
+    return {}, None
+
+
+METHOD = MethodSpec(
+    NAME, RelPosSettings, placements, build, collect,
+    inputs=("dependency_mask",), neutral_inputs=neutral_inputs,
+    kit="hf_headattn.methods.rel_pos.kit",
+)
