@@ -26,6 +26,7 @@ from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.initialization import normal_ as init_normal_
 from transformers.initialization import ones_ as init_ones_
 from transformers.initialization import zeros_ as init_zeros_
+from transformers.integrations import is_deepspeed_zero3_enabled as zero3_enabled
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # the attention registry's instance (not exported)
 from transformers.models.marian.modeling_marian import MarianDecoder, MarianEncoder
 from transformers.models.marian.modeling_marian import shift_tokens_right as marian_shift_tokens_right
@@ -41,6 +42,7 @@ __all__ = [
     "random_fingerprint", "get_relative_import_files", "flex_attention_function", "INPUT_PROJECTIONS",
     "OUTPUT_PROJECTION", "set_num_heads", "STACK_LAYERS", "BLOCK_ATTENTION", "logits_bias",
     "additive_mask_allowed", "config_attributes", "TRAINER_STATE_FILE", "TRAINING_STATE_FILES", "checkpoint_world_size",
+    "ZERO_TO_FP32", "zero3_enabled", "zero3_partitioned",
 ]
 
 # --- transformers: names it does not export at the top level, and what its internals do -----------------------------
@@ -207,10 +209,16 @@ def additive_mask_allowed(attention_mask: torch.Tensor) -> torch.BoolTensor:
 
 #: The Trainer's state (``global_step``, the log history, the callbacks' states), JSON; written after the model's.
 TRAINER_STATE_FILE = "trainer_state.json"
+#: DeepSpeed's script in each checkpoint folder of a Trainer run with ``deepspeed`` that writes the full weights from
+#: the partitioned states it keeps there (in ``global_step<N>``, which its file ``latest`` names):
+#: ``python <folder>/zero_to_fp32.py <folder> <output folder> --safe_serialization`` (``model.safetensors``).
+ZERO_TO_FP32 = "zero_to_fp32.py"
 #: The Trainer's own files in a checkpoint folder, beside the model's and the tokenizer's: optimizer, scheduler and
-#: scaler states, the RNG states, the trainer state and the training arguments.
+#: scaler states, the RNG states, the trainer state and the training arguments; with DeepSpeed also its ``latest``
+#: and its scripts, :data:`ZERO_TO_FP32` and ``zero_to_torch.py`` (its states are in a folder).
 TRAINING_STATE_FILES = re.compile(
-    rf"(optimizer|scheduler|scaler)\.pt|rng_state.*\.pth|{re.escape(TRAINER_STATE_FILE)}|training_args\.bin")
+    rf"(optimizer|scheduler|scaler)\.pt|rng_state.*\.pth|{re.escape(TRAINER_STATE_FILE)}|training_args\.bin"
+    rf"|latest|{re.escape(ZERO_TO_FP32)}|zero_to_torch\.py")
 
 
 def checkpoint_world_size(folder) -> int | None:
@@ -219,6 +227,20 @@ def checkpoint_world_size(folder) -> int | None:
     folder = Path(folder)
     per_rank = list(folder.glob("rng_state_*.pth"))
     return len(per_rank) if per_rank else (1 if (folder / "rng_state.pth").is_file() else None)
+
+
+# --- DeepSpeed ZeRO-3 (through transformers): partitioned weights ---------------------------------------------------
+# zero3_enabled: transformers' ``is_deepspeed_zero3_enabled``, whether a DeepSpeed ZeRO-3 config is alive in this
+#   process (training arguments with one, or an ``HfDeepSpeedConfig``), so that ``from_pretrained`` builds a model
+#   partitioned over the processes (under ``deepspeed.zero.Init``, a collective call).
+
+
+def zero3_partitioned(model) -> str | None:
+    """The name of the first parameter of ``model`` that DeepSpeed ZeRO-3 manages (partitions over the processes),
+    None where it manages none. ZeRO-3 (``deepspeed.initialize`` with stage 3, ``deepspeed.zero.Init``) gives each
+    parameter it takes ``ds_numel`` (the whole tensor's size) and leaves an empty tensor as its data, whole only while
+    gathered (in a forward, a ``deepspeed.zero.GatheredParameters`` block). Read without importing DeepSpeed."""
+    return next((name for name, parameter in model.named_parameters() if hasattr(parameter, "ds_numel")), None)
 
 
 # --- torch: operators outside the documented API --------------------------------------------------------------------

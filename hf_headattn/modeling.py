@@ -39,6 +39,7 @@ from .hf_compat import (
     marian_shift_tokens_right,
     replace_stack,
     transformers_forward,
+    zero3_partitioned,
 )
 from .losses import IGNORE_INDEX, label_smoothed_nll_loss, linear_label_smoothed_nll_loss, total_objective
 from .pruning import apply_pruned_heads, modules_record, prune_heads
@@ -254,6 +255,20 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         record = prune_heads(self, heads)
         self.headattn_pruned_heads = self.config.pruned_heads
         return record
+
+    def save_pretrained(self, save_directory, is_main_process=True, state_dict=None, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``; refused (a ``ValueError``, nothing written) for a model whose weights
+        DeepSpeed ZeRO-3 partitions, unless ``state_dict`` gives them whole: it would write empty tensors."""
+        partitioned = zero3_partitioned(self) if state_dict is None else None
+        if partitioned is not None:
+            raise ValueError(
+                f"save_pretrained: the model's weights are partitioned by DeepSpeed ZeRO-3 ({partitioned} holds only "
+                "this process's shard), so it would save empty tensors; nothing was written. Save with "
+                "trainer.save_model(output_dir), called on every process, with "
+                "stage3_gather_16bit_weights_on_model_save: true in the DeepSpeed config (it gathers the weights), or "
+                "pass the gathered weights: state_dict=trainer.accelerator.get_state_dict(trainer.model_wrapped), "
+                "also called on every process")
+        return super().save_pretrained(save_directory, is_main_process, state_dict, *args, **kwargs)
 
     def initialize_weights(self):
         """HF's initialisation, then the methods' parameters.

@@ -14,7 +14,9 @@ Pruning every head of a module is refused (a ``ValueError``): the papers' remain
 2019, Voita et al. 2019) never removes a whole attention sub-layer, and the methods that mix heads need one.
 
 A model wrapped with PEFT adapters (LoRA on the projections, the methods' modules saved with the adapter) is refused
-too, before anything changes: prune first, then attach the adapters (or ``merge_and_unload()``, prune, re-attach).
+too, before anything changes: prune first, then attach the adapters (or ``merge_and_unload()``, prune, re-attach). So
+is a model whose weights DeepSpeed ZeRO-3 partitions (each process holds a shard): prune the saved full weights; a
+pruned checkpoint then loads under ZeRO-3 (``from_pretrained`` builds the pruned projections partitioned).
 """
 
 from __future__ import annotations
@@ -26,15 +28,23 @@ from torch import nn
 
 from .attention import AttentionMethod, HeadIndex
 from .head_masks import head_numbers, routed_modules
-from .hf_compat import INPUT_PROJECTIONS, OUTPUT_PROJECTION, set_num_heads
+from .hf_compat import INPUT_PROJECTIONS, OUTPUT_PROJECTION, set_num_heads, zero3_partitioned
 from .settings_checks import check_head_numbers, check_pruned_heads
 from .sites import AttentionSite, component_shape
 
 
 def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
-    """A ``ValueError`` unless ``model`` carries no PEFT adapters and ``modules`` (attention modules) have plain
-    ``nn.Linear`` projections and hf-headattn methods: pruning cuts those in place, and a wrapped one (LoRA's
-    ``lora_A``/``lora_B``, a ``ModulesToSaveWrapper``'s copies) would be left half-pruned."""
+    """A ``ValueError`` unless ``model`` carries no PEFT adapters, its weights are not partitioned by DeepSpeed ZeRO-3
+    and ``modules`` (attention modules) have plain ``nn.Linear`` projections and hf-headattn methods: pruning cuts
+    those in place, and a wrapped one (LoRA's ``lora_A``/``lora_B``, a ``ModulesToSaveWrapper``'s copies) would be
+    left half-pruned, a partitioned one cut from this process's shard."""
+    partitioned = zero3_partitioned(model)
+    if partitioned is not None:
+        raise ValueError(f"prune_heads: the model's weights are partitioned by DeepSpeed ZeRO-3 ({partitioned} holds "
+                         "only this process's shard); nothing was pruned. Prune the full weights: save the model "
+                         "(trainer.save_model with stage3_gather_16bit_weights_on_model_save: true in the DeepSpeed "
+                         "config), load it with from_pretrained outside DeepSpeed, prune and save it; from_pretrained "
+                         "under ZeRO-3 then builds the pruned model")
     wrapped = next((name for name, module in model.named_modules() if type(module).__module__.startswith("peft.")),
                    None)
     if wrapped is not None:
@@ -152,7 +162,9 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[st
 
 
 def apply_pruned_heads(model: nn.Module, record: Mapping[str, list[int]]) -> None:
-    """Prune a freshly built model as ``record`` (``config.pruned_heads``) says, before its weights are loaded."""
+    """Prune a freshly built model as ``record`` (``config.pruned_heads``) says, before its weights are loaded (with
+    DeepSpeed ZeRO-3, ``from_pretrained`` builds it partitioned: the projections are then built anew at their pruned
+    shapes, see :func:`_select`)."""
     modules = routed_modules(model)
     for name, numbers in record.items():
         if name in modules:  # a stack built alone holds one side
@@ -166,10 +178,10 @@ def prune_module(module: nn.Module, numbers: list[int]) -> None:
     keep = torch.tensor([i for i, number in enumerate(original) if number not in numbers], device=cpu)
     rows = (keep[:, None] * module.head_dim + torch.arange(module.head_dim, device=cpu)).flatten()
     for name in INPUT_PROJECTIONS:
-        _select(getattr(module, name), rows, dim=0)
+        _select(module, name, rows, dim=0)
     methods = [getattr(module, name) for name in module.headattn_methods]
     if all(method.out_proj_per_head for method in methods):
-        _select(getattr(module, OUTPUT_PROJECTION), rows, dim=1)
+        _select(module, OUTPUT_PROJECTION, rows, dim=1)
     for method in methods:
         method.prune_heads(keep)
     set_num_heads(module, len(keep))
@@ -178,8 +190,19 @@ def prune_module(module: nn.Module, numbers: list[int]) -> None:
         module.headattn_head_mask = module.headattn_head_mask[:, keep.to(module.headattn_head_mask.device)]
 
 
-def _select(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
-    """Keep the output rows (``dim`` 0, and the bias) or input columns (``dim`` 1) ``index`` of ``linear``."""
+def _select(module: nn.Module, name: str, index: torch.Tensor, dim: int) -> None:
+    """Keep the output rows (``dim`` 0, and the bias) or input columns (``dim`` 1) ``index`` of the ``nn.Linear``
+    ``module.<name>``.
+
+    A projection DeepSpeed ZeRO-3 holds partitioned is one ``from_pretrained`` builds under ``deepspeed.zero.Init``
+    (:func:`prune_heads` refuses a partitioned model): it holds no weights yet, only this process's share of a
+    placeholder, so it is built anew at its pruned shape, which ``deepspeed.zero.Init`` partitions, and the checkpoint's
+    weights are loaded into it."""
+    linear = getattr(module, name)
+    if zero3_partitioned(linear) is not None:
+        shape = (len(index), linear.in_features) if dim == 0 else (linear.out_features, len(index))
+        setattr(module, name, nn.Linear(shape[1], shape[0], bias=linear.bias is not None))
+        return
     weight = linear.weight
     index = index.to(weight.device)
     linear.weight = nn.Parameter(weight.detach().index_select(dim, index).clone(), requires_grad=weight.requires_grad)

@@ -18,8 +18,10 @@ TINY = dict(
 #: Test modules that run in the lowest environment only (marked ``lowest_only``; ``make test-newest`` passes
 #: ``-m "not lowest_only"``): what they check does not depend on the transformers release the package meets. The
 #: research workshop, the benchmark scripts (whose GPU runs carry the lowest release's wheels, benchmarks/gpu.sh),
-#: the wheel's contents and the API reference's configuration: about two CPU-minutes of the newest run.
-LOWEST_ONLY = ("test_benchmarks_profile.py", "test_converged_study.py", "test_docs.py", "test_fidelity_study.py",
+#: the wheel's contents, the API reference's configuration and DeepSpeed through the Trainer (two torchrun launches;
+#: the newest release's Trainer meets DeepSpeed in HF's own common tests): about three CPU-minutes of the newest run.
+LOWEST_ONLY = ("test_benchmarks_profile.py", "test_converged_study.py", "test_deepspeed.py", "test_docs.py",
+               "test_fidelity_study.py",
                "test_gpu_script.py", "test_jobs.py", "test_long_run.py", "test_overhead.py", "test_packaging.py",
                "test_search.py")
 

@@ -360,11 +360,13 @@ def internal_uses(sources: Mapping[str, str], doors: Iterable[str] = DOORS,
     return sorted(set(found), key=lambda entry: (entry.split(":")[0], int(entry.split(":")[1]), entry))
 
 
-#: HF's names of its models' parts and its Trainer's files, which only ``hf_compat.py`` may spell (in code: names,
-#: attributes, strings; docstrings and comments do not count), each as a pattern (``\b``: a whole name, so that our
-#: own ``out_proj_per_head`` and ``"scaled_out_proj"`` are no use of ``out_proj``).
+#: HF's names of its models' parts and its Trainer's files, and DeepSpeed's of its partitioned parameters and its
+#: checkpoints' script, which only ``hf_compat.py`` may spell (in code: names, attributes, strings; docstrings and
+#: comments do not count), each as a pattern (``\b``: a whole name, so that our own ``out_proj_per_head`` and
+#: ``"scaled_out_proj"`` are no use of ``out_proj``).
 HF_NAMES = {"q_proj": r"\bq_proj\b", "out_proj": r"\bout_proj\b", "final_logits_bias": r"\bfinal_logits_bias\b",
-            "trainer_state.json": r"\btrainer_state\.json", "rng_state": r"\brng_state"}
+            "trainer_state.json": r"\btrainer_state\.json", "rng_state": r"\brng_state", "ds_numel": r"\bds_numel\b",
+            "zero_to_fp32": r"\bzero_to_fp32\b"}
 
 
 def _docstrings(tree: ast.Module) -> set[int]:

@@ -112,3 +112,29 @@ def test_recipe_averages_the_last_n_or_a_list(run_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:  # a usage error
         recipe.main(["--run_dir", str(run_dir), "--checkpoints", *listed, "--output_dir", str(tmp_path / "c")])
     assert stop.value.code == 2 and "either --run_dir (with --last N) or --checkpoints" in capsys.readouterr().err
+
+
+def test_deepspeed_checkpoints_and_zero3_processes(run_dir, tmp_path, monkeypatch):
+    """A DeepSpeed checkpoint saved without gathered weights (no model.safetensors, DeepSpeed's script beside its
+    states) is refused naming the script; DeepSpeed's files are not copied; in a process with a ZeRO-3 config
+    (``from_pretrained`` would build a partitioned model) averaging is refused before any loading."""
+    from hf_headattn.experiment import averaging
+
+    run = tmp_path / "run"
+    for step, fill in [(1, 1.0), (2, 3.0)]:
+        folder = save_checkpoint(run / f"checkpoint-{step}", fill=fill)
+        for name in ("latest", "zero_to_fp32.py", "zero_to_torch.py"):
+            (folder / name).write_text("deepspeed")
+        (folder / f"global_step{step}").mkdir()
+    average_checkpoints(last_checkpoints(run, 2), tmp_path / "averaged")
+    assert not {"latest", "zero_to_fp32.py", "zero_to_torch.py", "global_step2"} & {
+        path.name for path in (tmp_path / "averaged").iterdir()}
+    monkeypatch.setattr(averaging, "zero3_enabled", lambda: True)
+    with pytest.raises(ValueError, match=r"average_checkpoints: a DeepSpeed ZeRO-3 config is alive in this process"):
+        average_checkpoints(last_checkpoints(run, 2), tmp_path / "refused")
+    monkeypatch.undo()
+    (run / "checkpoint-1" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"checkpoint-1 holds DeepSpeed's partitioned states but no "
+                                                r"model.safetensors: .* python \S+/checkpoint-1/zero_to_fp32.py "
+                                                r"\S+/checkpoint-1 \S+/checkpoint-1 \(pytorch_model.bin\)"):
+        average_checkpoints(last_checkpoints(run, 2), tmp_path / "ungathered")

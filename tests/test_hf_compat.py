@@ -3,9 +3,13 @@ internals: ``test_<name>`` fails when a release breaks the assumption behind ``h
 
 import copy
 import dataclasses
+import importlib.util
 import inspect
 import json
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -27,6 +31,8 @@ from transformers.modeling_outputs import Seq2SeqModelOutput
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartForConditionalGeneration, hf_compat
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def stock_mbart(**overrides):
@@ -403,6 +409,58 @@ def test_TRAINER_STATE_FILE_TRAINING_STATE_FILES_checkpoint_world_size(tmp_path)
     assert files - trainers == {"config.json", "generation_config.json", "model.safetensors"}
     assert json.loads((folder / hf_compat.TRAINER_STATE_FILE).read_text())["global_step"] == 1
     assert hf_compat.checkpoint_world_size(folder) == 1 and hf_compat.checkpoint_world_size(tmp_path) is None
+
+
+@pytest.fixture(scope="module")
+def deepspeed_contract(tmp_path_factory):
+    """``tests/scripts/deepspeed_contract.py``'s findings: a tiny mBART built under DeepSpeed ZeRO-3 in one process,
+    one Trainer step with a checkpoint, DeepSpeed's script run on it (a subprocess, which imports DeepSpeed)."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("DeepSpeed is not installed (the dev extra installs it: pip install -e '.[dev]')")
+    out = tmp_path_factory.mktemp("deepspeed")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "deepspeed_contract.py"), str(out)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / "contract.json").read_text())
+
+
+@pytest.mark.slow
+def test_TRAINING_STATE_FILES_of_a_deepspeed_checkpoint(deepspeed_contract):
+    """With DeepSpeed the Trainer's checkpoint holds the model's files, the Trainer's and DeepSpeed's (``latest``, its
+    scripts), which ``TRAINING_STATE_FILES`` names, and the folder of DeepSpeed's states; its RNG state says one
+    process."""
+    files = deepspeed_contract["files"]
+    assert [name for name in files if not hf_compat.TRAINING_STATE_FILES.fullmatch(name)] == [
+        "config.json", "generation_config.json", "global_step1/", "model.safetensors"]
+    assert {"latest", hf_compat.ZERO_TO_FP32, "rng_state.pth"} <= set(files)
+
+
+@pytest.mark.slow
+def test_ZERO_TO_FP32(deepspeed_contract):
+    """Each DeepSpeed checkpoint holds the script, which (``python <folder>/zero_to_fp32.py <folder> <output>``)
+    writes the full weights, those the Trainer gathered into ``model.safetensors``, as ``pytorch_model.bin``."""
+    assert hf_compat.ZERO_TO_FP32 in deepspeed_contract["files"]
+    assert deepspeed_contract["converted"] == ["pytorch_model.bin"] and deepspeed_contract["converted_equal"]
+
+
+@pytest.mark.slow
+def test_zero3_enabled(deepspeed_contract):
+    """False in a process without a DeepSpeed config (this one, and the subprocess before its training arguments),
+    True while training arguments with a ZeRO-3 config live, and ``from_pretrained`` then builds the model partitioned
+    (``test_zero3_partitioned``)."""
+    assert hf_compat.zero3_enabled() is False
+    assert deepspeed_contract["enabled"] == [False, True]
+
+
+@pytest.mark.slow
+def test_zero3_partitioned(deepspeed_contract):
+    """None for a model DeepSpeed never touched; for one ``from_pretrained`` built under ZeRO-3, its first parameter:
+    every parameter holds an empty placeholder and ``ds_numel`` elements, whole inside ``GatheredParameters``."""
+    assert hf_compat.zero3_partitioned(stock_mbart()) is None
+    contract = deepspeed_contract
+    assert contract["partitioned"] == contract["first"] and contract["placeholders"] and contract["whole"]
 
 
 def test_softmax_backward():

@@ -80,3 +80,28 @@ def test_pruning_a_part_leaves_the_whole_model_runnable_and_saved(part, tmp_path
                                          r"\{'encoder.layers.0.self_attn': \[2\]\}, the model's modules have "
                                          r"\{'encoder.layers.0.self_attn': \[1\]\} pruned\)"):
         model(**batch())
+
+
+def zero3_marked(model):
+    """``model`` with a parameter marked as DeepSpeed ZeRO-3 marks the parameters it partitions (``ds_numel``; the
+    real thing: tests/test_deepspeed.py)."""
+    model.model.shared.weight.ds_numel = model.model.shared.weight.numel()
+    return model
+
+
+def test_a_zero3_partitioned_model_is_neither_pruned_nor_saved(tmp_path):
+    """Pruning would cut this process's shard, ``save_pretrained`` write empty tensors: both refuse, nothing changed
+    or written; ``save_pretrained`` with the gathered weights (``state_dict=``, as the Trainer passes them) saves."""
+    model = zero3_marked(tiny_model())
+    with pytest.raises(ValueError, match=r"prune_heads: the model's weights are partitioned by DeepSpeed ZeRO-3 "
+                                         r"\(model.shared.weight holds only this process's shard\); nothing was "
+                                         r"pruned\. Prune the full weights: save the model \(trainer.save_model"):
+        model.prune_heads({NAME: [1]})
+    assert model.config.pruned_heads is None and model.model.encoder.layers[0].self_attn.num_heads == 4
+    with pytest.raises(ValueError, match=r"save_pretrained: the model's weights are partitioned by DeepSpeed ZeRO-3 "
+                                         r".*so it would save empty tensors; nothing was written\. Save with "
+                                         r"trainer.save_model\(output_dir\)"):
+        model.save_pretrained(tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    model.save_pretrained(tmp_path / "gathered", state_dict=tiny_model().state_dict())
+    assert HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path / "gathered").config.pruned_heads is None

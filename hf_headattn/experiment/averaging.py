@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM
 
-from ..hf_compat import TRAINING_STATE_FILES
+from ..hf_compat import TRAINING_STATE_FILES, ZERO_TO_FP32, zero3_enabled
 from .outputs import check_output_dir, replacing_dir
 
 #: Config fields that differ between checkpoints of one architecture without meaning anything.
@@ -54,6 +54,13 @@ def _weight_files(checkpoint: Path) -> list[Path]:
         return [checkpoint / shard for shard in shards]
     if (checkpoint / "model.safetensors").is_file():
         return [checkpoint / "model.safetensors"]
+    if (checkpoint / ZERO_TO_FP32).is_file():
+        raise FileNotFoundError(
+            f"{checkpoint} holds DeepSpeed's partitioned states but no model.safetensors: the run did not gather the "
+            "weights (ZeRO-3 without stage3_gather_16bit_weights_on_model_save: true in the DeepSpeed config). Write "
+            f"them into the checkpoint first with DeepSpeed's script, python {checkpoint / ZERO_TO_FP32} {checkpoint} "
+            f"{checkpoint} (pytorch_model.bin), then as safetensors: the model class's "
+            f"from_pretrained('{checkpoint}').save_pretrained('{checkpoint}')")
     raise FileNotFoundError(f"{checkpoint} has no model.safetensors (or sharded index); expected a folder written by "
                             "save_pretrained or the Trainer")
 
@@ -128,12 +135,20 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, m
     written whole: nothing of it remains if this fails.
 
     Returns the averaged model. Raises ``ValueError`` for an empty list, checkpoints of different architectures, an
-    ``output_dir`` that is or holds one of them, or (unless ``overwrite``, which replaces it) one that holds anything.
+    ``output_dir`` that is or holds one of them, or (unless ``overwrite``, which replaces it) one that holds anything,
+    and in a process where a DeepSpeed ZeRO-3 config is alive (``from_pretrained`` would partition the model).
+    Checkpoints of a DeepSpeed run hold the weights when it gathered them (``stage3_gather_16bit_weights_on_model_save``
+    with ZeRO-3); DeepSpeed's own files (``global_step<N>``, ``latest``, its scripts) are not copied.
     """
     checkpoints = list(checkpoints)
     check_output_dir(output_dir, {"checkpoint": checkpoints}, overwrite=overwrite, overwrite_flag="overwrite=True",
                      option="output_dir")
     checkpoints = check_checkpoints(checkpoints)
+    if zero3_enabled():
+        raise ValueError("average_checkpoints: a DeepSpeed ZeRO-3 config is alive in this process (training arguments "
+                         "with one), so from_pretrained would build the averaged model partitioned over the processes "
+                         "(in a call every process must make) and it could not be saved whole; average in a process "
+                         "without one, e.g. python recipes/average_checkpoints.py")
     averaged = average_state_dict(checkpoints)
     model = model_class.from_pretrained(checkpoints[-1])
     # the file's tensors only: what it leaves out (tied or recomputed weights) from_pretrained has already set up
