@@ -6,8 +6,10 @@ here. How to add a method: docs/design.md, "Adding a fourth method".
 from ..registry import register_method
 from .dhicm.core import METHOD as DHICM
 from .eadra.core import METHOD as EADRA
+from .fixed_attention.core import METHOD as FIXED_ATTENTION
 from .sea.core import METHOD as SEA
 
 register_method(SEA)
 register_method(EADRA)
 register_method(DHICM)
+register_method(FIXED_ATTENTION)
