@@ -23,6 +23,7 @@ REMOTE_CASES = {
     "eadra": dict(eadra={"encoder": {"num_heads": 2}, "cross": {}}),
     "sea": dict(sea={"type": "dea", "heads": "redundant"}),
     "dhicm+sea": dict(dhicm={"encoder_layers": [0]}, sea={"type": "lpea", "heads": "all"}),
+    "fixed_attention": dict(fixed_attention={"patterns": ["previous", "left", "start"], "decoder": True}),
     "all": SETTINGS,
 }
 
