@@ -1,8 +1,8 @@
 """Fixed attention's kit (Raganato, Scherrer & Tiedemann 2020): recipe names and presets.
 
 EaDRA's paper (Araabi, Niculae & Monz, Tables 3-5) compares against "Fixed-attention", Raganato et al.'s encoder with
-7 fixed heads and 1 learnable head per layer, and §5's ablation fixes only the previous- and next-token heads; the
-presets are those two configurations (Transformer-base, 8 heads, as in those tables).
+7 fixed heads and 1 learnable head per layer; it also tried fixing only the previous- and next-token heads (which
+section we have not checked here). The presets are those two configurations (Transformer-base, 8 heads).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from hf_headattn.methods.fixed_attention.equations import PATTERNS
 RAGANATO = {"patterns": list(PATTERNS)}
 #: Only the previous- and next-token heads fixed (the other heads learnable).
 PREV_NEXT = {"patterns": ["previous", "next"]}
+#: The 8 heads of Transformer-base that those tables' models have, kept under another --model_shape.
+HEADS = {"encoder_attention_heads": 8, "decoder_attention_heads": 8}
 
 KIT = MethodKit(
     NAME,
@@ -24,20 +26,21 @@ KIT = MethodKit(
     method_names={
         # first: the one the registry-wide tests run on the tiny models (4 heads)
         "fixed_attention_prev_next": dict(PREV_NEXT),
-        # the paper's configuration: needs 8 heads or more
+        # the paper's configuration: needs 8 heads or more (a clear error names the heads otherwise)
         "fixed_attention": dict(RAGANATO),
     },
     presets={
         "fixed_attention_raganato": Preset(
-            doc="Fixed attention (Raganato, Scherrer & Tiedemann 2020, §3), as EaDRA's Tables 3-5 compare against it "
-                "(Fixed-attention): 7 fixed + 1 learnable head in every encoder self-attention layer; "
-                "Transformer-base.",
-            flags=dict(TRANSFORMER_BASE), config={NAME: dict(RAGANATO)},
+            doc="Fixed attention (Raganato, Scherrer & Tiedemann 2020, §3), the Fixed-attention row of EaDRA's "
+                "(Araabi, Niculae & Monz) Tables 3-5: 7 fixed + 1 learnable head in every encoder self-attention "
+                "layer; Transformer-base (8 heads).",
+            flags=dict(TRANSFORMER_BASE), config={**HEADS, NAME: dict(RAGANATO)},
         ),
         "fixed_attention_prev_next": Preset(
             doc="Fixed attention with only the previous- and next-token heads fixed in every encoder self-attention "
-                "layer (the other 6 learnable); Transformer-base.",
-            flags=dict(TRANSFORMER_BASE), config={NAME: dict(PREV_NEXT)},
+                "layer (the other 6 learnable), a variant of the Fixed-attention row of EaDRA's Tables 3-5; "
+                "Transformer-base (8 heads).",
+            flags=dict(TRANSFORMER_BASE), config={**HEADS, NAME: dict(PREV_NEXT)},
         ),
     },
     model_test_names=("fixed_attention_prev_next",),
