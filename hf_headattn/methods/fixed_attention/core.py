@@ -10,8 +10,10 @@ padding), are in :mod:`.equations`.
 Here each fixed head is taken over (``call.take_over``): it computes no query-key product; its output is the
 pattern's weighted sum of its values (a shift of V, V itself, a cumulative sum of V divided by a count), computed
 without a (T, S) tensor. The head's q/k projection rows are still computed by HF's module and unused (so they get
-zero gradient). On eager the fixed heads also return their weights, dense, as ``output_attentions`` reads them
-(exactly the patterns); SDPA and flex attention return none, as for the other heads.
+zero gradient). On eager, which computes and returns every head's (T, S) weights anyway, the fixed heads run in
+eager's own product instead, with a zero query and the pattern's keys as a hard mask: uniform over those keys, which
+is exactly the pattern, so ``output_attentions`` returns the patterns, and the weights the output was computed with
+(:meth:`FixedAttention.on_eager`). SDPA and flex attention return no weights, as for the other heads.
 
 Head masks scale a fixed head's output as any head's (the shared layer does it). Pruning a fixed head is supported:
 the head and its pattern go, the other fixed heads keep theirs (renumbered), so a pruned model equals the unpruned
@@ -131,28 +133,47 @@ class FixedAttention(AttentionMethod):
         self._set(tuple(pattern for pattern, _ in pairs), tuple(head for _, head in pairs))
 
     def before(self, call: AttentionCall) -> None:
-        """Take over the fixed heads (:meth:`attend`); their real keys are the context's mask of this side where it
-        fits the call, else read from the mask ``attend`` gets."""
-        if self.taken:
-            call.take_over(self.taken, self._attend_with(call.key_mask, call.context,
-                                                         call.implementation == "eager"))
+        """SDPA and flex attention: take over the fixed heads (:meth:`attend`), their real keys the context's mask of
+        this side where it fits the call, else read from the mask ``attend`` gets. Eager (:meth:`on_eager`): eager's
+        own product with the pattern as a hard mask."""
+        if not self.taken:
+            return
+        if call.implementation == "eager":
+            self.on_eager(call)
+            return
+        site = (call.is_decoder, call.is_cross)
+        call.take_over(self.taken, self._attend_with(call.key_mask, call.context, site))
 
-    def _attend_with(self, real, context, weights: bool):
+    def on_eager(self, call: AttentionCall) -> None:
+        """Eager computes every head's (T, S) weights anyway and returns them, so the fixed heads run there too,
+        with their query set to zero (all scores 0) and the pattern's keys as a hard mask (``add_score_bias``):
+        softmax then spreads the weight uniformly over those keys, which is exactly the pattern (each is uniform
+        over its keys), and the weights ``output_attentions`` returns are the ones the output was computed with (so
+        their gradient can be retained, as transformers' tests do). Another method's score bias on a fixed head
+        would change its weights here (not on SDPA): fix heads no other method biases. Eager's attention dropout
+        drops these weights too, as it does every head's (SDPA and flex attention apply none to the fixed heads:
+        train with ``attention_dropout=0`` for one behaviour on every backend)."""
+        query = call.query
+        fixed = torch.zeros(query.shape[1], dtype=torch.bool, device=query.device)
+        fixed[list(self.heads)] = True
+        real = self.real_keys(call.value, call.attention_mask, call.key_mask)
+        support = pattern_weights(self.patterns, real, query.shape[2], self.causal, query.dtype) > 0
+        call.query = query.masked_fill(fixed[None, :, None, None], 0)
+        call.add_score_bias(allowed=support, heads=self.heads)
+
+    def _attend_with(self, real, context, site):
         def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None):
-            return self.attend(value, query.shape[2], attention_mask, real, context, weights)
+            return self.attend(value, query.shape[2], attention_mask, real, context, site), None
 
         return attend
 
     def attend(self, value: torch.Tensor, length: int, attention_mask, real: torch.Tensor | None, context,
-               weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fixed heads' output (B, T, h, D) from their values (B, h, S, D) for T = ``length`` queries, and their
-        weights (B, h, T, S) where ``weights`` (eager: what ``output_attentions`` returns), else None."""
-        plan = self.plan(value, attention_mask, real, context, length)
-        output = fixed_outputs(value, plan).transpose(1, 2)
-        if not weights:
-            return output, None
-        real_keys = self.real_keys(value, attention_mask, real)
-        return output, pattern_weights(self.points + self.contexts, real_keys, length, self.causal, value.dtype)
+               site=None) -> torch.Tensor:
+        """The fixed heads' output (B, T, h, D) from their values (B, h, S, D) for T = ``length`` queries (heads in
+        the order taken over: the point patterns, then the contexts); ``site``: the plan's key in the context's
+        cache."""
+        plan = self.plan(value, attention_mask, real, context, length, site)
+        return fixed_outputs(value, plan).transpose(1, 2)
 
     def real_keys(self, value: torch.Tensor, attention_mask, real: torch.Tensor | None) -> torch.Tensor:
         """(B, S) bool: the context's key mask where given, else the keys some query may attend to by the mask, else
@@ -165,11 +186,12 @@ class FixedAttention(AttentionMethod):
             return torch.ones(batch, key_length, dtype=torch.bool, device=value.device)
         return allowed.any(1).any(1).expand(batch, key_length)
 
-    def plan(self, value, attention_mask, real, context, length: int):
-        """The :func:`~.equations.make_plan` of this call, made once per forward and side for the layers whose real
-        keys come from the context."""
-        key = (NAME, "plan", self.points, self.contexts, self.causal, length, value.shape[2], value.dtype)
-        cache = None if context is None or real is None else context.cache
+    def plan(self, value, attention_mask, real, context, length: int, site=None):
+        """The :func:`~.equations.make_plan` of this call, made once per forward and site (encoder, decoder self-
+        or cross-attention) for the layers whose real keys come from the context (its key holds no size: a
+        forward's sizes are one per site, and a size in a dict key would be a guard of a compiled graph)."""
+        key = (NAME, "plan", self.points, self.contexts, self.causal, site)
+        cache = None if context is None or real is None or site is None else context.cache
         if cache is not None and key in cache:
             return cache[key]
         made = make_plan(self.points, self.contexts, self.real_keys(value, attention_mask, real), length,

@@ -136,6 +136,27 @@ def test_the_learnable_head_is_unchanged(backend):
         torch.testing.assert_close(captured["fixed"][1][:, 3], captured["stock"][1][:, 3])
 
 
+@pytest.mark.parametrize("settings", [
+    {"patterns": ["right", "end", "next"], "heads": [2, 0, 3]},
+    {"patterns": ["start", "left", "previous"], "decoder": True},
+    {"patterns": ["end", "start"], "cross": True, "encoder_layers": []},
+])
+def test_eager_and_sdpa_agree(settings):
+    """Eager runs the fixed heads in its own product (zero query, the pattern as a hard mask), SDPA takes them over
+    (gathers and cumulative sums): the same loss and gradients on a padded batch."""
+    results = []
+    for backend in ("eager", "sdpa"):
+        made = model(backend, **settings).train()
+        loss = made(**batch()).loss
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad for name, p in made.named_parameters() if p.grad is not None}))
+    (eager_loss, eager_grads), (sdpa_loss, sdpa_grads) = results
+    torch.testing.assert_close(sdpa_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    assert sdpa_grads.keys() == eager_grads.keys()
+    for name in sdpa_grads:
+        torch.testing.assert_close(sdpa_grads[name], eager_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_pruning_a_fixed_head_equals_masking_it():
     """Pruning encoder layer 0's head 1 (fixed: next) and head 3 (learnable) gives the logits of the unpruned model
     with those heads masked; the other fixed heads keep their patterns, renumbered."""
