@@ -190,12 +190,12 @@ class FixedAttention(AttentionMethod):
         """The :func:`~.equations.make_plan` of this call, made once per forward and site (encoder, decoder self-
         or cross-attention) for the layers whose real keys come from the context (its key holds no size: a
         forward's sizes are one per site, and a size in a dict key would be a guard of a compiled graph)."""
-        key = (NAME, "plan", self.points, self.contexts, self.causal, site)
+        key = (NAME, "plan", self.points, self.contexts, self.causal, site)  # (D and dtype: one per model)
         cache = None if context is None or real is None or site is None else context.cache
         if cache is not None and key in cache:
             return cache[key]
         made = make_plan(self.points, self.contexts, self.real_keys(value, attention_mask, real), length,
-                         self.causal, value.dtype)
+                         self.causal, value.dtype, value.shape[-1])
         if cache is not None:
             cache[key] = made
         return made

@@ -63,6 +63,8 @@ def query_positions(length: int, key_length: int, device) -> torch.Tensor:
     """(T,) the queries' positions among the keys: the last T of the S keys (p = S - T + t; S = T without a cache),
     kept in [0, S) (cross-attention, whose queries have no position in the source, uses none of them but the
     fallback's)."""
+    if length == key_length:
+        return torch.arange(length, device=device)
     return (torch.arange(length, device=device) + (key_length - length)).clamp(0, key_length - 1)
 
 
@@ -75,17 +77,19 @@ def key_landmarks(real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return last, first
 
 
-def nearest_real(real: torch.Tensor, length: int, causal: bool) -> torch.Tensor:
+def nearest_real(real: torch.Tensor, length: int, causal: bool, landmarks=None) -> torch.Tensor:
     """(B, T) long: the fallback key of each query, the real key nearest to its position p (p itself where real;
-    ties: the left one; causal: the nearest j <= p), p where there is none."""
+    ties: the left one; causal: the nearest j <= p), p where there is none. ``landmarks``: :func:`key_landmarks`
+    of ``real``, where already made."""
     key_length = real.shape[-1]
     positions = query_positions(length, key_length, real.device)
-    last, first = (landmark[:, positions] for landmark in key_landmarks(real))
+    last, first = key_landmarks(real) if landmarks is None else landmarks
+    if length != key_length:  # (self-attention without a cache: the queries are the keys)
+        last, first = last[:, positions], first[:, positions]
     if causal:
         return torch.where(last >= 0, last, positions)
-    left_ok, right_ok = last >= 0, first < key_length
-    take_left = left_ok & (~right_ok | (positions - last <= first - positions))
-    return torch.where(take_left, last, torch.where(right_ok, first, positions))
+    take_left = (last >= 0) & ((first >= key_length) | (positions - last <= first - positions))
+    return torch.where(take_left, last, torch.where(first < key_length, first, positions))
 
 
 def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> torch.Tensor:
@@ -93,20 +97,22 @@ def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> to
     :func:`nearest_real` where the pattern has none."""
     key_length = real.shape[-1]
     positions = query_positions(length, key_length, real.device)
-    last, first = key_landmarks(real)
-    nearest = nearest_real(real, length, causal)
+    last, first = landmarks = key_landmarks(real)
+    nearest = nearest_real(real, length, causal, landmarks)
     batch = real.shape[0]
-    none_before = torch.full((batch, 1), -1, dtype=last.dtype, device=real.device)
-    none_after = torch.full((batch, 1), key_length, dtype=first.dtype, device=real.device)
+
+    def at_queries(keys: torch.Tensor) -> torch.Tensor:  # (B, S) -> (B, T)
+        return keys if length == key_length else keys[:, positions]
+
     indices = []
     for pattern in patterns:
         if pattern == "current":
             index = nearest
-        elif pattern == "previous":
-            index = torch.cat([none_before, last[:, :-1]], 1)[:, positions]
+        elif pattern == "previous":  # the last real key <= p - 1
+            index = at_queries(torch.nn.functional.pad(last[:, :-1], (1, 0), value=-1))
             index = torch.where(index >= 0, index, nearest)
-        elif pattern == "next":
-            index = torch.cat([first[:, 1:], none_after], 1)[:, positions]
+        elif pattern == "next":  # the first real key >= p + 1
+            index = at_queries(torch.nn.functional.pad(first[:, 1:], (0, 1), value=key_length))
             index = torch.where(index < key_length, index, nearest)
         elif pattern == "start":
             index = first[:, :1].expand(batch, length)
@@ -164,11 +170,11 @@ class Plan:
     """What :func:`fixed_outputs` needs of one forward's real keys, made once per forward (:func:`make_plan`) and
     shared by the layers of a side.
 
-    points: (B, P, T, 1) long, the key of each point pattern (:func:`point_indices`), or None;
+    points: (B, P, T, D) long (expanded), the key of each point pattern (:func:`point_indices`), or None;
     real: (B, 1, S, 1), 1 at real keys (in the values' dtype), or None without context patterns;
     left: (1, C, 1, 1) bool, which context heads are left-hand (else right-hand);
     scale: (B, C, T, 1), 1 / the context's count (0 where empty); empty: (B, C, T, 1), 1 where empty;
-    fallback: (B, C, T, 1) long, :func:`nearest_real` (where empty);
+    fallback: (B, C, T, D) long (expanded), :func:`nearest_real` (where empty);
     offset: S - T, the first key row of the queries.
     """
 
@@ -181,20 +187,21 @@ class Plan:
     offset: int
 
 
-def make_plan(points, contexts, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype) -> Plan:
+def make_plan(points, contexts, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype,
+              depth: int = 1) -> Plan:
     """The :class:`Plan` of point patterns ``points`` and context patterns ``contexts`` (heads in that order) for
-    the real keys ``real`` (B, S) and T = ``length`` queries."""
+    the real keys ``real`` (B, S), T = ``length`` queries and values of ``depth`` (D) dimensions."""
     key_length = real.shape[-1]
     plan = Plan(None, None, None, None, None, None, key_length - length)
     if points:
-        plan.points = point_indices(points, real, length, causal).unsqueeze(-1)
+        plan.points = point_indices(points, real, length, causal).unsqueeze(-1).expand(-1, -1, -1, depth)
     if contexts:
         counts = context_counts(contexts, real, length).unsqueeze(-1)  # (B, C, T, 1)
         plan.real = real[:, None, :, None].to(dtype)
         plan.left = torch.tensor([pattern == "left" for pattern in contexts], device=real.device)[None, :, None, None]
         plan.scale = (1.0 / counts.clamp(min=1).to(dtype)) * (counts > 0)
         plan.empty = (counts == 0).to(dtype)
-        plan.fallback = nearest_real(real, length, causal)[:, None, :, None].expand_as(counts)
+        plan.fallback = nearest_real(real, length, causal)[:, None, :, None].expand(-1, len(contexts), -1, depth)
     return plan
 
 
@@ -203,19 +210,18 @@ def fixed_outputs(value: torch.Tensor, plan: Plan) -> torch.Tensor:
     first, then the context heads, as :func:`make_plan` was given them) without any (T, S) tensor: a point head
     gathers the value of its key; a context head takes a cumulative sum of the real keys' values (in float32 at
     least) and divides by the count, the value of the nearest real key where its context is empty."""
-    depth = value.shape[-1]
     parts = []
     points = 0 if plan.points is None else plan.points.shape[1]
     if points:
-        parts.append(value[:, :points].gather(2, plan.points.expand(-1, -1, -1, depth)))
+        parts.append((value if plan.scale is None else value[:, :points]).gather(2, plan.points))
     if plan.scale is not None:
-        context = value[:, points:]
+        context = value[:, points:] if points else value
         accumulate = context if context.dtype in (torch.float32, torch.float64) else context.float()
         masked = accumulate * plan.real
         running = masked.cumsum(2)  # real keys j <= p
         sums = torch.where(plan.left, running - masked, running[:, :, -1:] - running)  # j < p, or j > p
         if plan.offset:
             sums = sums[:, :, plan.offset:]
-        fallback = context.gather(2, plan.fallback.expand(-1, -1, -1, depth))
+        fallback = context.gather(2, plan.fallback)
         parts.append((sums * plan.scale).to(value.dtype) + fallback * plan.empty)
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)

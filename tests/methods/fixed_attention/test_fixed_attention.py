@@ -67,14 +67,14 @@ def test_patterns_match_a_loop_on_padded_batches(causal):
         points = [p for p in patterns if p in POINT]
         contexts = [p for p in patterns if p in CONTEXT]
         value = torch.randn(REAL.shape[0], len(patterns), REAL.shape[1], 3, dtype=torch.float64)
-        plan = make_plan(points, contexts, REAL, length, causal, torch.float64)
+        plan = make_plan(points, contexts, REAL, length, causal, torch.float64, 3)
         ordered = torch.stack([loop_weights(p, REAL, length, causal) for p in [*points, *contexts]], 1)
         torch.testing.assert_close(fixed_outputs(value, plan), ordered @ value, rtol=1e-12, atol=1e-12)
 
 
 def test_gradients_flow_to_v():
     """float64 gradcheck of the fixed heads' outputs with respect to V, every pattern, padded batch."""
-    plan = make_plan(POINT, CONTEXT, REAL, 6, False, torch.float64)
+    plan = make_plan(POINT, CONTEXT, REAL, 6, False, torch.float64, 2)
     value = torch.randn(REAL.shape[0], len(PATTERNS), 6, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: fixed_outputs(v, plan), (value,))
 
