@@ -230,3 +230,20 @@ def test_settings_errors():
         config(patterns=["previous"], encoder_layers=[2])
     with pytest.raises(ValueError, match=r"fixed_attention.decoder must be True or False, got 1"):
         config(patterns=["previous"], decoder=1)
+
+
+@pytest.mark.slow
+def test_flex_attention_equals_sdpa():
+    """Flex attention (a forward: the CPU has no flex backward, and torch 2.13's CPU flex fails in beam search even on
+    the modules without a method) takes the fixed heads over as SDPA does, their real keys from the context: SDPA's
+    logits."""
+    from hf_headattn.flex import FLEX
+
+    torch.compiler.reset()
+    try:
+        settings = {"patterns": ["next", "left", "start"], "heads": [1, 2, 3]}
+        flex, sdpa = model(FLEX, **settings), model("sdpa", **settings)
+        with torch.no_grad():
+            torch.testing.assert_close(flex(**batch()).logits, sdpa(**batch()).logits, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.compiler.reset()
