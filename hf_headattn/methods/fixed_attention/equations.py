@@ -112,7 +112,8 @@ def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> to
             index = at_queries(torch.nn.functional.pad(last[:, :-1], (1, 0), value=-1))
             index = torch.where(index >= 0, index, nearest)
         elif pattern == "next":  # the first real key >= p + 1
-            index = at_queries(torch.nn.functional.pad(first[:, 1:], (0, 1), value=key_length))
+            # (a fill of S by torch.full, not pad's value=: a Python number would make S a constant when compiled)
+            index = at_queries(torch.cat([first[:, 1:], torch.full_like(first[:, :1], key_length)], 1))
             index = torch.where(index < key_length, index, nearest)
         elif pattern == "start":
             index = first[:, :1].expand(batch, length)
