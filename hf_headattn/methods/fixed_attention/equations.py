@@ -33,7 +33,9 @@ Readings and choices (ours):
   token is still to come. With a cache the queries are the last T of the S keys: p = S - T + t.
 * **Cross-attention** has no query position in the source, so only ``start`` and ``end`` are defined there
   (:data:`POSITION_FREE`).
-* No attention dropout on the fixed heads: there are no learned probabilities to drop (our choice).
+* No attention dropout on the fixed heads where they are taken over (SDPA, flex attention): there are no learned
+  probabilities to drop (our choice). Eager runs them in its own product and drops them as every head's
+  (:meth:`~.core.FixedAttention.on_eager`): train with ``attention_dropout=0`` for one behaviour everywhere.
 
 Shapes: B sentences, P patterns, T queries, S keys, D head dimension; ``real`` (B, S) bool, True at real keys.
 """
