@@ -51,7 +51,7 @@ ROWS = {
     "dea-rhe": method_settings("dea_rhe"),
     "lpea-rhe": method_settings("lpea_rhe"),
     # the previous- and next-token heads of every encoder layer fixed (2 of 4 heads at tiny, 2 of 8 at base)
-    "fixed-attention": method_settings("fixed_attention_prev_next"),
+    "fixed-attention": method_settings("fixed_attention"),
 }
 
 
