@@ -7,6 +7,7 @@ import torch
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn.methods.fixed_attention.core import FixedAttention
 from hf_headattn.methods.fixed_attention.equations import (
     CAUSAL,
     CONTEXT,
@@ -73,10 +74,20 @@ def test_patterns_match_a_loop_on_padded_batches(causal):
 
 
 def test_gradients_flow_to_v():
-    """float64 gradcheck of the fixed heads' outputs with respect to V, every pattern, padded batch."""
+    """float64 gradcheck of the fixed heads' outputs with respect to V, every pattern, padded batch: the pure
+    function, and the module's ``attend`` (its real keys read from an eager-style additive padding mask, heads in
+    the order taken over), which is the weights times V."""
     plan = make_plan(POINT, CONTEXT, REAL, 6, False, torch.float64, 2)
     value = torch.randn(REAL.shape[0], len(PATTERNS), 6, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: fixed_outputs(v, plan), (value,))
+    fixed = FixedAttention(["left", "next", "right", "end"], [3, 0, 2, 1], causal=False)
+    assert fixed.taken == (0, 1, 3, 2)  # next, end, left, right
+    mask = torch.zeros(REAL.shape[0], 1, 6, 6, dtype=torch.float64)
+    mask = mask.masked_fill(~REAL[:, None, None, :], torch.finfo(torch.float64).min)
+    value = torch.randn(REAL.shape[0], 4, 6, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: fixed.attend(v, 6, mask, None, None), (value,))
+    weights = pattern_weights(["next", "end", "left", "right"], REAL, 6, False, torch.float64)
+    torch.testing.assert_close(fixed.attend(value, 6, mask, None, None), (weights @ value).transpose(1, 2))
 
 
 def model(backend="eager", on=True, **settings):
