@@ -17,14 +17,14 @@ The patterns, for a query at position p over the real (non-padding) keys R of it
 
 Readings and choices (ours):
 
-* **Larger contexts** weigh their keys uniformly, 1 / |{j in R: j < p}| (our choice: the paper's figure may show a
-  weight that decays with the distance; the uniform reading is the one that needs no further constant, and it is
-  a cumulative sum of the values divided by a count, no (T, S) product).
+* **Larger contexts** weigh their keys uniformly, 1 / |{j in R: j < p}| (our choice, not checked against the paper,
+  which may weigh nearer tokens more: the uniform reading needs no further constant, and it is a cumulative sum of
+  the values divided by a count, no (T, S) product). A decaying weight would be another pattern name.
 * **Start and end** as the sixth and seventh pattern of the paper's 7-fixed-heads configuration are our
   reconstruction, less certain than the five above (the current, previous and next token and the two larger
   contexts); a user who reads the paper otherwise lists the patterns (``patterns=[...]``).
 * **Sentence edges**: a query whose pattern has no key (no previous token at the first token, no right context at
-  the last one, ...) attends to the token itself (the paper's figure shows the diagonal there; our reading).
+  the last one, ...) attends to the token itself (our choice).
 * **Padding never receives weight**: the patterns are over R. A padding query (whose output no real token reads)
   attends to the real token nearest to it (ties: the one on the left) where its pattern has no key; a sentence with
   no real token at all attends to the position itself.
