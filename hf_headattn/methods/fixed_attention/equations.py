@@ -2,8 +2,8 @@
 
 "Fixed encoder self-attention patterns in Transformer-based machine translation" (Findings of EMNLP 2020), §3: each
 fixed head attends with a pattern that depends only on the positions, never on the tokens. Written from our reading
-of the paper (its text is not in this repository); where the paper leaves a point open, or we are not sure of it,
-the choice is ours and said so.
+of the paper (its text is not in this repository, and its section numbers here, §3 for the method, are from memory:
+check them); where the paper leaves a point open, or we are not sure of it, the choice is ours and said so.
 
 The patterns, for a query at position p over the real (non-padding) keys R of its sentence (§3, Figure 1):
 
