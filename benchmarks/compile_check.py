@@ -52,6 +52,7 @@ SETTINGS = {
     "eadra": {"eadra": {"encoder": {}, "decoder": {}, "cross": {"heads": [1, 3]}, "warmup_steps": 4}},
     "dea-rhe": {"sea": {"type": "dea", "layers": [0, 1]}},
     "lpea-rhe": {"sea": {"type": "lpea", "layers": [0, 1]}},
+    "fixed-attention": {"fixed_attention": {"patterns": ["next", "left", "right"]}},
     "all": {**SEA, "dhicm": {"encoder_layers": [0, -1], "decoder_layers": [-1], "dropout": 0.0},
             "eadra": {"encoder": {}, "decoder": {}, "cross": {}, "warmup_steps": 4}},
 }

@@ -57,6 +57,8 @@ ROWS = {
     # taking over every head; "-keys" without the value term (SDPA's path, the bias in its mask)
     "rel-pos": method_settings("rel_pos"),
     "rel-pos-keys": method_settings("rel_pos_keys"),
+    # the previous- and next-token heads of every encoder layer fixed (2 of 4 heads at tiny, 2 of 8 at base)
+    "fixed-attention": method_settings("fixed_attention"),
 }
 
 

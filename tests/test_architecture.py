@@ -459,7 +459,7 @@ def test_the_internals_check_allows_our_own_private_names_and_public_modules():
 #: The words that name a built-in method (its name, its variants and parts): no class or function outside the
 #: method's folder is named with one.
 METHOD_WORDS = {"dhicm": {"dhicm"}, "eadra": {"eadra"}, "sea": {"sea", "dea", "lpea", "rhe"},
-                "rel_pos": {"rel", "shaw"}, "localness": {"localness"}}
+                "rel_pos": {"rel", "shaw"}, "localness": {"localness"}, "fixed_attention": {"fixed"}}
 
 
 def _words(name: str) -> set[str]:

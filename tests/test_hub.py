@@ -25,6 +25,7 @@ REMOTE_CASES = {
     "dhicm+sea": dict(dhicm={"encoder_layers": [0]}, sea={"type": "lpea", "heads": "all"}),
     "localness+sea": dict(localness={"heads": "redundant"}, sea={"type": "lpea", "heads": "redundant"}),
     "rel_pos": dict(rel_pos={"decoder_layers": [-1], "max_relative_position": 2}),
+    "fixed_attention": dict(fixed_attention={"patterns": ["previous", "left", "start"], "decoder": True}),
     "all": SETTINGS,
 }
 

@@ -6,6 +6,7 @@ here. How to add a method: docs/design.md, "Adding a fourth method".
 from ..registry import register_method
 from .dhicm.core import METHOD as DHICM
 from .eadra.core import METHOD as EADRA
+from .fixed_attention.core import METHOD as FIXED_ATTENTION
 from .localness.core import METHOD as LOCALNESS
 from .rel_pos.core import METHOD as REL_POS
 from .sea.core import METHOD as SEA
@@ -15,3 +16,4 @@ register_method(EADRA)
 register_method(DHICM)
 register_method(LOCALNESS)
 register_method(REL_POS)
+register_method(FIXED_ATTENTION)

@@ -1,0 +1,216 @@
+"""Fixed attention: fixed, token-independent attention patterns on some heads (Raganato, Scherrer & Tiedemann 2020).
+
+"Fixed encoder self-attention patterns in Transformer-based machine translation" (Findings of EMNLP 2020): in each
+encoder self-attention layer of 8 heads, 7 heads attend with a fixed pattern of positions (§3: the current token,
+the previous token, the next token, the larger left-hand and right-hand contexts, and, as we read it, the first and
+the last token) and 1 head stays learnable; the paper finds translation quality close to the fully learned encoder.
+The patterns, and our readings of what the paper leaves open (uniform larger contexts, the sentence edges,
+padding), are in :mod:`.equations`.
+
+Here each fixed head is taken over (``call.take_over``): it computes no query-key product; its output is the
+pattern's weighted sum of its values (a shift of V, V itself, a cumulative sum of V divided by a count), computed
+without a (T, S) tensor. The head's q/k projection rows are still computed by HF's module and unused (so they get
+zero gradient). On eager, which computes and returns every head's (T, S) weights anyway, the fixed heads run in
+eager's own product instead, with a zero query and the pattern's keys as a hard mask: uniform over those keys, which
+is exactly the pattern, so ``output_attentions`` returns the patterns, and the weights the output was computed with
+(:meth:`FixedAttention.on_eager`). SDPA and flex attention return no weights, as for the other heads.
+
+Head masks scale a fixed head's output as any head's (the shared layer does it). Pruning a fixed head is supported:
+the head and its pattern go, the other fixed heads keep theirs (renumbered), so a pruned model equals the unpruned
+one with the head masked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ...attention import AttentionCall, AttentionMethod, key_allowed
+from ...registry import MethodSettings, MethodSpec
+from ...settings_checks import resolve_layers
+from .equations import (
+    CAUSAL,
+    CONTEXT,
+    PATTERNS,
+    POSITION_FREE,
+    Pattern,
+    fixed_outputs,
+    make_plan,
+    pattern_weights,
+)
+
+NAME = "fixed_attention"
+
+
+@dataclass(frozen=True)
+class FixedAttentionSettings(MethodSettings):
+    """Fixed attention's settings (``config.fixed_attention``).
+
+    patterns: the fixed heads' patterns, one per fixed head (:mod:`.equations`; default the paper's 7 as we read
+        them: current, previous, next, left, right, start, end). Fewer than the layer's heads: the other heads stay
+        learnable (e.g. ``["previous", "next"]``). A pattern may repeat.
+    encoder_layers: the encoder layers whose self-attention gets the fixed heads (None: all; negative counts from
+        the end; ``[]``: none, with ``decoder`` or ``cross`` on).
+    decoder: also every decoder layer's self-attention (only the patterns that respect the causal mask,
+        :data:`~.equations.CAUSAL`).
+    cross: also every decoder layer's cross-attention (only the position-free patterns,
+        :data:`~.equations.POSITION_FREE`: a target query has no position in the source).
+    heads: the head numbers that are fixed, one per pattern, in the patterns' order (None: the first
+        ``len(patterns)`` heads).
+    """
+
+    patterns: list[Pattern] = field(default_factory=lambda: list(PATTERNS))
+    encoder_layers: list[int] | None = None
+    decoder: bool = False
+    cross: bool = False
+    heads: list[int] | None = None
+
+    def validate(self, config, name: str) -> None:
+        if not self.patterns:
+            raise ValueError(f"{name}.patterns must name at least one pattern of {PATTERNS}, got []")
+        if self.encoder_layers is not None:
+            resolve_layers(self.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
+        for switch, allowed, why in (("decoder", CAUSAL, "decoder self-attention is causal (no later token)"),
+                                     ("cross", POSITION_FREE, "a target query has no position in the source")):
+            refused = [pattern for pattern in dict.fromkeys(self.patterns) if pattern not in allowed]
+            if getattr(self, switch) and refused:
+                raise ValueError(f"{name}.patterns contains {refused}, which {name}.{switch}=True cannot use: {why}; "
+                                 f"expected patterns among {allowed} with {switch} on")
+        sides = [("encoder self-attention", config.encoder_attention_heads)] if self._encoder_layers(config) else []
+        if self.decoder or self.cross:
+            sides.append(("decoder attention", config.decoder_attention_heads))
+        for where, num_heads in sides:
+            if len(self.patterns) >= num_heads:
+                raise ValueError(f"{name}.patterns has {len(self.patterns)} patterns, but {where} has {num_heads} "
+                                 f"heads: expected fewer patterns than heads (at least one head stays learnable)")
+            if self.heads is None:
+                continue
+            if len(self.heads) != len(self.patterns) or len(set(self.heads)) != len(self.heads) or not all(
+                    0 <= head < num_heads for head in self.heads):
+                raise ValueError(f"{name}.heads must be {len(self.patterns)} distinct head numbers in [0, "
+                                 f"{num_heads}) ({where}), one per pattern, got {self.heads!r}")
+
+    def _encoder_layers(self, config) -> list[int]:
+        if self.encoder_layers is None:
+            return list(range(config.encoder_layers))
+        return resolve_layers(self.encoder_layers, config.encoder_layers, "")
+
+
+def placements(settings: FixedAttentionSettings, config) -> list[tuple[str, int, str]]:
+    where = [("encoder", layer, "self") for layer in settings._encoder_layers(config)]
+    for layer in range(config.decoder_layers):
+        where += [("decoder", layer, kind) for kind, on in (("self", settings.decoder), ("cross", settings.cross))
+                  if on]
+    return where
+
+
+class FixedAttention(AttentionMethod):
+    """The fixed heads of one attention module: ``heads[i]`` attends with ``patterns[i]``; the other heads are the
+    module's own (learned). No parameters."""
+
+    def __init__(self, patterns, heads, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self._set(tuple(patterns), tuple(heads))
+
+    def _set(self, patterns: tuple[str, ...], heads: tuple[int, ...]) -> None:
+        """Keep the pairs, and the order they are taken over in: the point patterns first, then the contexts."""
+        self.patterns, self.heads = patterns, heads
+        order = sorted(range(len(patterns)), key=lambda i: patterns[i] in CONTEXT)
+        self.points = tuple(patterns[i] for i in order if patterns[i] not in CONTEXT)
+        self.contexts = tuple(patterns[i] for i in order if patterns[i] in CONTEXT)
+        self.taken = tuple(heads[i] for i in order)
+
+    def extra_repr(self) -> str:
+        return f"heads={list(self.heads)}, patterns={list(self.patterns)}, causal={self.causal}"
+
+    def prune_heads(self, keep: torch.Tensor) -> None:
+        """The module keeps the heads ``keep``: a pruned fixed head's pattern goes with it, the others are
+        renumbered."""
+        place = {int(old): new for new, old in enumerate(keep.tolist())}
+        pairs = [(pattern, place[head]) for pattern, head in zip(self.patterns, self.heads) if head in place]
+        self._set(tuple(pattern for pattern, _ in pairs), tuple(head for _, head in pairs))
+
+    def before(self, call: AttentionCall) -> None:
+        """SDPA and flex attention: take over the fixed heads (:meth:`attend`), their real keys the context's mask of
+        this side where it fits the call, else read from the mask ``attend`` gets. Eager (:meth:`on_eager`): eager's
+        own product with the pattern as a hard mask."""
+        if not self.taken:
+            return
+        if call.implementation == "eager":
+            self.on_eager(call)
+            return
+        site = (call.is_decoder, call.is_cross)
+        call.take_over(self.taken, self._attend_with(call.key_mask, call.context, site))
+
+    def on_eager(self, call: AttentionCall) -> None:
+        """Eager computes every head's (T, S) weights anyway and returns them, so the fixed heads run there too,
+        with their query set to zero (all scores 0) and the pattern's keys as a hard mask (``add_score_bias``):
+        softmax then spreads the weight uniformly over those keys, which is exactly the pattern (each is uniform
+        over its keys), and the weights ``output_attentions`` returns are the ones the output was computed with (so
+        their gradient can be retained, as transformers' tests do). Another method's score bias on a fixed head
+        would change its weights here (not on SDPA): fix heads no other method biases. Eager's attention dropout
+        drops these weights too, as it does every head's (SDPA and flex attention apply none to the fixed heads:
+        train with ``attention_dropout=0`` for one behaviour on every backend)."""
+        query = call.query
+        fixed = torch.zeros(query.shape[1], dtype=torch.bool, device=query.device)
+        fixed[list(self.heads)] = True
+        real = self.real_keys(call.value, call.attention_mask, call.key_mask)
+        support = pattern_weights(self.patterns, real, query.shape[2], self.causal, query.dtype) > 0
+        call.query = query.masked_fill(fixed[None, :, None, None], 0)
+        call.add_score_bias(allowed=support, heads=self.heads)
+
+    def _attend_with(self, real, context, site):
+        def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None):
+            return self.attend(value, query.shape[2], attention_mask, real, context, site), None
+
+        return attend
+
+    def attend(self, value: torch.Tensor, length: int, attention_mask, real: torch.Tensor | None, context,
+               site=None) -> torch.Tensor:
+        """The fixed heads' output (B, T, h, D) from their values (B, h, S, D) for T = ``length`` queries (heads in
+        the order taken over: the point patterns, then the contexts); ``site``: the plan's key in the context's
+        cache."""
+        plan = self.plan(value, attention_mask, real, context, length, site)
+        return fixed_outputs(value, plan).transpose(1, 2)
+
+    def real_keys(self, value: torch.Tensor, attention_mask, real: torch.Tensor | None) -> torch.Tensor:
+        """(B, S) bool: the context's key mask where given, else the keys some query may attend to by the mask, else
+        every key."""
+        if real is not None:
+            return real
+        batch, key_length = value.shape[0], value.shape[2]
+        allowed = key_allowed(attention_mask, key_length)
+        if allowed is None:
+            return torch.ones(batch, key_length, dtype=torch.bool, device=value.device)
+        return allowed.any(1).any(1).expand(batch, key_length)
+
+    def plan(self, value, attention_mask, real, context, length: int, site=None):
+        """The :func:`~.equations.make_plan` of this call, made once per forward and site (encoder, decoder self-
+        or cross-attention) for the layers whose real keys come from the context (its key holds no size: a
+        forward's sizes are one per site, and a size in a dict key would be a guard of a compiled graph)."""
+        key = (NAME, "plan", self.points, self.contexts, self.causal, site)  # (D and dtype: one per model)
+        cache = None if context is None or real is None or site is None else context.cache
+        if cache is not None and key in cache:
+            return cache[key]
+        made = make_plan(self.points, self.contexts, self.real_keys(value, attention_mask, real), length,
+                         self.causal, value.dtype, value.shape[-1])
+        if cache is not None:
+            cache[key] = made
+        return made
+
+
+def build(settings: FixedAttentionSettings, config, module) -> FixedAttention:
+    heads = settings.heads if settings.heads is not None else range(len(settings.patterns))
+    causal = module.headattn_side == "decoder" and module.headattn_kind == "self"
+    return FixedAttention(settings.patterns, heads, causal)
+
+
+def collect(context, settings: FixedAttentionSettings):
+    """No output fields and no objective term: the fixed heads only change the attention."""
+    return {}, None
+
+
+METHOD = MethodSpec(NAME, FixedAttentionSettings, placements, build, collect,
+                    kit="hf_headattn.methods.fixed_attention.kit")

@@ -1,0 +1,46 @@
+"""Fixed attention's kit (Raganato, Scherrer & Tiedemann 2020): recipe names and presets.
+
+EaDRA's paper (Araabi, Niculae & Monz, Tables 3-5) compares against "Fixed-attention", Raganato et al.'s encoder with
+7 fixed heads and 1 learnable head per layer; it also tried fixing only the previous- and next-token heads (which
+section we have not checked here). The presets are those two configurations (Transformer-base, 8 heads).
+"""
+
+from __future__ import annotations
+
+from hf_headattn.experiment.kit import MethodKit, Preset
+from hf_headattn.experiment.presets import TRANSFORMER_BASE
+from hf_headattn.methods.fixed_attention.core import NAME
+from hf_headattn.methods.fixed_attention.equations import PATTERNS
+
+#: Raganato et al. §3 (as we read it, hf_headattn/methods/fixed_attention/equations.py): 7 fixed + 1 learnable head in
+#: every encoder self-attention layer of 8 heads.
+RAGANATO = {"patterns": list(PATTERNS)}
+#: Only the previous- and next-token heads fixed (the other heads learnable).
+PREV_NEXT = {"patterns": ["previous", "next"]}
+#: The 8 heads of Transformer-base that those tables' models have, kept under another --model_shape.
+HEADS = {"encoder_attention_heads": 8, "decoder_attention_heads": 8}
+
+KIT = MethodKit(
+    NAME,
+    paper="Raganato, Scherrer & Tiedemann 2020, fixed encoder self-attention patterns (fixed attention)",
+    method_names={
+        # the previous- and next-token heads of every encoder layer: valid at every model shape (the recipes' tiny
+        # models have 4 heads); the paper's 7 fixed + 1 learnable heads need 8 heads: --preset
+        # fixed_attention_raganato, which sets them
+        "fixed_attention": dict(PREV_NEXT),
+    },
+    presets={
+        "fixed_attention_raganato": Preset(
+            doc="Fixed attention (Raganato, Scherrer & Tiedemann 2020, §3), the Fixed-attention row of EaDRA's "
+                "(Araabi, Niculae & Monz) Tables 3-5: 7 fixed + 1 learnable head in every encoder self-attention "
+                "layer; Transformer-base (8 heads).",
+            flags=dict(TRANSFORMER_BASE), config={**HEADS, NAME: dict(RAGANATO)},
+        ),
+        "fixed_attention_prev_next": Preset(
+            doc="Fixed attention with only the previous- and next-token heads fixed in every encoder self-attention "
+                "layer (the other 6 learnable), a variant of the Fixed-attention row of EaDRA's Tables 3-5; "
+                "Transformer-base (8 heads).",
+            flags=dict(TRANSFORMER_BASE), config={**HEADS, NAME: dict(PREV_NEXT)},
+        ),
+    },
+)

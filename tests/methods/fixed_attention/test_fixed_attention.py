@@ -1,0 +1,260 @@
+"""Fixed attention (Raganato, Scherrer & Tiedemann 2020): the patterns against a float64 loop on padded batches, the
+fast outputs against the dense weights, gradients to V, the attached module (fixed heads token-independent, the
+learnable head unchanged), pruning, save/load, generate with beams and a cache, and the settings' errors."""
+
+import pytest
+import torch
+
+from conftest import TINY, batch
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn.methods.fixed_attention.core import FixedAttention
+from hf_headattn.methods.fixed_attention.equations import (
+    CAUSAL,
+    CONTEXT,
+    PATTERNS,
+    POINT,
+    fixed_outputs,
+    make_plan,
+    pattern_weights,
+)
+
+NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
+#: (B, S): right padding, left padding, a gap, one real token
+REAL = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [1, 0, 1, 1, 0, 1],
+                     [0, 0, 1, 0, 0, 0]], dtype=torch.bool)
+
+
+def loop_weights(pattern, real, length, causal):
+    """One pattern's weights (B, T, S) by a loop over sentences and queries, float64: the rules of
+    hf_headattn/methods/fixed_attention/equations.py written out."""
+    batch_size, key_length = real.shape
+    out = torch.zeros(batch_size, length, key_length, dtype=torch.float64)
+    for b in range(batch_size):
+        keys = [j for j in range(key_length) if real[b, j]]
+        for t in range(length):
+            p = key_length - length + t
+            if p in keys:
+                nearest = p
+            else:
+                allowed = [j for j in keys if j <= p] if causal else keys
+                nearest = min(allowed, key=lambda j: (abs(j - p), j)) if allowed else p
+            chosen = {
+                "current": [p] if p in keys else [],
+                "previous": [max(j for j in keys if j < p)] if any(j < p for j in keys) else [],
+                "next": [min(j for j in keys if j > p)] if any(j > p for j in keys) else [],
+                "left": [j for j in keys if j < p],
+                "right": [j for j in keys if j > p],
+                "start": [keys[0]] if keys and (not causal or keys[0] <= p) else [],
+                "end": [keys[-1]] if keys else [],
+            }[pattern] or [nearest]
+            for j in chosen:
+                out[b, t, j] = 1 / len(chosen)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_patterns_match_a_loop_on_padded_batches(causal):
+    """Every pattern's dense weights are the loop's (with a cache: the last 2 of 6 keys are the queries), and the
+    fast outputs (gathers and cumulative sums, no (T, S) tensor) are those weights times V, float64."""
+    patterns = CAUSAL if causal else PATTERNS
+    for length in (6, 2) if causal else (6,):
+        weights = pattern_weights(patterns, REAL, length, causal, torch.float64)
+        expected = torch.stack([loop_weights(p, REAL, length, causal) for p in patterns], 1)
+        torch.testing.assert_close(weights, expected, rtol=0, atol=1e-12)
+        if causal:  # no key after the query
+            assert not weights.triu(diagonal=1 + REAL.shape[1] - length).any()
+        real_queries = REAL[:, REAL.shape[1] - length:]  # (B, T): padding never gets a real query's weight
+        assert not (weights * ~REAL[:, None, None, :]).transpose(1, 2)[real_queries].any()
+        points = [p for p in patterns if p in POINT]
+        contexts = [p for p in patterns if p in CONTEXT]
+        value = torch.randn(REAL.shape[0], len(patterns), REAL.shape[1], 3, dtype=torch.float64)
+        plan = make_plan(points, contexts, REAL, length, causal, torch.float64, 3)
+        ordered = torch.stack([loop_weights(p, REAL, length, causal) for p in [*points, *contexts]], 1)
+        torch.testing.assert_close(fixed_outputs(value, plan), ordered @ value, rtol=1e-12, atol=1e-12)
+
+
+def test_gradients_flow_to_v():
+    """float64 gradcheck of the fixed heads' outputs with respect to V, every pattern, padded batch: the pure
+    function, and the module's ``attend`` (its real keys read from an eager-style additive padding mask, heads in
+    the order taken over), which is the weights times V."""
+    plan = make_plan(POINT, CONTEXT, REAL, 6, False, torch.float64, 2)
+    value = torch.randn(REAL.shape[0], len(PATTERNS), 6, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: fixed_outputs(v, plan), (value,))
+    fixed = FixedAttention(["left", "next", "right", "end"], [3, 0, 2, 1], causal=False)
+    assert fixed.taken == (0, 1, 3, 2)  # next, end, left, right
+    mask = torch.zeros(REAL.shape[0], 1, 6, 6, dtype=torch.float64)
+    mask = mask.masked_fill(~REAL[:, None, None, :], torch.finfo(torch.float64).min)
+    value = torch.randn(REAL.shape[0], 4, 6, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: fixed.attend(v, 6, mask, None, None), (value,))
+    weights = pattern_weights(["next", "end", "left", "right"], REAL, 6, False, torch.float64)
+    torch.testing.assert_close(fixed.attend(value, 6, mask, None, None), (weights @ value).transpose(1, 2))
+
+
+def model(backend="eager", on=True, **settings):
+    """A tiny mBART with fixed attention's ``settings`` (``on=False``: the method off), seed 0."""
+    torch.manual_seed(0)
+    config = HeadAttnMBartConfig(**TINY, **NO_DROPOUT, **({"fixed_attention": settings} if on else {}))
+    made = HeadAttnMBartForConditionalGeneration(config).eval()
+    made.set_attn_implementation(backend)
+    return made
+
+
+def test_fixed_heads_attend_with_their_patterns_whatever_the_tokens():
+    """On eager, ``output_attentions`` gives the patterns exactly for the fixed heads (here heads 3, 0, 2: previous,
+    next, left), the same for other tokens with the same padding; the previous- and next-token heads put all their
+    weight on i-1 and i+1 inside the sentence; the learnable head (1) depends on the tokens."""
+    fixed = model(patterns=["previous", "next", "left"], heads=[3, 0, 2])
+    inputs = batch()
+    real = inputs["attention_mask"].bool()
+    other = {**inputs, "input_ids": torch.where(real, inputs["input_ids"] + 20, inputs["input_ids"])}
+    with torch.no_grad():
+        first, second = (fixed(**x, output_attentions=True).encoder_attentions for x in (inputs, other))
+    expected = pattern_weights(["previous", "next", "left"], real, real.shape[1], False)
+    for layer in range(TINY["encoder_layers"]):
+        torch.testing.assert_close(first[layer][:, [3, 0, 2]], expected, rtol=0, atol=0)
+        torch.testing.assert_close(second[layer][:, [3, 0, 2]], expected, rtol=0, atol=0)
+        assert not torch.allclose(first[layer][:, 1], second[layer][:, 1])
+    previous, following = first[0][:, 3], first[0][:, 0]
+    for b, length in enumerate(real.sum(1).tolist()):
+        for i in range(1, length - 1):
+            assert previous[b, i, i - 1] == 1 and following[b, i, i + 1] == 1
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_the_learnable_head_is_unchanged(backend):
+    """Layer 0's learnable head (same weights, same input) attends as with the method off: its output is the stock
+    model's on that head (eager: its weights too), and only the fixed heads' outputs differ."""
+    fixed, stock = model(backend, patterns=["current", "previous", "right"]), model(backend, on=False)
+    stock.load_state_dict(fixed.state_dict())
+    captured = {}
+
+    def keep(name):
+        def hook(module, args, kwargs, output):
+            captured[name] = (output[0].detach(), output[1])
+        return hook
+
+    for name, made in (("fixed", fixed), ("stock", stock)):
+        made.model.encoder.layers[0].self_attn.out_proj.register_forward_pre_hook(
+            lambda module, args, name=name: captured.__setitem__(name + "_heads", args[0].detach()))
+        made.model.encoder.layers[0].self_attn.register_forward_hook(keep(name), with_kwargs=True)
+        with torch.no_grad():
+            made(**batch(), output_attentions=backend == "eager")
+    heads = captured["fixed_heads"].unflatten(-1, (4, -1))
+    plain = captured["stock_heads"].unflatten(-1, (4, -1))
+    torch.testing.assert_close(heads[:, :, 3], plain[:, :, 3], rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(heads[:, :, :3], plain[:, :, :3])
+    if backend == "eager":
+        torch.testing.assert_close(captured["fixed"][1][:, 3], captured["stock"][1][:, 3])
+
+
+@pytest.mark.parametrize("settings", [
+    {"patterns": ["right", "end", "next"], "heads": [2, 0, 3]},
+    {"patterns": ["start", "left", "previous"], "decoder": True},
+    {"patterns": ["end", "start"], "cross": True, "encoder_layers": []},
+])
+def test_eager_and_sdpa_agree(settings):
+    """Eager runs the fixed heads in its own product (zero query, the pattern as a hard mask), SDPA takes them over
+    (gathers and cumulative sums): the same loss and gradients on a padded batch."""
+    results = []
+    for backend in ("eager", "sdpa"):
+        made = model(backend, **settings).train()
+        loss = made(**batch()).loss
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad for name, p in made.named_parameters() if p.grad is not None}))
+    (eager_loss, eager_grads), (sdpa_loss, sdpa_grads) = results
+    torch.testing.assert_close(sdpa_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    assert sdpa_grads.keys() == eager_grads.keys()
+    for name in sdpa_grads:
+        torch.testing.assert_close(sdpa_grads[name], eager_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_pruning_a_fixed_head_equals_masking_it():
+    """Pruning encoder layer 0's head 1 (fixed: next) and head 3 (learnable) gives the logits of the unpruned model
+    with those heads masked; the other fixed heads keep their patterns, renumbered."""
+    fixed = model(patterns=["previous", "next", "left"])
+    mask = torch.ones(TINY["encoder_layers"], 4)
+    mask[0, [1, 3]] = 0
+    with torch.no_grad():
+        masked = fixed(**batch(), head_mask=mask).logits
+        fixed.prune_heads({"encoder.layers.0.self_attn": [1, 3]})
+        pruned = fixed(**batch(), output_attentions=True)
+    torch.testing.assert_close(pruned.logits, masked, rtol=1e-5, atol=1e-5)
+    module = fixed.model.encoder.layers[0].self_attn.fixed_attention
+    assert (module.heads, module.patterns) == ((0, 1), ("previous", "left"))
+    real = batch()["attention_mask"].bool()
+    expected = pattern_weights(["previous", "left"], real, real.shape[1], False)
+    torch.testing.assert_close(pruned.encoder_attentions[0], expected)
+
+
+def test_save_load_round_trip(tmp_path):
+    made = model("sdpa", patterns=["start", "previous"], encoder_layers=[-1], heads=[2, 1])
+    made.save_pretrained(tmp_path)
+    loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert loaded.config.fixed_attention == {"patterns": ["start", "previous"], "encoder_layers": [-1],
+                                             "heads": [2, 1]}
+    assert not hasattr(loaded.model.encoder.layers[0].self_attn, "fixed_attention")
+    assert loaded.model.encoder.layers[1].self_attn.fixed_attention.heads == (2, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch()).logits, made(**batch()).logits)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_generate_with_beams_and_cache(backend):
+    """Decoder self-attention and cross-attention fixed too (causal and position-free patterns): beam search with
+    the cache gives the tokens and scores of beam search without it (every step recomputed)."""
+    made = model(backend, patterns=["start", "previous"], decoder=True)
+    both = model(backend, patterns=["start"], decoder=True, cross=True)
+    inputs = {k: v for k, v in batch().items() if k != "labels"}
+    for one in (made, both):
+        kwargs = dict(num_beams=3, max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+        cached = one.generate(**inputs, use_cache=True, **kwargs)
+        fresh = one.generate(**inputs, use_cache=False, **kwargs)
+        assert torch.equal(cached.sequences, fresh.sequences)
+        torch.testing.assert_close(cached.sequences_scores, fresh.sequences_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_settings_errors():
+    def config(**settings):
+        return HeadAttnMBartConfig(**TINY, fixed_attention=settings)
+
+    with pytest.raises(ValueError, match=r"fixed_attention.patterns has 7 patterns, but encoder self-attention has 4 "
+                                         r"heads: expected fewer patterns than heads"):
+        config()
+    with pytest.raises(ValueError, match=r"fixed_attention.patterns must be a list of \(one of 'current', 'previous'"
+                                         r".*got \['previous', 'diagonal'\]"):
+        config(patterns=["previous", "diagonal"])
+    with pytest.raises(ValueError, match=r"fixed_attention.patterns must name at least one pattern"):
+        config(patterns=[])
+    with pytest.raises(ValueError, match=r"fixed_attention.patterns contains \['next'\], which "
+                                         r"fixed_attention.decoder=True cannot use: decoder self-attention is causal"):
+        config(patterns=["previous", "next"], decoder=True)
+    with pytest.raises(ValueError, match=r"fixed_attention.patterns contains \['previous'\], which "
+                                         r"fixed_attention.cross=True cannot use"):
+        config(patterns=["previous", "start"], cross=True)
+    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[0, 4\) \(encoder "
+                                         r"self-attention\), one per pattern, got \[1, 1\]"):
+        config(patterns=["previous", "next"], heads=[1, 1])
+    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[0, 4\).*got "
+                                         r"\[0, 4\]"):
+        config(patterns=["previous", "next"], heads=[0, 4])
+    with pytest.raises(ValueError, match=r"fixed_attention.encoder_layers contains 2, but the model has 2 layers"):
+        config(patterns=["previous"], encoder_layers=[2])
+    with pytest.raises(ValueError, match=r"fixed_attention.decoder must be True or False, got 1"):
+        config(patterns=["previous"], decoder=1)
+
+
+@pytest.mark.slow
+def test_flex_attention_equals_sdpa():
+    """Flex attention (a forward: the CPU has no flex backward, and torch 2.13's CPU flex fails in beam search even on
+    the modules without a method) takes the fixed heads over as SDPA does, their real keys from the context: SDPA's
+    logits."""
+    from hf_headattn.flex import FLEX
+
+    torch.compiler.reset()
+    try:
+        settings = {"patterns": ["next", "left", "start"], "heads": [1, 2, 3]}
+        flex, sdpa = model(FLEX, **settings), model("sdpa", **settings)
+        with torch.no_grad():
+            torch.testing.assert_close(flex(**batch()).logits, sdpa(**batch()).logits, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.compiler.reset()
