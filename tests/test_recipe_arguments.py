@@ -51,6 +51,10 @@ def test_the_argparse_types_name_the_value_and_what_was_expected(tmp_path):
     (fidelity_study.main, ["table", "--output_dir", "/nowhere/fidelity"], "--output_dir /nowhere/fidelity is not"),
     (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--parallel", "0"], "argument --parallel"),
     (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--rows", "magic"], "unknown method 'magic'"),
+    (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--table", "rhe-table-9"],
+     "argument --table: invalid choice: 'rhe-table-9'"),
+    (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--table", "rhe-table-1", "--rows", "dhicm"],
+     "not allowed with argument"),
     (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--multi30k_dir", "/nowhere/m"], "/nowhere/m"),
     (reproduce_multi30k.main, ["table", "--output_dir", "/nowhere/x"], "/nowhere/x' (not found)"),
     (parse_sources.main, ["--output_dir", "/nowhere/p", "--num_proc", "0"], "--num_proc must be a positive"),
@@ -64,3 +68,16 @@ def test_a_bad_value_is_a_usage_error(main, argv, expected, capsys):
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2 and expected in capsys.readouterr().err
+
+
+def test_the_papers_tables_are_rows_the_recipes_know():
+    """Every row of ``reproduce_multi30k.PAPER_TABLES`` is a method name with settings (the comparison methods'
+    included: Rel_Pos, Localness, Fixed-attention; #54), and each table has the baseline."""
+    from hf_headattn.experiment.presets import method_settings
+
+    for table, rows in reproduce_multi30k.PAPER_TABLES.items():
+        assert rows[0] == "baseline", table
+        for row in rows:
+            method_settings(row)
+    assert {"rel_pos", "localness", "fixed_attention"} <= {row for rows in reproduce_multi30k.PAPER_TABLES.values()
+                                                           for row in rows}
