@@ -52,7 +52,7 @@ ROWS = {
     "lpea-rhe": method_settings("lpea_rhe"),
     # Localness (Yang et al.): the Gaussian bias on the lower half of the encoder layers, on every head / with RHE
     "localness": method_settings("localness"),
-    "localness-rhe": method_settings("localness_redundant"),
+    "localness-rhe": {"localness": {"heads": "redundant"}},
     # Shaw et al.'s relative positions on every encoder self-attention (k = 16): key term a score bias, value term by
     # taking over every head; "-keys" without the value term (SDPA's path, the bias in its mask)
     "rel-pos": method_settings("rel_pos"),

@@ -1,9 +1,9 @@
 """Localness's kit (Yang et al. 2018): recipe names and the presets of RHE's paper (Zhang et al. 2021), whose Table 1
 (row Localness) and Table 2 (row Localness + RHE) compare it on Transformer-base.
 
-Localness+RHE reads SEA's forward input ``dependency_mask``; only SEA's kit makes it from the data (parses), so a
-recipe run of ``--method localness_redundant`` (``--preset localness_rhe``) needs the batches to carry it (see the
-folder's README)."""
+Localness+RHE (``heads="redundant"``) reads SEA's forward input ``dependency_mask``; only SEA's kit makes it from the
+data (parses), so it has no recipe name yet, and ``--preset localness_rhe`` stops at the first forward naming the
+missing input: build it in Python with ``dependency_mask`` in the batches (see the folder's README)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hf_headattn.methods.localness.core import NAME
 
 def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:
     """A random, valid ``dependency_mask`` (each token related to a random few others; RHE adds i = j), for the
-    registry-wide and HF's common tests of ``localness_redundant``."""
+    registry-wide tests and a model with ``heads="redundant"``."""
     related = torch.rand(batch_size, source_length, source_length) < 0.3
     return {"dependency_mask": related | related.transpose(1, 2)}
 
@@ -28,7 +28,6 @@ KIT = MethodKit(
         # the lower half of the encoder layers (layers 0-2 of 6, the paper's best), query-specific window
         "localness": {},
         "localness_fixed": {"window": 10},  # the fixed-window strategy (P_i predicted, D = 10 tokens)
-        "localness_redundant": {"heads": "redundant"},  # only on the heads RHE finds redundant (needs dependency_mask)
     },
     presets={
         "localness_yang": Preset(
@@ -41,11 +40,11 @@ KIT = MethodKit(
         "localness_rhe": Preset(
             doc="RHE (Zhang et al. 2021) Table 2, row Localness + RHE: as localness_yang, the bias only on the heads "
                 "RHE (Eq. 10) finds redundant per sentence; needs SEA's dependency_mask in the batches.",
-            flags={**TRANSFORMER_BASE, "method": "localness_redundant"},
+            flags={**TRANSFORMER_BASE, "method": "localness"},
             method_overrides={NAME: {"layers": [0, 1, 2], "window": "predicted", "heads": "redundant"}},
         ),
     },
     # HF's common model tests (the fixed window differs only in the math: tests/methods/localness)
-    model_test_names=("localness", "localness_redundant"),
+    model_test_names=("localness",),
     example_inputs=example_inputs,
 )
