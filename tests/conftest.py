@@ -23,11 +23,16 @@ TINY = dict(
 LOWEST_ONLY = ("test_benchmarks_profile.py", "test_converged_study.py", "test_deepspeed.py", "test_docs.py",
                "test_fidelity_study.py",
                "test_gpu_script.py", "test_jobs.py", "test_long_run.py", "test_overhead.py", "test_packaging.py",
-               "test_search.py")
+               "test_search.py",
+               # the comparison methods' compile and flex checks: torch's compiler and flex kernels, not transformers'
+               "test_rel_pos_compile.py", "test_localness_compile.py", "test_localness_flex.py",
+               # the methods' pure math (torch alone) and the Multi30k download (no transformers)
+               "test_eadra_math.py", "test_sea_math.py", "test_rel_pos_math.py", "test_localness_math.py",
+               "test_multi30k.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    missing = [name for name in LOWEST_ONLY if not (config.rootpath / "tests" / name).is_file()]
+    missing = [name for name in LOWEST_ONLY if not any((config.rootpath / "tests").rglob(name))]
     if missing:
         raise pytest.UsageError(f"tests/conftest.py's LOWEST_ONLY names {missing}, which tests/ lacks")
     for item in items:

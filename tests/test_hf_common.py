@@ -127,6 +127,9 @@ METHOD_TESTS = {
 #: Marian's attention is a copy of mBART's, so the methods run the same code: Marian's method classes run this core
 #: (not test_model_outputs_equivalence, the slowest: the output classes are the same as mBART's). On the newest end
 #: mBART's method classes run it too, and Marian's none (the end of the module).
+#: The methods whose mBART classes run every selected HF test at the lowest end (the others, the papers' comparison
+#: methods: the core set, as on the newest end; their own folders test them in depth).
+FULL_HF_TESTS = ("dhicm", "eadra", "sea", "toy")
 CORE_METHOD_TESTS = {
     "test_config", "test_save_load", "test_training", "test_batching_equivalence", "test_attention_outputs",
     "test_hidden_states_output", "test_all_tensors_are_parameter_or_buffer",
@@ -177,8 +180,9 @@ def selected(name: str, family: str, method: str) -> bool:
     spec = METHODS[method][0]
     if spec is not None and not spec.logged and name in FIELD_TESTS:
         return False
-    if method != "Off":
-        return name in (METHOD_TESTS if family == "MBart" and AT_LOWEST else CORE_METHOD_TESTS)
+    if method != "Off":  # (the papers' comparison methods: the core set on both ends, time budget)
+        full = family == "MBart" and AT_LOWEST and (spec is None or spec.name in FULL_HF_TESTS)
+        return name in (METHOD_TESTS if full else CORE_METHOD_TESTS)
     return not (name.startswith("test_eager_matches_sdpa_inference") and any(p in name for p in HALF_PRECISION))
 
 

@@ -1,12 +1,15 @@
 """Relative positions (Shaw et al. 2018) in the models: what they change in the attention weights, generation with a
 cache, RHE's selection with real inputs, checkpoints, settings errors."""
 
+import inspect
+
 import pytest
 import torch
 from transformers import MBartConfig, MBartForConditionalGeneration
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn.hf_compat import CACHE_NAMES, cache_argument
 
 K = 2
 
@@ -69,8 +72,9 @@ def test_generate_with_beams_and_cache_equals_no_cache(checkpoint, backend):
                      decoder_input_ids=decoder_ids).logits
         first = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                       decoder_input_ids=decoder_ids[:, :3], use_cache=True)
+        name = next(name for name in CACHE_NAMES if name in inspect.signature(model.forward).parameters)  # 5.24: cache
         step = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                     decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values).logits
+                     decoder_input_ids=decoder_ids[:, 3:], **{name: cache_argument(first)}).logits
     torch.testing.assert_close(step[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
     generate = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "num_beams": 3,
                 "max_new_tokens": 8, "output_scores": True, "return_dict_in_generate": True}
