@@ -31,11 +31,16 @@ from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGenerati
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 from hf_headattn.methods.sea.equations import NOT_IN_PHRASE
 
-#: The methods trained in turn: DHICM, EaDRA (its three components), SEA (DEA+RHE), and the three together (LPEA+RHE).
+#: The methods trained in turn: DHICM, EaDRA (its three components), SEA (DEA+RHE), the papers' comparison methods
+#: (Localness's bias, Rel_Pos's key bias and value term by taking over heads, fixed heads taken over), and the three
+#: papers' methods together (LPEA+RHE), last: the ZeRO-3 tools run on it.
 METHODS = {
     "dhicm": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
     "eadra": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
     "sea": {"sea": {"type": "dea", "heads": "redundant"}},
+    "localness": {"localness": {}},
+    "rel_pos": {"rel_pos": {"max_relative_position": 2, "decoder_layers": [-1]}},
+    "fixed_attention": {"fixed_attention": {"patterns": ["previous", "next"]}},
     "all": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
             "eadra": {"encoder": {}, "decoder": {}, "cross": {}}, "sea": {"type": "lpea", "heads": "redundant"}},
 }
