@@ -101,6 +101,18 @@ def syntax_batch():
     return inputs
 
 
+def greedy_by_full_forward(model, inputs, steps):
+    """Greedy decoding that reruns the whole model (encoder included) at every step, EOS suppressed: what
+    ``generate`` with a cache must give (the encoder-side methods' inputs in ``inputs``)."""
+    tokens = torch.full((2, 1), model.config.decoder_start_token_id)
+    for _ in range(steps):
+        with torch.no_grad():
+            next_logits = model(**inputs, decoder_input_ids=tokens, use_cache=False).logits[:, -1]
+        next_logits[:, model.config.eos_token_id] = float("-inf")
+        tokens = torch.cat([tokens, next_logits.argmax(-1, keepdim=True)], dim=1)
+    return tokens
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _earlier_objects_frozen():
     """Each test module starts with the objects still alive frozen (``gc.freeze``: no collection scans them again).

@@ -6,7 +6,7 @@ import torch
 from test_localness_math import loop_bias
 from transformers import MBartConfig, MBartForConditionalGeneration
 
-from conftest import TINY, batch
+from conftest import TINY, batch, greedy_by_full_forward
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 from hf_headattn.attention import AttentionCall
 from hf_headattn.methods.localness import core as localness_core
@@ -138,15 +138,6 @@ def test_save_load_round_trip(checkpoint, tmp_path):
         assert torch.equal(again.state_dict()[key], value), key
     torch.testing.assert_close(run(again.eval()).logits, run(model).logits)
 
-
-def greedy_by_full_forward(model, inputs, steps):
-    tokens = torch.full((2, 1), model.config.decoder_start_token_id)
-    for _ in range(steps):
-        with torch.no_grad():
-            next_logits = model(**inputs, decoder_input_ids=tokens, use_cache=False).logits[:, -1]
-        next_logits[:, model.config.eos_token_id] = float("-inf")
-        tokens = torch.cat([tokens, next_logits.argmax(-1, keepdim=True)], dim=1)
-    return tokens
 
 
 @pytest.mark.parametrize("heads", ["all", "redundant"])

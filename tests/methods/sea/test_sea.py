@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import MBartConfig, MBartForConditionalGeneration
 
-from conftest import FAMILIES, TINY, batch
+from conftest import FAMILIES, TINY, batch, greedy_by_full_forward
 from hf_headattn import HeadAttnMBartForConditionalGeneration
 from hf_headattn.analysis import count_redundant_heads, redundancy_report
 from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
@@ -141,16 +141,6 @@ def test_only_the_configured_encoder_layers_carry_sea(checkpoint):
     assert out.redundant_heads["encoder.layers.1.self_attn"].shape == (2, 4)
     assert logits(model).redundant_heads is None
 
-
-def greedy_by_full_forward(model, inputs, steps):
-    """Greedy decoding that reruns the whole model (encoder included) at every step, EOS suppressed."""
-    tokens = torch.full((2, 1), model.config.decoder_start_token_id)
-    for _ in range(steps):
-        with torch.no_grad():
-            next_logits = model(**inputs, decoder_input_ids=tokens, use_cache=False).logits[:, -1]
-        next_logits[:, model.config.eos_token_id] = float("-inf")
-        tokens = torch.cat([tokens, next_logits.argmax(-1, keepdim=True)], dim=1)
-    return tokens
 
 
 @pytest.mark.parametrize("sea_type", ["dea", "lpea"])
