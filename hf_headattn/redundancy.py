@@ -152,3 +152,30 @@ def _redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> t
     redundant = redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
     call.state["redundant_heads_of"] = (dependency_mask, redundant)
     return redundant
+
+
+def neutral_dependency_mask(batch_size: int, length: int) -> dict[str, torch.Tensor]:
+    """A ``dependency_mask`` that changes nothing: every pair related, so RHE finds no head redundant (Eq. 10). The
+    ``MethodSpec.neutral_inputs`` of a bias method with ``heads="redundant"``."""
+    return {"dependency_mask": torch.ones(batch_size, length, length, dtype=torch.bool)}
+
+
+def checked_dependency_mask(owner: str, tensor, query: torch.Tensor) -> torch.Tensor:
+    """``tensor`` if it is a valid ``dependency_mask`` for RHE in this call ((B, S, S) bool on the query's device),
+    else a ``ValueError`` naming ``owner`` (the method with ``heads="redundant"``), what it got and what was
+    expected."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(
+            f"{owner} with heads='redundant' needs the forward argument dependency_mask (batch, src_len, src_len) "
+            f"bool (RHE's Eq. 9; SEA's input, e.g. from hf_headattn.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq), "
+            f"got {type(tensor).__name__}; pass model(..., dependency_mask=...) or model.generate(..., "
+            "dependency_mask=...)"
+        )
+    expected = (query.shape[0], query.shape[2], query.shape[2])
+    if tuple(tensor.shape) != expected or tensor.dtype != torch.bool or tensor.device != query.device:
+        raise ValueError(
+            f"{owner}: dependency_mask must be a bool tensor of shape (batch, src_len, src_len) = {expected}, got "
+            f"{tensor.dtype}: dependency_mask has shape {tuple(tensor.shape)} on {tensor.device}; expected (batch, "
+            f"src_len, src_len) = {expected} on {query.device}"
+        )
+    return tensor

@@ -29,7 +29,7 @@ from torch import nn
 
 from ...attention import AttentionCall, AttentionMethod, key_allowed
 from ...hf_compat import init_normal_
-from ...redundancy import real_tokens, redundant_heads_of
+from ...redundancy import checked_dependency_mask, neutral_dependency_mask, real_tokens, redundant_heads_of
 from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
 from .equations import BIAS_FLOOR, centre_and_window, gaussian_bias, sentence_positions
@@ -65,25 +65,6 @@ def layers(settings: LocalnessSettings, config, name: str = NAME) -> list[int]:
 
 def placements(settings: LocalnessSettings, config) -> list[tuple[str, int, str]]:
     return [("encoder", layer, "self") for layer in layers(settings, config)]
-
-
-def check_dependency_mask(tensor, query: torch.Tensor) -> torch.Tensor:
-    """``dependency_mask`` for RHE, or a ``ValueError`` naming what was expected: (batch, src_len, src_len) bool on
-    the query's device."""
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(
-            f"localness with heads='redundant' needs the forward argument dependency_mask (batch, src_len, src_len) "
-            f"bool (RHE's Eq. 9; SEA's input, e.g. from hf_headattn.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq), "
-            f"got {type(tensor).__name__}; pass model(..., dependency_mask=...) or model.generate(..., "
-            "dependency_mask=...)"
-        )
-    expected = (query.shape[0], query.shape[2], query.shape[2])
-    if tuple(tensor.shape) != expected or tensor.dtype != torch.bool or tensor.device != query.device:
-        raise ValueError(
-            f"dependency_mask has shape {tuple(tensor.shape)}, dtype {tensor.dtype} on {tensor.device}; expected "
-            f"(batch, src_len, src_len) = {expected}, torch.bool, on {query.device}"
-        )
-    return tensor
 
 
 class Localness(AttentionMethod):
@@ -135,16 +116,10 @@ class Localness(AttentionMethod):
     def before(self, call: AttentionCall) -> None:
         selected = None
         if self.settings.heads == "redundant":
-            dependency_mask = check_dependency_mask(call.kwargs.get("dependency_mask"), call.query)
+            dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), call.query)
             selected = redundant_heads_of(call, dependency_mask)  # (B, H) bool, True = redundant
         bias = self.bias(call.query, self.sentence_tokens(call))
         call.add_score_bias(bias.to(call.query.dtype), heads=selected)
-
-
-def neutral_inputs(batch_size: int, length: int) -> dict[str, torch.Tensor]:
-    """A ``dependency_mask`` that changes nothing: every pair related, so RHE finds no head redundant (Eq. 10) and
-    Localness+RHE adds no bias."""
-    return {"dependency_mask": torch.ones(batch_size, length, length, dtype=torch.bool)}
 
 
 def build(settings: LocalnessSettings, config, module) -> Localness:
@@ -159,6 +134,6 @@ def collect(context, settings: LocalnessSettings) -> tuple[dict, None]:
 METHOD = MethodSpec(
     NAME, LocalnessSettings, placements, build, collect,
     inputs=("dependency_mask",),  # read only with heads="redundant" (RHE's Eq. 9); SEA reads it too (listed once)
-    neutral_inputs=neutral_inputs,
+    neutral_inputs=neutral_dependency_mask,
     kit="hf_headattn.methods.localness.kit",
 )

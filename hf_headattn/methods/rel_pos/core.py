@@ -36,7 +36,7 @@ from torch import nn
 
 from ...attention import AttentionCall, AttentionMethod, key_allowed
 from ...hf_compat import init_normal_
-from ...redundancy import redundant_heads_of
+from ...redundancy import checked_dependency_mask, neutral_dependency_mask, redundant_heads_of
 from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
 from .equations import key_term, labels_at, query_positions, relative_labels, value_term
@@ -84,29 +84,6 @@ def placements(settings: RelPosSettings, config) -> list[tuple[str, int, str]]:
     return [(side, layer, "self") for side in ("encoder", "decoder") for layer in layers(settings, config, side)]
 
 
-def neutral_inputs(batch_size: int, length: int) -> dict[str, torch.Tensor]:
-    """A ``dependency_mask`` that changes nothing: every pair related, so RHE finds no head redundant."""
-    return {"dependency_mask": torch.ones(batch_size, length, length, dtype=torch.bool)}
-
-
-def check_dependency_mask(tensor, query: torch.Tensor) -> torch.Tensor:
-    """``tensor`` if it is a valid ``dependency_mask`` for this call ((B, S, S) bool on the query's device), else a
-    ``ValueError`` saying what was expected."""
-    if tensor is None:
-        raise ValueError(f"{NAME} with heads='redundant' needs the forward argument dependency_mask (batch, src_len, "
-                         "src_len) bool (RHE's Eq. 9): model(..., dependency_mask=...) or model.generate(..., "
-                         "dependency_mask=...)")
-    expected = (query.shape[0], query.shape[2], query.shape[2])
-    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.bool or tuple(tensor.shape) != expected:
-        got = (f"{tensor.dtype} of shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor)
-               else type(tensor).__name__)
-        raise ValueError(f"{NAME}: dependency_mask must be a bool tensor of shape (batch, src_len, src_len) = "
-                         f"{expected}, got {got}")
-    if tensor.device != query.device:
-        raise ValueError(f"{NAME}: dependency_mask is on {tensor.device} but the model runs on {query.device}")
-    return tensor
-
-
 class RelativePositions(AttentionMethod):
     """The tables of one self-attention module: ``relative_keys`` w^K and, with ``values``, ``relative_values`` w^V,
     each (2k+1, d_head), rows w_-k .. w_k, ~ N(0, init_std) (the paper does not give an initialisation)."""
@@ -129,7 +106,8 @@ class RelativePositions(AttentionMethod):
         labels = self.labels(call)  # (T, S) or (B, 1, T, S)
         selected = None
         if self.settings.heads == "redundant":
-            selected = redundant_heads_of(call, check_dependency_mask(call.kwargs.get("dependency_mask"), query))
+            dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), query)
+            selected = redundant_heads_of(call, dependency_mask)
         bias = key_term(query, self.relative_keys.to(query.dtype), labels) * call.scaling  # (B, H, T, S)
         call.add_score_bias(bias, heads=selected)
         if self.relative_values is not None:
@@ -176,6 +154,6 @@ def collect(context, settings: RelPosSettings) -> tuple[dict, None]:
 
 METHOD = MethodSpec(
     NAME, RelPosSettings, placements, build, collect,
-    inputs=("dependency_mask",), neutral_inputs=neutral_inputs,
+    inputs=("dependency_mask",), neutral_inputs=neutral_dependency_mask,
     kit="hf_headattn.methods.rel_pos.kit",
 )
