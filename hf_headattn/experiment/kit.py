@@ -12,7 +12,6 @@ several kits compose: :mod:`.method_inputs`.
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +108,7 @@ def kit_of(spec: MethodSpec) -> MethodKit:
     defines the method's settings, if it has one (a method kept in one module needs not name itself), else an empty
     one (``MethodKit(spec.name)``)."""
     module = spec.kit or spec.settings.__module__
-    kit = getattr(sys.modules.get(module) or importlib.import_module(module), "KIT", None)
+    kit = getattr(importlib.import_module(module), "KIT", None)
     if spec.kit is None and kit is None:
         return MethodKit(spec.name, paper=spec.name)
     if not isinstance(kit, MethodKit) or kit.name != spec.name:
