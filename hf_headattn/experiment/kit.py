@@ -80,13 +80,22 @@ class MethodKit:
         the parser).
     collate: ``collate(features, batch, *, tokenizer, settings, return_tensors) -> {forward input: tensor}``: a
         batch's forward inputs from its ``features`` (the dicts given to the collator, its columns included) and the
-        ``batch`` the seq2seq collator padded; ``settings`` is its settings dict (the model's, else the recipe's).
+        ``batch`` the seq2seq collator padded; ``settings`` is its settings dict (the model's, else the recipe's),
+        None where its method is off and its hooks make another method's inputs (``inputs_from``, below).
     inference_inputs: ``inference_inputs(model, tokenizer, *, max_source_length, parser=None) -> make``, called
         once per ``translate`` (load a parser here, so that a missing one fails before any translating):
         ``make(texts) -> [{column: value}, ...]``, one dict per text holding its ``columns``, as ``prepare_features``
         makes them; a text it cannot handle raises :class:`MethodInputError` naming its index in ``texts``.
     example_inputs: ``example_inputs(batch_size, source_length) -> {forward input: tensor}``: random, valid values of
         its forward inputs, for HF's common model tests and the registry-wide tests.
+
+    A method whose forward inputs another method's kit makes names that method instead of repeating its hooks:
+
+    inputs_from: ``inputs_from(settings) -> method name or None``: given its settings dict, the method whose kit's
+        hooks make the inputs these settings need (None: they need none). E.g. Rel_Pos and Localness with
+        ``heads="redundant"`` read RHE's ``dependency_mask``, which SEA's kit makes from parses: they return
+        ``"sea"``, and the recipes and ``translate`` then run SEA's hooks (with SEA's settings where SEA is on too,
+        else its defaults), once however many methods ask for them (:func:`.method_inputs.input_kits`).
     """
 
     name: str
@@ -101,6 +110,7 @@ class MethodKit:
     collate: Callable | None = None
     inference_inputs: Callable | None = None
     example_inputs: Callable | None = None
+    inputs_from: Callable[[Mapping[str, Any]], str | None] | None = None
 
 
 def kit_of(spec: MethodSpec) -> MethodKit:

@@ -34,11 +34,32 @@ def _owners(found: Iterable[MethodKit], names: Callable[[MethodKit], Iterable[st
     return owners
 
 
+def _makes_inputs(kit: MethodKit) -> bool:
+    return bool(kit.columns) or any(getattr(kit, hook) is not None for hook in _HOOKS)
+
+
 def input_kits(settings: Mapping[str, Any]) -> list[MethodKit]:
-    """The kits, in registry order, of the methods that ``settings`` (config fields, e.g. a recipe's settings or
-    ``config.to_dict()``) switch on (not None) and that make inputs of their own (columns or a hook)."""
-    found = [kit for kit in kits() if settings.get(kit.name) is not None
-             and (kit.columns or any(getattr(kit, hook) is not None for hook in _HOOKS))]
+    """The kits, in registry order, whose hooks make the inputs that ``settings`` (config fields, e.g. a recipe's
+    settings or ``config.to_dict()``) need: of each switched-on method (not None) that makes inputs of its own
+    (columns or a hook), and of each method a switched-on one takes its inputs from (``MethodKit.inputs_from``), each
+    once."""
+    every = kits()
+    by_name = {kit.name: kit for kit in every}
+    wanted = set()
+    for kit in every:
+        values = settings.get(kit.name)
+        if values is None:
+            continue
+        if _makes_inputs(kit):
+            wanted.add(kit.name)
+        lender = kit.inputs_from(values) if kit.inputs_from is not None else None
+        if lender is not None:
+            if lender not in by_name or not _makes_inputs(by_name[lender]):
+                raise ValueError(f"method {kit.name!r} takes its inputs from {lender!r}, which is not a registered "
+                                 f"method whose kit makes inputs; expected one of "
+                                 f"{sorted(k.name for k in every if _makes_inputs(k))}")
+            wanted.add(lender)
+    found = [kit for kit in every if kit.name in wanted]
     _owners(found, lambda kit: kit.columns, "feature column")
     return found
 
@@ -77,7 +98,8 @@ class FeatureJob:
 
     tokenizer, source, target, max_source_length, max_target_length, num_proc: as the features were tokenized
         (:func:`~.data.tokenize_parallel`; ``source``/``target`` are keys of the ``translation`` pairs).
-    settings: the method's settings dict (the recipe's).
+    settings: the method's settings dict (the recipe's); None where the method is off and its kit makes the inputs
+        of another that takes them from it (``MethodKit.inputs_from``).
     args: its ``recipe_arguments`` object (defaults for the flags not given), or None.
     config: the model's config, on which the kit records what inference needs to make the same inputs; None (e.g.
         features for an analysis): nothing is recorded.
@@ -88,7 +110,7 @@ class FeatureJob:
     target: str
     max_source_length: int
     max_target_length: int
-    settings: Mapping[str, Any]
+    settings: Mapping[str, Any] | None
     args: Any = None
     num_proc: int | None = None
     config: Any = None
@@ -108,7 +130,7 @@ def prepare_method_features(raw: datasets.DatasetDict, features: datasets.Datase
         if kit.prepare_features is None:
             continue
         features = kit.prepare_features(raw, features, FeatureJob(
-            **job, settings=settings[kit.name], args=_arguments(kit, options)))
+            **job, settings=settings.get(kit.name), args=_arguments(kit, options)))
         for split, dataset in features.items():
             missing = [column for column in kit.columns if column not in dataset.column_names]
             if missing:
@@ -123,8 +145,9 @@ class MethodInputsCollator(DataCollatorForSeq2Seq):
 
     Identical to the parent except: the ``columns`` of ``kits`` are taken out of every feature before the parent pads
     the rest, then each kit's ``collate`` hook adds its forward inputs to the padded batch, given the features (its
-    columns included) and its settings (``method_settings[name]``). An input made twice is refused, naming who made
-    it first.
+    columns included) and its settings (``method_settings[name]``, default ``{}``; None: the method is off and its
+    kit makes another's inputs, ``MethodKit.inputs_from``). An input made twice is refused, naming who made it
+    first.
     """
 
     kits: Sequence[MethodKit] = ()
@@ -140,7 +163,7 @@ class MethodInputsCollator(DataCollatorForSeq2Seq):
             if kit.collate is None:
                 continue
             inputs = kit.collate(features, batch, tokenizer=self.tokenizer,
-                                 settings=self.method_settings.get(kit.name) or {}, return_tensors=return_tensors)
+                                 settings=self.method_settings.get(kit.name, {}), return_tensors=return_tensors)
             for key in inputs:
                 if key in made:
                     raise ValueError(f"method {kit.name!r} makes the batch input {key!r}, which {made[key]} made "
@@ -152,11 +175,15 @@ class MethodInputsCollator(DataCollatorForSeq2Seq):
 
 def method_collator(tokenizer, model, settings: Mapping[str, Any], **kwargs) -> DataCollatorForSeq2Seq:
     """The batch collator for ``settings`` (config fields): ``DataCollatorForSeq2Seq`` (``kwargs`` passed on), or
-    :class:`MethodInputsCollator` where a method that makes its own inputs is on; each method's collate hook gets
-    its settings from the model's config (so that inference reads them as training did), else from ``settings``."""
+    :class:`MethodInputsCollator` where a method that makes inputs is on; each method's collate hook gets its
+    settings from the model's config (so that inference reads them as training did), else from ``settings`` (None
+    where its method is off and it makes another's inputs)."""
     found = input_kits(settings)
     if not found:
         return DataCollatorForSeq2Seq(tokenizer, model=model, **kwargs)
     config = getattr(model, "config", None)
-    chosen = {kit.name: getattr(config, kit.name, None) or settings.get(kit.name) or {} for kit in found}
+    chosen = {}
+    for kit in found:
+        values = getattr(config, kit.name, None)
+        chosen[kit.name] = values if values is not None else settings.get(kit.name)
     return MethodInputsCollator(tokenizer, model=model, kits=tuple(found), method_settings=chosen, **kwargs)

@@ -106,7 +106,8 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         generate_kwargs["max_length"] = model.config.max_position_embeddings
     # each switched-on method with inputs of its own prepares once (SEA loads its parser: a missing one fails now)
     makers = [kit.inference_inputs(model, tokenizer, max_source_length=max_source_length, parser=parser)
-              for kit in input_kits({spec.name: {} for spec in active_methods(model.config)})
+              for kit in input_kits({spec.name: getattr(model.config, spec.name) or {}
+                                     for spec in active_methods(model.config)})
               if kit.inference_inputs is not None]
     if not makers and parser is not None:
         logger.warning("the model switches on no method that makes inputs of its own from the text; the parser is "

@@ -1,9 +1,9 @@
 """Localness's kit (Yang et al. 2018): recipe names and the presets of RHE's paper (Zhang et al. 2021), whose Table 1
 (row Localness) and Table 2 (row Localness + RHE) compare it on Transformer-base.
 
-Localness+RHE (``heads="redundant"``) reads SEA's forward input ``dependency_mask``; only SEA's kit makes it from the
-data (parses), so it has no recipe name yet, and ``--preset localness_rhe`` stops at the first forward naming the
-missing input: build it in Python with ``dependency_mask`` in the batches (see the folder's README)."""
+Localness+RHE (``heads="redundant"``, ``--method localness_rhe``) reads RHE's ``dependency_mask`` (Eq. 5), made from
+the sources' dependency parses by SEA's kit: ``inputs_from`` names SEA, so the recipes and ``translate`` run SEA's
+input hooks (``--spacy_model``, ``--syntax_parses_dir``) for it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 
 from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.experiment.presets import TRANSFORMER_BASE
-from hf_headattn.methods.localness.core import NAME
+from hf_headattn.methods.localness.core import NAME, LocalnessSettings
+from hf_headattn.methods.sea.core import NAME as SEA  # its kit makes RHE's dependency_mask from parses
 
 
 def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:
@@ -28,6 +29,7 @@ KIT = MethodKit(
         # the lower half of the encoder layers (layers 0-2 of 6, the paper's best), query-specific window
         "localness": {},
         "localness_fixed": {"window": 10},  # the fixed-window strategy (P_i predicted, D = 10 tokens)
+        "localness_rhe": {"heads": "redundant"},  # on the heads RHE finds redundant per sentence (needs parses)
     },
     presets={
         "localness_yang": Preset(
@@ -37,14 +39,16 @@ KIT = MethodKit(
             flags={**TRANSFORMER_BASE, "method": "localness"},
             method_overrides={NAME: {"layers": [0, 1, 2], "window": "predicted", "heads": "all"}},
         ),
-        "localness_rhe": Preset(
+        "localness_yang_rhe": Preset(
             doc="RHE (Zhang et al. 2021) Table 2, row Localness + RHE: as localness_yang, the bias only on the heads "
-                "RHE (Eq. 10) finds redundant per sentence; needs SEA's dependency_mask in the batches.",
-            flags={**TRANSFORMER_BASE, "method": "localness"},
+                "RHE (Eq. 10) finds redundant per sentence; the sources are parsed as for LPEA+RHE.",
+            flags={**TRANSFORMER_BASE, "method": "localness_rhe"},
             method_overrides={NAME: {"layers": [0, 1, 2], "window": "predicted", "heads": "redundant"}},
         ),
     },
     # HF's common model tests (the fixed window differs only in the math: tests/methods/localness)
     model_test_names=("localness",),
     example_inputs=example_inputs,
+    inputs_from=lambda settings: SEA if settings.get("heads", LocalnessSettings.heads) == "redundant"
+    else None,
 )

@@ -49,8 +49,11 @@ class SyntaxArguments:
 
 
 def uses_syntax(settings) -> bool:
-    """Whether config settings (a dict of config fields, e.g. a recipe's) switch SEA on (its recipes then parse)."""
-    return settings.get(NAME) is not None
+    """Whether config settings (a dict of config fields, e.g. a recipe's) need the sources parsed: SEA is on, or a
+    method that takes RHE's ``dependency_mask`` from SEA's kit (``MethodKit.inputs_from``, e.g. ``rel_pos_rhe``)."""
+    from hf_headattn.experiment.method_inputs import input_kits
+
+    return any(kit.name == NAME for kit in input_kits(settings))
 
 
 def parses_file_name(split: str, src: str) -> str:
@@ -146,7 +149,9 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
 
 def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
     """``MethodKit.collate``: ``dependency_mask`` and ``phrase_positions`` of the padded batch
-    (:func:`~.syntax.collator.syntax_tensors`), Rule 2 read as ``settings["rule2"]`` says (SEA's default else)."""
+    (:func:`~.syntax.collator.syntax_tensors`), Rule 2 read as ``settings["rule2"]`` says (SEA's default else);
+    ``settings`` None (SEA off, another method reads RHE's input, ``MethodKit.inputs_from``): ``dependency_mask``
+    alone."""
     from .syntax.collator import check_token_columns, syntax_tensors
 
     ids = batch["input_ids"]
@@ -154,7 +159,8 @@ def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
         raise ValueError("SEA's inputs need padded input_ids; got an unpadded batch (expected a collator with "
                          "padding)")
     check_token_columns(features)
-    tensors = syntax_tensors(features, ids.shape[1], tokenizer.padding_side, settings.get("rule2", SEASettings.rule2))
+    rule2 = (settings or {}).get("rule2", SEASettings.rule2)
+    tensors = syntax_tensors(features, ids.shape[1], tokenizer.padding_side, rule2, phrases=settings is not None)
     if return_tensors == "pt":
         tensors = {name: torch.from_numpy(value) for name, value in tensors.items()}
     return tensors

@@ -79,9 +79,10 @@ def check_token_columns(features) -> None:
                                  "(and give the Trainer remove_unused_columns=False)")
 
 
-def syntax_tensors(features, src_len: int, padding_side: str, rule2: str) -> dict[str, np.ndarray]:
-    """``dependency_mask`` (batch, src_len, src_len) bool and ``phrase_positions`` (batch, src_len, src_len) int64 of
-    a batch whose ``input_ids`` are padded to ``src_len`` on ``padding_side``, from its features'
+def syntax_tensors(features, src_len: int, padding_side: str, rule2: str,
+                   phrases: bool = True) -> dict[str, np.ndarray]:
+    """``dependency_mask`` (batch, src_len, src_len) bool and (``phrases``) ``phrase_positions`` (batch, src_len,
+    src_len) int64 of a batch whose ``input_ids`` are padded to ``src_len`` on ``padding_side``, from its features'
     :data:`TOKEN_COLUMNS` (see :class:`DataCollatorForSyntaxSeq2Seq`). Batched numpy ops, no per-token Python."""
     lengths = np.array([len(f["input_ids"]) for f in features])
     positions = np.arange(src_len)
@@ -95,6 +96,8 @@ def syntax_tensors(features, src_len: int, padding_side: str, rule2: str) -> dic
         values[present] = np.concatenate([np.asarray(f[c], dtype=np.int64) for f in features])
         token[c] = values
     dependency_mask = token_dependency_mask(token["syntax_word"], token["syntax_head"])
+    if not phrases:
+        return {"dependency_mask": dependency_mask}
     phrase_positions = token_phrase_positions(
         token["syntax_phrase_layer"], token["syntax_phrase_rank"], token["syntax_phrase_start"],
         token["syntax_phrase_end"], present, rule2)
