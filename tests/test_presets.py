@@ -88,9 +88,11 @@ def test_every_preset_parses_and_builds_a_valid_model(name):
     model_args, _, _ = parse("--preset", name, "--model_shape", "tiny")
     settings = train_translation.settings_from(model_args)
     shape, rest = split_architecture("tiny", settings)
+    # a fine-tuning preset (no flags: eadra_mbart_*, fixed_attention_mbart) meets a pretrained model's 16 heads
+    heads = {} if preset(name).flags else {"encoder_attention_heads": 16, "decoder_attention_heads": 16}
     with torch.device("meta"):
         model = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(
-            **model_shape(shape), vocab_size=64, decoder_vocab_size=64, pad_token_id=0, eos_token_id=1,
+            **{**model_shape(shape), **heads}, vocab_size=64, decoder_vocab_size=64, pad_token_id=0, eos_token_id=1,
             decoder_start_token_id=0, **rest))
     for key, value in preset(name).config.items():
         assert getattr(model.config, key) == value

@@ -2,7 +2,8 @@
 
 EaDRA's paper (Araabi, Niculae & Monz, Tables 3-5) compares against "Fixed-attention", Raganato et al.'s encoder with
 7 fixed heads and 1 learnable head per layer; it also tried fixing only the previous- and next-token heads (which
-section we have not checked here). The presets are those two configurations (Transformer-base, 8 heads).
+section we have not checked here). The presets are those two configurations (Transformer-base, 8 heads), and the same
+two on top of mBART fine-tuning (Table 5).
 """
 
 from __future__ import annotations
@@ -32,15 +33,30 @@ KIT = MethodKit(
     presets={
         "fixed_attention_raganato": Preset(
             doc="Fixed attention (Raganato, Scherrer & Tiedemann 2020, §3), the Fixed-attention row of EaDRA's "
-                "(Araabi, Niculae & Monz) Tables 3-5: 7 fixed + 1 learnable head in every encoder self-attention "
+                "(Araabi, Niculae & Monz) Tables 3-4: 7 fixed + 1 learnable head in every encoder self-attention "
                 "layer; Transformer-base (8 heads).",
             flags=dict(TRANSFORMER_BASE), config={**HEADS, NAME: dict(RAGANATO)},
         ),
         "fixed_attention_prev_next": Preset(
             doc="Fixed attention with only the previous- and next-token heads fixed in every encoder self-attention "
-                "layer (the other 6 learnable), a variant of the Fixed-attention row of EaDRA's Tables 3-5; "
+                "layer (the other 6 learnable), a variant of the Fixed-attention row of EaDRA's Tables 3-4; "
                 "Transformer-base (8 heads).",
             flags=dict(TRANSFORMER_BASE), config={**HEADS, NAME: dict(PREV_NEXT)},
+        ),
+        # Table 5 (fine-tuning mBART): the patterns on a pretrained model's heads, no architecture or training flags
+        "fixed_attention_mbart": Preset(
+            doc="EaDRA (Araabi, Niculae & Monz) Table 5, row mBART-FT Fixed-attn: fine-tuning a pretrained mBART with "
+                "Raganato et al.'s 7 patterns fixed on the first 7 heads of every encoder self-attention layer, the "
+                "others (9 of mBART-large's 16) learnable (our reading: the paper gives no head count for mBART). "
+                "Fine-tuning: no architecture or training flags (hf-headattn train --model_name_or_path "
+                "facebook/mbart-large-50 --preset fixed_attention_mbart ...).",
+            config={NAME: dict(RAGANATO)},
+        ),
+        "fixed_attention_mbart_prev_next": Preset(
+            doc="EaDRA (Araabi, Niculae & Monz) Table 5's text: fine-tuning mBART with only the previous- and "
+                "next-token heads fixed in every encoder self-attention layer (\"the two most important fixed "
+                "patterns\"), the others learnable.",
+            config={NAME: dict(PREV_NEXT)},
         ),
     },
 )
