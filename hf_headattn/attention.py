@@ -536,28 +536,28 @@ def headattn_attention_forward(
 def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.Tensor, Any]:
     """The call's attention after the methods' ``before`` hooks: the backend with their score changes on the heads
     no method took over, each taken-over group of heads by its method's ``attend``, put back in head order. Without
-    a taken-over head this is the backend alone (its mask unchanged where no method changed the scores)."""
+    a taken-over head this is the backend alone (its mask unchanged where no method changed the scores).
+
+    The heads are cut and joined as :class:`HeadSplit` plans it: where every group is a run of consecutive heads in
+    ascending order (e.g. heads 0-1 taken over, 2-3 the backend's), q/k/v are split into views and the outputs only
+    concatenated in the order of their first heads; other groups are gathered with index tensors made once."""
     if not call._taken:
         return backend_on_heads(call, backend, None, dropout)
     num_heads = call.query.shape[1]
     taken = {head for _, numbers, _ in call._taken for head in numbers}
     rest = tuple(head for head in range(num_heads) if head not in taken)
+    split = HeadSplit.of(((rest,) if rest else ()) + tuple(numbers for _, numbers, _ in call._taken))
+    queries, keys, values = (split.parts(tensor, 1) for tensor in (call.query, call.key, call.value))
     # the taken-over heads' mask (None, or (B, 1 or H, T, S)): the backend's where it has the biases in it
     mask = call._backend_mask() if call._scores and not call.is_flex else call._biased_mask(boolean=True)
-    outputs, weights, order = [], [], []
+    outputs, weights = [], []
     if rest:
-        output, weight = backend_on_heads(call, backend, rest, dropout)
+        output, weight = backend_on_heads(call, backend, split, dropout, (queries[0], keys[0], values[0]))
         outputs.append(output)
         weights.append(weight)
-        order.extend(rest)
-    for owner, numbers, attend_heads in call._taken:
-        if numbers == tuple(range(num_heads)):  # every head, in order (one method takes the call): no copies
-            query, key, value, heads_mask = call.query, call.key, call.value, mask
-        else:
-            index = torch.tensor(numbers, device=call.query.device)
-            query, key, value = (tensor.index_select(1, index) for tensor in (call.query, call.key, call.value))
-            heads_mask = mask if mask is None or mask.shape[1] == 1 else mask.index_select(1, index)
-        output, weight = attend_heads(call.module, query, key, value, heads_mask, dropout=dropout,
+    for i, (owner, numbers, attend_heads) in enumerate(call._taken, len(outputs)):
+        query, key, value = queries[i], keys[i], values[i]
+        output, weight = attend_heads(call.module, query, key, value, split.part(mask, 1, i), dropout=dropout,
                                       scaling=call.scaling)
         expected = (query.shape[0], query.shape[2], len(numbers), value.shape[3])
         if tuple(output.shape) != expected:
@@ -566,43 +566,97 @@ def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.T
                              f"query, heads, head_dim) = {expected}")
         outputs.append(output)
         weights.append(weight)
-        order.extend(numbers)
-    return in_head_order(outputs, weights, order)
+    output = split.join(outputs, 2)
+    if any(weight is None or weight.dim() != 4 for weight in weights):
+        return output, None
+    return output, split.join(weights, 1)
 
 
-def backend_on_heads(call: AttentionCall, backend, heads: tuple[int, ...] | None, dropout: float):
-    """The backend on the heads ``heads`` (None: all) with the methods' score changes: SDPA/eager with the mask made
-    for them (:meth:`AttentionCall._backend_mask`), flex attention with their ``score_mod``."""
-    query, key, value = call.query, call.key, call.value
-    index = None if heads is None else torch.tensor(heads, device=query.device)
-    if index is not None:
-        query, key, value = (tensor.index_select(1, index) for tensor in (query, key, value))
+def backend_on_heads(call: AttentionCall, backend, split: HeadSplit | None, dropout: float, qkv=None):
+    """The backend with the methods' score changes (SDPA/eager with the mask made for them,
+    :meth:`AttentionCall._backend_mask`; flex attention with their ``score_mod``): on every head (``split`` None), or
+    on the first group of ``split`` (the heads no method took over), whose q/k/v are ``qkv``."""
+    query, key, value = (call.query, call.key, call.value) if qkv is None else qkv
     if call.is_flex:
         score_mod = call._flex_score_mod()
         if score_mod is not None:
-            score_mod = score_mod if index is None else on_heads(score_mod, index)
+            score_mod = score_mod if split is None else on_heads(score_mod, split.index(0, query.device))
             return flex_attention_with(call.module, query, key, value, call.attention_mask, score_mod, call.scaling,
                                        dropout)
         mask = call.attention_mask
     else:
         mask = call._backend_mask()
-        if index is not None and mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
-            mask = mask.index_select(1, index)
+        if split is not None and mask is not None and mask.dim() == 4:
+            mask = split.part(mask, 1, 0)
     return backend(call.module, query, key, value, mask, dropout=dropout, scaling=call.scaling, **call.kwargs)
 
 
-def in_head_order(outputs: list[torch.Tensor], weights: list, order: list[int]) -> tuple[torch.Tensor, Any]:
-    """The per-head parts (B, T, h_i, D), computed for the heads ``order`` (concatenated), as one (B, T, H, D) in
-    head order; the weights likewise along their head dimension where every part gave them as (B, h_i, T, S), else
-    None."""
-    if len(outputs) == 1 and order == sorted(order):  # one part, in head order: as it is
-        weight = weights[0]
-        return outputs[0], weight if weight is not None and weight.dim() == 4 else None
-    place = torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=outputs[0].device)
-    output = torch.cat(outputs, dim=2).index_select(2, place)
-    if any(weight is None or weight.dim() != 4 for weight in weights):
-        return output, None
-    return output, torch.cat(weights, dim=1).index_select(1, place)
+class HeadSplit:
+    """How a call's heads are cut into groups (the backend's heads, each method's taken-over heads: tuples of head
+    numbers that together hold every head once) and their per-head results put back in head order.
+
+    A group of consecutive ascending heads is cut as a view (``narrow``), another one with ``index_select``. Where
+    every group is such a run, q/k/v are cut in one ``split`` (its backward: one ``cat``) and the groups' results,
+    concatenated in the order of their first heads, are in head order: one ``cat``, or none for a single group;
+    else they are concatenated and put in head order with an ``index_select``. Index tensors are made once per
+    device (:class:`HeadIndex`), a split once per grouping (:meth:`of`)."""
+
+    _made: dict[tuple[tuple[int, ...], ...], HeadSplit] = {}
+
+    def __init__(self, groups: tuple[tuple[int, ...], ...]):
+        self.groups = groups
+        self.run = [group == tuple(range(group[0], group[0] + len(group))) for group in groups]
+        self.runs = all(self.run)
+        self.by_first = sorted(range(len(groups)), key=lambda i: groups[i][0])
+        self.sizes = [len(groups[i]) for i in self.by_first]
+        self.indexes = [HeadIndex(group) for group in groups]
+        order = [head for group in groups for head in group]
+        self.place = None if self.runs else HeadIndex(sorted(range(len(order)), key=order.__getitem__))
+
+    @classmethod
+    def of(cls, groups: tuple[tuple[int, ...], ...]) -> HeadSplit:
+        """The split of ``groups``, made once (and afresh while torch.compile traces: a constant of the graph)."""
+        if torch.compiler.is_compiling():
+            return cls(groups)
+        made = cls._made.get(groups)
+        if made is None:
+            if len(cls._made) >= 1024:  # (groupings chosen per call, e.g. by the data, must not grow it forever)
+                cls._made.clear()
+            made = cls._made[groups] = cls(groups)
+        return made
+
+    def index(self, i: int, device: torch.device) -> torch.Tensor:
+        """Group ``i``'s head numbers as a LongTensor on ``device``."""
+        return self.indexes[i].on(device)
+
+    def part(self, tensor: torch.Tensor | None, dim: int, i: int) -> torch.Tensor | None:
+        """Group ``i``'s heads of ``tensor`` along ``dim`` (``tensor`` itself where it is None or has size 1 there:
+        it broadcasts)."""
+        group = self.groups[i]
+        if tensor is None or tensor.shape[dim] == 1:
+            return tensor
+        if not self.run[i]:
+            return tensor.index_select(dim, self.index(i, tensor.device))
+        return tensor if len(group) == tensor.shape[dim] else tensor.narrow(dim, group[0], len(group))
+
+    def parts(self, tensor: torch.Tensor | None, dim: int) -> list:
+        """Every group's heads of ``tensor`` along ``dim``, in the groups' order (``tensor`` itself for each where it
+        is None or has size 1 there)."""
+        if tensor is None or tensor.shape[dim] == 1:
+            return [tensor] * len(self.groups)
+        if not self.runs or len(self.groups) == 1:
+            return [self.part(tensor, dim, i) for i in range(len(self.groups))]
+        parts = [None] * len(self.groups)
+        for i, part in zip(self.by_first, tensor.split_with_sizes(self.sizes, dim)):
+            parts[i] = part
+        return parts
+
+    def join(self, parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+        """The groups' results (in the groups' order, each with its heads along ``dim``) as one, in head order."""
+        if self.runs:
+            return parts[0] if len(parts) == 1 else torch.cat([parts[i] for i in self.by_first], dim)
+        joined = parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+        return joined.index_select(dim, self.place.on(joined.device))
 
 
 class AttentionMethod(nn.Module):

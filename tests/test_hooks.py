@@ -337,6 +337,45 @@ def test_taking_over_with_the_eager_function_changes_nothing():
     torch.testing.assert_close(weights, plain_weights)
 
 
+@pytest.mark.parametrize("groups", [
+    [(0, 1)], [(2, 3)], [(1, 2)], [(0,), (2, 3)], [(3,), (1,)], [(0, 1, 2, 3)], [(2, 0)], [(1,), (3, 0)],
+    [(1, 0, 2, 3)], [(0, 1), (3,)],
+], ids=str)
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_heads_taken_over_in_any_grouping_are_put_back_in_place(backend, groups):
+    """Heads taken over by transformers' own backend function (one method per group) beside the backend's heads, under
+    per-head score biases (a (B, H, T, S) mask to cut): in every grouping (runs of heads cut as views, in or out of
+    head order, several groups; heads out of order; a backend's group that is no run) the output, eager's weights and
+    the gradients of q/k/v and the bias are the backend's on every head."""
+
+    class TakeOver(AttentionMethod):
+        def __init__(self, heads):
+            super().__init__()
+            self.heads = heads
+
+        def before(self, call):
+            call.take_over(self.heads, ALL_ATTENTION_FUNCTIONS[backend] if backend == "sdpa" else
+                           eager_attention_forward)
+
+    bias = torch.randn(1, H, T, T, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    mask = padding_mask(backend)
+    results = []
+    for taken in (groups, []):
+        query, key, value = qkv(grad=True)
+        methods = {"bias": Bias(bias)} | {f"take{i}": TakeOver(heads) for i, heads in enumerate(taken)}
+        module = attach(module_of(backend), **methods)
+        output, weights = headattn_attention_forward(module, query, key, value, mask, scaling=SCALING)
+        bias.grad = None
+        (output * torch.arange(1.0, H + 1)[:, None]).sum().backward()
+        results.append((output, weights, [t.grad for t in (query, key, value, bias)]))
+    (output, weights, grads), (plain, plain_weights, plain_grads) = results
+    torch.testing.assert_close(output, plain)
+    if backend == "eager":
+        torch.testing.assert_close(weights, plain_weights)
+    for grad, plain_grad in zip(grads, plain_grads):
+        torch.testing.assert_close(grad, plain_grad)
+
+
 @pytest.fixture
 def fresh_compiles():
     """Flex attention compiled afresh (see tests/test_flex.py: a torch 2.13 CPU recompile bug)."""

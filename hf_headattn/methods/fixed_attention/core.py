@@ -31,7 +31,6 @@ from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
 from .equations import (
     CAUSAL,
-    CONTEXT,
     PATTERNS,
     POSITION_FREE,
     Pattern,
@@ -115,12 +114,13 @@ class FixedAttention(AttentionMethod):
         self._set(tuple(patterns), tuple(heads))
 
     def _set(self, patterns: tuple[str, ...], heads: tuple[int, ...]) -> None:
-        """Keep the pairs, and the order they are taken over in: the point patterns first, then the contexts."""
+        """Keep the pairs, and the order they are taken over in: ascending head numbers (``taken``, with their
+        patterns ``taken_patterns``), so that the shared layer cuts consecutive fixed heads as one view and puts their
+        outputs in place without an index (the default heads 0 .. P-1 are one such run)."""
         self.patterns, self.heads = patterns, heads
-        order = sorted(range(len(patterns)), key=lambda i: patterns[i] in CONTEXT)
-        self.points = tuple(patterns[i] for i in order if patterns[i] not in CONTEXT)
-        self.contexts = tuple(patterns[i] for i in order if patterns[i] in CONTEXT)
+        order = sorted(range(len(heads)), key=heads.__getitem__)
         self.taken = tuple(heads[i] for i in order)
+        self.taken_patterns = tuple(patterns[i] for i in order)
 
     def extra_repr(self) -> str:
         return f"heads={list(self.heads)}, patterns={list(self.patterns)}, causal={self.causal}"
@@ -170,8 +170,7 @@ class FixedAttention(AttentionMethod):
     def attend(self, value: torch.Tensor, length: int, attention_mask, real: torch.Tensor | None, context,
                site=None) -> torch.Tensor:
         """The fixed heads' output (B, T, h, D) from their values (B, h, S, D) for T = ``length`` queries (heads in
-        the order taken over: the point patterns, then the contexts); ``site``: the plan's key in the context's
-        cache."""
+        the order taken over: ascending, ``taken``); ``site``: the plan's key in the context's cache."""
         plan = self.plan(value, attention_mask, real, context, length, site)
         return fixed_outputs(value, plan).transpose(1, 2)
 
@@ -190,12 +189,12 @@ class FixedAttention(AttentionMethod):
         """The :func:`~.equations.make_plan` of this call, made once per forward and site (encoder, decoder self-
         or cross-attention) for the layers whose real keys come from the context (its key holds no size: a
         forward's sizes are one per site, and a size in a dict key would be a guard of a compiled graph)."""
-        key = (NAME, "plan", self.points, self.contexts, self.causal, site)  # (D and dtype: one per model)
+        key = (NAME, "plan", self.taken_patterns, self.causal, site)  # (D and dtype: one per model)
         cache = None if context is None or real is None or site is None else context.cache
         if cache is not None and key in cache:
             return cache[key]
-        made = make_plan(self.points, self.contexts, self.real_keys(value, attention_mask, real), length,
-                         self.causal, value.dtype, value.shape[-1])
+        made = make_plan(self.taken_patterns, self.real_keys(value, attention_mask, real), length, self.causal,
+                         value.dtype, value.shape[-1])
         if cache is not None:
             cache[key] = made
         return made

@@ -70,22 +70,23 @@ def query_positions(length: int, key_length: int, device) -> torch.Tensor:
     return (torch.arange(length, device=device) + (key_length - length)).clamp(0, key_length - 1)
 
 
-def key_landmarks(real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(last, first), each (B, S) long: the last real key <= j (-1: none) and the first real key >= j (S: none)."""
+def key_landmarks(real: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(last, first), each (B, S) long: the last real key <= j (-1: none) and the first real key >= j (S: none).
+    ``positions``: ``arange(S)``, where already made."""
     key_length = real.shape[-1]
-    positions = torch.arange(key_length, device=real.device)
+    positions = torch.arange(key_length, device=real.device) if positions is None else positions
     last = torch.where(real, positions, -1).cummax(-1).values
     first = torch.where(real, positions, key_length).flip(-1).cummin(-1).values.flip(-1)
     return last, first
 
 
-def nearest_real(real: torch.Tensor, length: int, causal: bool, landmarks=None) -> torch.Tensor:
+def nearest_real(real: torch.Tensor, length: int, causal: bool, landmarks=None, positions=None) -> torch.Tensor:
     """(B, T) long: the fallback key of each query, the real key nearest to its position p (p itself where real;
     ties: the left one; causal: the nearest j <= p), p where there is none. ``landmarks``: :func:`key_landmarks`
-    of ``real``, where already made."""
+    of ``real``, and ``positions``: :func:`query_positions`, where already made."""
     key_length = real.shape[-1]
-    positions = query_positions(length, key_length, real.device)
-    last, first = key_landmarks(real) if landmarks is None else landmarks
+    positions = query_positions(length, key_length, real.device) if positions is None else positions
+    last, first = key_landmarks(real, positions if length == key_length else None) if landmarks is None else landmarks
     if length != key_length:  # (self-attention without a cache: the queries are the keys)
         last, first = last[:, positions], first[:, positions]
     if causal:
@@ -96,11 +97,12 @@ def nearest_real(real: torch.Tensor, length: int, causal: bool, landmarks=None) 
 
 def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> torch.Tensor:
     """(B, P, T) long: the one key each query of each point pattern (:data:`POINT`) attends to, with the fallback of
-    :func:`nearest_real` where the pattern has none."""
+    :func:`nearest_real` where the pattern has none; for a context pattern (:data:`CONTEXT`), that fallback, the key
+    it attends to where its context is empty (:func:`fixed_outputs` gathers both at once)."""
     key_length = real.shape[-1]
     positions = query_positions(length, key_length, real.device)
-    last, first = landmarks = key_landmarks(real)
-    nearest = nearest_real(real, length, causal, landmarks)
+    last, first = landmarks = key_landmarks(real, positions if length == key_length else None)
+    nearest = nearest_real(real, length, causal, landmarks, positions)
     batch = real.shape[0]
 
     def at_queries(keys: torch.Tensor) -> torch.Tensor:  # (B, S) -> (B, T)
@@ -108,7 +110,7 @@ def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> to
 
     indices = []
     for pattern in patterns:
-        if pattern == "current":
+        if pattern == "current" or pattern in CONTEXT:
             index = nearest
         elif pattern == "previous":  # the last real key <= p - 1
             index = at_queries(torch.nn.functional.pad(last[:, :-1], (1, 0), value=-1))
@@ -125,25 +127,33 @@ def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> to
             index = last[:, -1:].expand(batch, length)
             index = torch.where(index >= 0, index, nearest)
         else:
-            raise ValueError(f"{pattern!r} is no point pattern; expected one of {POINT}")
+            raise ValueError(f"{pattern!r} is no pattern; expected one of {PATTERNS}")
         indices.append(index)
     return torch.stack(indices, 1)
 
 
 def context_counts(patterns, real: torch.Tensor, length: int) -> torch.Tensor:
     """(B, C, T) long: the number of real keys of each query's larger context (:data:`CONTEXT`): j < p (left) or
-    j > p (right)."""
+    j > p (right); 0 for a point pattern (:data:`POINT`) between context patterns, which :func:`fixed_outputs` then
+    gives its key's value, as a context head where its context is empty."""
     key_length = real.shape[-1]
-    positions = query_positions(length, key_length, real.device)
-    inclusive = real.long().cumsum(-1)  # real keys j <= p
+    positions = None if length == key_length else query_positions(length, key_length, real.device)
+
+    def at_queries(keys: torch.Tensor) -> torch.Tensor:  # (B, S) -> (B, T)
+        return keys if positions is None else keys[:, positions]
+
+    ones = real.long()
+    inclusive = ones.cumsum(-1)  # real keys j <= p
     counts = []
     for pattern in patterns:
         if pattern == "left":
-            counts.append((inclusive - real.long())[:, positions])
+            counts.append(at_queries(inclusive - ones))
         elif pattern == "right":
-            counts.append((inclusive[:, -1:] - inclusive)[:, positions])
+            counts.append(at_queries(inclusive[:, -1:] - inclusive))
+        elif pattern in POINT:
+            counts.append(at_queries(torch.zeros_like(inclusive)))
         else:
-            raise ValueError(f"{pattern!r} is no context pattern; expected one of {CONTEXT}")
+            raise ValueError(f"{pattern!r} is no pattern; expected one of {PATTERNS}")
     return torch.stack(counts, 1)
 
 
@@ -173,58 +183,87 @@ class Plan:
     """What :func:`fixed_outputs` needs of one forward's real keys, made once per forward (:func:`make_plan`) and
     shared by the layers of a side.
 
-    points: (B, P, T, D) long (expanded), the key of each point pattern (:func:`point_indices`), or None;
+    index: (B, h, T, D) long (expanded), the key each head gathers: a point pattern's (:func:`point_indices`), a
+    context pattern's fallback (:func:`nearest_real`, where its context is empty);
+    span: None without context patterns, else (start, stop), the heads from the first context head to the last (a
+    point head between them counts as an empty context: its own key's value);
     real: (B, 1, S, 1), 1 at real keys (in the values' dtype), or None without context patterns;
-    left: (1, C, 1, 1) bool, which context heads are left-hand (else right-hand);
-    scale: (B, C, T, 1), 1 / the context's count (0 where empty); empty: (B, C, T, 1), 1 where empty;
-    fallback: (B, C, T, D) long (expanded), :func:`nearest_real` (where empty);
+    left: which heads of the span are left-hand contexts (else right-hand): True or False where all are alike, else
+    (1, c, 1, 1) bool (:func:`left_heads`);
+    scale: (B, c, T, 1), 1 / the context's count (0 where empty); empty: (B, c, T, 1), 1 where empty;
     offset: S - T, the first key row of the queries.
     """
 
-    points: torch.Tensor | None
+    index: torch.Tensor
+    span: tuple[int, int] | None
     real: torch.Tensor | None
-    left: torch.Tensor | None
+    left: bool | torch.Tensor | None
     scale: torch.Tensor | None
     empty: torch.Tensor | None
-    fallback: torch.Tensor | None
     offset: int
 
 
-def make_plan(points, contexts, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype,
-              depth: int = 1) -> Plan:
-    """The :class:`Plan` of point patterns ``points`` and context patterns ``contexts`` (heads in that order) for
-    the real keys ``real`` (B, S), T = ``length`` queries and values of ``depth`` (D) dimensions."""
+#: (flags, device) -> :func:`left_heads`' tensor, made once.
+_LEFT_HEADS: dict = {}
+
+
+def left_heads(patterns, device) -> torch.Tensor:
+    """(1, c, 1, 1) bool: True at the left-hand contexts among ``patterns``, made once per device (a tensor made from
+    host values each forward would be a copy to the device each time; under torch.compile, a constant of the
+    graph)."""
+    flags = tuple(pattern == "left" for pattern in patterns)
+    if torch.compiler.is_compiling():
+        return torch.tensor(flags, device=device)[None, :, None, None]
+    key = (flags, torch.device(device))
+    if key not in _LEFT_HEADS:
+        _LEFT_HEADS[key] = torch.tensor(flags, device=device)[None, :, None, None]
+    return _LEFT_HEADS[key]
+
+
+def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype, depth: int = 1) -> Plan:
+    """The :class:`Plan` of the heads with ``patterns`` (in that order) for the real keys ``real`` (B, S), T =
+    ``length`` queries and values of ``depth`` (D) dimensions."""
     key_length = real.shape[-1]
-    plan = Plan(None, None, None, None, None, None, key_length - length)
-    if points:
-        plan.points = point_indices(points, real, length, causal).unsqueeze(-1).expand(-1, -1, -1, depth)
+    index = point_indices(patterns, real, length, causal).unsqueeze(-1).expand(-1, -1, -1, depth)
+    plan = Plan(index, None, None, None, None, None, key_length - length)
+    contexts = [i for i, pattern in enumerate(patterns) if pattern in CONTEXT]
     if contexts:
-        counts = context_counts(contexts, real, length).unsqueeze(-1)  # (B, C, T, 1)
+        start, stop = contexts[0], contexts[-1] + 1
+        span = tuple(patterns[start:stop])
+        counts = context_counts(span, real, length).unsqueeze(-1)  # (B, c, T, 1)
+        sides = {pattern == "left" for pattern in span if pattern in CONTEXT}
+        plan.span = (start, stop)
         plan.real = real[:, None, :, None].to(dtype)
-        plan.left = torch.tensor([pattern == "left" for pattern in contexts], device=real.device)[None, :, None, None]
+        plan.left = sides.pop() if len(sides) == 1 else left_heads(span, real.device)
         plan.scale = (1.0 / counts.clamp(min=1).to(dtype)) * (counts > 0)
         plan.empty = (counts == 0).to(dtype)
-        plan.fallback = nearest_real(real, length, causal)[:, None, :, None].expand(-1, len(contexts), -1, depth)
     return plan
 
 
 def fixed_outputs(value: torch.Tensor, plan: Plan) -> torch.Tensor:
-    """(B, h, T, D): the fixed heads' outputs, sum_j w_pj v_j, from their values (B, h, S, D) (the point heads
-    first, then the context heads, as :func:`make_plan` was given them) without any (T, S) tensor: a point head
-    gathers the value of its key; a context head takes a cumulative sum of the real keys' values (in float32 at
-    least) and divides by the count, the value of the nearest real key where its context is empty."""
-    parts = []
-    points = 0 if plan.points is None else plan.points.shape[1]
-    if points:
-        parts.append((value if plan.scale is None else value[:, :points]).gather(2, plan.points))
-    if plan.scale is not None:
-        context = value[:, points:] if points else value
-        accumulate = context if context.dtype in (torch.float32, torch.float64) else context.float()
-        masked = accumulate * plan.real
-        running = masked.cumsum(2)  # real keys j <= p
-        sums = torch.where(plan.left, running - masked, running[:, :, -1:] - running)  # j < p, or j > p
-        if plan.offset:
-            sums = sums[:, :, plan.offset:]
-        fallback = context.gather(2, plan.fallback)
-        parts.append((sums * plan.scale).to(value.dtype) + fallback * plan.empty)
+    """(B, h, T, D): the fixed heads' outputs, sum_j w_pj v_j, from their values (B, h, S, D) (heads in the order of
+    the patterns :func:`make_plan` was given) without any (T, S) tensor: one gather takes each point head's key's
+    value and each context head's fallback; a context head takes a cumulative sum of the real keys' values (in
+    float32 at least) and divides by the count, the fallback where its context is empty."""
+    gathered = value.gather(2, plan.index)
+    if plan.span is None:
+        return gathered
+    start, stop = plan.span
+    heads = value.shape[1]
+    sizes = [size for size in (start, stop - start, heads - stop) if size]
+    parts = list(gathered.split(sizes, 1)) if len(sizes) > 1 else [gathered]
+    here = 1 if start else 0  # the span's part
+    context = value if len(sizes) == 1 else value.narrow(1, start, stop - start)
+    accumulate = context if context.dtype in (torch.float32, torch.float64) else context.float()
+    masked = accumulate * plan.real
+    running = masked.cumsum(2)  # real keys j <= p
+    if plan.left is True:  # j < p
+        sums = running - masked
+    elif plan.left is False:  # j > p
+        sums = running[:, :, -1:] - running
+    else:
+        sums = torch.where(plan.left, running - masked, running[:, :, -1:] - running)
+    if plan.offset:
+        sums = sums[:, :, plan.offset:]
+    parts[here] = (sums * plan.scale).to(value.dtype) + parts[here] * plan.empty
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)

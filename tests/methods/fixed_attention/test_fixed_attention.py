@@ -65,28 +65,36 @@ def test_patterns_match_a_loop_on_padded_batches(causal):
             assert not weights.triu(diagonal=1 + REAL.shape[1] - length).any()
         real_queries = REAL[:, REAL.shape[1] - length:]  # (B, T): padding never gets a real query's weight
         assert not (weights * ~REAL[:, None, None, :]).transpose(1, 2)[real_queries].any()
+        # in any order: the heads of a module come in head order, the context heads among the point heads
         points = [p for p in patterns if p in POINT]
         contexts = [p for p in patterns if p in CONTEXT]
-        value = torch.randn(REAL.shape[0], len(patterns), REAL.shape[1], 3, dtype=torch.float64)
-        plan = make_plan(points, contexts, REAL, length, causal, torch.float64, 3)
-        ordered = torch.stack([loop_weights(p, REAL, length, causal) for p in [*points, *contexts]], 1)
-        torch.testing.assert_close(fixed_outputs(value, plan), ordered @ value, rtol=1e-12, atol=1e-12)
+        for order in (patterns, [*points, *contexts], [*contexts, *points], [contexts[0], *points, *contexts[1:]]):
+            value = torch.randn(REAL.shape[0], len(order), REAL.shape[1], 3, dtype=torch.float64)
+            plan = make_plan(order, REAL, length, causal, torch.float64, 3)
+            ordered = torch.stack([loop_weights(p, REAL, length, causal) for p in order], 1)
+            torch.testing.assert_close(fixed_outputs(value, plan), ordered @ value, rtol=1e-12, atol=1e-12)
+        alike = [["left", "current", "left"]] if causal else [["right", "end", "right"], ["next", "left", "left"]]
+        for order in (points, contexts, *alike):  # point heads alone, context heads alone, contexts of one side
+            value = torch.randn(REAL.shape[0], len(order), REAL.shape[1], 3, dtype=torch.float64)
+            plan = make_plan(order, REAL, length, causal, torch.float64, 3)
+            ordered = torch.stack([loop_weights(p, REAL, length, causal) for p in order], 1)
+            torch.testing.assert_close(fixed_outputs(value, plan), ordered @ value, rtol=1e-12, atol=1e-12)
 
 
 def test_gradients_flow_to_v():
     """float64 gradcheck of the fixed heads' outputs with respect to V, every pattern, padded batch: the pure
     function, and the module's ``attend`` (its real keys read from an eager-style additive padding mask, heads in
     the order taken over), which is the weights times V."""
-    plan = make_plan(POINT, CONTEXT, REAL, 6, False, torch.float64, 2)
+    plan = make_plan(PATTERNS, REAL, 6, False, torch.float64, 2)
     value = torch.randn(REAL.shape[0], len(PATTERNS), 6, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: fixed_outputs(v, plan), (value,))
     fixed = FixedAttention(["left", "next", "right", "end"], [3, 0, 2, 1], causal=False)
-    assert fixed.taken == (0, 1, 3, 2)  # next, end, left, right
+    assert (fixed.taken, fixed.taken_patterns) == ((0, 1, 2, 3), ("next", "end", "right", "left"))
     mask = torch.zeros(REAL.shape[0], 1, 6, 6, dtype=torch.float64)
     mask = mask.masked_fill(~REAL[:, None, None, :], torch.finfo(torch.float64).min)
     value = torch.randn(REAL.shape[0], 4, 6, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: fixed.attend(v, 6, mask, None, None), (value,))
-    weights = pattern_weights(["next", "end", "left", "right"], REAL, 6, False, torch.float64)
+    weights = pattern_weights(["next", "end", "right", "left"], REAL, 6, False, torch.float64)
     torch.testing.assert_close(fixed.attend(value, 6, mask, None, None), (weights @ value).transpose(1, 2))
 
 
@@ -149,6 +157,7 @@ def test_the_learnable_head_is_unchanged(backend):
 
 @pytest.mark.parametrize("settings", [
     {"patterns": ["right", "end", "next"], "heads": [2, 0, 3]},
+    {"patterns": ["previous", "left", "next"]},  # a context head between point heads, one run of fixed heads
     {"patterns": ["start", "left", "previous"], "decoder": True},
     {"patterns": ["end", "start"], "cross": True, "encoder_layers": []},
 ])
