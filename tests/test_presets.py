@@ -150,6 +150,8 @@ def test_bad_presets_and_pretrained_architecture_are_refused():
         train_translation.settings_from(model_args)
     model_args, _, _ = parse("--preset", "eadra_mbart_enc", "--model_name_or_path", "facebook/mbart-large-50")
     assert train_translation.settings_from(model_args)["eadra"]["encoder"]["num_heads"] == 2
+    model_args, _, _ = parse("--preset", "fixed_attention_mbart", "--model_name_or_path", "facebook/mbart-large-50")
+    assert len(train_translation.settings_from(model_args)["fixed_attention"]["patterns"]) == 7  # Table 5's row
     with pytest.raises(ValueError, match=r"shape overrides \['dropout'\] are not architecture fields"):
         model_shape({"shape": "tiny", "dropout": 0.1})
 
