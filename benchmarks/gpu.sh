@@ -28,16 +28,18 @@
 #   PLAN=2  150 + 170 = 320 s: compiled target rows
 #     tb-compiled-sea 150  default mode: dea-rhe lpea-rhe (stock's graph loaded from PLAN=1's cache if still there)
 #     tb-compiled-ro 170  mode="reduce-overhead" (CUDA graphs, fixed shapes): dhicm eadra-scratch
-#   PLAN=3  150 + 75 + 75 = 300 s, then what the deadline leaves (at least 30 s: tb-profile, cut if need be)
+#   PLAN=3  150 + 60 + 75 = 285 s, then what the deadline leaves (at least 30 s: compile-check, cut if need be)
 #     tb-compiled-ro-sea 150  reduce-overhead: dea-rhe lpea-rhe (the last target rows)
+#     tb-papers      60  transformer-base eager: off fixed-attention rel-pos rel-pos-keys localness localness-rhe (the
+#                        papers' comparison methods, 7 models; reported, not judged)
 #     tb-flex        75  benchmarks/flex_check.py, transformer-base eager on flex_attention: stock (the ratios'
 #                        baseline) and dhicm eadra-scratch dea-rhe lpea-rhe, stock on SDPA beside (is flex faster at
 #                        all?), 6 repeats; first LPEA's bias gradient through flex's score_mod against SDPA's (a
 #                        failure is reported, the times are not judged; flex's kernels compile in its first steps,
 #                        about 3 score_mods; with SMOKE=1 neither runs: no flex backward on the CPU)
-#     compile-check  75  tiny model, inductor: "all" (every method in one compile)
-#     then: tb-profile (45 s: torch.profiler of 2 eager steps of off dhicm eadra-scratch eadra-scratch-eager-pass
-#     dea-rhe lpea-rhe, the kernels and operators over stock's; not judged), tb-profile-compiled (45 s: the same
+#     then: compile-check (75 s: tiny model, inductor: "all", every method in one compile), tb-profile (45 s:
+#     torch.profiler of 2 eager steps of off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe, the
+#     kernels and operators over stock's; not judged), tb-profile-compiled (45 s: the same
 #     compiled, dhicm eadra-scratch, their graphs from tb-compiled's cache), mbart-eager-pass (EaDRA's eager pass in
 #     a step at mbart-large), mbart-eager-sea (dea-rhe lpea-rhe, eadra-finetune-no-logits and the naive port at
 #     mbart-large), tb-naive (the naive port and generate), tb-bf16, mbart-compiled
@@ -184,6 +186,9 @@ timing tb-compiled-ro "$TB" reduce-overhead "$PRECISION" "dhicm eadra-scratch" 1
 # ---- PLAN=3: the last reduce-overhead rows, flex attention, the compile check, then the profiles and the rest ----
 SECTION=3
 timing tb-compiled-ro-sea "$TB" reduce-overhead "$PRECISION" "dea-rhe lpea-rhe" 150 "${COMPILED_TIMING[@]}"
+# the papers' comparison methods (issue #54; not judged: the papers' own costs are Rel_Pos 1.034x, Localness 1.025x)
+timing tb-papers "$TB" eager "$PRECISION" "off fixed-attention rel-pos rel-pos-keys localness localness-rhe" 60 \
+    "${TB_TIMING[@]}"
 FLEX_ROWS=(dhicm eadra-scratch dea-rhe lpea-rhe)  # (and stock on SDPA, row stock-sdpa)
 part tb-flex "$TB" flex "$PRECISION" "${FLEX_ROWS[*]}" 75 -- "$PYTHON" benchmarks/flex_check.py --shape "$TB" \
     --device "$DEVICE" --precision "$PRECISION" --rows "${FLEX_ROWS[@]}" "${FLEX_TIMING[@]}" \
