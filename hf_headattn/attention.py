@@ -125,24 +125,33 @@ class HeadAttnContext:
         return self.cache["target_tokens"]
 
 
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def constant(values: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """``values`` (host numbers or flags) as a 1-D tensor on ``device``, made once per (values, dtype, device): one
+    made at every call would be a copy to the device each time. Under torch.compile a constant of the graph (filling
+    the cache would change what the compiled graph guards on, and recompile it)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, dtype=dtype, device=device)
+    key = (values, dtype, torch.device(device))
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=device)
+    return _CONSTANTS[key]
+
+
 class HeadIndex:
-    """Head numbers kept as a tuple, with their index tensor made once per device.
+    """Head numbers kept as a tuple, with their index tensor made once per device (:func:`constant`).
 
     Not a buffer: ``from_pretrained`` builds the modules on the meta device and leaves a non-persistent buffer made
     in ``__init__`` uninitialised."""
 
     def __init__(self, numbers):
         self.numbers = tuple(int(number) for number in numbers)
-        self._tensors: dict[torch.device, torch.Tensor] = {}
 
     def on(self, device: torch.device) -> torch.Tensor:
-        """The numbers as a LongTensor on ``device`` (made once per device; a constant of the graph under
-        torch.compile, where filling the cache would change what the compiled graph guards on and recompile it)."""
-        if torch.compiler.is_compiling():
-            return torch.tensor(self.numbers, dtype=torch.long, device=device)
-        if device not in self._tensors:
-            self._tensors[device] = torch.tensor(self.numbers, dtype=torch.long, device=device)
-        return self._tensors[device]
+        """The numbers as a LongTensor on ``device`` (:func:`constant`)."""
+        return constant(self.numbers, torch.long, device)
 
     def __len__(self) -> int:
         return len(self.numbers)

@@ -47,6 +47,8 @@ from typing import Literal, get_args
 
 import torch
 
+from ...attention import constant
+
 #: A pattern's name.
 Pattern = Literal["current", "previous", "next", "left", "right", "start", "end"]
 #: Every pattern, in the order of the paper's 7-fixed-heads configuration as we read it (the default).
@@ -203,21 +205,10 @@ class Plan:
     offset: int
 
 
-#: (flags, device) -> :func:`left_heads`' tensor, made once.
-_LEFT_HEADS: dict = {}
-
-
 def left_heads(patterns, device) -> torch.Tensor:
-    """(1, c, 1, 1) bool: True at the left-hand contexts among ``patterns``, made once per device (a tensor made from
-    host values each forward would be a copy to the device each time; under torch.compile, a constant of the
-    graph)."""
-    flags = tuple(pattern == "left" for pattern in patterns)
-    if torch.compiler.is_compiling():
-        return torch.tensor(flags, device=device)[None, :, None, None]
-    key = (flags, torch.device(device))
-    if key not in _LEFT_HEADS:
-        _LEFT_HEADS[key] = torch.tensor(flags, device=device)[None, :, None, None]
-    return _LEFT_HEADS[key]
+    """(1, c, 1, 1) bool: True at the left-hand contexts among ``patterns`` (made once per device:
+    :func:`~hf_headattn.attention.constant`)."""
+    return constant(tuple(pattern == "left" for pattern in patterns), torch.bool, device)[None, :, None, None]
 
 
 def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype, depth: int = 1) -> Plan:

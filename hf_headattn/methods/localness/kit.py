@@ -12,7 +12,7 @@ import torch
 from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.localness.core import NAME, LocalnessSettings
-from hf_headattn.methods.sea.core import NAME as SEA  # its kit makes RHE's dependency_mask from parses
+from hf_headattn.methods.sea.inputs import rhe_inputs_from  # SEA's kit makes RHE's dependency_mask from parses
 
 
 def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:
@@ -49,6 +49,5 @@ KIT = MethodKit(
     # HF's common model tests (the fixed window differs only in the math: tests/methods/localness)
     model_test_names=("localness",),
     example_inputs=example_inputs,
-    inputs_from=lambda settings: SEA if settings.get("heads", LocalnessSettings.heads) == "redundant"
-    else None,
+    inputs_from=rhe_inputs_from(LocalnessSettings),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.rel_pos.core import NAME, RelPosSettings
-from hf_headattn.methods.sea.core import NAME as SEA  # its kit makes RHE's dependency_mask from parses
+from hf_headattn.methods.sea.inputs import rhe_inputs_from  # SEA's kit makes RHE's dependency_mask from parses
 
 #: Shaw et al.'s setting as we read it: k = 16 (their clipping distance; their Table 3 varies k and finds BLEU
 #: insensitive to it from k >= 2), on every self-attention of the encoder and the decoder.
@@ -39,6 +39,5 @@ KIT = MethodKit(
             method_overrides={NAME: {"max_relative_position": 16, "heads": "redundant"}},
         ),
     },
-    inputs_from=lambda settings: SEA if settings.get("heads", RelPosSettings.heads) == "redundant"
-    else None,
+    inputs_from=rhe_inputs_from(RelPosSettings),
 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -46,6 +47,14 @@ class SyntaxArguments:
     syntax_parses_dir: str | None = field(default=None, metadata={
         "help": "SEA: read the source parses from <dir>/<split>.<source_lang>.conllu (hf-headattn parse) "
                 "instead of parsing with spaCy"})
+
+
+def rhe_inputs_from(settings_class) -> Callable[[Mapping], str | None]:
+    """``MethodKit.inputs_from`` of a bias method with RHE (``heads="redundant"``: Rel_Pos, Localness): SEA, whose
+    kit makes RHE's ``dependency_mask`` from parses, where its settings dict (``settings_class.heads`` where it has
+    none) asks for the redundant heads; else None."""
+    default = settings_class.heads
+    return lambda settings: NAME if settings.get("heads", default) == "redundant" else None
 
 
 def uses_syntax(settings) -> bool:
