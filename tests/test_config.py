@@ -62,6 +62,27 @@ def test_settings_round_trip(tmp_path):
     assert {k: getattr(loaded, k) for k in settings} == settings
 
 
+def test_syntax_parser_is_saved_only_when_recorded_and_an_older_null_still_loads(tmp_path):
+    """A config with no parser (no method on, or one that parses nothing) has no ``syntax_parser`` key; one that
+    records a parser keeps it; a file of an older release with ``"syntax_parser": null`` loads as before."""
+    plain = HeadAttnMarianConfig(**TINY)
+    assert "syntax_parser" not in plain.to_dict() and "syntax_parser" not in plain.to_diff_dict()
+    assert "syntax_parser" not in HeadAttnMarianConfig(**TINY, dhicm={"encoder_layers": [-1]}).to_dict()
+    parsed = HeadAttnMarianConfig(**TINY, syntax_parser="spacy:en_core_web_sm")
+    assert parsed.to_dict()["syntax_parser"] == parsed.to_diff_dict()["syntax_parser"] == "spacy:en_core_web_sm"
+    plain.save_pretrained(tmp_path / "plain")
+    assert "syntax_parser" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert HeadAttnMarianConfig.from_pretrained(tmp_path / "plain").syntax_parser is None
+    older = {**json.loads((tmp_path / "plain" / "config.json").read_text()), "syntax_parser": None,
+             "headattn_version": "0.3.0"}
+    (tmp_path / "plain" / "config.json").write_text(json.dumps(older))
+    loaded = AutoConfig.from_pretrained(tmp_path / "plain")
+    assert loaded.syntax_parser is None and "syntax_parser" not in loaded.to_dict()
+    older["syntax_parser"] = "spacy:en_core_web_sm"
+    (tmp_path / "plain" / "config.json").write_text(json.dumps(older))
+    assert AutoConfig.from_pretrained(tmp_path / "plain").syntax_parser == "spacy:en_core_web_sm"
+
+
 def test_release_0_1_flat_settings_are_translated_once_with_a_deprecation_warning(tmp_path):
     """Release 0.1's flat fields map to the method dicts when the config is built; they are no attributes."""
     with pytest.warns(FutureWarning, match=r"release 0.1's flat settings .*'dhicm_kl_weight'.* are deprecated"):
