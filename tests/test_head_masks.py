@@ -80,12 +80,25 @@ def test_per_sentence_mask_of_another_batch_raises(argument):
 
 
 def test_per_sentence_masks_with_beams_compare_with_the_expanded_batch():
+    """Beam search over a batch with one mask per sentence (``generate`` expands them with the beams) gives each
+    sentence the tokens it gets alone with its own mask; the masks matter (a sentence with the other's mask, or none,
+    gets other tokens), so beams given the wrong sentence's mask would show."""
     model = model_with(METHODS["dhicm"])
     source = {k: v for k, v in batch().items() if k != "labels"}
     masks = {argument: torch.ones(2, 2, 4) for argument in ARGUMENTS}
     masks["decoder_head_mask"][0, 1, 2] = 0.0
-    tokens = model.generate(**source, num_beams=3, max_new_tokens=4, do_sample=False, **masks)
+    masks["cross_attn_head_mask"][0, :, 1:] = 0.0
+    masks["head_mask"][1, 0, :3] = 0.0
+    search = dict(num_beams=3, max_new_tokens=6, do_sample=False)
+    tokens = model.generate(**source, **search, **masks)
     assert tokens.shape[0] == 2
+    for i in range(2):
+        alone = {key: value[i:i + 1] for key, value in source.items()}  # (its padding kept: the same numbers)
+        own = model.generate(**alone, **search, **{key: mask[i:i + 1] for key, mask in masks.items()})[0]
+        assert tokens[i, :len(own)].tolist() == own.tolist()
+        assert (tokens[i, len(own):] == model.config.pad_token_id).all()
+        other = model.generate(**alone, **search, **{key: mask[1 - i:2 - i] for key, mask in masks.items()})[0]
+        assert other.tolist() != own.tolist() and model.generate(**alone, **search)[0].tolist() != own.tolist()
 
 
 @pytest.mark.parametrize("per_sentence", [False, True])
