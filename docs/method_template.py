@@ -2,16 +2,19 @@
 
 Head gates (a simple relaxation of Voita et al. 2019's head pruning): each head's output on the chosen encoder
 self-attention layers is multiplied by a learned gate 2 * sigmoid(g_h) (1 at the start), and the objective adds
-``weight`` times the mean gate, which pushes unneeded heads towards 0.
+``weight`` times the mean gate (each head weighted by its head-mask value), which pushes unneeded heads towards 0.
 
-Everything comes from one import path, :mod:`hf_headattn.plugin`. Use it with the recipes (``docs/`` on PYTHONPATH,
-or the file copied into your own package)::
+Everything comes from one import path, :mod:`hf_headattn.plugin`. Use it with the recipes (the file's path, or its
+module name with ``docs/`` on PYTHONPATH or the file copied into your own package)::
 
-    python recipes/train_translation.py --method_modules method_template --method head_gates ...
+    hf-headattn train --method_modules docs/method_template.py --method head_gates ...
 
-or in a script: ``import method_template`` before building ``HeadAttnMBartConfig(..., head_gates={"weight": 0.01})``.
-Checkpoints record the module (``config.json``'s ``headattn_method_modules``); loading one needs it imported first.
-``tests/test_plugin.py`` runs this file.
+or in a script: ``import method_template`` (or ``import_method_modules(["docs/method_template.py"])`` from
+:mod:`hf_headattn.plugin`) before building ``HeadAttnMBartConfig(..., head_gates={})`` (every encoder layer, weight
+0.01). Checkpoints record the module (``config.json``'s ``headattn_method_modules``: ``method_template``); loading one
+needs hf_headattn installed and the module imported first (``--method_modules`` again): ``trust_remote_code``
+alone cannot load it.
+``tests/test_plugin.py`` runs this file as a user does.
 """
 
 from __future__ import annotations
@@ -66,17 +69,31 @@ class HeadGates(AttentionMethod):
     def after(self, call, attn_output: torch.Tensor) -> torch.Tensor:
         gates = 2 * torch.sigmoid(self.logits)  # (H,)
         if call.context is not None and call.context.compute_losses:
-            call.context.record(NAME, gates.mean())
+            call.context.record(NAME, mean_over_heads(gates, call.head_mask))
         return attn_output * gates[None, None, :, None]  # attn_output: (B, T, H, D)
 
 
+def mean_over_heads(values: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of per-head ``values`` (H,), each head weighted by its head-mask value (``head_mask``: (1 or B, H) or
+    None), averaged over the sentences: a head masked with 0 counts as a pruned one (the head-mask rules,
+    :mod:`hf_headattn.plugin`)."""
+    if head_mask is None:
+        return values.mean()
+    return ((head_mask * values).sum(-1) / head_mask.sum(-1).clamp_min(1e-9)).mean()
+
+
 def placements(settings: HeadGateSettings, config) -> list[tuple[str, int, str]]:
-    layers = resolve_layers(settings.encoder_layers, config.encoder_layers, f"{NAME}.encoder_layers")
+    """(side, layer, kind) of every attention module the method is attached to: None is every encoder layer."""
+    if settings.encoder_layers is None:
+        layers = range(config.encoder_layers)
+    else:
+        layers = resolve_layers(settings.encoder_layers, config.encoder_layers, f"{NAME}.encoder_layers")
     return [("encoder", layer, "self") for layer in layers]
 
 
-def build(settings: HeadGateSettings, config, module) -> HeadGates:
-    return HeadGates(module.num_heads)
+def build(settings: HeadGateSettings, config, module, *, num_heads: int, head_dim: int) -> HeadGates:
+    """The method on one of its attention modules (``num_heads``, ``head_dim``: the module's, before pruning)."""
+    return HeadGates(num_heads)
 
 
 def collect(context, settings: HeadGateSettings):

@@ -370,12 +370,15 @@ class HeadAttnSettings:
         missing = {name: module for name, module in recorded.items() if name not in known}
         if missing:
             name, module = next(iter(missing.items()))
+            file = "" if "." in module else f" (or the path of its file, {module}.py, where it is not on PYTHONPATH)"
             raise ValueError(
                 f"the config field {name!r} holds the settings of the method {name!r}, which is not registered in this "
                 f"process ({METHOD_MODULES} records it from the module {module!r}); expected it registered before the "
-                f"config loads: pass --method_modules {' '.join(dict.fromkeys(missing.values()))} to the recipes, or "
-                f"in Python import the module that registers it first "
-                f"(hf_headattn.registry.import_method_modules([{module!r}]) also registers a METHOD it only defines)"
+                f"config loads: pass --method_modules {' '.join(dict.fromkeys(missing.values()))} to the recipes"
+                f"{file}, or in Python import the module that registers it first "
+                f"(hf_headattn.plugin.import_method_modules([{module!r}]) also takes a file's path and registers a "
+                "METHOD it only defines); trust_remote_code=True alone cannot load it (the checkpoint's remote code "
+                "carries the package's methods only): it needs hf_headattn installed"
             )
 
 

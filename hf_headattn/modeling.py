@@ -92,7 +92,7 @@ def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encode
         for side, layer, kind in spec.placements(settings[spec.name], config):
             if side in sides:
                 module = AttentionSite(side, layer, kind).module(base_model)
-                attach_method(module, spec.name, spec.build(settings[spec.name], config, module))
+                attach_method(module, spec.name, spec.make(settings[spec.name], config, module))
     for side in sides:
         apply_pruned_heads(getattr(base_model, side), config.pruned_heads or {})
 

@@ -4,8 +4,23 @@ A method is a module (docs/method_template.py is a complete one, run by ``tests/
 dataclass (:class:`MethodSettings`), an :class:`AttentionMethod` attached to the attention modules it is placed on,
 ``METHOD = MethodSpec(...)`` naming both, and optionally ``KIT = MethodKit(...)`` for the recipes (its ``--method``
 names, presets, model-card line). ``register_method(METHOD)`` at its end registers it; the recipes'
-``--method_modules my_pkg.my_method`` (or an ``import my_method`` before ``translation_recipe.main()``) brings it in.
-How a method is built, step by step: docs/design.md, "Adding a fourth method".
+``--method_modules my_pkg.my_method`` or ``--method_modules my_method.py`` (or, in Python, an ``import my_method`` or
+:func:`import_method_modules` before ``translation_recipe.main()``) brings it in. How a method is built, step by
+step: docs/design.md, "Adding a fourth method".
+
+``build(settings, config, module, *, num_heads, head_dim)`` makes the method for one attention module its
+``placements`` name: ``num_heads`` is the module's number of heads as the config gives them (methods are built before
+the config's ``pruned_heads`` are pruned; pruning then calls :meth:`AttentionMethod.prune_heads`), ``head_dim`` the
+size of one head. Both keywords are optional: the model passes each only where ``build`` names it (or takes
+``**kwargs``), so a ``build(settings, config, module)`` reads ``module.num_heads`` as before
+(:meth:`MethodSpec.make`).
+
+A checkpoint of a model with such a method records its module in ``config.json`` (``headattn_method_modules``:
+``{method: module name}``; a file's module name is its file name, never its path). It loads where the module is
+imported first (``--method_modules``, or :func:`import_method_modules` / ``import``, then ``from_pretrained`` with
+hf_headattn's classes or the Auto classes); without it the config refuses to load, naming the module.
+``trust_remote_code=True`` alone cannot load it: the remote code saved beside the weights is the package's, with the
+built-in methods only, so hf_headattn must be installed.
 
 What a hook receives (:class:`AttentionCall`): ``query`` (B, H, T, D), ``key`` and ``value`` (B, H, S, D), as
 transformers' attention functions get them; ``attention_mask`` None, bool (True = attend) or additive float
@@ -14,17 +29,33 @@ transformers' attention functions get them; ``attention_mask`` None, bool (True 
 query-side input; ``context`` (:class:`HeadAttnContext`), where loss terms and read-outs are recorded. ``before``
 runs before the backend and may change the mask; ``after`` gets the per-head output (B, T, H, D) and returns what
 ``out_proj`` receives.
+
+Head masks (:mod:`hf_headattn.head_masks`): ``call.head_mask`` is None or (1 or B, H), one row per sentence, its H the
+module's current heads (fewer once pruned), each value m_h in [0, 1] the share of head h that is kept. ``after``
+receives the per-head output already scaled by it (``m_h * O_h``). A method follows the same rules as the built-in
+ones, so that m_h = 0 gives exactly what pruning head h gives: where it sums, averages or normalises over heads it
+weighs head h by m_h (:func:`masked_logits` for a softmax over heads); where it counts heads it counts those with
+m_h > 0 (:func:`live_heads`); per-head state of a pruned head is dropped in :meth:`AttentionMethod.prune_heads`
+(``keep``: the current numbers of the heads kept). ``docs/method_template.py``'s penalty is such a weighted mean.
 """
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from .experiment.kit import MethodInputError, MethodKit, MissingDependencyError, Preset
+from .head_masks import live_heads, masked_logits
 from .hf_compat import init_normal_, init_ones_, init_zeros_
-from .registry import MethodSettings, MethodSpec, register_method, registered_methods, unregister_method
+from .registry import (
+    MethodSettings,
+    MethodSpec,
+    import_method_modules,
+    register_method,
+    registered_methods,
+    unregister_method,
+)
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 
 __all__ = [
     "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "MethodInputError", "MethodKit",
     "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset", "allowed_values", "check_choice",
-    "check_range", "init_normal_", "init_ones_", "init_zeros_", "key_allowed", "register_method",
-    "registered_methods", "resolve_layers", "unregister_method",
+    "check_range", "import_method_modules", "init_normal_", "init_ones_", "init_zeros_", "key_allowed", "live_heads",
+    "masked_logits", "register_method", "registered_methods", "resolve_layers", "unregister_method",
 ]

@@ -17,15 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import inspect
+import keyword
 import math
+import sys
 import traceback
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from .settings_checks import describe_type
+from .sites import component_of, component_shape
 
 
 class MethodSettings:
@@ -139,7 +145,11 @@ class MethodSpec:
     settings: its :class:`MethodSettings` dataclass.
     placements: ``placements(settings, model_config) -> [(side, layer, kind), ...]`` with side "encoder"/"decoder",
         kind "self"/"cross"; an empty list means the settings place the method nowhere (refused: it would be off).
-    build: ``build(settings, model_config, attention_module) -> AttentionMethod``.
+    build: ``build(settings, model_config, attention_module, *, num_heads, head_dim) -> AttentionMethod``, called once
+        per placement (:meth:`make`); the keywords are optional: ``num_heads`` (the module's heads as the config
+        gives them: methods are built before :mod:`~hf_headattn.pruning` prunes, which then calls the method's
+        ``prune_heads``) and ``head_dim`` (the size of one head) are passed only if ``build`` names them (or takes
+        ``**kwargs``), so a ``build(settings, config, module)`` of an earlier release works as before.
     collect: ``collect(context, settings) -> (output fields, weighted objective term or None)`` after each forward.
     runs_after / runs_before: names of methods whose hooks must run before / after this method's on an attention
         module that carries both (a method not registered is ignored). Each attention call runs every ``before``
@@ -181,6 +191,22 @@ class MethodSpec:
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
     kit: str | None = None
 
+    def make(self, settings: MethodSettings, model_config, module) -> Any:
+        """:attr:`build` on the attention ``module``, with the ``num_heads`` and ``head_dim`` keywords it names."""
+        offered = {"num_heads": component_shape(model_config, component_of(module))[1], "head_dim": module.head_dim}
+        wanted = _keywords(self.build)
+        return self.build(settings, model_config, module, **{key: value for key, value in offered.items()
+                                                             if wanted is None or key in wanted})
+
+
+def _keywords(function: Callable) -> set[str] | None:
+    """The names ``function`` takes as keywords, or None where it takes any (``**kwargs``)."""
+    parameters = inspect.signature(function).parameters.values()
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return None
+    return {parameter.name for parameter in parameters
+            if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+
 
 _REGISTRY: dict[str, MethodSpec] = {}
 
@@ -206,9 +232,11 @@ def unregister_method(name: str) -> None:
 
 
 def import_method_modules(names: Iterable[str]) -> dict[str, list[str]]:
-    """Import the modules ``names`` (dotted names, e.g. ``my_pkg.my_method``) that bring methods kept outside the
-    package, so that they are registered: what the recipes' ``--method_modules`` does before it parses their flags.
-    Returns ``{module: [names of the methods it brought]}``.
+    """Import the modules ``names`` that bring methods kept outside the package, so that they are registered: what
+    the recipes' ``--method_modules`` does before it parses their flags. Each is a dotted module name
+    (``my_pkg.my_method``, installed or on PYTHONPATH) or the path of a ``.py`` file (``my_method.py``,
+    ``plugins/my_method.py``), imported as the module its file name gives (``my_method``: :func:`module_of_file`).
+    Returns ``{name as given: [names of the methods it brought]}``.
 
     A module brings the methods it registers when imported (``register_method(METHOD)`` at its end, docs/design.md,
     "Adding a fourth method") and the registered specs it holds; one that registers none but defines ``METHOD`` (a
@@ -221,12 +249,14 @@ def import_method_modules(names: Iterable[str]) -> dict[str, list[str]]:
     brought: dict[str, list[str]] = {}
     for name in names:
         before = dict(_REGISTRY)
+        module_name = module_of_file(name) if name.endswith(".py") else name
+        expected = ("a .py file whose code runs and registers a method" if module_name != name else
+                    "an importable module (installed, or on PYTHONPATH) that registers a method")
         try:
-            module = importlib.import_module(name)
+            module = importlib.import_module(module_name)
         except Exception as error:  # any failure of the module's own code is the user's to see, named
             raise ValueError(f"method module {name!r} does not import: {type(error).__name__}: {error}"
-                             f"{_raised_at(error, name)}; expected an importable module (installed, or on PYTHONPATH) "
-                             "that registers a method") from error
+                             f"{_raised_at(error, module_name)}; expected {expected}") from error
         new = [key for key, spec in _REGISTRY.items() if before.get(key) is not spec]
         held = [value.name for value in vars(module).values()
                 if isinstance(value, MethodSpec) and _REGISTRY.get(value.name) is value]
@@ -240,6 +270,35 @@ def import_method_modules(names: Iterable[str]) -> dict[str, list[str]]:
                              "register_method(METHOD) or defines METHOD (docs/design.md, \"Adding a fourth method\")")
         brought[name] = found
     return brought
+
+
+def module_of_file(path: str) -> str:
+    """The module name a method's ``.py`` file is imported as: its file name without ``.py`` (``plugins/my_method.py``
+    -> ``my_method``), with its folder added to the end of ``sys.path``, as ``python plugins/my_method.py`` would
+    (so its own imports of modules beside it work, and processes the data loader starts import it too). A
+    checkpoint records that name (``headattn_method_modules``), not the path, which would not hold on another
+    machine: it loads again with the file's path or, its folder on PYTHONPATH, the name. ``ValueError`` for a path
+    that is no file, a file name that is no module name, or a name another module has taken."""
+    file = Path(path).expanduser().resolve()
+    name = file.stem
+    if not file.is_file():
+        raise ValueError(f"method module {path!r} is no file; expected the path of a .py file, or a module name "
+                         "without .py (my_pkg.my_method)")
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"method module {path!r}: its file name {file.name!r} gives no module name; expected a file "
+                         "named as a Python module (letters, digits and _, e.g. my_method.py)")
+    if name in sys.modules:  # imported already: from this file, or the name is another module's
+        origin = getattr(sys.modules[name], "__file__", None)
+    else:
+        found = importlib.util.find_spec(name)
+        origin = file if found is None else found.origin
+    if origin is None or Path(origin).resolve() != file:
+        raise ValueError(f"method module {path!r} would be imported as {name!r}, but that name is another module's "
+                         f"({origin or 'a folder or a built-in module'}); expected a file named after no other module "
+                         "(rename it)")
+    if str(file.parent) not in sys.path:
+        sys.path.append(str(file.parent))
+    return name
 
 
 def _raised_at(error: BaseException, name: str) -> str:

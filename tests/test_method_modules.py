@@ -79,6 +79,59 @@ def test_a_module_that_fails_or_brings_nothing_is_refused_naming_it(clean_regist
         import_method_modules(["toy_kit"])
 
 
+def test_a_file_is_imported_as_the_module_its_name_gives_and_recorded_so(clean_registry, monkeypatch):
+    """``--method_modules plugins/users_method.py``: imported as ``users_method`` (its folder added to the end of
+    sys.path, so its own imports of files beside it work), the same file named again brings it again, the checkpoint
+    records the name (not the path), which loads again by the path or, its folder on the path, by the name."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(clean_registry)
+    (clean_registry / "plugins").mkdir()
+    module(clean_registry / "plugins", "users_helper", "WEIGHT = 0.25\n")
+    module(clean_registry / "plugins", "users_method", "import users_helper\n" + USERS_METHOD)
+    assert import_method_modules(["plugins/users_method.py"]) == {"plugins/users_method.py": ["toy"]}
+    assert sys.modules["users_method"].__file__ == str(clean_registry / "plugins" / "users_method.py")
+    assert sys.path[-1] == str(clean_registry / "plugins") and sys.modules["users_helper"].WEIGHT == 0.25
+    assert import_method_modules([str(clean_registry / "plugins" / "users_method.py")]) == {
+        str(clean_registry / "plugins" / "users_method.py"): ["toy"]}  # absolute, and imported already
+    hf_headattn.HeadAttnMarianConfig(**TINY, toy={"encoder_layers": [-1]}).save_pretrained(clean_registry / "model")
+    saved = json.loads((clean_registry / "model" / "config.json").read_text())
+    assert saved["headattn_method_modules"] == {"toy": "users_method"}
+    unregister_method("toy")
+    with pytest.raises(ValueError, match=r"pass --method_modules users_method to the recipes \(or the path of its "
+                                         r"file, users_method.py, where it is not on PYTHONPATH\), or in Python .*"
+                                         r"trust_remote_code=True alone cannot load it"):
+        AutoConfig.from_pretrained(clean_registry / "model")
+    assert import_method_modules(["users_method"]) == {"users_method": ["toy"]}  # its folder is on the path now
+    assert "toy" in AutoConfig.from_pretrained(clean_registry / "model").headattn_settings
+
+
+def test_a_file_that_cannot_be_a_module_of_its_own_is_refused_naming_it(clean_registry, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(ValueError, match=r"^method module 'no/such_file.py' is no file; expected the path of a .py "
+                                         r"file, or a module name without .py \(my_pkg.my_method\)$"):
+        import_method_modules(["no/such_file.py"])
+    bad = clean_registry / "my-method.py"
+    bad.write_text(USERS_METHOD, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its file name 'my-method.py' gives no module name; expected a file named "
+                                         r"as a Python module"):
+        import_method_modules([str(bad)])
+    (clean_registry / "other").mkdir()
+    taken = module(clean_registry / "other", "json", USERS_METHOD)
+    with pytest.raises(ValueError, match=r"method module '.*json.py' would be imported as 'json', but that name is "
+                                         r"another module's \(.*json.*\); expected a file named after no other"):
+        import_method_modules([str(clean_registry / "other" / f"{taken}.py")])
+    module(clean_registry, "shadowed", "X = 1\n")  # on sys.path already (the fixture's folder) ...
+    (clean_registry / "other" / "shadowed.py").write_text(USERS_METHOD, encoding="utf-8")  # ... and elsewhere
+    with pytest.raises(ValueError, match=r"'shadowed', but that name is another module's \(.*shadowed.py\)"):
+        import_method_modules([str(clean_registry / "other" / "shadowed.py")])
+    assert str(clean_registry / "other") not in sys.path and "shadowed" not in sys.modules  # nothing imported
+    (clean_registry / "other" / "failing.py").write_text("\nraise RuntimeError('no settings')\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^method module '.*failing.py' does not import: RuntimeError: no settings "
+                                         r"\(at .*failing.py:2\); expected a .py file whose code runs and "
+                                         r"registers a method$"):
+        import_method_modules([str(clean_registry / "other" / "failing.py")])
+
+
 def test_the_flag_is_read_before_the_parser_spelt_out_in_full():
     assert method_modules_in(["--method", "toy", "--method_modules", "a.b", "c", "--use_cpu", "true"]) == ["a.b", "c"]
     assert method_modules_in(["--method-modules=a", "--method_settings", "{}"]) == ["a"]
@@ -138,8 +191,9 @@ def test_a_saved_config_names_its_outside_methods_and_refuses_to_load_without_th
     with pytest.raises(ValueError, match=r"^the config field 'toy' holds the settings of the method 'toy', which is "
                                          r"not registered in this process \(headattn_method_modules records it from "
                                          r"the module 'users_method'\); expected it registered before the config "
-                                         r"loads: pass --method_modules users_method to the recipes, or in Python "
-                                         r"import the module that registers it first"):
+                                         r"loads: pass --method_modules users_method to the recipes \(or the path "
+                                         r"of its file, users_method.py, where it is not on PYTHONPATH\), or in "
+                                         r"Python import the module that registers it first"):
         AutoConfig.from_pretrained(clean_registry / "model")
     assert "users_method" not in sys.modules  # named, never imported by the config
     with pytest.raises(ValueError, match=r"headattn_method_modules must be a dict \{method name: module\}, got 3"):

@@ -1,9 +1,14 @@
 """``--method_modules`` in the recipes: methods kept outside the package (a user's ``my_pkg/my_method.py``), imported
-by name before a recipe parses its other flags, so that their ``--method`` names, presets, head-importance criteria
-and kit flags (``MethodKit.recipe_arguments``) are known, and a checkpoint saved with them loads.
+by name, or from a ``.py`` file, before a recipe parses its other flags, so that their ``--method`` names, presets,
+head-importance criteria and kit flags (``MethodKit.recipe_arguments``) are known, and a checkpoint saved with them
+loads.
 
     hf-headattn train --method_modules my_pkg.my_method --method my_method --my_flag 3 ...
+    hf-headattn train --method_modules plugins/my_method.py --method my_method ...
     hf-headattn translate --method_modules my_pkg.my_method --model_name_or_path outputs/my_method ...
+
+A file is imported as the module its name gives (``my_method``), which is what its checkpoints record: they load again
+with the file's path, or with that name where its folder is on PYTHONPATH.
 
 The modules are imported by :func:`hf_headattn.registry.import_method_modules` (which says what a module must do, and
 why one that brings no method is refused); a bad one is a usage error (exit 2) naming it. Only the command line
@@ -20,8 +25,9 @@ from dataclasses import field
 from ..registry import import_method_modules
 
 FLAG = "--method_modules"
-HELP = ("Modules that register methods kept outside the package (e.g. my_pkg.my_method), imported before the other "
-        "flags are read, so that their --method names and flags work and their checkpoints load")
+HELP = ("Modules that register methods kept outside the package (e.g. my_pkg.my_method, or a file: my_method.py), "
+        "imported before the other flags are read, so that their --method names and flags work and their checkpoints "
+        "load")
 
 
 def method_modules_field():
@@ -31,7 +37,7 @@ def method_modules_field():
 
 def add_method_modules_argument(parser: argparse.ArgumentParser) -> None:
     """``--method_modules`` on an ``argparse`` recipe's parser."""
-    parser.add_argument(FLAG, nargs="+", default=[], metavar="MODULE", help=HELP)
+    parser.add_argument(FLAG, nargs="+", default=[], metavar="MODULE_OR_FILE", help=HELP)
 
 
 def method_modules_in(argv: list[str] | None = None) -> list[str]:
