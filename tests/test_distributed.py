@@ -116,6 +116,7 @@ def test_a_multi_process_launch_on_the_cpu_defaults_to_ddp_over_gloo_and_one_tha
     from types import SimpleNamespace
 
     from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+    from transformers.training_args import ParallelMode
 
     from hf_headattn.experiment import launch as launching
 
@@ -132,13 +133,18 @@ def test_a_multi_process_launch_on_the_cpu_defaults_to_ddp_over_gloo_and_one_tha
     assert defaults() == (False, None)
     monkeypatch.setattr(launching, "without_accelerator", lambda: True)
     assert defaults() == (True, "gloo") and defaults(["--use_cpu", "false", "--ddp_backend", "mpi"]) == (False, "mpi")
-    launching.check_launch(SimpleNamespace(world_size=2, device="cpu"))
-    with pytest.raises(ValueError, match=r"the launcher started 2 processes \(WORLD_SIZE=2\), but the training "
-                                         r"arguments train each on its own \(world_size=1 on cpu\).*expected "
-                                         r"--use_cpu true --ddp_backend gloo"):
-        launching.check_launch(SimpleNamespace(world_size=1, device="cpu"))
+    def args(mode, world_size):
+        return SimpleNamespace(parallel_mode=ParallelMode(mode), world_size=world_size, device="cpu")
+
+    launching.check_launch(args("distributed", 2))
+    # --use_cpu false: each process alone; with --ddp_backend gloo they even count each other, yet train apart
+    for mode, world_size in (("not_parallel", 1), ("not_parallel", 2), ("distributed", 1)):
+        with pytest.raises(ValueError, match=r"the launcher started 2 processes \(WORLD_SIZE=2\), but the training "
+                           rf"arguments train each on its own \(parallel mode '{mode}', world_size={world_size}, on "
+                           r"cpu\).*expected --use_cpu true --ddp_backend gloo"):
+            launching.check_launch(args(mode, world_size))
     monkeypatch.setenv("WORLD_SIZE", "1")
-    launching.check_launch(SimpleNamespace(world_size=1, device="cpu"))
+    launching.check_launch(args("not_parallel", 1))
 
 
 @pytest.mark.parametrize("command", ["train", "finetune"])

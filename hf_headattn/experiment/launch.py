@@ -42,11 +42,13 @@ def cpu_launch_defaults(parser) -> bool:
 
 def check_launch(training_args) -> None:
     """A ``ValueError`` naming the flags when a launcher started several processes but ``training_args`` train each on
-    its own (its world size is not the launcher's): they would train apart, each into the same output folder."""
+    its own: not in the Trainer's distributed mode (e.g. ``--use_cpu false`` on the CPU; with ``--ddp_backend`` the
+    processes even join a group, yet each trains alone), or counting other processes than the launcher's."""
     launched = launched_processes()
-    if launched > 1 and training_args.world_size != launched:
+    mode = training_args.parallel_mode.value  # transformers' ParallelMode: "distributed" for DDP, FSDP, DeepSpeed
+    if launched > 1 and (mode in ("not_parallel", "not_distributed") or training_args.world_size != launched):
         raise ValueError(
             f"the launcher started {launched} processes (WORLD_SIZE={launched}), but the training arguments train each "
-            f"on its own (world_size={training_args.world_size} on {training_args.device}), every one into the same "
-            "--output_dir; expected --use_cpu true --ddp_backend gloo on a machine without GPUs (the defaults there), "
-            "or one process")
+            f"on its own (parallel mode {mode!r}, world_size={training_args.world_size}, on {training_args.device}), "
+            "every one into the same --output_dir; expected --use_cpu true --ddp_backend gloo on a machine without "
+            "GPUs (the defaults there), or one process")
