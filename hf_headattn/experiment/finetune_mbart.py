@@ -35,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn import HeadAttnMBartForConditionalGeneration
@@ -85,7 +86,9 @@ class DataArguments(ParallelDataArguments):
 
 
 def entropy_report(trainer, features, name: str, output_dir: str) -> dict:
-    result = encoder_attention_entropy(trainer.model, trainer.get_eval_dataloader(features))
+    # the whole split on every process, in order (the Trainer's evaluation loader gives each process its share)
+    batches = DataLoader(features, batch_size=trainer.args.eval_batch_size, collate_fn=trainer.data_collator)
+    result = encoder_attention_entropy(trainer.model, batches)
     if trainer.args.should_save:  # one writer
         write_entropy_report(result, output_dir, name, title=name.replace("_", " "))
     logger.info(f"{name}: min {result['min']:.3f} avg {result['avg']:.3f} max {result['max']:.3f}")
