@@ -42,7 +42,7 @@ __all__ = [
     "random_fingerprint", "get_relative_import_files", "flex_attention_function", "INPUT_PROJECTIONS",
     "OUTPUT_PROJECTION", "set_num_heads", "STACK_LAYERS", "BLOCK_ATTENTION", "logits_bias",
     "additive_mask_allowed", "config_attributes", "TRAINER_STATE_FILE", "TRAINING_STATE_FILES", "checkpoint_world_size",
-    "ZERO_TO_FP32", "zero3_enabled", "zero3_partitioned",
+    "ZERO_TO_FP32", "zero3_enabled", "zero3_partitioned", "parameter_count",
 ]
 
 # --- transformers: names it does not export at the top level, and what its internals do -----------------------------
@@ -241,6 +241,13 @@ def zero3_partitioned(model) -> str | None:
     parameter it takes ``ds_numel`` (the whole tensor's size) and leaves an empty tensor as its data, whole only while
     gathered (in a forward, a ``deepspeed.zero.GatheredParameters`` block). Read without importing DeepSpeed."""
     return next((name for name, parameter in model.named_parameters() if hasattr(parameter, "ds_numel")), None)
+
+
+def parameter_count(model) -> int:
+    """The number of parameters of ``model`` (each shared one once), those DeepSpeed ZeRO-3 partitions counted whole
+    (their ``ds_numel``: :func:`zero3_partitioned`), where ``model.num_parameters()`` counts the empty placeholders
+    (0 under ZeRO-3)."""
+    return sum(getattr(parameter, "ds_numel", parameter.numel()) for parameter in model.parameters())
 
 
 # --- torch: operators outside the documented API --------------------------------------------------------------------

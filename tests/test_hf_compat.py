@@ -461,6 +461,18 @@ def test_zero3_partitioned(deepspeed_contract):
     assert hf_compat.zero3_partitioned(stock_mbart()) is None
     contract = deepspeed_contract
     assert contract["partitioned"] == contract["first"] and contract["placeholders"] and contract["whole"]
+    assert contract["counted"] == [0, stock_mbart().num_parameters()]  # (test_parameter_count)
+
+
+def test_parameter_count():
+    """Every parameter once (the tied embeddings too), as ``num_parameters()`` counts them; a ZeRO-3 placeholder (an
+    empty tensor carrying ``ds_numel``, ``test_zero3_partitioned``), which ``num_parameters()`` counts as 0, whole."""
+    model = stock_mbart()
+    expected = sum(p.numel() for p in {id(p): p for _, p in model.named_parameters(remove_duplicate=False)}.values())
+    assert hf_compat.parameter_count(model) == model.num_parameters() == expected
+    for parameter in model.parameters():
+        parameter.ds_numel, parameter.data = parameter.numel(), torch.empty(0)
+    assert model.num_parameters() == 0 and hf_compat.parameter_count(model) == expected
 
 
 def test_softmax_backward():

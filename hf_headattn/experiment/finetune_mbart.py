@@ -35,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn import HeadAttnMBartForConditionalGeneration
@@ -42,6 +43,7 @@ from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
 from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.data import tokenize_parallel
 from hf_headattn.experiment.evaluation import make_compute_metrics
+from hf_headattn.experiment.launch import check_launch, cpu_launch_defaults
 from hf_headattn.experiment.method_modules import import_or_exit, method_modules_field
 from hf_headattn.experiment.multi30k import Multi30kError
 from hf_headattn.experiment.outputs import (
@@ -60,7 +62,7 @@ from hf_headattn.experiment.recipe_parts import (
     write_json,
 )
 from hf_headattn.experiment.tokenization import load_tokenizer
-from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, resume_checkpoint
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer, check_resume_world_size, resume_checkpoint
 
 logger = logging.getLogger("finetune_mbart")
 
@@ -84,8 +86,11 @@ class DataArguments(ParallelDataArguments):
 
 
 def entropy_report(trainer, features, name: str, output_dir: str) -> dict:
-    result = encoder_attention_entropy(trainer.model, trainer.get_eval_dataloader(features))
-    write_entropy_report(result, output_dir, name, title=name.replace("_", " "))
+    # the whole split on every process, in order (the Trainer's evaluation loader gives each process its share)
+    batches = DataLoader(features, batch_size=trainer.args.eval_batch_size, collate_fn=trainer.data_collator)
+    result = encoder_attention_entropy(trainer.model, batches)
+    if trainer.args.should_save:  # one writer
+        write_entropy_report(result, output_dir, name, title=name.replace("_", " "))
     logger.info(f"{name}: min {result['min']:.3f} avg {result['avg']:.3f} max {result['max']:.3f}")
     return result
 
@@ -95,6 +100,7 @@ def main(argv=None, prog: str | None = None) -> dict:
     and errors give (default the script's, argparse's)."""
     parser = RecipeArgumentParser((ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments),
                                   prog=prog, description=__doc__)
+    cpu_launch_defaults(parser)  # torchrun on a machine without GPUs: DDP over gloo, not N runs apart
     model_args, data_args, output_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     import_or_exit(parser, model_args.method_modules)  # before the checkpoint's config loads
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
@@ -106,7 +112,10 @@ def main(argv=None, prog: str | None = None) -> dict:
                      "'{\"encoder\": {\"num_heads\": 2}}'")
     try:  # before anything is read: never over the model or data it reads, nor into an earlier run's checkpoints
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
+        check_launch(training_args)
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        if resume:
+            check_resume_world_size(resume, training_args)
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
         check_trainer_output_dir(training_args.output_dir, found_data(data_args), True)  # never into the data either
     except (ValueError, Multi30kError) as error:
@@ -125,7 +134,11 @@ def main(argv=None, prog: str | None = None) -> dict:
     training_args.predict_with_generate = True
     training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
     training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
-    remove_entries(earlier, logger.warning)  # --overwrite_output_dir: the earlier run's entries, not mixed in
+    # --overwrite_output_dir: the earlier run's entries, not mixed in; removed by the main process once every process
+    # has checked the folder
+    with training_args.main_process_first(local=training_args.save_on_each_node, desc="the output folder"):
+        if training_args.should_save:
+            remove_entries(earlier, logger.warning)
     trainer = HeadAttnSeq2SeqTrainer(
         model=model, args=training_args, train_dataset=features["train"], eval_dataset=features.get("validation"),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=8),
@@ -143,7 +156,8 @@ def main(argv=None, prog: str | None = None) -> dict:
     results.update(train_time_s=round(time.perf_counter() - start, 1), train_loss=train_result.training_loss,
                    log_history=trainer.state.log_history)
     trainer.save_model()
-    tokenizer.save_pretrained(output_dir)
+    if training_args.should_save:
+        tokenizer.save_pretrained(output_dir)
     if report:
         results["entropy"]["after"] = entropy_report(trainer, features["validation"], "encoder_entropy_after",
                                                      output_dir)
@@ -152,6 +166,7 @@ def main(argv=None, prog: str | None = None) -> dict:
                                      data_args.max_target_length, Path(output_dir) / f"predictions_{split}.txt")
         results["scores"][split] = scores
         logger.info(f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f}  {scores['bleu_signature']}")
-    path = write_json(Path(output_dir) / "results.json", results)
-    logger.info(f"results written to {path}")
+    if training_args.should_save:
+        path = write_json(Path(output_dir) / "results.json", results)
+        logger.info(f"results written to {path}")
     return results

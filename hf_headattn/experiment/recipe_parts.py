@@ -221,7 +221,9 @@ def collator(tokenizer, model, settings: dict):
 
 def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Dataset, tokenizer, tgt: str,
                         num_beams: int, max_length: int, output_file: str | Path | None = None) -> dict:
-    """Translate a split with beam search and score it with sacreBLEU/chrF against the raw (detokenised) references."""
+    """Translate a split with beam search and score it with sacreBLEU/chrF against the raw (detokenised) references;
+    the hypotheses go one a line into ``output_file``, written by the main process only (every process translates:
+    ``trainer.predict`` is collective, and gives each the whole split in order)."""
     prediction = trainer.predict(features, num_beams=num_beams, max_length=max_length, metric_key_prefix="test")
     ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
     ids = torch.as_tensor(ids)
@@ -229,6 +231,6 @@ def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Datas
     hypotheses = [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
     references = [pair[tgt] for pair in raw["translation"]]
     scores = compute_translation_metrics(hypotheses, references)
-    if output_file is not None:
+    if output_file is not None and trainer.args.should_save:
         Path(output_file).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     return scores

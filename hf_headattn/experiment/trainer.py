@@ -4,11 +4,16 @@ Identical to ``Seq2SeqTrainer`` except:
 * ``label_smoothing_factor > 0`` is moved into the model's ``config.label_smoothing`` (the stock Trainer would
   recompute the loss from logits and silently drop the methods' terms);
 * each training step's loss components (``nll_loss``, ``dhicm_kl``, ``eadra_loss``, the EaDRA terms, ...) are
-  averaged over the logging interval and over processes, and logged with ``loss``.
+  averaged over the logging interval and over processes, and logged with ``loss``;
+* with several processes, evaluation and prediction return exactly the dataset's examples, in order:
+  ``Seq2SeqTrainer.evaluate``/``predict`` gather with ``accelerator.gather``, which keeps the examples the sampler
+  repeats to fill the processes' last batch (4 examples, batch 8, 2 processes: 16 predictions); here they gather with
+  ``gather_for_metrics``, which drops them, as ``Trainer`` does.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import defaultdict
@@ -158,6 +163,13 @@ class HeadAttnSeq2SeqTrainer(Seq2SeqTrainer):
         if resume_from_checkpoint:
             check_resume_world_size(resume_from_checkpoint, self.args)
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def evaluation_loop(self, *args, **kwargs):
+        # Seq2SeqTrainer.evaluate/predict set gather_function to accelerator.gather ("we don't want to drop samples"),
+        # which keeps the sampler's padding; gather_for_metrics drops exactly that (Trainer's own choice)
+        self.gather_function = functools.partial(self.accelerator.gather_for_metrics,
+                                                 use_gather_object=self.args.eval_use_gather_object)
+        return super().evaluation_loop(*args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)

@@ -50,6 +50,7 @@ from transformers import Seq2SeqTrainingArguments, set_seed
 from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.experiment.kit import MissingDependencyError
+from hf_headattn.experiment.launch import check_launch, cpu_launch_defaults
 from hf_headattn.experiment.method_inputs import input_flags, method_options, recipe_argument_classes
 from hf_headattn.experiment.method_modules import import_or_exit, method_modules_field, method_modules_in
 from hf_headattn.experiment.multi30k import Multi30kError
@@ -91,9 +92,11 @@ from hf_headattn.experiment.trainer import (
     HeadAttnSeq2SeqTrainer,
     TrainingClock,
     TrainingTimeLimit,
+    check_resume_world_size,
     resume_checkpoint,
     resumed_from,
 )
+from hf_headattn.hf_compat import parameter_count
 from hf_headattn.registry import registered_methods
 
 logger = logging.getLogger("train_translation")
@@ -187,6 +190,7 @@ def parse_recipe_arguments(classes: tuple, argv=None, **parser_kwargs) -> tuple:
     if modules:
         import_or_exit(RecipeArgumentParser(classes, **parser_kwargs), modules)
     parser = RecipeArgumentParser((*classes, *recipe_argument_classes()), **parser_kwargs)
+    cpu_launch_defaults(parser)  # torchrun on a machine without GPUs: DDP over gloo, not N runs apart
     parsed = parser.parse_args_into_dataclasses(args=expand_argv(argv))
     given = [name for args in parsed[:len(classes)] for name in getattr(args, "method_modules", [])]
     if given != modules:  # an abbreviation, which argparse takes but the early reading cannot
@@ -208,7 +212,10 @@ def main(argv=None, prog: str | None = None) -> dict:
         settings = settings_from(model_args)
         if not model_args.model_name_or_path:
             model_shape(split_architecture(model_args.model_shape, settings)[0])  # a named shape
+        check_launch(training_args)
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        if resume:
+            check_resume_world_size(resume, training_args)
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
         inputs |= input_flags(options)
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
@@ -232,18 +239,23 @@ def main(argv=None, prog: str | None = None) -> dict:
         parser.error(f"--test_splits: {unknown} are not in the data; it has {sorted(raw)}")
     src, tgt = data_args.source_lang, data_args.target_lang
     max_length = max(data_args.max_source_length, data_args.max_target_length)
-    # --overwrite_output_dir: the earlier run's entries go now, its tokenizer included (never reused, never mixed in)
-    remove_entries(earlier, logger.warning)
+    # --overwrite_output_dir: the earlier run's entries go now, its tokenizer included (never reused, never mixed in),
+    # removed by the main process; the others wait here, so that every process has checked the folder before it writes
+    with training_args.main_process_first(local=training_args.save_on_each_node, desc="the output folder"):
+        if training_args.should_save:
+            remove_entries(earlier, logger.warning)
 
     if model_args.model_name_or_path:
         tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
         model = pretrained_model(model_args.model_name_or_path, settings,
                                  attn_implementation=model_args.attn_implementation)
     else:
-        try:  # trained here, or the resumed run's (only if trained with this run's settings and data)
-            tokenizer = (load_tokenizer(model_args.tokenizer_name) if model_args.tokenizer_name else
-                         scratch_tokenizer(raw["train"], model_args.vocab_size,
-                                           f"{training_args.output_dir}/tokenizer", src, tgt))
+        try:  # trained here, or the resumed run's (only if trained with this run's settings and data); trained and
+            # saved by the main process, which the others wait for, then load
+            with training_args.main_process_first(local=training_args.save_on_each_node, desc="the tokenizer"):
+                tokenizer = (load_tokenizer(model_args.tokenizer_name) if model_args.tokenizer_name else
+                             scratch_tokenizer(raw["train"], model_args.vocab_size,
+                                               f"{training_args.output_dir}/tokenizer", src, tgt))
         except ValueError as error:
             parser.error(str(error))
         shape, scratch_settings = split_architecture(model_args.model_shape, settings)  # heads etc. over the shape
@@ -275,7 +287,8 @@ def main(argv=None, prog: str | None = None) -> dict:
     train_result = trainer.train(resume_from_checkpoint=resume)
     train_time = time.perf_counter() - start
     trainer.save_model()
-    tokenizer.save_pretrained(training_args.output_dir)
+    if training_args.should_save:  # one writer (the Trainer's: the main process)
+        tokenizer.save_pretrained(training_args.output_dir)
 
     results = {
         "method": model_args.method, "settings": settings, "model": model_args.model_name_or_path or
@@ -284,7 +297,7 @@ def main(argv=None, prog: str | None = None) -> dict:
         "resumed_from": resumed, "train_loss": train_result.training_loss,
         "global_step": trainer.state.global_step, "epochs": trainer.state.epoch,
         "stopped_at_time_limit": bool(time_limit and time_limit.stopped),
-        "num_parameters": model.num_parameters(), "device": str(training_args.device),
+        "num_parameters": parameter_count(model), "device": str(training_args.device),
         "tokenizer": {"name_or_path": tokenizer.name_or_path, "vocab_size": len(tokenizer)},
         "log_history": trainer.state.log_history, "args": {**asdict(model_args), **asdict(data_args), **options},
         "scores": {},
@@ -296,6 +309,7 @@ def main(argv=None, prog: str | None = None) -> dict:
         )
         results["scores"][split] = scores
         logger.info(f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f}  {scores['bleu_signature']}")
-    path = write_json(f"{training_args.output_dir}/results.json", results)
-    logger.info(f"results written to {path}")
+    if training_args.should_save:
+        path = write_json(f"{training_args.output_dir}/results.json", results)
+        logger.info(f"results written to {path}")
     return results

@@ -5,9 +5,9 @@ process: a stock tiny mBART built under ZeRO-3, one Trainer step with a checkpoi
 
 Writes ``OUT_DIR/contract.json``: ``zero3_enabled()`` before the training arguments and while they live; what
 ``zero3_partitioned`` says of the model ``from_pretrained`` built and whether its parameters hold empty placeholders
-(whole inside ``GatheredParameters``); the checkpoint folder's files; and what ``python <checkpoint>/zero_to_fp32.py
-<checkpoint> <folder>`` wrote (``pytorch_model.bin``; ``--safe_serialization`` fails on mBART's tied embeddings), and
-whether it holds the weights the Trainer saved.
+(whole inside ``GatheredParameters``), and its ``num_parameters()`` and ``parameter_count``; the checkpoint folder's
+files; and what ``python <checkpoint>/zero_to_fp32.py <checkpoint> <folder>`` wrote (``pytorch_model.bin``;
+``--safe_serialization`` fails on mBART's tied embeddings), and whether it holds the weights the Trainer saved.
 """
 
 import importlib
@@ -60,6 +60,7 @@ def main(out):
     model = MBartForConditionalGeneration.from_pretrained(out / "stock")
     parameters = list(model.parameters())
     placeholders = all(p.numel() == 0 and p.ds_numel > 0 for p in parameters)
+    counted = [model.num_parameters(), hf_compat.parameter_count(model)]
     with deepspeed.zero.GatheredParameters(parameters):
         whole = all(p.numel() == p.ds_numel for p in parameters)
     inputs = batch()
@@ -78,6 +79,7 @@ def main(out):
     result = {
         "enabled": [before, enabled], "partitioned": hf_compat.zero3_partitioned(model), "first": next(iter(
             dict(model.named_parameters()))), "placeholders": placeholders, "whole": whole, "files": files,
+        "counted": counted,
         "converted": sorted(path.name for path in (out / "fp32").iterdir()),
         "converted_equal": set(saved) <= set(converted) and all(torch.equal(converted[k], saved[k]) for k in saved),
     }
