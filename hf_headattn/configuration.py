@@ -43,7 +43,7 @@ from .legacy import (
 
 # importing .methods registers the built-in methods ("from .x import", which save_pretrained ships, not "from . import")
 from .methods import register_method  # noqa: F401
-from .registry import active_methods, readout_fields, registered_methods
+from .registry import active_methods, check_meetings, readout_fields, registered_methods
 from .remote_code import auto_map, ship
 from .settings_checks import check_pruned_heads
 from .version import __version__ as HEADATTN_VERSION  # the running release (shipped with remote code too)
@@ -167,7 +167,8 @@ class HeadAttnSettings:
     headattn_version: the hf-headattn release that wrote the config.json this config was loaded from, e.g. "0.3.0"
         (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
         release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
-        0.1's translation on it (:func:`~.legacy.written_by_release_0_1`).
+        0.1's translation on it (:func:`~.legacy.written_by_release_0_1`). A method's ``saved_defaults`` are keyed on
+        the file's fields instead: ``to_dict`` writes them, so a file that lacks one was saved before it existed.
     headattn_method_modules (undeclared; in a saved file only): ``{method name: module}`` of the switched-on methods
         registered from outside the package, which ``to_dict`` writes (the module that defines the method's settings
         class); a config that records a method not registered here refuses to load (:meth:`_check_method_modules`).
@@ -278,6 +279,11 @@ class HeadAttnSettings:
         output.pop("_headattn_resolved", None)  # derived from the fields
         output["headattn_version"] = HEADATTN_VERSION
         output.pop(METHOD_MODULES, None)  # the file's record, if loaded from one: written afresh
+        for spec in active_methods(self):  # settings a file saved before they existed must not lack (saved_defaults)
+            missing = [key for key in spec.saved_defaults if key not in (output.get(spec.name) or {})]
+            if missing and isinstance(output.get(spec.name), Mapping):
+                resolved = self.headattn_settings[spec.name]
+                output[spec.name] = {**output[spec.name], **{key: getattr(resolved, key) for key in missing}}
         plugins = {spec.name: spec.settings.__module__ for spec in active_methods(self)
                    if spec.name not in DECLARED_METHODS}
         if plugins:
@@ -347,6 +353,7 @@ class HeadAttnSettings:
                     f"name some layers, or set {spec.name}=None for off"
                 )
             resolved[spec.name] = settings
+        check_meetings(resolved, self)  # two methods on one attention module: they compose, or are refused here
         self._headattn_resolved = FrozenDict(resolved)
 
     def _check_method_modules(self) -> None:

@@ -71,6 +71,8 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
       ``headattn_version`` is < 0.2, or it records none and has release 0.1's fields) keeps release 0.1's values of
       the settings whose default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on.
       No other config does: not a file recorded by 0.2 or later, whatever its fields, nor keyword arguments.
+    * A saved config file whose method dict lacks a setting of ``MethodSpec.saved_defaults`` (saved before it existed:
+      ``to_dict`` writes them) reads it with the value given there, the one it was trained with.
     """
     known = flat_fields()
     found = sorted(key for key in values if key in known)
@@ -86,7 +88,12 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
         if settings and not (release_0_1 and not spec.settings(**settings).switched_on()):
             values[spec.name] = given = settings
         if release_0_1 and spec.legacy_defaults and isinstance(given, Mapping):
-            values[spec.name] = {**spec.legacy_defaults, **given}
+            values[spec.name] = given = {**spec.legacy_defaults, **given}
+        missing = [key for key in spec.saved_defaults if isinstance(given, Mapping) and key not in given]
+        if saved_file and missing:  # saved before those settings existed: the values it was trained with
+            values[spec.name] = {**{key: spec.saved_defaults[key] for key in missing}, **given}
+            logger.info(f"{where}: {spec.name} records no {missing} (saved before they existed), so it keeps the "
+                        f"reading it was trained with, {[spec.saved_defaults[key] for key in missing]}")
     if found:
         spec, key = known[found[0]]
         warn_deprecated(f"{where}: release 0.1's flat settings {found}",
