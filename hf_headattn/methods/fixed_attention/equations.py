@@ -239,8 +239,9 @@ class Plan:
     point head between them counts as an empty span: its own key's value);
     factor: (B, c, S, 1), each key's weight before normalising (1 or 0 at padding, uniform; m^3, cubic), or None
     without spread patterns;
-    sides: which keys each head of the span sums: a string where all are alike ("before": j < p, "after": j > p,
-    "all"), else a tuple of them, one per head of the span (a point head between spread heads: "before");
+    sides: which keys the heads of the span sum, as runs of consecutive heads alike: ((side, first head of the run
+    in the span, its length), ...), side "before" (j < p), "after" (j > p) or "all" (a point head between spread
+    heads joins the run before it);
     scale: (B, c, T, 1), 1 / the weights' sum (0 where the span is empty); empty: (B, c, T, 1), 1 where empty;
     offset: S - T, the first key row of the queries.
     """
@@ -248,7 +249,7 @@ class Plan:
     index: torch.Tensor
     span: tuple[int, int] | None
     factor: torch.Tensor | None
-    sides: str | tuple[str, ...] | None
+    sides: tuple[tuple[str, int, int], ...] | None
     scale: torch.Tensor | None
     empty: torch.Tensor | None
     offset: int
@@ -277,28 +278,27 @@ def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: to
         else:  # (a point head between spread heads: any factor, its span is empty)
             plan.factor = torch.stack([key_ranks(pattern if pattern in spread else "left", real) for pattern in span],
                                       1).to(accumulate)[..., None] ** 3
-        sides = tuple(SIDES.get(pattern, "before") if pattern in spread else None for pattern in span)
-        kinds = {side for side in sides if side is not None}
+        runs = []
+        for i, pattern in enumerate(span):
+            side = SIDES[pattern] if pattern in spread else runs[-1][0]  # (the span starts with a spread head)
+            if runs and runs[-1][0] == side:
+                runs[-1][2] += 1
+            else:
+                runs.append([side, i, 1])
         plan.span = (start, stop)
-        plan.sides = kinds.pop() if len(kinds) == 1 else tuple(side or "before" for side in sides)
+        plan.sides = tuple(tuple(run) for run in runs)
         plan.scale = (1.0 / weight_sums(counts, weights).clamp(min=1).to(accumulate)) * (counts > 0)
         plan.empty = (counts == 0).to(dtype)
     return plan
-
-
-def _shifted(running: torch.Tensor, forward: bool) -> torch.Tensor:
-    """An inclusive cumulative sum along dim 2 made exclusive: the sum before each row (forward) or after it."""
-    if forward:
-        return torch.nn.functional.pad(running[:, :, :-1], (0, 0, 1, 0))
-    return torch.nn.functional.pad(running[:, :, 1:], (0, 0, 0, 1))
 
 
 def fixed_outputs(value: torch.Tensor, plan: Plan) -> torch.Tensor:
     """(B, h, T, D): the fixed heads' outputs, sum_j w_pj v_j, from their values (B, h, S, D) (heads in the order of
     the patterns :func:`make_plan` was given) without any (T, S) tensor: one gather takes each point head's key's
     value and each spread head's fallback; a spread head sums its keys' weighted values with a cumulative sum (in
-    float32 at least; forward for the keys before the query, backward for those after it: no difference of sums)
-    and divides by the weights' sum, the fallback where its span is empty."""
+    float32 at least; forward for the keys before the query, backward for those after it, so that the query's own
+    term, the largest, is what is taken off) and divides by the weights' sum, the fallback where its span is
+    empty."""
     gathered = value.gather(2, plan.index)
     if plan.span is None:
         return gathered
@@ -310,18 +310,16 @@ def fixed_outputs(value: torch.Tensor, plan: Plan) -> torch.Tensor:
     span = value if len(sizes) == 1 else value.narrow(1, start, stop - start)
     accumulate = span if span.dtype in (torch.float32, torch.float64) else span.float()
     weighted = accumulate * plan.factor  # (B, c, S, D)
-    sides = (plan.sides,) if isinstance(plan.sides, str) else plan.sides
-    by_side = {}
-    if "before" in sides:
-        by_side["before"] = _shifted(weighted.cumsum(2), True)
-    if "after" in sides:
-        by_side["after"] = _shifted(weighted.flip(2).cumsum(2).flip(2), False)
-    if "all" in sides:  # the whole sentence, the same for every query
-        by_side["all"] = weighted.sum(2, keepdim=True).expand_as(weighted)
-    if isinstance(plan.sides, str):
-        sums = by_side[plan.sides]
-    else:
-        sums = torch.cat([by_side[side].narrow(1, i, 1) for i, side in enumerate(sides)], 1)
+    pieces = []
+    for side, first, count in plan.sides:  # (runs of heads alike: one operator each, a few per layer)
+        run = weighted if count == weighted.shape[1] else weighted.narrow(1, first, count)
+        if side == "before":  # j < p: the sum up to p, less p's own term (the largest: no cancellation)
+            pieces.append(run.cumsum(2) - run)
+        elif side == "after":  # j > p: the sum from p backwards, less p's own term
+            pieces.append(run.flip(2).cumsum(2).flip(2) - run)
+        else:  # the whole sentence, the same for every query
+            pieces.append(run.sum(2, keepdim=True).expand_as(run))
+    sums = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
     if plan.offset:
         sums = sums[:, :, plan.offset:]
     parts[here] = (sums * plan.scale).to(value.dtype) + parts[here] * plan.empty
