@@ -33,6 +33,7 @@ from transformers.utils import logging
 
 from .hf_compat import CACHE_NAMES, config_attributes
 from .legacy import (
+    RECORDED_DEFAULTS,
     assign_flat_field,
     flat_fields,
     recorded_release,
@@ -167,8 +168,11 @@ class HeadAttnSettings:
     headattn_version: the hf-headattn release that wrote the config.json this config was loaded from, e.g. "0.3.0"
         (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
         release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
-        0.1's translation on it (:func:`~.legacy.written_by_release_0_1`). A method's ``saved_defaults`` are keyed on
-        the file's fields instead: ``to_dict`` writes them, so a file that lacks one was saved before it existed.
+        0.1's translation on it (:func:`~.legacy.written_by_release_0_1`).
+    headattn_recorded_defaults (undeclared; in a saved file only): ``{method: {setting: value}}``, the values the
+        switched-on methods' ``MethodSpec.saved_defaults`` settings ran with, given or defaulted, which ``to_dict``
+        writes; a file that lacks it was saved before those settings existed and loads with the readings it was
+        trained with (:func:`~.legacy.translate_flat_fields`).
     headattn_method_modules (undeclared; in a saved file only): ``{method name: module}`` of the switched-on methods
         registered from outside the package, which ``to_dict`` writes (the module that defines the method's settings
         class); a config that records a method not registered here refuses to load (:meth:`_check_method_modules`).
@@ -279,11 +283,11 @@ class HeadAttnSettings:
         output.pop("_headattn_resolved", None)  # derived from the fields
         output["headattn_version"] = HEADATTN_VERSION
         output.pop(METHOD_MODULES, None)  # the file's record, if loaded from one: written afresh
-        for spec in active_methods(self):  # settings a file saved before they existed must not lack (saved_defaults)
-            missing = [key for key in spec.saved_defaults if key not in (output.get(spec.name) or {})]
-            if missing and isinstance(output.get(spec.name), Mapping):
-                resolved = self.headattn_settings[spec.name]
-                output[spec.name] = {**output[spec.name], **{key: getattr(resolved, key) for key in missing}}
+        output.pop(RECORDED_DEFAULTS, None)  # the file's record, if loaded from one: written afresh
+        recorded = {spec.name: {key: getattr(self.headattn_settings[spec.name], key) for key in spec.saved_defaults}
+                    for spec in active_methods(self) if spec.saved_defaults}
+        if recorded:  # the values of the settings whose default changed (MethodSpec.saved_defaults), as they run
+            output[RECORDED_DEFAULTS] = recorded
         plugins = {spec.name: spec.settings.__module__ for spec in active_methods(self)
                    if spec.name not in DECLARED_METHODS}
         if plugins:

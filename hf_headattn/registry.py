@@ -160,8 +160,8 @@ class MethodSpec:
     legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
     saved_defaults: settings added with a default that changes what older configs ran, with the value those ran
-        with: a saved config.json whose dict lacks one (written before it existed) reads it so, and ``to_dict``
-        writes each one's resolved value, so that every file saved from then on records it.
+        with: ``to_dict`` records each one's value as it runs (``headattn_recorded_defaults``), and a saved
+        config.json that records none (written before they existed) reads those its dict lacks with these values.
     head_use: ``head_use(settings, model_config, site) -> HeadUse``: what the method does to the heads of the
         attention module ``site`` ((side, layer, kind), one of its placements), for the check of two methods on one
         module (:func:`meeting_conflict`, when the config is built); None: it only biases scores or reads or

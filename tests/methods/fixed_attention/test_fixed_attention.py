@@ -215,7 +215,7 @@ def test_save_load_round_trip(tmp_path):
     made.save_pretrained(tmp_path)
     loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
     assert loaded.config.fixed_attention == {"patterns": ["start", "previous"], "encoder_layers": [-1],
-                                             "heads": [2, 1], "weights": "cubic"}  # (saved: the resolved reading)
+                                             "heads": [2, 1]}
     assert not hasattr(loaded.model.encoder.layers[0].self_attn, "fixed_attention")
     assert loaded.model.encoder.layers[1].self_attn.fixed_attention.heads == (2, 1)
     with torch.no_grad():
@@ -295,8 +295,9 @@ def test_a_config_saved_before_the_weights_setting_loads_with_uniform_weights(tm
     assert cubic.config.headattn_settings["fixed_attention"].weights == "cubic"
     cubic.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["fixed_attention"]["weights"] == "cubic"
-    del saved["fixed_attention"]["weights"]  # as release 0.3 wrote it
+    assert saved["headattn_recorded_defaults"] == {"fixed_attention": {"weights": "cubic"}}
+    assert HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).config.fixed_attention == settings
+    del saved["headattn_recorded_defaults"]  # as release 0.3 wrote it
     (tmp_path / "config.json").write_text(json.dumps(saved))
     loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
     assert loaded.config.headattn_settings["fixed_attention"].weights == "uniform"
