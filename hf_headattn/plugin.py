@@ -13,17 +13,19 @@ transformers' attention functions get them; ``attention_mask`` None, bool (True 
 ``BlockMask`` (``call.mask_tensor`` gives it as a bool tensor); ``hidden_states`` (B, T, d_model), the module's
 query-side input; ``context`` (:class:`HeadAttnContext`), where loss terms and read-outs are recorded. ``before``
 runs before the backend and may change the mask; ``after`` gets the per-head output (B, T, H, D) and returns what
-``out_proj`` receives.
+``out_proj`` receives. A method that takes over heads, fixes their weights or recomputes their probabilities
+declares it (``MethodSpec(head_use=...)`` returning a :class:`HeadUse`), so that the config refuses a method it
+cannot meet on one layer when it is built.
 """
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from .experiment.kit import MethodInputError, MethodKit, MissingDependencyError, Preset
 from .hf_compat import init_normal_, init_ones_, init_zeros_
-from .registry import MethodSettings, MethodSpec, register_method, registered_methods, unregister_method
+from .registry import HeadUse, MethodSettings, MethodSpec, register_method, registered_methods, unregister_method
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 
 __all__ = [
-    "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "MethodInputError", "MethodKit",
+    "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse", "MethodInputError", "MethodKit",
     "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset", "allowed_values", "check_choice",
     "check_range", "init_normal_", "init_ones_", "init_zeros_", "key_allowed", "register_method",
     "registered_methods", "resolve_layers", "unregister_method",
