@@ -18,7 +18,7 @@ row whose allowed keys are all masked by the call's own mask (e.g. a padding row
 bias's heads, the bias left out: a hard mask never leaves a row with nothing to attend to (SEA's rule for padding rows,
 which the paper does not cover). Two hard masks that together leave a row empty give that row the call's mask back on
 SDPA/eager (so a real query never attends to padding); on flex attention, whose ``score_mod`` applies them one by
-one, such a row gets -inf everywhere (an output of 0, no weight on padding either).
+one, such a row gets -inf everywhere (no weight on padding either; no built-in pair gives one).
 
 Shapes: B batch, H the call's heads (after pruning, the heads of ``query``), T queries, S keys.
 """
