@@ -245,9 +245,12 @@ class AttentionCall:
         """The mask as a tensor, as the backend applies it: on SDPA/eager ``attention_mask`` with the score biases
         added so far in it (:func:`~.scores.biased_mask`; ``attention_mask`` itself while there is none), on flex
         attention the BlockMask as the bool mask (B, 1, T, S) SDPA would get (made once per forward and block mask,
-        :func:`~.flex.dense_mask`). On flex attention it is refused once a method changed the scores: the change is
-        a ``score_mod`` there, no tensor (use SDPA or eager for such a combination)."""
+        :func:`~.flex.dense_mask`), with the score biases added so far in it as SDPA would get them (so a method
+        reading it sees the same on every backend); refused once a method added a raw ``score_mod``
+        (:meth:`add_score_mod`), which has no tensor form."""
         if self.is_flex:
+            if self._scores and all(isinstance(change, ScoreBias) for change in self._scores):
+                return self._biased_mask(boolean=True)
             if self._scores:
                 raise ValueError(
                     f"{self.module.headattn_name}: a method's flex score_mod (from {self._owners(self._scores)}) "
@@ -576,6 +579,8 @@ def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.T
         outputs.append(output)
         weights.append(weight)
     output = split.join(outputs, 2)
+    if not output.is_contiguous():  # (one part, e.g. a transposed (B, H, T, D)): per-head outputs are contiguous
+        output = output.contiguous()
     if any(weight is None or weight.dim() != 4 for weight in weights):
         return output, None
     return output, split.join(weights, 1)
@@ -704,9 +709,9 @@ class AttentionMethod(nn.Module):
         ``call.attention_mask`` (or q/k/v). See :class:`AttentionCall`."""
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
-        """Runs after the backend on the per-head output (B, T, H, D), every head's (the taken-over ones put back in
-        place), scaled by the head mask; returns what ``out_proj`` receives. ``call.mask_tensor`` is then the mask
-        with the score biases in it (refused on flex attention once a method changed the scores)."""
+        """Runs after the backend on the per-head output (B, T, H, D), contiguous, every head's (the taken-over ones
+        put back in place), scaled by the head mask; returns what ``out_proj`` receives. ``call.mask_tensor`` is then
+        the mask with the score biases in it (refused on flex attention once a method added a raw ``score_mod``)."""
         return attn_output
 
 

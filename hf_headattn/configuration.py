@@ -33,6 +33,7 @@ from transformers.utils import logging
 
 from .hf_compat import CACHE_NAMES, config_attributes
 from .legacy import (
+    RECORDED_DEFAULTS,
     assign_flat_field,
     flat_fields,
     recorded_release,
@@ -43,7 +44,7 @@ from .legacy import (
 
 # importing .methods registers the built-in methods ("from .x import", which save_pretrained ships, not "from . import")
 from .methods import register_method  # noqa: F401
-from .registry import active_methods, readout_fields, registered_methods
+from .registry import active_methods, check_meetings, readout_fields, registered_methods
 from .remote_code import auto_map, ship
 from .settings_checks import check_pruned_heads
 from .version import __version__ as HEADATTN_VERSION  # the running release (shipped with remote code too)
@@ -169,6 +170,10 @@ class HeadAttnSettings:
         (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
         release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
         0.1's translation on it (:func:`~.legacy.written_by_release_0_1`).
+    headattn_recorded_defaults (undeclared; in a saved file only): ``{method: {setting: value}}``, the values the
+        switched-on methods' ``MethodSpec.saved_defaults`` settings ran with, given or defaulted, which ``to_dict``
+        writes; a file that lacks it was saved before those settings existed and loads with the readings it was
+        trained with (:func:`~.legacy.translate_flat_fields`).
     headattn_method_modules (undeclared; in a saved file only): ``{method name: module}`` of the switched-on methods
         registered from outside the package, which ``to_dict`` writes (the module that defines the method's settings
         class); a config that records a method not registered here refuses to load (:meth:`_check_method_modules`).
@@ -281,6 +286,11 @@ class HeadAttnSettings:
             output.pop("syntax_parser", None)  # a parser's record (SEA, RHE), not a field of every model
         output["headattn_version"] = HEADATTN_VERSION
         output.pop(METHOD_MODULES, None)  # the file's record, if loaded from one: written afresh
+        output.pop(RECORDED_DEFAULTS, None)  # the file's record, if loaded from one: written afresh
+        recorded = {spec.name: {key: getattr(self.headattn_settings[spec.name], key) for key in spec.saved_defaults}
+                    for spec in active_methods(self) if spec.saved_defaults}
+        if recorded:  # the values of the settings whose default changed (MethodSpec.saved_defaults), as they run
+            output[RECORDED_DEFAULTS] = recorded
         plugins = {spec.name: spec.settings.__module__ for spec in active_methods(self)
                    if spec.name not in DECLARED_METHODS}
         if plugins:
@@ -350,6 +360,7 @@ class HeadAttnSettings:
                     f"name some layers, or set {spec.name}=None for off"
                 )
             resolved[spec.name] = settings
+        check_meetings(resolved, self)  # two methods on one attention module: they compose, or are refused here
         self._headattn_resolved = FrozenDict(resolved)
 
     def _check_method_modules(self) -> None:

@@ -29,6 +29,8 @@ logger = logging.get_logger(__name__)
 FIRST_RELEASE_WITH_DICTS = (0, 2)
 #: The release that stops reading the flat fields (saved files live long on the Hub: two releases of warnings).
 FLAT_FIELDS_REMOVED_IN = "0.5"
+#: What a saved config.json records of the settings whose default changed (``MethodSpec.saved_defaults``).
+RECORDED_DEFAULTS = "headattn_recorded_defaults"
 
 
 def flat_fields() -> dict[str, tuple]:
@@ -71,10 +73,16 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
       ``headattn_version`` is < 0.2, or it records none and has release 0.1's fields) keeps release 0.1's values of
       the settings whose default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on.
       No other config does: not a file recorded by 0.2 or later, whatever its fields, nor keyword arguments.
+    * A saved config file reads the settings of ``MethodSpec.saved_defaults`` its method dicts lack with the values
+      its ``headattn_recorded_defaults`` records (``to_dict`` writes them), or, where it records none (saved before
+      those settings existed), with the values given in ``saved_defaults``: those it was trained with. Only a value
+      other than today's default is written into the dict (so a file saved now loads as the config it was saved
+      from).
     """
     known = flat_fields()
     found = sorted(key for key in values if key in known)
     release_0_1 = saved_file and written_by_release_0_1(values, where)
+    recorded = values.get(RECORDED_DEFAULTS) if saved_file else None  # (kept: from_dict reads the file again)
     for spec in registered_methods():
         flat = {key: values.pop(key) for key in list(values) if key in spec.legacy_fields}
         given = values.get(spec.name)
@@ -86,12 +94,31 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
         if settings and not (release_0_1 and not spec.settings(**settings).switched_on()):
             values[spec.name] = given = settings
         if release_0_1 and spec.legacy_defaults and isinstance(given, Mapping):
-            values[spec.name] = {**spec.legacy_defaults, **given}
+            values[spec.name] = given = {**spec.legacy_defaults, **given}
+        if saved_file and spec.saved_defaults and isinstance(given, Mapping):
+            values[spec.name] = _with_recorded_defaults(spec, given, recorded, where)
     if found:
         spec, key = known[found[0]]
         warn_deprecated(f"{where}: release 0.1's flat settings {found}",
                         f"the methods' dicts ({found[0]} is read as {spec.name}[{key!r}]; save_pretrained writes the "
                         "dicts)", FLAT_FIELDS_REMOVED_IN, plural=True, stacklevel=stacklevel)
+
+
+def _with_recorded_defaults(spec, given: Mapping, recorded, where: str) -> Mapping:
+    """``given`` (a saved method dict) with the settings of ``spec.saved_defaults`` it lacks at the values the file
+    ran with (``recorded``: the file's ``headattn_recorded_defaults``, None where it has none), where they differ
+    from today's defaults."""
+    if recorded is not None and not isinstance(recorded, Mapping):
+        raise ValueError(f"{where}: {RECORDED_DEFAULTS} must be a dict {{method: {{setting: value}}}}, got "
+                         f"{recorded!r}")
+    ran = spec.saved_defaults if recorded is None else recorded.get(spec.name) or {}
+    defaults = {setting.name: setting.default for setting in fields(spec.settings)}
+    kept = {key: ran[key] for key in spec.saved_defaults if key not in given and key in ran
+            and ran[key] != defaults.get(key)}
+    if kept and recorded is None:
+        logger.info(f"{where}: {spec.name} was saved before the settings {sorted(kept)} existed, so it keeps the "
+                    f"readings it was trained with, {kept}")
+    return {**kept, **given} if kept else given
 
 
 def translate_pretrained_kwargs(config_dict: dict, kwargs: dict, where: str) -> None:

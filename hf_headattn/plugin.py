@@ -37,6 +37,10 @@ ones, so that m_h = 0 gives exactly what pruning head h gives: where it sums, av
 weighs head h by m_h (:func:`masked_logits` for a softmax over heads); where it counts heads it counts those with
 m_h > 0 (:func:`live_heads`); per-head state of a pruned head is dropped in :meth:`AttentionMethod.prune_heads`
 (``keep``: the current numbers of the heads kept). ``docs/method_template.py``'s penalty is such a weighted mean.
+
+A method that takes over heads, fixes their weights or recomputes their probabilities
+declares it (``MethodSpec(head_use=...)`` returning a :class:`HeadUse`), so that the config refuses a method it
+cannot meet on one layer when it is built.
 """
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
@@ -44,6 +48,7 @@ from .experiment.kit import MethodInputError, MethodKit, MissingDependencyError,
 from .head_masks import live_heads, masked_logits
 from .hf_compat import init_normal_, init_ones_, init_zeros_
 from .registry import (
+    HeadUse,
     MethodSettings,
     MethodSpec,
     import_method_modules,
@@ -54,7 +59,7 @@ from .registry import (
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 
 __all__ = [
-    "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "MethodInputError", "MethodKit",
+    "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse", "MethodInputError", "MethodKit",
     "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset", "allowed_values", "check_choice",
     "check_range", "import_method_modules", "init_normal_", "init_ones_", "init_zeros_", "key_allowed", "live_heads",
     "masked_logits", "register_method", "registered_methods", "resolve_layers", "unregister_method",

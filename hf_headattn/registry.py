@@ -169,6 +169,13 @@ class MethodSpec:
     legacy_fields: flat config fields of release 0.1 -> settings field, so old saved configs still load.
     legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
+    saved_defaults: settings added with a default that changes what older configs ran, with the value those ran
+        with: ``to_dict`` records each one's value as it runs (``headattn_recorded_defaults``), and a saved
+        config.json that records none (written before they existed) reads those its dict lacks with these values.
+    head_use: ``head_use(settings, model_config, site) -> HeadUse``: what the method does to the heads of the
+        attention module ``site`` ((side, layer, kind), one of its placements), for the check of two methods on one
+        module (:func:`meeting_conflict`, when the config is built); None: it only biases scores or reads or
+        changes outputs, which composes with every method.
     kit: the import path of the method's kit module (``KIT = MethodKit(...)``: recipe names, presets, model card
         line, head-importance criterion; :mod:`hf_headattn.experiment.kit`), or ``None``: the module that defines
         the settings class, if it has a ``KIT`` (a method kept in one module). Only the experiment kit
@@ -189,6 +196,8 @@ class MethodSpec:
     logged: tuple[str, ...] = ()
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
+    saved_defaults: Mapping[str, Any] = field(default_factory=dict)
+    head_use: Callable | None = None
     kit: str | None = None
 
     def make(self, settings: MethodSettings, model_config, module) -> Any:
@@ -206,6 +215,59 @@ def _keywords(function: Callable) -> set[str] | None:
         return None
     return {parameter.name for parameter in parameters
             if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+
+
+@dataclass(frozen=True)
+class HeadUse:
+    """What a method does to some heads of one attention module (``MethodSpec.head_use``); head numbers, sorted.
+
+    takes_over: the heads it computes itself (``call.take_over``): no other method may take them over too.
+    fixes: the heads whose weights are its own, no softmax of the scores (fixed patterns): other methods' score
+        biases do not reach them, and their probabilities cannot be recomputed from q and k.
+    reads_scores: the heads whose probabilities it recomputes from q, k and the mask (EaDRA's regularizer).
+    """
+
+    takes_over: tuple[int, ...] = ()
+    fixes: tuple[int, ...] = ()
+    reads_scores: tuple[int, ...] = ()
+
+
+def meeting_conflict(first: str, first_use: HeadUse, second: str, second_use: HeadUse, where: str) -> str | None:
+    """Why the methods ``first`` and ``second`` cannot run on the attention module ``where`` with those head uses
+    (a sentence naming both, the module and the heads), or None: they compose there."""
+    both = sorted(set(first_use.takes_over) & set(second_use.takes_over))
+    if both:
+        return (f"{first} and {second} both take over heads {both} of {where} (each computes those heads itself); "
+                f"expected each head taken over by one method: place them on different layers or heads")
+    for reader, read, fixer, fixed in ((first, first_use, second, second_use), (second, second_use, first, first_use)):
+        both = sorted(set(read.reads_scores) & set(fixed.fixes))
+        if both:
+            return (f"{reader} reads the attention probabilities of heads {both} of {where}, which {fixer} fixes "
+                    f"(their weights are no softmax of the scores); expected {reader} on heads {fixer} leaves "
+                    "learnable, or the two on different layers")
+    return None
+
+
+def check_meetings(resolved: Mapping[str, MethodSettings], model_config) -> None:
+    """Refuse two switched-on methods (``resolved``: name -> settings, in registry order) that cannot compose on an
+    attention module both are placed on (:func:`meeting_conflict`): a ``ValueError`` naming both methods and the
+    module, when the config is built, whatever the backend."""
+    from .sites import AttentionSite  # (sites imports transformers' model classes: not at registry import)
+
+    uses = {}
+    for spec in registered_methods():
+        if spec.name in resolved and spec.head_use is not None:
+            settings = resolved[spec.name]
+            uses[spec.name] = {site: spec.head_use(settings, model_config, site)
+                               for site in spec.placements(settings, model_config)}
+    names = list(uses)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            for site in [site for site in uses[first] if site in uses[second]]:  # (the first such module)
+                reason = meeting_conflict(first, uses[first][site], second, uses[second][site],
+                                          AttentionSite(*site).name)
+                if reason:
+                    raise ValueError(reason)
 
 
 _REGISTRY: dict[str, MethodSpec] = {}

@@ -16,9 +16,9 @@ add up and no method imports another's math:
 One bias (a :class:`ScoreBias`) is ``score + bias`` where ``allowed`` and ``-inf`` elsewhere, on its heads. A query
 row whose allowed keys are all masked by the call's own mask (e.g. a padding row) keeps the call's mask alone on that
 bias's heads, the bias left out: a hard mask never leaves a row with nothing to attend to (SEA's rule for padding rows,
-which the paper does not cover). The row rule is per bias: two hard masks that together leave a row empty are the
-methods' own concern (such a row attends uniformly on SDPA/eager, whose mask is then additive, and gets -inf
-everywhere on flex attention).
+which the paper does not cover). Two hard masks that together leave a row empty give that row the call's mask back on
+SDPA/eager (so a real query never attends to padding); on flex attention, whose ``score_mod`` applies them one by
+one, such a row gets -inf everywhere (no weight on padding either; no built-in pair gives one).
 
 Shapes: B batch, H the call's heads (after pruning, the heads of ``query``), T queries, S keys.
 """
@@ -167,6 +167,10 @@ def biased_mask(mask: torch.Tensor | None, biases: Sequence[ScoreBias], dtype: t
             now_allowed = _both(now_allowed, _spread(factor, term, True))
         if term.bias is not None:
             now_added = _plus(now_added, _spread(_kept_bias(term, keeps, dtype), term, 0.0))
+    if now_allowed is not None and sum(term.allowed is not None for term in biases) > 1:
+        # two hard masks that together leave a row no key: the row keeps the call's mask (never padding, never NaN)
+        empty = ~now_allowed.any(-1, keepdim=True)
+        now_allowed = now_allowed | (empty if allowed is None else empty & allowed)
     result = _finished(now_allowed, now_added, dtype, boolean)
     if shared and biases[0].selection is not None:  # the other heads keep the call's mask as it is
         result = _spread(result, biases[0], added if added is not None else _finished(allowed, None, dtype, boolean))

@@ -205,16 +205,23 @@ def test_one_methods_bias_on_heads_by_number(with_bias):
     torch.testing.assert_close(again.transpose(1, 2), output)
 
 
-def test_two_hard_masks_that_empty_a_row_leave_sdpa_finite():
-    """Each hard mask leaves every row a key, together they leave row 0 none: SDPA then gets an additive mask (a bool
-    one would give NaN there), and the row attends uniformly."""
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_two_hard_masks_that_empty_a_row_leave_it_the_calls_mask(backend):
+    """Each hard mask leaves every row a key, together they leave row 0 none: that row keeps the call's padding mask
+    alone (it attends as without the masks, never to padding, never NaN); the other rows get both masks."""
     first, second = (torch.ones(B, 1, T, T, dtype=torch.bool) for _ in range(2))
     first[:, :, 0], second[:, :, 0] = torch.arange(T) == 0, torch.arange(T) == 1
-    module = attach(module_of("sdpa"), first=Bias(allowed=first), second=Bias(allowed=second), spy=MaskSpy())
+    module = attach(module_of(backend), first=Bias(allowed=first), second=Bias(allowed=second))
     query, key, value = qkv()
-    output, _ = headattn_attention_forward(module, query, key, value, None, scaling=SCALING)
-    assert module.spy.mask.dtype == torch.float32 and output.isfinite().all()
-    torch.testing.assert_close(output[:, 0], value.mean(2))
+    output, weights = headattn_attention_forward(module, query, key, value, padding_mask(backend), scaling=SCALING)
+    both = (first & second).expand(B, H, T, T)
+    chosen = torch.ones(B, H, dtype=torch.bool)
+    expected = reference(query, key, value, base_allowed("encoder"), [(None, both, chosen)])
+    plain = reference(query, key, value, base_allowed("encoder"), [])
+    torch.testing.assert_close(output[:, 1:].double(), expected[:, 1:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(output[:, 0].double(), plain[:, 0], atol=1e-5, rtol=1e-5)
+    if backend == "eager":
+        assert not weights[1, :, :, 3:].any()  # sentence 1's padding keys
 
 
 def test_biases_gradcheck_on_the_mask():
@@ -427,8 +434,14 @@ def test_combinations_that_cannot_compose_are_refused_naming_both():
     module = attach(module_of("sdpa"), old=Overwrites())
     with pytest.raises(ValueError, match=r"old: setting call.score_mod would overwrite another method's"):
         headattn_attention_forward(module, query, key, value, None, scaling=SCALING)
-    # flex: a score_mod has no tensor form, for a method that reads the mask or takes over heads
-    call = call_on_flex(first=Bias(torch.zeros(B, 1, T, T)))
+    # flex: a raw score_mod has no tensor form, for a method that reads the mask or takes over heads (a bias has:
+    # the mask SDPA would get)
+    bias = torch.randn(B, 1, T, T)
+    call = call_on_flex(first=Bias(bias))
+    expected = biased_mask(REAL[:, None, None, :], [score_bias("first", bias, None, None, (B, H, T, T))],
+                           torch.float32, boolean=True)
+    torch.testing.assert_close(call.mask_tensor, expected)
+    call = call_on_flex(first=ScoreMod(lambda score, b, h, q, k: score))
     call._method = "reader"
     with pytest.raises(ValueError, match=r"encoder\.layers\.0\.self_attn: a method's flex score_mod \(from 'first'\) "
                                          r"changed this call's mask, which 'reader' reads as a tensor"):

@@ -43,6 +43,8 @@ def test_the_argparse_types_name_the_value_and_what_was_expected(tmp_path):
 
 @pytest.mark.parametrize("main, argv, expected", [
     (demo.main, ["--methods", "baseline", "dhicm+magic"], "unknown method 'magic'"),
+    (demo.main, ["--methods", "baseline", "fixed_attention+rel_pos"], "--methods: rel_pos and fixed_attention both "
+                                                                      "take over heads [0, 1]"),
     (demo.main, ["--max_steps", "0"], "argument --max_steps: expected an integer >= 1, got '0'"),
     (demo.main, ["--data", "/nowhere/multi30k"], "multi30k_dir '/nowhere/multi30k' is not a folder"),
     (demo.main, ["--quick", "--multi30k_dir", "/nowhere/m"], "multi30k_dir '/nowhere/m' is not a folder"),

@@ -212,6 +212,8 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
 
 @pytest.mark.parametrize("extra,message", [
     (["--method", "dhicm+magic"], r"unknown method 'magic' in 'dhicm\+magic'"),
+    (["--method", "fixed_attention+rel_pos"], r"rel_pos and fixed_attention both take over heads \[0, 1\] of "
+                                              r"encoder\.layers\.0\.self_attn"),  # when the config is built
     (["--model_shape", "huge"], r"unknown model shape 'huge'"),
     (["--target_lang", "xx"], r"Multi30k has no language \['xx'\] to download"),  # before any download
     (["--test_splits", "test_2017"], r"test_splits: \['test_2017'\] are not in the data"),

@@ -36,8 +36,8 @@ from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, posi
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.method_modules import add_method_modules_argument, import_or_exit
 from hf_headattn.experiment.outputs import check_output_dir, remove_entries
-from hf_headattn.experiment.presets import method_settings
-from hf_headattn.experiment.recipe_parts import write_json
+from hf_headattn.experiment.presets import method_settings, split_architecture
+from hf_headattn.experiment.recipe_parts import scratch_config, write_json
 from hf_headattn.methods.dhicm.core import METHOD as IMPORTANCE_METHOD
 
 
@@ -145,8 +145,8 @@ def main(argv=None, prog: str | None = None) -> None:
     args.num_beams = args.num_beams or args.schedule.num_beams
     args.output_dir = args.output_dir or ("outputs/demo-quick" if args.quick else "outputs/demo")
     for method in args.methods:
-        try:
-            method_settings(method)
+        try:  # the names, and their settings on the demo's tiny shape (two methods that cannot meet: refused)
+            scratch_config(*split_architecture("tiny", method_settings(method)))
         except ValueError as error:
             parser.error(f"--methods: {error}")
     # an earlier demo's results are replaced only when asked; the data and tokenizer it reads never

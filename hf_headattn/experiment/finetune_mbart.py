@@ -124,10 +124,13 @@ def main(argv=None, prog: str | None = None) -> dict:
     if "train" not in raw:
         parser.error(f"the data has no 'train' split; it has {sorted(raw)}")
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
-    model = HeadAttnMBartForConditionalGeneration.from_pretrained(
-        model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing,
-        attn_implementation=model_args.attn_implementation,
-    )
+    try:  # the settings on the checkpoint's shape, and beside its own methods (refused when they cannot compose)
+        model = HeadAttnMBartForConditionalGeneration.from_pretrained(
+            model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing,
+            attn_implementation=model_args.attn_implementation,
+        )
+    except ValueError as error:
+        parser.error(str(error))
     set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
     src, tgt = data_args.source_lang, data_args.target_lang
     features = tokenize_parallel(raw, tokenizer, src, tgt, data_args.max_source_length, data_args.max_target_length)

@@ -138,6 +138,12 @@ def pretrained_model(name_or_path: str, settings: dict, **kwargs):
     return MODEL_CLASSES[model_type].from_pretrained(name_or_path, **settings, **kwargs)
 
 
+def scratch_config(shape, settings: dict) -> HeadAttnMarianConfig:
+    """The config of a model of ``shape`` (``presets.model_shape``) with ``settings``, before any tokenizer exists:
+    a ``ValueError`` for a bad shape or settings (a method's, or two methods that cannot meet on one layer)."""
+    return HeadAttnMarianConfig(**model_shape(shape), **settings)
+
+
 def scratch_model(shape: str, tokenizer, settings: dict, max_length: int, **config_kwargs) -> HeadAttnMarianMTModel:
     """A randomly initialised Marian-style model of a named shape (``presets.MODEL_SHAPES``) for ``tokenizer``."""
     config = HeadAttnMarianConfig(

@@ -67,7 +67,6 @@ from hf_headattn.experiment.presets import (
     expand_argv,
     merge_settings,
     method_settings,
-    model_shape,
     preset,
     refuse_architecture,
     split_architecture,
@@ -80,6 +79,7 @@ from hf_headattn.experiment.recipe_parts import (
     prepare_features,
     pretrained_model,
     read_data,
+    scratch_config,
     scratch_model,
     scratch_tokenizer,
     set_languages,
@@ -210,8 +210,8 @@ def main(argv=None, prog: str | None = None) -> dict:
     set_seed(training_args.seed)
     try:  # a usage error (exit 2): the flags' settings and folders, before anything is read or written
         settings = settings_from(model_args)
-        if not model_args.model_name_or_path:
-            model_shape(split_architecture(model_args.model_shape, settings)[0])  # a named shape
+        if not model_args.model_name_or_path:  # a named shape, and the methods' settings on it (and together)
+            scratch_config(*split_architecture(model_args.model_shape, settings))
         check_launch(training_args)
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
         if resume:
@@ -247,8 +247,11 @@ def main(argv=None, prog: str | None = None) -> dict:
 
     if model_args.model_name_or_path:
         tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
-        model = pretrained_model(model_args.model_name_or_path, settings,
-                                 attn_implementation=model_args.attn_implementation)
+        try:  # the settings on the checkpoint's shape (and together): refused as a usage error
+            model = pretrained_model(model_args.model_name_or_path, settings,
+                                     attn_implementation=model_args.attn_implementation)
+        except ValueError as error:
+            parser.error(str(error))
     else:
         try:  # trained here, or the resumed run's (only if trained with this run's settings and data); trained and
             # saved by the main process, which the others wait for, then load

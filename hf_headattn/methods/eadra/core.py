@@ -42,7 +42,7 @@ import torch
 
 from ...attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from ...hf_compat import init_zeros_
-from ...registry import MethodSettings, MethodSpec
+from ...registry import HeadUse, MethodSettings, MethodSpec
 from ...settings_checks import allowed_values, check_choice, check_range, resolve_layers
 from ...sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
 from .equations import TERMS
@@ -501,8 +501,15 @@ def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, to
     return {"eadra_loss": loss, "eadra_terms": terms}, loss
 
 
+def head_use(settings: EaDRASettings, config, site) -> HeadUse:
+    """EaDRA recomputes its heads' probabilities from q, k and the mask (the regularized heads)."""
+    component = settings.components["cross" if site[2] == "cross" else site[0]]
+    heads = component.heads if component.heads is not None else range(component.num_heads)
+    return HeadUse(reads_scores=tuple(heads))
+
+
 METHOD = MethodSpec(
-    NAME, EaDRASettings, placements, build, collect,
+    NAME, EaDRASettings, placements, build, collect, head_use=head_use,
     outputs={
         "eadra_loss": "the weighted EaDRA regularizer (Eq. 9), included in loss",
         "eadra_terms": "{'<component>/<term>': unweighted term}, term in peak, sent, dist",

@@ -1,19 +1,19 @@
 """Fixed attention: fixed, token-independent attention patterns on some heads (Raganato, Scherrer & Tiedemann 2020).
 
 "Fixed encoder self-attention patterns in Transformer-based machine translation" (Findings of EMNLP 2020): in each
-encoder self-attention layer of 8 heads, 7 heads attend with a fixed pattern of positions (§3: the current token,
-the previous token, the next token, the larger left-hand and right-hand contexts, and, as we read it, the first and
-the last token) and 1 head stays learnable; the paper finds translation quality close to the fully learned encoder.
-The patterns, and our readings of what the paper leaves open (uniform larger contexts, the sentence edges,
-padding), are in :mod:`.equations`.
+encoder self-attention layer of 8 heads, 7 heads attend with a fixed pattern of positions (the current token, the
+previous token, the next token, the larger left-hand and right-hand contexts, and, as we read it, the first and the
+last token) and 1 head stays learnable; the abstract reports translation quality close to the fully learned
+encoder. The patterns, their weights (cubic by default, ``weights``) and our readings of what the sources leave open
+(the sentence edges, padding) are in :mod:`.equations`; where each setting comes from: the folder's README.
 
-Here each fixed head is taken over (``call.take_over``): it computes no query-key product; its output is the
-pattern's weighted sum of its values (a shift of V, V itself, a cumulative sum of V divided by a count), computed
-without a (T, S) tensor. The head's q/k projection rows are still computed by HF's module and unused (so they get
-zero gradient). On eager, which computes and returns every head's (T, S) weights anyway, the fixed heads run in
-eager's own product instead, with a zero query and the pattern's keys as a hard mask: uniform over those keys, which
-is exactly the pattern, so ``output_attentions`` returns the patterns, and the weights the output was computed with
-(:meth:`FixedAttention.on_eager`). SDPA and flex attention return no weights, as for the other heads.
+Here each fixed head is taken over (``call.take_over``) on every backend: it computes no query-key product; its
+output is the pattern's weighted sum of its values (a shift of V, V itself, cumulative sums of weighted V divided by
+the weights' sum), computed without a (T, S) tensor. The head's q/k projection rows are still computed by HF's
+module and unused (so they get zero gradient). On eager, whose callers expect every head's (T, S) weights
+(``output_attentions``), the fixed heads return their patterns' dense weights, the ones their output was computed
+with; SDPA and flex attention return no weights, as for the other heads. Other methods' score biases and hard masks
+(SEA's, Localness's, a relative-position key term) never reach a fixed head: its weights are fixed.
 
 Head masks scale a fixed head's output as any head's (the shared layer does it). Pruning a fixed head is supported:
 the head and its pattern go, the other fixed heads keep theirs (renumbered), so a pruned model equals the unpruned
@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 import torch
 
 from ...attention import AttentionCall, AttentionMethod, key_allowed
-from ...registry import MethodSettings, MethodSpec
+from ...registry import HeadUse, MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
 from .equations import (
     CAUSAL,
     PATTERNS,
     POSITION_FREE,
     Pattern,
+    Weights,
     fixed_outputs,
     make_plan,
     pattern_weights,
@@ -57,6 +58,11 @@ class FixedAttentionSettings(MethodSettings):
         :data:`~.equations.POSITION_FREE`: a target query has no position in the source).
     heads: the head numbers that are fixed, one per pattern, in the patterns' order (None: the first
         ``len(patterns)`` heads).
+    weights: how the spread patterns weigh their keys (:mod:`.equations`): "cubic" (the default: weights that decay
+        away from each pattern's anchor, the cube of the rank, as a third-party reimplementation has them; three
+        one-hot heads of the seven, as EaDRA §5.1 reports) or "uniform" (release 0.3's reading: uniform contexts,
+        one-hot start and end). A config.json saved before this setting existed loads with "uniform", the reading it
+        was trained with (``MethodSpec.saved_defaults``).
     """
 
     patterns: list[Pattern] = field(default_factory=lambda: list(PATTERNS))
@@ -64,6 +70,7 @@ class FixedAttentionSettings(MethodSettings):
     decoder: bool = False
     cross: bool = False
     heads: list[int] | None = None
+    weights: Weights = "cubic"
 
     def validate(self, config, name: str) -> None:
         if not self.patterns:
@@ -108,9 +115,9 @@ class FixedAttention(AttentionMethod):
     """The fixed heads of one attention module: ``heads[i]`` attends with ``patterns[i]``; the other heads are the
     module's own (learned). No parameters."""
 
-    def __init__(self, patterns, heads, causal: bool):
+    def __init__(self, patterns, heads, causal: bool, weights: str = "cubic"):
         super().__init__()
-        self.causal = causal
+        self.causal, self.weights = causal, weights
         self._set(tuple(patterns), tuple(heads))
 
     def _set(self, patterns: tuple[str, ...], heads: tuple[int, ...]) -> None:
@@ -123,7 +130,8 @@ class FixedAttention(AttentionMethod):
         self.taken_patterns = tuple(patterns[i] for i in order)
 
     def extra_repr(self) -> str:
-        return f"heads={list(self.heads)}, patterns={list(self.patterns)}, causal={self.causal}"
+        return (f"heads={list(self.heads)}, patterns={list(self.patterns)}, causal={self.causal}, "
+                f"weights={self.weights!r}")
 
     def prune_heads(self, keep: torch.Tensor) -> None:
         """The module keeps the heads ``keep``: a pruned fixed head's pattern goes with it, the others are
@@ -133,37 +141,23 @@ class FixedAttention(AttentionMethod):
         self._set(tuple(pattern for pattern, _ in pairs), tuple(head for _, head in pairs))
 
     def before(self, call: AttentionCall) -> None:
-        """SDPA and flex attention: take over the fixed heads (:meth:`attend`), their real keys the context's mask of
-        this side where it fits the call, else read from the mask ``attend`` gets. Eager (:meth:`on_eager`): eager's
-        own product with the pattern as a hard mask."""
+        """Take over the fixed heads (:meth:`attend`) on every backend, their real keys the context's mask of this
+        side where it fits the call, else read from the mask ``attend`` gets; on eager they also return their
+        dense weights (``output_attentions``)."""
         if not self.taken:
             return
-        if call.implementation == "eager":
-            self.on_eager(call)
-            return
         site = (call.is_decoder, call.is_cross)
-        call.take_over(self.taken, self._attend_with(call.key_mask, call.context, site))
+        call.take_over(self.taken, self._attend_with(call.key_mask, call.context, site,
+                                                     call.implementation == "eager"))
 
-    def on_eager(self, call: AttentionCall) -> None:
-        """Eager computes every head's (T, S) weights anyway and returns them, so the fixed heads run there too,
-        with their query set to zero (all scores 0) and the pattern's keys as a hard mask (``add_score_bias``):
-        softmax then spreads the weight uniformly over those keys, which is exactly the pattern (each is uniform
-        over its keys), and the weights ``output_attentions`` returns are the ones the output was computed with (so
-        their gradient can be retained, as transformers' tests do). Another method's score bias on a fixed head
-        would change its weights here (not on SDPA): fix heads no other method biases. Eager's attention dropout
-        drops these weights too, as it does every head's (SDPA and flex attention apply none to the fixed heads:
-        train with ``attention_dropout=0`` for one behaviour on every backend)."""
-        query = call.query
-        fixed = torch.zeros(query.shape[1], dtype=torch.bool, device=query.device)
-        fixed[list(self.heads)] = True
-        real = self.real_keys(call.value, call.attention_mask, call.key_mask)
-        support = pattern_weights(self.patterns, real, query.shape[2], self.causal, query.dtype) > 0
-        call.query = query.masked_fill(fixed[None, :, None, None], 0)
-        call.add_score_bias(allowed=support, heads=self.heads)
-
-    def _attend_with(self, real, context, site):
+    def _attend_with(self, real, context, site, eager: bool):
         def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None):
-            return self.attend(value, query.shape[2], attention_mask, real, context, site), None
+            output = self.attend(value, query.shape[2], attention_mask, real, context, site)
+            if not eager:
+                return output, None
+            keys = self.real_keys(value, attention_mask, real)
+            return output, pattern_weights(self.taken_patterns, keys, query.shape[2], self.causal, query.dtype,
+                                           self.weights)
 
         return attend
 
@@ -189,12 +183,12 @@ class FixedAttention(AttentionMethod):
         """The :func:`~.equations.make_plan` of this call, made once per forward and site (encoder, decoder self-
         or cross-attention) for the layers whose real keys come from the context (its key holds no size: a
         forward's sizes are one per site, and a size in a dict key would be a guard of a compiled graph)."""
-        key = (NAME, "plan", self.taken_patterns, self.causal, site)  # (D and dtype: one per model)
+        key = (NAME, "plan", self.taken_patterns, self.causal, self.weights, site)  # (D, dtype: one per model)
         cache = None if context is None or real is None or site is None else context.cache
         if cache is not None and key in cache:
             return cache[key]
         made = make_plan(self.taken_patterns, self.real_keys(value, attention_mask, real), length, self.causal,
-                         value.dtype, value.shape[-1])
+                         value.dtype, value.shape[-1], self.weights)
         if cache is not None:
             cache[key] = made
         return made
@@ -203,7 +197,7 @@ class FixedAttention(AttentionMethod):
 def build(settings: FixedAttentionSettings, config, module) -> FixedAttention:
     heads = settings.heads if settings.heads is not None else range(len(settings.patterns))
     causal = module.headattn_side == "decoder" and module.headattn_kind == "self"
-    return FixedAttention(settings.patterns, heads, causal)
+    return FixedAttention(settings.patterns, heads, causal, settings.weights)
 
 
 def collect(context, settings: FixedAttentionSettings):
@@ -211,5 +205,12 @@ def collect(context, settings: FixedAttentionSettings):
     return {}, None
 
 
+def head_use(settings: FixedAttentionSettings, config, site) -> HeadUse:
+    """The fixed heads are taken over, and their weights are the patterns' (no softmax of the scores)."""
+    heads = tuple(sorted(settings.heads if settings.heads is not None else range(len(settings.patterns))))
+    return HeadUse(takes_over=heads, fixes=heads)
+
+
 METHOD = MethodSpec(NAME, FixedAttentionSettings, placements, build, collect,
-                    kit="hf_headattn.methods.fixed_attention.kit")
+                    saved_defaults={"weights": "uniform"},  # release 0.3's reading, before the setting existed
+                    head_use=head_use, kit="hf_headattn.methods.fixed_attention.kit")

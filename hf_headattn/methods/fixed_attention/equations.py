@@ -1,41 +1,51 @@
 """The fixed attention patterns of Raganato, Scherrer & Tiedemann 2020 as pure functions of the real keys.
 
-"Fixed encoder self-attention patterns in Transformer-based machine translation" (Findings of EMNLP 2020), §3: each
-fixed head attends with a pattern that depends only on the positions, never on the tokens. Written from our reading
-of the paper (its text is not in this repository, and its section numbers here, §3 for the method, are from memory:
-check them); where the paper leaves a point open, or we are not sure of it, the choice is ours and said so.
+"Fixed encoder self-attention patterns in Transformer-based machine translation" (Findings of EMNLP 2020): each
+fixed head attends with a pattern that depends only on the positions, never on the tokens. The paper's method section
+is not reachable here (``/work/shared/papers/fixed-attention-raganato.md`` says what each reading rests on); the
+pattern names come from a secondary description, the weights from a third-party reimplementation and EaDRA's §5.1
+entropy remark, and the rest is our choice, said so below (the folder's README tabulates the sources).
 
-The patterns, for a query at position p over the real (non-padding) keys R of its sentence (§3, Figure 1):
+The patterns, for a query at position p over the real (non-padding) keys R of its sentence:
 
 * ``current``: the token itself, p;
 * ``previous``: the previous token, the nearest real key j < p;
 * ``next``: the next token, the nearest real key j > p;
-* ``left``: the larger left-hand context, all real keys j < p;
-* ``right``: the larger right-hand context, all real keys j > p;
-* ``start``: the first real token of the sentence (min R);
-* ``end``: the last real token of the sentence (max R: ``</s>``, or mBART's language code).
+* ``left``: the larger left-hand context, the real keys j < p;
+* ``right``: the larger right-hand context, the real keys j > p;
+* ``start``: the sentence from its first real token (anchor: min R);
+* ``end``: the sentence up to its last real token (anchor: max R: ``</s>``, or mBART's language code).
+
+Weights (``weights``, :data:`WEIGHTS`):
+
+* ``"cubic"`` (the default): a spread pattern (``left``, ``right``, ``start``, ``end``) weighs its keys by the cube of
+  their rank counted from the end of its span farthest from the anchor, m = 1, 2, ..., n (m = n at the anchor: the
+  query for the contexts, the first or last token for ``start``/``end``): w = m^3 / (n (n + 1) / 2)^2 (the sum of
+  the cubes). So the left context rises towards the query, the right context falls away from it, ``start`` falls
+  from the first token and ``end`` rises to the last. This follows the third-party reimplementation's cubic
+  weights (n + 1)^3 as the summary describes them, and EaDRA §5.1's remark that exactly three fixed heads (current,
+  previous, next) have zero entropy, the others low entropy: not the paper's text, which is not reachable. Ranks
+  count real tokens only, so padding changes nothing.
+* ``"uniform"`` (release 0.3's reading): each pattern weighs its keys alike, 1 / n: the contexts uniform over all
+  their tokens, ``start`` and ``end`` one-hot on the first and last token (five zero-entropy heads).
 
 Readings and choices (ours):
 
-* **Larger contexts** weigh their keys uniformly, 1 / |{j in R: j < p}| (our choice, not checked against the paper,
-  which may weigh nearer tokens more: the uniform reading needs no further constant, and it is a cumulative sum of
-  the values divided by a count, no (T, S) product). A decaying weight would be another pattern name.
-* **Start and end** as the sixth and seventh pattern of the paper's 7-fixed-heads configuration are our
-  reconstruction, less certain than the five above (the current, previous and next token and the two larger
-  contexts); a user who reads the paper otherwise lists the patterns (``patterns=[...]``).
 * **Sentence edges**: a query whose pattern has no key (no previous token at the first token, no right context at
   the last one, ...) attends to the token itself (our choice).
 * **Padding never receives weight**: the patterns are over R. A padding query (whose output no real token reads)
   attends to the real token nearest to it (ties: the one on the left) where its pattern has no key; a sentence with
   no real token at all attends to the position itself.
 * **Causal attention** (decoder self-attention): only keys j <= p exist, so only ``current``, ``previous``, ``left``
-  and ``start`` are defined there (:data:`CAUSAL`); ``start`` falls back to the token itself while the first real
-  token is still to come. With a cache the queries are the last T of the S keys: p = S - T + t.
+  and ``start`` are defined there (:data:`CAUSAL`); ``start`` is one-hot on the first real token there whatever
+  ``weights`` (its cubic ranks count from the sentence's far end, which a causal query does not see), and falls
+  back to the token itself while the first real token is still to come. With a cache the queries are the last T of
+  the S keys: p = S - T + t.
 * **Cross-attention** has no query position in the source, so only ``start`` and ``end`` are defined there
   (:data:`POSITION_FREE`).
-* No attention dropout on the fixed heads where they are taken over (SDPA, flex attention): there are no learned
-  probabilities to drop (our choice). Eager runs them in its own product and drops them as every head's
-  (:meth:`~.core.FixedAttention.on_eager`): train with ``attention_dropout=0`` for one behaviour everywhere.
+* **Other methods' score changes** (a bias, SEA's hard mask) never reach a fixed head: its weights are fixed, so an
+  anchor that such a mask would remove stays (:class:`~.core.FixedAttention` takes the heads over on every backend).
+* No attention dropout on the fixed heads: there are no learned probabilities to drop (our choice).
 
 Shapes: B sentences, P patterns, T queries, S keys, D head dimension; ``real`` (B, S) bool, True at real keys.
 """
@@ -47,20 +57,31 @@ from typing import Literal, get_args
 
 import torch
 
-from ...attention import constant
-
 #: A pattern's name.
 Pattern = Literal["current", "previous", "next", "left", "right", "start", "end"]
 #: Every pattern, in the order of the paper's 7-fixed-heads configuration as we read it (the default).
 PATTERNS: tuple[str, ...] = get_args(Pattern)
+#: How a spread pattern weighs its keys (the default first).
+Weights = Literal["cubic", "uniform"]
+WEIGHTS: tuple[str, ...] = get_args(Weights)
 #: The patterns that put all the weight on one key (computed as a gather of the values).
 POINT = ("current", "previous", "next", "start", "end")
-#: The larger contexts (a cumulative sum of the values over the real keys, divided by their count).
+#: The larger contexts (a cumulative sum of the weighted values over the real keys, divided by the weights' sum).
 CONTEXT = ("left", "right")
 #: The patterns defined under a causal mask (decoder self-attention): none looks at later tokens.
 CAUSAL = ("current", "previous", "left", "start")
 #: The patterns defined without the query's position (cross-attention).
 POSITION_FREE = ("start", "end")
+
+
+def spread_patterns(weights: str, causal: bool) -> tuple[str, ...]:
+    """The patterns that spread their weight over several keys with ``weights`` (the others are one-hot): the
+    contexts, and with cubic weights ``start`` and ``end`` too (``start`` not under a causal mask)."""
+    if weights == "uniform":
+        return CONTEXT
+    if weights != "cubic":
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    return ("left", "right", "end") if causal else ("left", "right", "start", "end")
 
 
 def query_positions(length: int, key_length: int, device) -> torch.Tensor:
@@ -99,8 +120,8 @@ def nearest_real(real: torch.Tensor, length: int, causal: bool, landmarks=None, 
 
 def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> torch.Tensor:
     """(B, P, T) long: the one key each query of each point pattern (:data:`POINT`) attends to, with the fallback of
-    :func:`nearest_real` where the pattern has none; for a context pattern (:data:`CONTEXT`), that fallback, the key
-    it attends to where its context is empty (:func:`fixed_outputs` gathers both at once)."""
+    :func:`nearest_real` where the pattern has none; for a spread pattern (:func:`spread_patterns`), that fallback,
+    the key it attends to where its span is empty (:func:`fixed_outputs` gathers both at once)."""
     key_length = real.shape[-1]
     positions = query_positions(length, key_length, real.device)
     last, first = landmarks = key_landmarks(real, positions if length == key_length else None)
@@ -134,10 +155,10 @@ def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> to
     return torch.stack(indices, 1)
 
 
-def context_counts(patterns, real: torch.Tensor, length: int) -> torch.Tensor:
-    """(B, C, T) long: the number of real keys of each query's larger context (:data:`CONTEXT`): j < p (left) or
-    j > p (right); 0 for a point pattern (:data:`POINT`) between context patterns, which :func:`fixed_outputs` then
-    gives its key's value, as a context head where its context is empty."""
+def span_counts(patterns, real: torch.Tensor, length: int, spread=CONTEXT) -> torch.Tensor:
+    """(B, C, T) long: the number n of real keys in each query's span for the spread patterns among ``spread``:
+    j < p (``left``), j > p (``right``), the whole sentence (``start``, ``end``); 0 for another pattern between
+    them, which :func:`fixed_outputs` then gives its key's value, as a spread head where its span is empty."""
     key_length = real.shape[-1]
     positions = None if length == key_length else query_positions(length, key_length, real.device)
 
@@ -148,35 +169,62 @@ def context_counts(patterns, real: torch.Tensor, length: int) -> torch.Tensor:
     inclusive = ones.cumsum(-1)  # real keys j <= p
     counts = []
     for pattern in patterns:
-        if pattern == "left":
+        if pattern not in PATTERNS:
+            raise ValueError(f"{pattern!r} is no pattern; expected one of {PATTERNS}")
+        if pattern not in spread:
+            counts.append(at_queries(torch.zeros_like(inclusive)))
+        elif pattern == "left":
             counts.append(at_queries(inclusive - ones))
         elif pattern == "right":
             counts.append(at_queries(inclusive[:, -1:] - inclusive))
-        elif pattern in POINT:
-            counts.append(at_queries(torch.zeros_like(inclusive)))
-        else:
-            raise ValueError(f"{pattern!r} is no pattern; expected one of {PATTERNS}")
+        else:  # start, end: the sentence
+            counts.append(at_queries(inclusive[:, -1:].expand_as(inclusive)))
     return torch.stack(counts, 1)
 
 
+def key_ranks(pattern: str, real: torch.Tensor) -> torch.Tensor:
+    """(B, S) long: each real key's rank m for ``pattern``'s cubic weights, counted from the span's end farthest from
+    the anchor (1 there): 1, 2, ... from the first real token (``left``, ``end``) or from the last one (``right``,
+    ``start``); 0 at padding."""
+    inclusive = real.long().cumsum(-1)
+    ranks = inclusive if pattern in ("left", "end") else inclusive[:, -1:] - inclusive + 1
+    return ranks * real
+
+
+def weight_sums(counts: torch.Tensor, weights: str) -> torch.Tensor:
+    """The sum of the weights of n keys of a span, for ``counts`` n (any shape, long): n (uniform), or the sum of
+    the cubes 1^3 + ... + n^3 = (n (n + 1) / 2)^2 (cubic)."""
+    if weights == "uniform":
+        return counts
+    return (counts * (counts + 1) // 2) ** 2
+
+
 def pattern_weights(patterns, real: torch.Tensor, length: int, causal: bool = False,
-                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                    dtype: torch.dtype = torch.float32, weights: str = "cubic") -> torch.Tensor:
     """(B, P, T, S): the weights of each pattern, dense (for ``output_attentions`` and the tests); each row sums to 1
     and is 0 at padding keys (but in a sentence with no real token)."""
     key_length = real.shape[-1]
     positions = query_positions(length, key_length, real.device)
     keys = torch.arange(key_length, device=real.device)
+    spread = spread_patterns(weights, causal)
     nearest = torch.nn.functional.one_hot(nearest_real(real, length, causal), key_length).to(dtype)  # (B, T, S)
     rows = []
     for pattern in patterns:
-        if pattern in POINT:
+        if pattern not in spread:
             index = point_indices((pattern,), real, length, causal)[:, 0]
             rows.append(torch.nn.functional.one_hot(index, key_length).to(dtype))
             continue
-        side = keys[None, :] < positions[:, None] if pattern == "left" else keys[None, :] > positions[:, None]
-        chosen = (side[None] & real[:, None, :]).to(dtype)  # (B, T, S)
-        count = chosen.sum(-1, keepdim=True)
-        rows.append(torch.where(count > 0, chosen / count.clamp(min=1), nearest))
+        if pattern == "left":
+            side = keys[None, :] < positions[:, None]
+        elif pattern == "right":
+            side = keys[None, :] > positions[:, None]
+        else:
+            side = torch.ones(length, key_length, dtype=torch.bool, device=real.device)
+        chosen = side[None] & real[:, None, :]  # (B, T, S)
+        factor = 1.0 if weights == "uniform" else key_ranks(pattern, real).to(dtype)[:, None, :] ** 3
+        unnormalised = chosen.to(dtype) * factor
+        total = unnormalised.sum(-1, keepdim=True)
+        rows.append(torch.where(total > 0, unnormalised / total.clamp(min=torch.finfo(dtype).tiny), nearest))
     return torch.stack(rows, 1)
 
 
@@ -186,47 +234,60 @@ class Plan:
     shared by the layers of a side.
 
     index: (B, h, T, D) long (expanded), the key each head gathers: a point pattern's (:func:`point_indices`), a
-    context pattern's fallback (:func:`nearest_real`, where its context is empty);
-    span: None without context patterns, else (start, stop), the heads from the first context head to the last (a
-    point head between them counts as an empty context: its own key's value);
-    real: (B, 1, S, 1), 1 at real keys (in the values' dtype), or None without context patterns;
-    left: which heads of the span are left-hand contexts (else right-hand): True or False where all are alike, else
-    (1, c, 1, 1) bool (:func:`left_heads`);
-    scale: (B, c, T, 1), 1 / the context's count (0 where empty); empty: (B, c, T, 1), 1 where empty;
+    spread pattern's fallback (:func:`nearest_real`, where its span is empty);
+    span: None without spread patterns, else (start, stop), the heads from the first spread head to the last (a
+    point head between them counts as an empty span: its own key's value);
+    factor: (B, c, S, 1), each key's weight before normalising (1 or 0 at padding, uniform; m^3, cubic), or None
+    without spread patterns;
+    sides: which keys the heads of the span sum, as runs of consecutive heads alike: ((side, first head of the run
+    in the span, its length), ...), side "before" (j < p), "after" (j > p) or "all" (a point head between spread
+    heads joins the run before it);
+    scale: (B, c, T, 1), 1 / the weights' sum (0 where the span is empty); empty: (B, c, T, 1), 1 where empty;
     offset: S - T, the first key row of the queries.
     """
 
     index: torch.Tensor
     span: tuple[int, int] | None
-    real: torch.Tensor | None
-    left: bool | torch.Tensor | None
+    factor: torch.Tensor | None
+    sides: tuple[tuple[str, int, int], ...] | None
     scale: torch.Tensor | None
     empty: torch.Tensor | None
     offset: int
 
 
-def left_heads(patterns, device) -> torch.Tensor:
-    """(1, c, 1, 1) bool: True at the left-hand contexts among ``patterns`` (made once per device:
-    :func:`~hf_headattn.attention.constant`)."""
-    return constant(tuple(pattern == "left" for pattern in patterns), torch.bool, device)[None, :, None, None]
+#: Which keys a spread pattern sums: before the query, after it, or the whole sentence.
+SIDES = {"left": "before", "right": "after", "start": "all", "end": "all"}
 
 
-def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype, depth: int = 1) -> Plan:
+def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype, depth: int = 1,
+              weights: str = "cubic") -> Plan:
     """The :class:`Plan` of the heads with ``patterns`` (in that order) for the real keys ``real`` (B, S), T =
     ``length`` queries and values of ``depth`` (D) dimensions."""
     key_length = real.shape[-1]
     index = point_indices(patterns, real, length, causal).unsqueeze(-1).expand(-1, -1, -1, depth)
     plan = Plan(index, None, None, None, None, None, key_length - length)
-    contexts = [i for i, pattern in enumerate(patterns) if pattern in CONTEXT]
-    if contexts:
-        start, stop = contexts[0], contexts[-1] + 1
+    spread = spread_patterns(weights, causal)
+    heads = [i for i, pattern in enumerate(patterns) if pattern in spread]
+    if heads:
+        start, stop = heads[0], heads[-1] + 1
         span = tuple(patterns[start:stop])
-        counts = context_counts(span, real, length).unsqueeze(-1)  # (B, c, T, 1)
-        sides = {pattern == "left" for pattern in span if pattern in CONTEXT}
+        counts = span_counts(span, real, length, spread).unsqueeze(-1)  # (B, c, T, 1)
+        accumulate = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        if weights == "uniform":
+            plan.factor = real[:, None, :, None].to(accumulate)
+        else:  # (a point head between spread heads: any factor, its span is empty)
+            plan.factor = torch.stack([key_ranks(pattern if pattern in spread else "left", real) for pattern in span],
+                                      1).to(accumulate)[..., None] ** 3
+        runs = []
+        for i, pattern in enumerate(span):
+            side = SIDES[pattern] if pattern in spread else runs[-1][0]  # (the span starts with a spread head)
+            if runs and runs[-1][0] == side:
+                runs[-1][2] += 1
+            else:
+                runs.append([side, i, 1])
         plan.span = (start, stop)
-        plan.real = real[:, None, :, None].to(dtype)
-        plan.left = sides.pop() if len(sides) == 1 else left_heads(span, real.device)
-        plan.scale = (1.0 / counts.clamp(min=1).to(dtype)) * (counts > 0)
+        plan.sides = tuple(tuple(run) for run in runs)
+        plan.scale = (1.0 / weight_sums(counts, weights).clamp(min=1).to(accumulate)) * (counts > 0)
         plan.empty = (counts == 0).to(dtype)
     return plan
 
@@ -234,8 +295,10 @@ def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: to
 def fixed_outputs(value: torch.Tensor, plan: Plan) -> torch.Tensor:
     """(B, h, T, D): the fixed heads' outputs, sum_j w_pj v_j, from their values (B, h, S, D) (heads in the order of
     the patterns :func:`make_plan` was given) without any (T, S) tensor: one gather takes each point head's key's
-    value and each context head's fallback; a context head takes a cumulative sum of the real keys' values (in
-    float32 at least) and divides by the count, the fallback where its context is empty."""
+    value and each spread head's fallback; a spread head sums its keys' weighted values with a cumulative sum (in
+    float32 at least; forward for the keys before the query, backward for those after it, so that the query's own
+    term, the largest, is what is taken off) and divides by the weights' sum, the fallback where its span is
+    empty."""
     gathered = value.gather(2, plan.index)
     if plan.span is None:
         return gathered
@@ -244,16 +307,19 @@ def fixed_outputs(value: torch.Tensor, plan: Plan) -> torch.Tensor:
     sizes = [size for size in (start, stop - start, heads - stop) if size]
     parts = list(gathered.split(sizes, 1)) if len(sizes) > 1 else [gathered]
     here = 1 if start else 0  # the span's part
-    context = value if len(sizes) == 1 else value.narrow(1, start, stop - start)
-    accumulate = context if context.dtype in (torch.float32, torch.float64) else context.float()
-    masked = accumulate * plan.real
-    running = masked.cumsum(2)  # real keys j <= p
-    if plan.left is True:  # j < p
-        sums = running - masked
-    elif plan.left is False:  # j > p
-        sums = running[:, :, -1:] - running
-    else:
-        sums = torch.where(plan.left, running - masked, running[:, :, -1:] - running)
+    span = value if len(sizes) == 1 else value.narrow(1, start, stop - start)
+    accumulate = span if span.dtype in (torch.float32, torch.float64) else span.float()
+    weighted = accumulate * plan.factor  # (B, c, S, D)
+    pieces = []
+    for side, first, count in plan.sides:  # (runs of heads alike: one operator each, a few per layer)
+        run = weighted if count == weighted.shape[1] else weighted.narrow(1, first, count)
+        if side == "before":  # j < p: the sum up to p, less p's own term (the largest: no cancellation)
+            pieces.append(run.cumsum(2) - run)
+        elif side == "after":  # j > p: the sum from p backwards, less p's own term
+            pieces.append(run.flip(2).cumsum(2).flip(2) - run)
+        else:  # the whole sentence, the same for every query
+            pieces.append(run.sum(2, keepdim=True).expand_as(run))
+    sums = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
     if plan.offset:
         sums = sums[:, :, plan.offset:]
     parts[here] = (sums * plan.scale).to(value.dtype) + parts[here] * plan.empty

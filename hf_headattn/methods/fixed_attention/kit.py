@@ -1,9 +1,10 @@
 """Fixed attention's kit (Raganato, Scherrer & Tiedemann 2020): recipe names and presets.
 
 EaDRA's paper (Araabi, Niculae & Monz, Tables 3-5) compares against "Fixed-attention", Raganato et al.'s encoder with
-7 fixed heads and 1 learnable head per layer; it also tried fixing only the previous- and next-token heads (which
-section we have not checked here). The presets are those two configurations (Transformer-base, 8 heads), and the same
-two on top of mBART fine-tuning (Table 5).
+7 fixed heads and 1 learnable head per layer; it also tried fixing only the previous- and next-token heads (§5.4, on
+mBART). The presets are those two configurations (Transformer-base, 8 heads), and the same two
+on top of mBART fine-tuning (Table 5). The patterns' weights are the method's default, "cubic" (the folder's README
+says where each setting comes from).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.fixed_attention.core import NAME
 from hf_headattn.methods.fixed_attention.equations import PATTERNS
 
-#: Raganato et al. §3 (as we read it, hf_headattn/methods/fixed_attention/equations.py): 7 fixed + 1 learnable head in
-#: every encoder self-attention layer of 8 heads.
-RAGANATO = {"patterns": list(PATTERNS)}
+#: Raganato et al.'s 7 patterns as a secondary description names them (fixed_attention/equations.py): 7 fixed + 1
+#: learnable head in every encoder self-attention layer of 8 heads (the abstract: all heads but one).
+RAGANATO = {"patterns": list(PATTERNS), "weights": "cubic"}
 #: Only the previous- and next-token heads fixed (the other heads learnable).
 PREV_NEXT = {"patterns": ["previous", "next"]}
 #: The 8 heads of Transformer-base that those tables' models have, kept under another --model_shape.
@@ -32,7 +33,7 @@ KIT = MethodKit(
     },
     presets={
         "fixed_attention_raganato": Preset(
-            doc="Fixed attention (Raganato, Scherrer & Tiedemann 2020, §3), the Fixed-attention row of EaDRA's "
+            doc="Fixed attention (Raganato, Scherrer & Tiedemann 2020), the Fixed-attention row of EaDRA's "
                 "(Araabi, Niculae & Monz) Tables 3-4: 7 fixed + 1 learnable head in every encoder self-attention "
                 "layer; Transformer-base (8 heads).",
             flags=dict(TRANSFORMER_BASE), config={**HEADS, NAME: dict(RAGANATO)},

@@ -37,7 +37,7 @@ from torch import nn
 from ...attention import AttentionCall, AttentionMethod, key_allowed
 from ...hf_compat import init_normal_
 from ...redundancy import checked_dependency_mask, neutral_dependency_mask, redundant_heads_of
-from ...registry import MethodSettings, MethodSpec
+from ...registry import HeadUse, MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
 from .equations import key_term, labels_at, query_positions, relative_labels, value_term
 
@@ -152,8 +152,14 @@ def collect(context, settings: RelPosSettings) -> tuple[dict, None]:
     return {}, None
 
 
+def head_use(settings: RelPosSettings, config, site) -> HeadUse:
+    """With the value term every head of the layer is taken over; the key term alone is a score bias."""
+    heads = config.encoder_attention_heads if site[0] == "encoder" else config.decoder_attention_heads
+    return HeadUse(takes_over=tuple(range(heads)) if settings.values else ())
+
+
 METHOD = MethodSpec(
-    NAME, RelPosSettings, placements, build, collect,
+    NAME, RelPosSettings, placements, build, collect, head_use=head_use,
     inputs=("dependency_mask",), neutral_inputs=neutral_dependency_mask,
     kit="hf_headattn.methods.rel_pos.kit",
 )

@@ -13,6 +13,7 @@ from hf_headattn.methods.fixed_attention.equations import (
     CONTEXT,
     PATTERNS,
     POINT,
+    WEIGHTS,
     fixed_outputs,
     make_plan,
     pattern_weights,
@@ -24,9 +25,10 @@ REAL = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1],
                      [0, 0, 1, 0, 0, 0]], dtype=torch.bool)
 
 
-def loop_weights(pattern, real, length, causal):
+def loop_weights(pattern, real, length, causal, weights="cubic"):
     """One pattern's weights (B, T, S) by a loop over sentences and queries, float64: the rules of
-    hf_headattn/methods/fixed_attention/equations.py written out."""
+    hf_headattn/methods/fixed_attention/equations.py written out. Cubic: a spread pattern's keys, in order from the
+    end of its span farthest from the anchor, weigh 1, 8, 27, ... (m^3), normalised; causal ``start`` is one-hot."""
     batch_size, key_length = real.shape
     out = torch.zeros(batch_size, length, key_length, dtype=torch.float64)
     for b in range(batch_size):
@@ -38,28 +40,41 @@ def loop_weights(pattern, real, length, causal):
             else:
                 allowed = [j for j in keys if j <= p] if causal else keys
                 nearest = min(allowed, key=lambda j: (abs(j - p), j)) if allowed else p
+            spread = weights == "cubic" and pattern in ("left", "right", "end") + (() if causal else ("start",))
+            before, after = [j for j in keys if j < p], [j for j in keys if j > p]
             chosen = {
                 "current": [p] if p in keys else [],
-                "previous": [max(j for j in keys if j < p)] if any(j < p for j in keys) else [],
-                "next": [min(j for j in keys if j > p)] if any(j > p for j in keys) else [],
-                "left": [j for j in keys if j < p],
-                "right": [j for j in keys if j > p],
-                "start": [keys[0]] if keys and (not causal or keys[0] <= p) else [],
-                "end": [keys[-1]] if keys else [],
-            }[pattern] or [nearest]
-            for j in chosen:
-                out[b, t, j] = 1 / len(chosen)
+                "previous": before[-1:],
+                "next": after[:1],
+                "left": before,
+                "right": after,
+                "start": (keys if spread else keys[:1]) if keys and (not causal or keys[0] <= p) else [],
+                "end": keys if spread else keys[-1:],
+            }[pattern]
+            if not chosen:
+                out[b, t, nearest] = 1
+                continue
+            if not spread:
+                for j in chosen:
+                    out[b, t, j] = 1 / len(chosen)
+                continue
+            far_first = pattern in ("left", "end")  # the span's far end is its first key (else its last)
+            ranks = [index + 1 if far_first else len(chosen) - index for index in range(len(chosen))]
+            total = sum(m ** 3 for m in ranks)
+            for j, m in zip(chosen, ranks):
+                out[b, t, j] = m ** 3 / total
     return out
 
 
+@pytest.mark.parametrize("kind", WEIGHTS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_patterns_match_a_loop_on_padded_batches(causal):
+def test_patterns_match_a_loop_on_padded_batches(causal, kind):
     """Every pattern's dense weights are the loop's (with a cache: the last 2 of 6 keys are the queries), and the
     fast outputs (gathers and cumulative sums, no (T, S) tensor) are those weights times V, float64."""
     patterns = CAUSAL if causal else PATTERNS
     for length in (6, 2) if causal else (6,):
-        weights = pattern_weights(patterns, REAL, length, causal, torch.float64)
-        expected = torch.stack([loop_weights(p, REAL, length, causal) for p in patterns], 1)
+        weights = pattern_weights(patterns, REAL, length, causal, torch.float64, kind)
+        expected = torch.stack([loop_weights(p, REAL, length, causal, kind) for p in patterns], 1)
         torch.testing.assert_close(weights, expected, rtol=0, atol=1e-12)
         if causal:  # no key after the query
             assert not weights.triu(diagonal=1 + REAL.shape[1] - length).any()
@@ -70,14 +85,14 @@ def test_patterns_match_a_loop_on_padded_batches(causal):
         contexts = [p for p in patterns if p in CONTEXT]
         for order in (patterns, [*points, *contexts], [*contexts, *points], [contexts[0], *points, *contexts[1:]]):
             value = torch.randn(REAL.shape[0], len(order), REAL.shape[1], 3, dtype=torch.float64)
-            plan = make_plan(order, REAL, length, causal, torch.float64, 3)
-            ordered = torch.stack([loop_weights(p, REAL, length, causal) for p in order], 1)
+            plan = make_plan(order, REAL, length, causal, torch.float64, 3, kind)
+            ordered = torch.stack([loop_weights(p, REAL, length, causal, kind) for p in order], 1)
             torch.testing.assert_close(fixed_outputs(value, plan), ordered @ value, rtol=1e-12, atol=1e-12)
         alike = [["left", "current", "left"]] if causal else [["right", "end", "right"], ["next", "left", "left"]]
         for order in (points, contexts, *alike):  # point heads alone, context heads alone, contexts of one side
             value = torch.randn(REAL.shape[0], len(order), REAL.shape[1], 3, dtype=torch.float64)
-            plan = make_plan(order, REAL, length, causal, torch.float64, 3)
-            ordered = torch.stack([loop_weights(p, REAL, length, causal) for p in order], 1)
+            plan = make_plan(order, REAL, length, causal, torch.float64, 3, kind)
+            ordered = torch.stack([loop_weights(p, REAL, length, causal, kind) for p in order], 1)
             torch.testing.assert_close(fixed_outputs(value, plan), ordered @ value, rtol=1e-12, atol=1e-12)
 
 
@@ -267,3 +282,58 @@ def test_flex_attention_equals_sdpa():
             torch.testing.assert_close(flex(**batch()).logits, sdpa(**batch()).logits, rtol=1e-5, atol=1e-5)
     finally:
         torch.compiler.reset()
+
+
+def test_a_config_saved_before_the_weights_setting_loads_with_uniform_weights(tmp_path):
+    """A checkpoint saved by release 0.3 before ``weights`` existed (its config.json records no ``weights``) loads
+    with the reading it was trained with, "uniform" (its logits are a uniform model's, not a cubic one's); a config
+    built in Python without ``weights`` gets "cubic", and saving it records that."""
+    import json
+
+    settings = {"patterns": ["left", "right", "start"]}
+    uniform, cubic = model("sdpa", **settings, weights="uniform"), model("sdpa", **settings)
+    assert cubic.config.headattn_settings["fixed_attention"].weights == "cubic"
+    cubic.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["headattn_recorded_defaults"] == {"fixed_attention": {"weights": "cubic"}}
+    assert HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).config.fixed_attention == settings
+    del saved["headattn_recorded_defaults"]  # as release 0.3 wrote it
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert loaded.config.headattn_settings["fixed_attention"].weights == "uniform"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch()).logits, uniform(**batch()).logits)
+        assert not torch.allclose(loaded(**batch()).logits, cubic(**batch()).logits)
+
+
+def test_the_default_on_a_20_token_sentence():
+    """The default (the 7 patterns, cubic weights) on a 20-token sentence beside a padded one, as eager returns the
+    weights: exactly three heads have zero entropy (current, previous, next: all weight on i, i-1, i+1); the left
+    context rises towards the query, the right context falls away from it, start falls from the first token and end
+    rises to the last; no real query puts weight on padding."""
+    torch.manual_seed(0)
+    config = HeadAttnMBartConfig(**{**TINY, "encoder_attention_heads": 8, "decoder_attention_heads": 8},
+                                 **NO_DROPOUT, fixed_attention={})
+    made = HeadAttnMBartForConditionalGeneration(config).eval()
+    made.set_attn_implementation("eager")
+    input_ids = torch.full((2, 20), 5)
+    input_ids[1, 12:] = 1  # the second sentence: 12 real tokens, 8 padding
+    with torch.no_grad():
+        weights = made(input_ids=input_ids, attention_mask=input_ids.ne(1).long(), decoder_input_ids=input_ids[:, :2],
+                       output_attentions=True).encoder_attentions[0][0, :7]  # (7 fixed heads, T, S), sentence 0
+    entropy = -(weights * weights.clamp(min=1e-30).log2()).sum(-1)  # (7, T)
+    assert (entropy == 0).all(-1).tolist() == [True, True, True, False, False, False, False]
+    current, previous, following, left, right, start, end = weights
+    i = torch.arange(20)
+    assert (current[i, i] == 1).all() and (previous[i[1:], i[1:] - 1] == 1).all()
+    assert (following[i[:-1], i[:-1] + 1] == 1).all()
+    for q in range(1, 19):  # (the first token has no left context, the last no right one: they attend to themselves)
+        assert (left[q, 1:q] > left[q, :q - 1]).all() and left[q, :q].sum() > 0.999 and not left[q, q:].any()
+        assert (right[q, q + 1:-1] > right[q, q + 2:]).all() and right[q, q + 1:].sum() > 0.999
+    assert left[0, 0] == 1 and right[19, 19] == 1
+    assert (start[:, :-1] > start[:, 1:]).all() and (end[:, 1:] > end[:, :-1]).all()
+    assert 0 < entropy[3:].max() < 4.0  # spread, and below the uniform head's log2(19)
+    with torch.no_grad():
+        padded = made(input_ids=input_ids, attention_mask=input_ids.ne(1).long(), decoder_input_ids=input_ids[:, :2],
+                      output_attentions=True).encoder_attentions[0][1, :7, :12]  # sentence 1's real queries
+    assert not padded[..., 12:].any() and torch.allclose(padded.sum(-1), torch.ones(7, 12))
