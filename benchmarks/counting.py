@@ -19,7 +19,8 @@ shapes and dtypes propagate, nothing is computed or allocated, so the largest sh
 * ``written_bytes``: the bytes the operators of the forward + backward write (:class:`WrittenCounter`): each
   operator's output tensors' ``nbytes``, views left out (an output that shares an input's storage without the
   operator's schema marking it written: ``view``, ``transpose``, ``expand``, ``_unsafe_view``, ``detach``, ...); an
-  in-place or ``out=`` operator (``add_``, ``copy_``) writes its output and counts. Memory traffic, the cost of a
+  in-place or ``out=`` operator (``add_``, ``copy_``) writes its output and counts; ``empty`` and its kin allocate
+  without writing and do not. Memory traffic, the cost of a
   memory-bound step on a GPU, without the reads; an upper bound for a fused (compiled) step, whose kernels write
   fewer intermediates. ``written_by_op``: the ten operators that write most, in bytes.
 * SEA's value check of ``phrase_positions`` reads the values on the host on the CPU, which fake tensors cannot;
@@ -137,10 +138,13 @@ class WrittenCounter(TorchDispatchMode):
                 total += tensor.nbytes
         return total
 
+    #: Operators that allocate without writing (their outputs are written by the operators that fill them).
+    ALLOCATORS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        written = self._written(func, args, kwargs, out)
+        written = 0 if func.overloadpacket.__name__ in self.ALLOCATORS else self._written(func, args, kwargs, out)
         if written:
             name = str(func.overloadpacket)
             self.by_op[name] = self.by_op.get(name, 0) + written

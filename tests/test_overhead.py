@@ -83,6 +83,7 @@ def test_written_counter_counts_outputs_in_place_writes_and_no_views():
         z = x @ torch.randn(5, 7)  # 3 x 7, plus the 5 x 7 randn
         z.add_(1)
         torch.mul(x[:, :2], 2, out=y[:, :2])
+        torch.empty(100, 100)  # allocated, not written
     assert written.by_op == {"aten.randn": 5 * 7 * 4, "aten.mm": 3 * 7 * 4, "aten.add_": 3 * 7 * 4,
                              "aten.mul": 3 * 2 * 4}
     assert written.bytes == (5 * 7 + 3 * 7 + 3 * 7 + 3 * 2) * 4
