@@ -24,7 +24,37 @@ rank-one part and the product with a (7 maps; against 3 + 13 for the reference's
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
+
+
+@contextlib.contextmanager
+def _float32_products(device: torch.device):
+    """Full float32 matrix products on CUDA while the terms are formed from products (the pass runs half-precision
+    heads' q k^T in TF32, ``equations._matmul_precision``: exact there, not for the row dot products here, whose
+    differences of sums of S terms would lose the distances)."""
+    previous = torch.get_float32_matmul_precision()
+    if device.type != "cuda" or previous == "highest":
+        yield
+        return
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def _exact(function):
+    """``function(a, ...)`` under :func:`_float32_products` for a's device."""
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        with _float32_products(args[0].device):
+            return function(*args, **kwargs)
+
+    return wrapped
 
 
 def _safe_log(a: torch.Tensor) -> torch.Tensor:
@@ -55,6 +85,7 @@ def _neighbour_dots(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(dots, (0, 1)).view(x.shape[:-1])[..., :-1]
 
 
+@_exact
 def forward_terms(scores, a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Tensor, ...]:
     """R_peak, R_sent, R_dist and log a_bar, as :func:`.equations._forward` gives them, from a (..., T, S), the
     attention on the support (contiguous; modified in place and restored), the scores (log a up to a constant per row
@@ -69,6 +100,7 @@ def forward_terms(scores, a, peak_coef, weights, pairs, bar_norm) -> tuple[torch
     return peak, sent, (pair_distance * pairs).sum(-1), log_a_bar  # Eq. 8
 
 
+@_exact
 def scores_gradient(a, log_a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_peak, g_sent, g_dist,
                     scale: float = 1.0) -> torch.Tensor | None:
     """``scale`` times d(g_peak R_peak + g_sent R_sent + g_dist R_dist) / d scores through the softmax, as

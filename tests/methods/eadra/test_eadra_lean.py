@@ -123,3 +123,22 @@ def test_the_eager_pass_writes_fewer_maps():
     their gradients (about 2.5 maps here, as at transformer-base). 24 maps before #63."""
     assert written_maps("reference") > 23
     assert written_maps("eager") < 17
+
+
+def test_products_are_full_float32_on_cuda_within_the_pass():
+    """Half-precision heads run the pass's q k^T in TF32 on CUDA; the row dot products of the terms must not (a
+    distance is S / 2 minus such a sum): "highest" inside, the user's setting restored after, untouched off CUDA."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with lean._float32_products(torch.device("cuda")):
+            assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.get_float32_matmul_precision() == "high"
+        with lean._float32_products(torch.device("cpu")):
+            assert torch.get_float32_matmul_precision() == "high"
+        seen = []
+        wrapped = lean._exact(lambda a: seen.append(torch.get_float32_matmul_precision()))
+        wrapped(torch.empty(0, device="meta"))
+        assert seen == ["high"]
+    finally:
+        torch.set_float32_matmul_precision(previous)
