@@ -72,6 +72,28 @@ def test_saved_counter_counts_each_storage_once_and_leaves_out_parameters():
     del y, z
 
 
+def test_written_counter_counts_outputs_in_place_writes_and_no_views():
+    from counting import WrittenCounter
+
+    x = torch.randn(3, 5)
+    with WrittenCounter() as written:  # views and reshapes of a contiguous tensor write nothing
+        y = x.t().view(5, 3).transpose(0, 1).unsqueeze(0).expand(2, 3, 5)[1, :, 1:].reshape(3, 4).detach()
+    assert written.bytes == 0 and written.by_op == {}
+    with WrittenCounter() as written:  # an output, an in-place write, an out= write (into a slice: its size)
+        z = x @ torch.randn(5, 7)  # 3 x 7, plus the 5 x 7 randn
+        z.add_(1)
+        torch.mul(x[:, :2], 2, out=y[:, :2])
+        torch.empty(100, 100)  # allocated, not written
+    assert written.by_op == {"aten.randn": 5 * 7 * 4, "aten.mm": 3 * 7 * 4, "aten.add_": 3 * 7 * 4,
+                             "aten.mul": 3 * 2 * 4}
+    assert written.bytes == (5 * 7 + 3 * 7 + 3 * 7 + 3 * 2) * 4
+    assert list(written.top(2)) == ["aten.randn", "aten.mm"]
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode, WrittenCounter() as written:  # fake: same counts
+        fx = mode.from_tensor(x)
+        (fx.t().contiguous() * 2).sum()  # a copy (the transpose is a view), a product, a scalar sum
+    assert written.by_op == {"aten.clone": 15 * 4, "aten.mul": 15 * 4, "aten.sum": 4}
+
+
 @pytest.mark.slow
 def test_counted_mode_at_the_tiny_shape(tmp_path):
     import overhead
@@ -89,8 +111,13 @@ def test_counted_mode_at_the_tiny_shape(tmp_path):
     assert 0 <= rows["off"]["saved_bytes"] - rows["stock"]["saved_bytes"] <= 16
     assert rows["naive"]["saved_ratio"] > 1.0  # every probability map kept for the entropy term
     assert rows["off"]["targets"]["within"] is True
-    assert set(rows["eadra-scratch"]["targets"]) == {"flops_target", "flops", "saved_target", "saved", "within"}
+    assert set(rows["eadra-scratch"]["targets"]) == {"flops_target", "flops", "saved_target", "saved",
+                                                     "written_target", "written", "within"}
     assert rows["eadra-scratch"]["targets"]["saved_target"] == 1.10
+    assert rows["eadra-scratch"]["targets"]["written_target"] == 1.40
+    assert abs(rows["off"]["written_ratio"] - 1.0) < 1e-3 and rows["off"]["written_bytes"] > 0
+    assert rows["naive"]["written_ratio"] > 1.0 and rows["eadra-scratch"]["written_ratio"] > 1.0
+    assert set(rows["eadra-scratch"]["written_by_op"]) <= {"aten." + name for name in dir(torch.ops.aten)}
 
 
 # DHICM's host work: the operators one module adds to a training step (#47), pinned so that a regression fails.

@@ -24,11 +24,11 @@ objective; :func:`normalized_entropy` is Eq. 1-2 (the analysis reads attention m
 three terms, differentiable by autograd, are the tests' references (``tests/methods/eadra/test_eadra_math.py``).
 
 Its map-sized work (scores, probabilities, terms; in the backward the probabilities again and the scores' gradient)
-is two functions, :func:`_forward_maps` and :func:`_backward_maps`, run one operation at a time ("eager", the CPU's
-fastest) or under ``torch.compile`` (CUDA's default; :mod:`hf_headattn.methods.eadra.compiled`, chosen by
-:mod:`hf_headattn.methods.eadra.passes`, which also holds the Triton pass): on a GPU each eager
-operation is a pass over float32 maps of (layers x batch x heads x T x S) in memory, some twenty of them, and Inductor
-fuses them into a few kernels. On CUDA the products of half-precision heads run in TF32 (:func:`_matmul_precision`).
+is two functions, :func:`_forward_maps` and :func:`_backward_maps`, run under ``torch.compile`` (CUDA's default;
+:mod:`hf_headattn.methods.eadra.compiled`, chosen by :mod:`hf_headattn.methods.eadra.passes`), where Inductor fuses
+their some twenty passes over float32 maps of (layers x batch x heads x T x S) into a few kernels, or one operation at
+a time as ``mode="reference"``; the eager pass ("eager", the CPU's) runs the same math reorganised by :mod:`.lean`,
+whose operations write fewer maps (:func:`_lean_forward_maps`, :func:`_lean_backward_maps`). On CUDA the products of half-precision heads run in TF32 (:func:`_matmul_precision`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from torch.autograd.function import once_differentiable
 
 from ...hf_compat import softmax_backward
 from .compiled import check_mode, run
+from .lean import forward_terms, scores_gradient
 
 TERMS = ("peak", "sent", "dist")
 
@@ -171,6 +172,34 @@ def _backward_maps(query, key, scaling, shape, support, bias, coefficients, grad
     return _scores_gradient(a, coefficients, *grads)
 
 
+def _lean_probabilities(query, key, scaling, shape, support, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """(masked scores, a = their softmax). (``torch._masked_softmax`` would write the masked scores' map once less,
+    but took 6 times ``add_`` and ``softmax`` on the CPU, whose pass this is.)"""
+    scores = _masked_scores(query, key, scaling, shape, support, bias)
+    return scores, torch.softmax(scores, dim=-1)
+
+
+def _lean_forward_maps(query, key, scaling, shape, support, bias, query_mask, keep_probs: bool):
+    """:func:`_forward_maps` by :func:`.lean.forward_terms` (the eager pass: fewer maps written)."""
+    scores, a = _lean_probabilities(query, key, scaling, shape, support, bias)
+    coefficients = _coefficients(support, query_mask, a.dtype)
+    peak, sent, dist, log_a_bar = forward_terms(scores, a, *coefficients)
+    return (peak, sent, dist), (a if keep_probs else None), (*coefficients, log_a_bar)
+
+
+def _lean_backward_maps(query, key, scaling, shape, support, bias, coefficients, grads):
+    """:func:`_backward_maps` by :func:`.lean.scores_gradient`."""
+    scores, a = _lean_probabilities(query, key, scaling, shape, support, bias)
+    return scores_gradient(a, scores, *coefficients, *grads)
+
+
+def _maps(mode: str):
+    """(forward, backward, mode for :func:`.compiled.run`): inside a compiled model, or compiled, the reference's."""
+    if mode == "eager" and not torch.compiler.is_compiling():
+        return _lean_forward_maps, _lean_backward_maps, "eager"
+    return _forward_maps, _backward_maps, "eager" if mode == "reference" else mode
+
+
 @contextlib.contextmanager
 def _matmul_precision(dtype: torch.dtype, device: torch.device):
     """TF32 matrix products for half-precision heads on CUDA, outside ``torch.compile``: their values (8 or 11
@@ -204,7 +233,8 @@ class _LayerRegularizers(torch.autograd.Function):
         ctx.num_heads, ctx.scaling, ctx.mode, ctx.layers = num_heads, scaling, mode, layers
         with torch.autocast(first.device.type, enabled=False), _matmul_precision(first.dtype, first.device):
             query, key, shape = _stacked(queries, keys, num_heads)  # float32 (float64), also under autocast
-            terms, a, saved = run(_forward_maps, mode, query, key, scaling, shape, support, bias, query_mask,
+            forward_maps, _, run_mode = _maps(mode)
+            terms, a, saved = run(forward_maps, run_mode, query, key, scaling, shape, support, bias, query_mask,
                                   not recompute)
         kept = () if recompute else (a, query, key)
         ctx.save_for_backward(support, bias, *saved, *queries_and_keys, *kept)
@@ -218,20 +248,27 @@ class _LayerRegularizers(torch.autograd.Function):
         queries, keys, kept = rest[:layers], rest[layers:2 * layers], rest[2 * layers:]
         first, grads = queries[0], (g_peak, g_sent, g_dist)
         with torch.autocast(first.device.type, enabled=False), _matmul_precision(first.dtype, first.device):
+            forward_maps, backward_maps, run_mode = _maps(ctx.mode)
             if kept:
                 a, query, key = kept
-                grad = _scores_gradient(a, coefficients, *grads)
+                if forward_maps is _forward_maps:
+                    grad = _scores_gradient(a, coefficients, *grads)
+                else:
+                    log_a = None if g_peak is None else _safe_log(a)  # (a copy: a saved tensor is not changed)
+                    grad = scores_gradient(a.clone(), log_a, *coefficients, *grads)
                 del a
             else:
                 query, key, shape = _stacked(queries, keys, ctx.num_heads)
-                grad = run(_backward_maps, ctx.mode, query, key, ctx.scaling, shape, support, bias, coefficients,
+                grad = run(backward_maps, run_mode, query, key, ctx.scaling, shape, support, bias, coefficients,
                            grads)  # (L, B, h, T, S)
             if grad is None:
                 return (None,) * (7 + 2 * layers)
             grad_bias = grad.sum_to_size(bias.shape) if ctx.needs_input_grad[6] else None  # e.g. LPEA's bias
             shape, grad = grad.shape, grad.flatten(0, 2)  # (L * B * h, T, S)
-            grad_query = _unstack_heads(torch.bmm(grad, key).mul_(ctx.scaling), shape, queries)
-            grad_key = _unstack_heads(torch.bmm(grad.transpose(1, 2), query).mul_(ctx.scaling), shape, keys)
+            zero = grad.new_zeros(())  # (scaled in the product: one write of each gradient)
+            grad_query = _unstack_heads(torch.baddbmm(zero, grad, key, beta=0, alpha=ctx.scaling), shape, queries)
+            grad_key = _unstack_heads(torch.baddbmm(zero, grad.transpose(1, 2), query, beta=0, alpha=ctx.scaling),
+                                      shape, keys)
         return None, None, None, None, None, None, grad_bias, *grad_query, *grad_key
 
 
@@ -332,12 +369,16 @@ def layer_regularizers(
     mode : "eager", "compiled" or "compiled_or_eager": how the map-sized work runs
         (:mod:`hf_headattn.methods.eadra.compiled`); the model's passes take the one
         :func:`hf_headattn.methods.eadra.passes.layer_regularizers` chooses from the ``implementation`` setting.
+        "eager" runs :mod:`.lean`'s operations (fewer maps written), the compiled modes (and any pass inside a
+        compiled model) those of :func:`_forward_maps` and :func:`_backward_maps`, which Inductor fuses;
+        "reference" runs the latter eagerly (the tests' and benchmarks' reference for "eager": the same values).
 
     Returns
     -------
     ``(R_peak, R_sent, R_dist)``, each (L, B, h): per layer, sentence and head.
     """
-    check_mode(mode)
+    if mode != "reference":
+        check_mode(mode)
     args = (num_heads, scaling, recompute, mode, support, query_mask, bias, *queries, *keys)
     if recompute and torch.compiler.is_compiling():
         # a compiled model's graph holds forward and backward at once, and its partitioner keeps the maps (it does not

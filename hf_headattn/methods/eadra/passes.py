@@ -4,7 +4,8 @@
 Two passes give the same R_peak, R_sent and R_dist (Eq. 4, 6, 8) of several layers, with the same arguments
 (:func:`layer_regularizers`, their common entry):
 
-* eager: :func:`hf_headattn.methods.eadra.equations.layer_regularizers`, one operation at a time;
+* eager: :func:`hf_headattn.methods.eadra.equations.layer_regularizers`, one operation at a time, its map-sized work
+  by :mod:`.lean` (fewer maps written);
 * compiled: the same function with its map-sized work under ``torch.compile`` (:mod:`.compiled`).
 
 Until 0.3.0 there was a third, Triton kernels that never wrote a (queries x keys) map; "auto" never chose it, and on
