@@ -28,7 +28,8 @@ is two functions, :func:`_forward_maps` and :func:`_backward_maps`, run under ``
 :mod:`hf_headattn.methods.eadra.compiled`, chosen by :mod:`hf_headattn.methods.eadra.passes`), where Inductor fuses
 their some twenty passes over float32 maps of (layers x batch x heads x T x S) into a few kernels, or one operation at
 a time as ``mode="reference"``; the eager pass ("eager", the CPU's) runs the same math reorganised by :mod:`.lean`,
-whose operations write fewer maps (:func:`_lean_forward_maps`, :func:`_lean_backward_maps`). On CUDA the products of half-precision heads run in TF32 (:func:`_matmul_precision`).
+whose operations write fewer maps (:func:`_lean_forward_maps`, :func:`_lean_backward_maps`). On CUDA the products of
+half-precision heads run in TF32 (:func:`_matmul_precision`).
 """
 
 from __future__ import annotations
