@@ -153,12 +153,12 @@ def main(argv=None, prog: str | None = None) -> None:
     results = re.compile(rf"{'|'.join(map(re.escape, args.methods))}|summary\.json|attention_entropy_.+"
                          r"|head_importance_.+")
     try:
-        inputs = {"--multi30k_dir": args.multi30k_dir, "--tokenizer": args.tokenizer}
+        check_output_dir(args.output_dir, {"--multi30k_dir": args.multi30k_dir}, results=results, overwrite=True)
+        args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, ("en", "de"))
+        inputs = {"the Multi30k folder": args.multi30k_dir, "--tokenizer": args.tokenizer}
         earlier = check_output_dir(args.output_dir, inputs, results=results, overwrite=args.overwrite_output_dir,
                                    overwrite_flag="--overwrite_output_dir",
                                    hint=" (with make: make demo ARGS=--overwrite_output_dir)")
-        args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, ("en", "de"))
-        check_output_dir(args.output_dir, {"the Multi30k folder": args.multi30k_dir}, results=results, overwrite=True)
     except ValueError as error:
         parser.error(str(error))
     remove_entries(earlier)

@@ -106,9 +106,9 @@ def main(argv=None, prog: str | None = None) -> dict:
                      "'{\"encoder\": {\"num_heads\": 2}}'")
     try:  # before anything is read: never over the model or data it reads, nor into an earlier run's checkpoints
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
+        inputs |= found_data(data_args)  # never into the data, however it was found
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
-        check_trainer_output_dir(training_args.output_dir, found_data(data_args), True)  # never into the data either
     except (ValueError, Multi30kError) as error:
         parser.error(str(error))
     raw = read_data(parser, data_args)
