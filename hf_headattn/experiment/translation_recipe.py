@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -71,7 +72,9 @@ from hf_headattn.experiment.presets import (
     early_stopping_callbacks,
     expand_argv,
     merge_settings,
+    method_names,
     method_settings,
+    paper_presets,
     preset,
     refuse_architecture,
     split_architecture,
@@ -129,6 +132,11 @@ class ModelArguments:
                 "saving each epoch and keeping the best checkpoint, unless you pass those flags"})
     max_train_minutes: float | None = field(default=None, metadata={
         "help": "Stop training after this many minutes (evaluating and saving first); results.json says if it did"})
+    list_methods: bool = field(default=False, metadata={
+        "help": "Print the names --method takes (with --method_modules: their methods too) and the settings each "
+                "sets, and exit"})
+    list_presets: bool = field(default=False, metadata={
+        "help": "Print the names --preset takes, with the paper table each follows, and exit"})
 
 
 @dataclass
@@ -207,6 +215,18 @@ def parse_recipe_arguments(classes: tuple, argv=None, **parser_kwargs) -> tuple:
     return parser, list(parsed[:len(classes)]), method_options(parsed[len(classes):])
 
 
+def names_listing(methods: bool, presets: bool) -> str:
+    """What ``--list_methods`` / ``--list_presets`` print: one name a line, with its settings or its source."""
+    lines = []
+    if methods:
+        lines += ["methods (--method NAME, several joined by '+'):"]
+        lines += [f"  {name:<24} {json.dumps(settings)}" for name, settings in sorted(method_names().items())]
+    if presets:
+        lines += ["presets (--preset NAME, several joined by '+'):"]
+        lines += [f"  {name:<32} {textwrap.shorten(value.doc, 100, placeholder=' ...')}" for name, value in sorted(paper_presets().items())]
+    return "\n".join(lines)
+
+
 def model_config(args: ModelArguments, settings: dict, max_length: int):
     """The config of the run's model (the pretrained checkpoint's, or of ``--model_shape`` with ``--vocab_size``
     before the scratch tokenizer exists), built to check the methods' settings (keys, values, layers) before the
@@ -225,6 +245,9 @@ def main(argv=None, prog: str | None = None) -> dict:
         (ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments), argv, prog=prog,
         description=__doc__)
     model_args, data_args, output_args, training_args = parsed
+    if model_args.list_methods or model_args.list_presets:
+        print(names_listing(model_args.list_methods, model_args.list_presets))
+        raise SystemExit(0)
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
     max_length = max(data_args.max_source_length, data_args.max_target_length)
