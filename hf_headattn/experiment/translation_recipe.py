@@ -223,7 +223,8 @@ def names_listing(methods: bool, presets: bool) -> str:
         lines += [f"  {name:<24} {json.dumps(settings)}" for name, settings in sorted(method_names().items())]
     if presets:
         lines += ["presets (--preset NAME, several joined by '+'):"]
-        lines += [f"  {name:<32} {textwrap.shorten(value.doc, 100, placeholder=' ...')}" for name, value in sorted(paper_presets().items())]
+        lines += [f"  {name:<32} {textwrap.shorten(value.doc, 100, placeholder=' ...')}"
+                  for name, value in sorted(paper_presets().items())]
     return "\n".join(lines)
 
 
