@@ -358,3 +358,17 @@ def test_reproduction_table_statistics_and_combination_chosen_on_validation(tmp_
     (tmp_path / "baseline" / "seed2" / "results.json").unlink()
     with pytest.raises(ValueError, match="no baseline runs"):
         reproduce_multi30k.summarize(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dhicm", "eadra"])
+def test_the_same_command_with_the_same_seed_trains_the_same_weights(tmp_path, method):
+    """Two runs of one tiny training (20 steps, dropout on, the same seed) in one process, as the demo runs its rows:
+    bit-identical weights (#64: make demo's DHICM and EaDRA rows had moved between runs)."""
+    from safetensors.torch import load_file
+
+    for folder in ("first", "second"):
+        run(tmp_path / folder, "--max_steps", "20", "--max_predict_samples", "2", "--seed", "3", method=method)
+    first, second = (load_file(tmp_path / folder / "model.safetensors") for folder in ("first", "second"))
+    assert first.keys() == second.keys()
+    assert [name for name in first if not torch.equal(first[name], second[name])] == []
