@@ -109,17 +109,21 @@ def main(argv=None, prog: str | None = None) -> dict:
         inputs |= found_data(data_args)  # never into the data, however it was found
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
-    except (ValueError, Multi30kError) as error:
+        # EaDRA's settings checked against the checkpoint's config (layers, heads) before anything is read or written
+        config = HeadAttnMBartForConditionalGeneration.config_class.from_pretrained(
+            model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing)
+    except (ValueError, OSError, Multi30kError) as error:
         parser.error(str(error))
     raw = read_data(parser, data_args)
     if "train" not in raw:
         parser.error(f"the data has no 'train' split; it has {sorted(raw)}")
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
     model = HeadAttnMBartForConditionalGeneration.from_pretrained(
-        model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing,
-        attn_implementation=model_args.attn_implementation,
-    )
-    set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
+        model_args.model_name_or_path, config=config, attn_implementation=model_args.attn_implementation)
+    try:
+        set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
+    except ValueError as error:  # a code the tokenizer does not know
+        parser.error(str(error))
     src, tgt = data_args.source_lang, data_args.target_lang
     features = tokenize_parallel(raw, tokenizer, src, tgt, data_args.max_source_length, data_args.max_target_length)
     training_args.predict_with_generate = True

@@ -301,7 +301,10 @@ def main(argv=None, prog: str | None = None) -> dict:
             model.set_attn_implementation(model_args.attn_implementation)
         check_methods_on(model_args, model)
         if data_args.source_lang_code:  # mBART-50 style tokenizers
-            set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
+            try:
+                set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
+            except ValueError as error:  # a code the tokenizer does not know
+                parser.error(str(error))
 
         # the methods record on the config what hf_headattn.translate needs to make their inputs alike (SEA: parser)
         try:
