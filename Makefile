@@ -77,7 +77,7 @@ docs: $(VENV)/.docs-installed
 demo: env
 	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py $(ARGS)
 
-# The same three models with a smoke-run schedule (under 3 minutes on two cores).
+# The same three models with a smoke-run schedule (about 8 minutes on two cores: 474 s measured, #64).
 demo-quick: env
 	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py --quick $(ARGS)
 

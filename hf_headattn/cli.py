@@ -57,7 +57,9 @@ COMMANDS = {
 BEHIND = {"hf_headattn.experiment.translate": "translate", "hf_headattn.experiment.averaging": "average",
           "hf_headattn.analysis.head_pruning": "prune", "hf_headattn.experiment.recipe": "train"}
 
-DESCRIPTION = "Attention-head methods (DHICM, SEA+RHE, EaDRA) for mBART and Marian models in HF Transformers."
+DESCRIPTION = ("Attention-head methods for mBART and Marian models in HF Transformers: DHICM, SEA+RHE and EaDRA, and\n"
+               "the papers' comparison systems fixed attention, Rel_Pos and Localness (hf-headattn train\n"
+               "--list_methods and --list_presets name what --method and --preset take).")
 EPILOG = textwrap.fill(
     f"{PROG} <command> --help shows a command's flags. python -m hf_headattn <command> runs a command too (torchrun -m "
     "hf_headattn train ...), and so does python recipes/<script> from a clone: "
@@ -82,8 +84,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     2), as a command's own do."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
-        command = importlib.import_module(COMMANDS[argv[0]].module)
-        command.main(argv[1:], prog=f"{prog} {argv[0]}")
+        try:
+            command = importlib.import_module(COMMANDS[argv[0]].module)
+            command.main(argv[1:], prog=f"{prog} {argv[0]}")
+        except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT (128 + 2), no traceback
+            sys.stderr.write(f"\n{prog} {argv[0]}: interrupted (Ctrl-C)\n")
+            raise SystemExit(130) from None
         return 0
     parser = make_parser(prog)
     if not argv:

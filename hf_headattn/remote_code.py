@@ -97,14 +97,40 @@ def flattened(path: Path, root: Path = ROOT) -> str:
     return RELATIVE_IMPORT.sub(flat, path.read_text(encoding="utf-8"))
 
 
+#: The flat modules that releases up to 0.3 shipped (HF's copy of the package's then flat modules) and the core no
+#: longer has: a folder saved again must not keep them, which a push to the Hub would upload.
+FORMER_FLAT_NAMES = ("dhicm", "eadra", "eadra_math", "eadra_triton", "fused_passes", "modeling_eadra_triton", "sea",
+                     "sea_math")
+#: What marks a file as this package's code (each former flat module has one of these).
+OURS = re.compile(r"^\s*from\s+\.|hf_headattn|hf-headattn|HeadAttn", re.MULTILINE)
+
+
+def remove_former(folder, shipped=()) -> list[Path]:
+    """Remove from ``folder`` the flat modules an earlier release shipped (:data:`FORMER_FLAT_NAMES`) that the core
+    ``shipped`` now does not, and only where the file is this package's code (:data:`OURS`): a user's own file of
+    that name stays. The removed files."""
+    removed = []
+    for name in FORMER_FLAT_NAMES:
+        path = Path(folder) / f"{name}.py"
+        if name in shipped or not path.is_file() or path.is_symlink():
+            continue
+        if OURS.search(path.read_text(encoding="utf-8", errors="replace")):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def ship(folder) -> list[Path]:
-    """Write the model core into ``folder``, flat (:func:`core_files`, :func:`flattened`); the written files."""
+    """Write the model core into ``folder``, flat (:func:`core_files`, :func:`flattened`); the written files. The flat
+    modules an earlier release shipped there and the core no longer has are removed (:func:`remove_former`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, path in sorted(core_files().items()):
+    files = core_files()
+    for name, path in sorted(files.items()):
         target = folder / f"{name}.py"
         if target.resolve() != path:  # (a remote copy saved into its own folder)
             target.write_text(flattened(path), encoding="utf-8")
         written.append(target)
+    remove_former(folder, files)
     return written

@@ -177,3 +177,28 @@ def test_the_installed_console_script():
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert all(f"\n  {name} " in result.stdout for name in SEVEN), result.stdout
+
+
+def test_ctrl_c_ends_a_command_in_one_line_with_status_130(monkeypatch, capsys):
+    from hf_headattn.experiment import translation_recipe
+
+    def interrupted(argv, prog):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(translation_recipe, "main", interrupted)
+    code, out, err = run(["train", "--output_dir", "x"], capsys)
+    assert code == 130 and not out and err.strip() == "hf-headattn train: interrupted (Ctrl-C)", err
+
+
+def test_the_help_names_every_method_and_train_lists_the_names_it_takes(capsys):
+    help_text = " ".join(run(["--help"], capsys)[1].split())
+    for method in ("DHICM", "SEA+RHE", "EaDRA", "fixed attention", "Rel_Pos", "Localness", "--list_methods"):
+        assert method in help_text, method
+    code, out, _ = run(["train", "--list_methods"], capsys)
+    names = [line.split()[0] for line in out.splitlines()[1:]]
+    assert code == 0 and {"baseline", "dhicm", "eadra", "dea_rhe", "rel_pos", "localness", "fixed_attention"} <= set(
+        names) and "presets" not in out
+    code, out, _ = run(["train", "--list_presets"], capsys)
+    names = [line.split()[0] for line in out.splitlines()[1:]]
+    assert code == 0 and {"dhicm_be_en", "rhe_base", "rel_pos_shaw"} <= set(names) and "methods" not in out
+    assert "DHICM (Goindani & Shrivastava 2021) Table 2" in out

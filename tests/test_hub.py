@@ -89,6 +89,18 @@ def test_the_saved_folder_holds_the_model_core_flat_and_auto_map_names_it(tmp_pa
             assert dots == ".", path.name
 
 
+def test_a_folder_saved_again_drops_an_earlier_releases_flat_files_but_no_file_of_its_owner(tmp_path):
+    """Release 0.3 shipped e.g. ``dhicm.py`` and ``sea_math.py`` flat; a save into that folder removes them (a push
+    would upload code no ``auto_map`` names), and only files that are this package's code (#64)."""
+    (tmp_path / "dhicm.py").write_text('"""DHICM."""\nfrom .registry import MethodSpec\n')
+    (tmp_path / "eadra_triton.py").write_text("import triton\n# hf_headattn's EaDRA kernels\n")
+    (tmp_path / "sea.py").write_text("print('the owner\\'s own sea.py')\n")
+    (tmp_path / "notes.py").write_text("from .dhicm import x\n")
+    HeadAttnMBartConfig(**TINY, **SETTINGS).save_pretrained(tmp_path)
+    names = {path.name for path in tmp_path.glob("*.py")}
+    assert not {"dhicm.py", "eadra_triton.py"} & names and {"sea.py", "notes.py", "dhicm_core.py"} <= names
+
+
 def test_flat_names_and_a_clash_refused(tmp_path):
     root = tmp_path / "pkg"
     (root / "methods" / "a").mkdir(parents=True)

@@ -234,11 +234,16 @@ def test_early_stopping_stops_after_patience_and_keeps_the_best(tmp_path, multi3
 @pytest.mark.parametrize("extra,message", [
     (["--eval_strategy", "no", "--save_strategy", "no"], "needs evaluations during training, got eval_strategy='no'"),
     (["--load_best_model_at_end", "false"], "expected load_best_model_at_end=True"),
-    (["--eval_strategy", "no"], "save and eval strategy to match"),  # transformers' own check
 ])
-def test_early_stopping_needs_evaluations_and_the_best_checkpoint(tmp_path, extra, message):
-    with pytest.raises(ValueError, match=message):
+def test_early_stopping_needs_evaluations_and_the_best_checkpoint(tmp_path, extra, message, capsys):
+    with pytest.raises(SystemExit) as stop:  # a usage error, before anything is written
         run(tmp_path, "--early_stopping_patience", "3", *extra)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_early_stopping_with_unmatched_strategies_is_transformers_own_refusal(tmp_path):
+    with pytest.raises(ValueError, match="save and eval strategy to match"):
+        run(tmp_path, "--early_stopping_patience", "3", "--eval_strategy", "no")
 
 
 @pytest.mark.parametrize("module", ["hf_headattn.experiment.presets", "workshop.search"])

@@ -3,6 +3,7 @@ trained here) fine-tuned with EaDRA for two steps on 32 Multi30k lines, then sco
 
 import io
 import json
+import re
 
 import pytest
 import sentencepiece as spm
@@ -81,3 +82,19 @@ def test_unknown_language_code_is_a_clear_error(tiny_mbart):
     model = HeadAttnMBartForConditionalGeneration.from_pretrained(tiny_mbart)
     with pytest.raises(ValueError, match="language code 'english' is not in the tokenizer's vocabulary"):
         finetune_mbart.set_languages(tokenizer, model, "english", "de_DE")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--eadra", '{"encoder": {"layers": [7]}}'], r"eadra\['encoder'\]\['layers'\] contains 7"),
+    (["--eadra", '{"encoder": {"num_heads": 2, "typo": 1}}'], r"typo"),
+    (["--source_lang_code", "english"], r"language code 'english' is not in the tokenizer's vocabulary"),
+])
+def test_bad_settings_are_usage_errors_before_anything_is_written(tiny_mbart, tmp_path, flags, message, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stop:
+        finetune_mbart.main(["--model_name_or_path", str(tiny_mbart), "--output_dir", str(out), "--report_to", "none",
+                             "--max_train_samples", "8", "--max_eval_samples", "4", "--max_predict_samples", "4",
+                             *flags])
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and re.search(message, error) and "Traceback" not in error, error
+    assert not out.exists()

@@ -74,10 +74,11 @@ def test_an_unusable_cache_location_is_named_never_a_traceback(recipe, only_here
 
 @pytest.mark.parametrize("recipe", ["train_translation", "finetune_mbart", "parse_sources"])
 @pytest.mark.parametrize("found", ["environment", "cache"])
-def test_the_data_folder_found_without_a_flag_is_never_the_output(recipe, found, only_here, multi30k, monkeypatch,
-                                                                  capsys):
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_the_data_folder_found_without_a_flag_is_never_the_output(recipe, found, overwrite, only_here, multi30k,
+                                                                  monkeypatch, capsys):
     """``--output_dir`` equal to the Multi30k folder that ``HF_HEADATTN_DATA`` or the cache names (as the refusal of
-    ``--multi30k_dir`` itself): refused, the folder unchanged."""
+    ``--multi30k_dir`` itself): refused, the folder unchanged; never answered with advice to overwrite it (#64)."""
     if found == "environment":
         folder = en_de_copy(multi30k, only_here / "data")
         monkeypatch.setenv(m.DATA_ENV, str(folder))
@@ -85,9 +86,9 @@ def test_the_data_folder_found_without_a_flag_is_never_the_output(recipe, found,
         folder = en_de_copy(multi30k, m.cache_dir())
     before = sorted(path.name for path in folder.iterdir())
     main, argv = RECIPES[recipe]
-    error = usage_error(main, argv(folder) + (["--overwrite"] if recipe == "parse_sources" else
-                                              ["--overwrite_output_dir"]), capsys)
-    assert f"--output_dir {folder} is the Multi30k folder" in error
+    flag = ["--overwrite"] if recipe == "parse_sources" else ["--overwrite_output_dir"]
+    error = usage_error(main, argv(folder) + (flag if overwrite else []), capsys)
+    assert f"--output_dir {folder} is the Multi30k folder" in error and "overwrite" not in error
     assert ("$HF_HEADATTN_DATA" in error) == (found == "environment")
     assert sorted(path.name for path in folder.iterdir()) == before
 

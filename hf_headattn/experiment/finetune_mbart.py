@@ -113,12 +113,15 @@ def main(argv=None, prog: str | None = None) -> dict:
     try:  # before anything is read: never over the model or data it reads, nor into an earlier run's checkpoints
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
         check_launch(training_args)
+        inputs |= found_data(data_args)  # never into the data, however it was found
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
         if resume:
             check_resume_world_size(resume, training_args)
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
-        check_trainer_output_dir(training_args.output_dir, found_data(data_args), True)  # never into the data either
-    except (ValueError, Multi30kError) as error:
+        # EaDRA's settings checked against the checkpoint's config (layers, heads) before anything is read or written
+        config = HeadAttnMBartForConditionalGeneration.config_class.from_pretrained(
+            model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing)
+    except (ValueError, OSError, Multi30kError) as error:
         parser.error(str(error))
     raw = read_data(parser, data_args)
     if "train" not in raw:
@@ -126,12 +129,10 @@ def main(argv=None, prog: str | None = None) -> dict:
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
     try:  # the settings on the checkpoint's shape, and beside its own methods (refused when they cannot compose)
         model = HeadAttnMBartForConditionalGeneration.from_pretrained(
-            model_args.model_name_or_path, eadra=eadra, label_smoothing=model_args.label_smoothing,
-            attn_implementation=model_args.attn_implementation,
-        )
-    except ValueError as error:
+            model_args.model_name_or_path, config=config, attn_implementation=model_args.attn_implementation)
+        set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
+    except ValueError as error:  # a method it cannot meet, or a language code the tokenizer does not know
         parser.error(str(error))
-    set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
     src, tgt = data_args.source_lang, data_args.target_lang
     features = tokenize_parallel(raw, tokenizer, src, tgt, data_args.max_source_length, data_args.max_target_length)
     training_args.predict_with_generate = True

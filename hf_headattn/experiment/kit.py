@@ -73,6 +73,9 @@ class MethodKit:
     recipe_arguments: a dataclass of its recipe flags (``HfArgumentParser`` fields, e.g. SEA's ``--spacy_model``);
         the recipes add it to their parser, and hand its parsed object to ``prepare_features``. Its class variable
         ``input_flags`` (a ``ClassVar`` tuple) names the flags that are paths the run reads (never its output folder).
+    check_inputs: ``check_inputs(raw, job)``: raise ``ValueError`` / ``FileNotFoundError`` naming what is wrong with
+        its inputs for the data ``raw`` (e.g. SEA: parse files that do not match the splits), before a recipe writes
+        anything; ``job`` as for ``prepare_features``, its ``tokenizer`` and ``config`` None.
     prepare_features: ``prepare_features(raw, features, job) -> features``: ``raw`` and ``features`` are
         ``datasets.DatasetDict`` s of the same splits and rows (the ``translation`` pairs; their tokenization),
         ``job`` a :class:`~.method_inputs.FeatureJob`; returns ``features`` with its ``columns`` added, every other
@@ -106,6 +109,7 @@ class MethodKit:
     model_test_names: tuple[str, ...] = ()
     columns: tuple[str, ...] = ()
     recipe_arguments: type | None = None
+    check_inputs: Callable | None = None
     prepare_features: Callable | None = None
     collate: Callable | None = None
     inference_inputs: Callable | None = None

@@ -20,7 +20,7 @@ from transformers import DataCollatorForSeq2Seq
 
 from .kit import MethodKit, kits
 
-_HOOKS = ("prepare_features", "collate", "inference_inputs")
+_HOOKS = ("check_inputs", "prepare_features", "collate", "inference_inputs")
 
 
 def _owners(found: Iterable[MethodKit], names: Callable[[MethodKit], Iterable[str]], what: str) -> dict[str, str]:
@@ -116,16 +116,32 @@ class FeatureJob:
     config: Any = None
 
 
-def prepare_method_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, settings: Mapping[str, Any],
-                            job: Mapping[str, Any], options: Mapping[str, Any]) -> datasets.DatasetDict:
-    """``features`` with the columns of every method that ``settings`` switch on (their kits' ``prepare_features``,
-    in registry order). ``job``: :class:`FeatureJob`'s fields but ``settings`` and ``args``; ``options``: the kits'
-    recipe flags by name (unknown names are refused)."""
+def _known_options(options: Mapping[str, Any]) -> None:
     known = {f.name for cls in recipe_argument_classes() for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"unknown method options {unknown}; expected recipe flags of the registered methods' kits: "
                          f"{sorted(known)}")
+
+
+def check_method_inputs(raw: datasets.DatasetDict, settings: Mapping[str, Any], source: str,
+                        options: Mapping[str, Any]) -> None:
+    """Run the ``check_inputs`` hooks of the kits that ``settings`` need (:func:`input_kits`) on the data ``raw``, so
+    that a recipe refuses inputs that do not fit it (e.g. too few parses) before it writes anything."""
+    _known_options(options)
+    for kit in input_kits(settings):
+        if kit.check_inputs is not None:
+            kit.check_inputs(raw, FeatureJob(tokenizer=None, source=source, target="", max_source_length=0,
+                                             max_target_length=0, settings=settings.get(kit.name),
+                                             args=_arguments(kit, options)))
+
+
+def prepare_method_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, settings: Mapping[str, Any],
+                            job: Mapping[str, Any], options: Mapping[str, Any]) -> datasets.DatasetDict:
+    """``features`` with the columns of every method that ``settings`` switch on (their kits' ``prepare_features``,
+    in registry order). ``job``: :class:`FeatureJob`'s fields but ``settings`` and ``args``; ``options``: the kits'
+    recipe flags by name (unknown names are refused)."""
+    _known_options(options)
     for kit in input_kits(settings):
         if kit.prepare_features is None:
             continue

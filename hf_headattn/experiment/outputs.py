@@ -97,6 +97,7 @@ def check_output_dir(output_dir, inputs: Mapping[str, object] = {}, *,
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{option} {out} is a file; expected a folder (made when missing)")
+    check_writable(out, option)
     found = earlier_results(out, results)
     replaced = [out.resolve()] if results is None else [entry.resolve() for entry in found]
     for flag, value in inputs.items():
@@ -114,6 +115,27 @@ def check_output_dir(output_dir, inputs: Mapping[str, object] = {}, *,
         raise ValueError(f"{option} {out} holds {_listed(found)} of an earlier run; expected {expected}, or "
                          f"{overwrite_flag} to replace {'it' if results is None else 'them'}{hint}")
     return found
+
+
+def check_writable(folder, option: str = "--output_dir") -> None:
+    """A ``ValueError`` naming ``folder`` if a run cannot make it or write into it: it (or the nearest part of its path
+    that exists) is a file, or a folder this process may not write into (a read-only file system, no permission)."""
+    folder = Path(os.path.abspath(folder))
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{option} {folder} lies under {existing}, which is a file; expected a folder that exists "
+                         "or can be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "read-only file system" if _read_only(existing) else "no permission to write"
+        raise ValueError(f"{option} {folder}: {existing} is not writable ({why}); expected a folder this run can "
+                         "write into")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
 
 
 def check_trainer_output_dir(output_dir, inputs: Mapping[str, object], overwrite_output_dir: bool,
@@ -157,6 +179,21 @@ def remove_entries(entries: Iterable[Path], say: Callable[[str], None] = print) 
         say(f"replacing the earlier run's {_listed(entries)} in {entries[0].parent}")
     for entry in entries:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
+@contextmanager
+def removed_on_failure(path):
+    """A block after which ``path`` (a folder the block may make, e.g. a run's scratch tokenizer) is removed if the
+    block fails (a usage error's ``SystemExit`` included) and ``path`` did not exist before it: a run that fails
+    before it starts leaves nothing that makes its rerun an "earlier run"."""
+    path = Path(path)
+    existed = path.exists() or path.is_symlink()
+    try:
+        yield path
+    except BaseException:
+        if not existed and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 @contextmanager

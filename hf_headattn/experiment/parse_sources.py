@@ -55,8 +55,8 @@ def main(argv=None, prog: str | None = None) -> dict[str, str]:
     if parse_args.num_proc is not None and parse_args.num_proc < 1:
         parser.error(f"--num_proc must be a positive integer, got {parse_args.num_proc}")
     try:
-        check_output_dir(parse_args.output_dir, flag_inputs(data_args, DATA_FLAGS), overwrite=parse_args.overwrite)
-        check_output_dir(parse_args.output_dir, found_data(data_args), overwrite=True)  # never into the data either
+        inputs = flag_inputs(data_args, DATA_FLAGS) | found_data(data_args)  # never into the data, however found
+        check_output_dir(parse_args.output_dir, inputs, overwrite=parse_args.overwrite)
         spacy = SpacyParser(parse_args.spacy_model, on_multiple_sentences="join")
         spacy.nlp  # loaded now: a missing spaCy or pipeline is named before the data is read
     except (ValueError, Multi30kError, MissingParserError) as error:

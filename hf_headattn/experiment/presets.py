@@ -71,7 +71,8 @@ def method_settings(spec: str) -> dict:
     names, settings, setters = method_names(), {}, {}
     for name in (part.strip() for part in spec.split("+")):
         if name not in names:
-            raise ValueError(f"unknown method {name!r} in {spec!r}; expected names from {sorted(names)} joined by '+'")
+            raise ValueError(f"unknown method {name!r} in {spec!r}{_did_you_mean(name, names)}; expected names from "
+                             f"{sorted(names)} joined by '+'")
         for key, value in names[name].items():
             if key in settings and settings[key] != value:
                 raise ValueError(
@@ -80,6 +81,11 @@ def method_settings(spec: str) -> dict:
                 )
             settings[key], setters[key] = value, name
     return settings
+
+
+def _did_you_mean(name: str, names) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_setting_keys(settings: Mapping, config_class: type | None = None) -> None:
@@ -191,9 +197,8 @@ def preset(spec: str) -> Preset:
     docs, flags, config, overrides, known = [], {}, {}, {}, paper_presets()
     for name in (part.strip() for part in spec.split("+")):
         if name not in known:
-            raise ValueError(
-                f"unknown preset {name!r} in {spec!r}; expected names from {sorted(known)} joined by '+'"
-            )
+            raise ValueError(f"unknown preset {name!r} in {spec!r}{_did_you_mean(name, known)}; expected names from "
+                             f"{sorted(known)} joined by '+'")
         docs.append(f"{name}: {known[name].doc}")
         flags.update(known[name].flags)
         config = merge_settings(config, known[name].config)

@@ -129,31 +129,43 @@ def set_languages(tokenizer, model, source_code: str, target_code: str) -> None:
         raise ValueError(f"the tokenizer does not mark targets with {target_code!r}; expected an mBART tokenizer")
 
 
-def pretrained_model(name_or_path: str, settings: dict, **kwargs):
-    """A pretrained mBART or Marian checkpoint (hub name or folder) as our model, with the method ``settings``."""
+def pretrained_config(name_or_path: str, settings: dict):
+    """``(model class, config)`` of a pretrained mBART or Marian checkpoint (hub name or folder) with the method
+    ``settings``: the settings are checked (keys, values, layers against the model's) without loading any weights, so
+    that a recipe refuses bad ones before it writes anything."""
     model_type = AutoConfig.from_pretrained(name_or_path).model_type
     if model_type not in MODEL_CLASSES:
         raise ValueError(f"{name_or_path} is a {model_type!r} model; expected one of {sorted(MODEL_CLASSES)}")
-    check_setting_keys(settings, MODEL_CLASSES[model_type].config_class)
-    return MODEL_CLASSES[model_type].from_pretrained(name_or_path, **settings, **kwargs)
+    model_class = MODEL_CLASSES[model_type]
+    check_setting_keys(settings, model_class.config_class)
+    return model_class, model_class.config_class.from_pretrained(name_or_path, **settings)
 
 
-def scratch_config(shape, settings: dict) -> HeadAttnMarianConfig:
-    """The config of a model of ``shape`` (``presets.model_shape``) with ``settings``, before any tokenizer exists:
-    a ``ValueError`` for a bad shape or settings (a method's, or two methods that cannot meet on one layer)."""
-    return HeadAttnMarianConfig(**model_shape(shape), **settings)
+def pretrained_model(name_or_path: str, settings: dict, **kwargs):
+    """A pretrained mBART or Marian checkpoint (hub name or folder) as our model, with the method ``settings``."""
+    model_class, config = pretrained_config(name_or_path, settings)
+    return model_class.from_pretrained(name_or_path, config=config, **kwargs)
+
+
+def scratch_config(shape, settings: dict, max_length: int, tokenizer=None, vocab_size: int | None = None,
+                   **config_kwargs) -> HeadAttnMarianConfig:
+    """The config of a Marian-style model of a named shape (``presets.MODEL_SHAPES``) trained from scratch for
+    ``tokenizer``; without one (``vocab_size`` then, stand-in special ids), the config that checks ``settings``
+    before the tokenizer is trained: the methods' settings are validated when a config is built."""
+    ids = (dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id) if tokenizer is not None
+           else dict(pad_token_id=0, eos_token_id=1))
+    vocab = len(tokenizer) if tokenizer is not None else vocab_size
+    return HeadAttnMarianConfig(
+        **model_shape(shape), vocab_size=vocab, decoder_vocab_size=vocab, **ids,
+        decoder_start_token_id=ids["pad_token_id"], forced_eos_token_id=ids["eos_token_id"],
+        max_position_embeddings=max_length, scale_embedding=True, share_encoder_decoder_embeddings=True,
+        **config_kwargs, **settings,
+    )
 
 
 def scratch_model(shape: str, tokenizer, settings: dict, max_length: int, **config_kwargs) -> HeadAttnMarianMTModel:
     """A randomly initialised Marian-style model of a named shape (``presets.MODEL_SHAPES``) for ``tokenizer``."""
-    config = HeadAttnMarianConfig(
-        **model_shape(shape), vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id, forced_eos_token_id=tokenizer.eos_token_id,
-        max_position_embeddings=max_length, scale_embedding=True, share_encoder_decoder_embeddings=True,
-        **config_kwargs, **settings,
-    )
-    return HeadAttnMarianMTModel(config)
+    return HeadAttnMarianMTModel(scratch_config(shape, settings, max_length, tokenizer, **config_kwargs))
 
 
 #: Beside a scratch tokenizer: what it was trained with (:func:`scratch_tokenizer`), so that it is reused only for

@@ -39,7 +39,10 @@ def _without_sacremoses_advice():
 
 def load_tokenizer(name_or_path, **kwargs):
     """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)``, without ``MarianTokenizer``'s advice to install
-    sacremoses (:data:`SACREMOSES_ADVICE`)."""
+    sacremoses (:data:`SACREMOSES_ADVICE`), and ``trust_remote_code=False`` unless given: a checkpoint saved by this
+    package carries remote code (``auto_map``), for which transformers would otherwise ask at the terminal and wait
+    15 s; the package's own classes load it without."""
+    kwargs.setdefault("trust_remote_code", False)
     with _without_sacremoses_advice():
         return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
 

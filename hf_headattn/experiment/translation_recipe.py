@@ -42,7 +42,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import textwrap
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 from transformers import Seq2SeqTrainingArguments, set_seed
@@ -51,7 +53,12 @@ from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.experiment.kit import MissingDependencyError
 from hf_headattn.experiment.launch import check_launch, cpu_launch_defaults
-from hf_headattn.experiment.method_inputs import input_flags, method_options, recipe_argument_classes
+from hf_headattn.experiment.method_inputs import (
+    check_method_inputs,
+    input_flags,
+    method_options,
+    recipe_argument_classes,
+)
 from hf_headattn.experiment.method_modules import import_or_exit, method_modules_field, method_modules_in
 from hf_headattn.experiment.multi30k import Multi30kError
 from hf_headattn.experiment.outputs import (
@@ -60,13 +67,16 @@ from hf_headattn.experiment.outputs import (
     check_trainer_output_dir,
     flag_inputs,
     remove_entries,
+    removed_on_failure,
 )
 from hf_headattn.experiment.presets import (
     check_setting_keys,
     early_stopping_callbacks,
     expand_argv,
     merge_settings,
+    method_names,
     method_settings,
+    paper_presets,
     preset,
     refuse_architecture,
     split_architecture,
@@ -77,6 +87,7 @@ from hf_headattn.experiment.recipe_parts import (
     found_data,
     method_columns,
     prepare_features,
+    pretrained_config,
     pretrained_model,
     read_data,
     scratch_config,
@@ -125,6 +136,11 @@ class ModelArguments:
                 "saving each epoch and keeping the best checkpoint, unless you pass those flags"})
     max_train_minutes: float | None = field(default=None, metadata={
         "help": "Stop training after this many minutes (evaluating and saving first); results.json says if it did"})
+    list_methods: bool = field(default=False, metadata={
+        "help": "Print the names --method takes (with --method_modules: their methods too) and the settings each "
+                "sets, and exit"})
+    list_presets: bool = field(default=False, metadata={
+        "help": "Print the names --preset takes, with the paper table each follows, and exit"})
 
 
 @dataclass
@@ -166,16 +182,17 @@ def settings_from(args: ModelArguments) -> dict:
 def check_methods_on(args: ModelArguments, model) -> None:
     """Refuse a run in which a method that ``--method`` names ends up off (e.g. ``--method_settings`` without its
     layers), unless ``--method_settings`` switches it off explicitly (``{"<method>": null}``): it would train
-    something else than asked, silently."""
+    something else than asked, silently. ``model``: the model or its config."""
+    model = getattr(model, "config", model)
     given = parse_method_settings(args.method_settings)
     asked = {name for name, value in method_settings(args.method).items()
              if name in {spec.name for spec in registered_methods()} and value is not None}
-    off = sorted(name for name in asked - set(model.config.headattn_settings)
+    off = sorted(name for name in asked - set(model.headattn_settings)
                  if not (name in given and given[name] is None))
     if off:
         raise ValueError(
             f"--method {args.method} asks for {off}, but the final settings leave it off: "
-            f"{ {name: getattr(model.config, name) for name in off} }; expected settings that switch it on (e.g. "
+            f"{ {name: getattr(model, name) for name in off} }; expected settings that switch it on (e.g. "
             f"layers), or {{\"{off[0]}\": null}} in --method_settings to train without it"
         )
 
@@ -191,12 +208,40 @@ def parse_recipe_arguments(classes: tuple, argv=None, **parser_kwargs) -> tuple:
         import_or_exit(RecipeArgumentParser(classes, **parser_kwargs), modules)
     parser = RecipeArgumentParser((*classes, *recipe_argument_classes()), **parser_kwargs)
     cpu_launch_defaults(parser)  # torchrun on a machine without GPUs: DDP over gloo, not N runs apart
-    parsed = parser.parse_args_into_dataclasses(args=expand_argv(argv))
+    try:
+        argv = expand_argv(argv)
+    except ValueError as error:  # an unknown --preset
+        parser.error(str(error))
+    parsed = parser.parse_args_into_dataclasses(args=argv)
     given = [name for args in parsed[:len(classes)] for name in getattr(args, "method_modules", [])]
     if given != modules:  # an abbreviation, which argparse takes but the early reading cannot
         parser.error(f"--method_modules {' '.join(given)}: expected the flag spelt out in full (--method_modules), "
                      "as its modules are imported before the other flags are read")
     return parser, list(parsed[:len(classes)]), method_options(parsed[len(classes):])
+
+
+def names_listing(methods: bool, presets: bool) -> str:
+    """What ``--list_methods`` / ``--list_presets`` print: one name a line, with its settings or its source."""
+    lines = []
+    if methods:
+        lines += ["methods (--method NAME, several joined by '+'):"]
+        lines += [f"  {name:<24} {json.dumps(settings)}" for name, settings in sorted(method_names().items())]
+    if presets:
+        lines += ["presets (--preset NAME, several joined by '+'):"]
+        lines += [f"  {name:<32} {textwrap.shorten(value.doc, 100, placeholder=' ...')}"
+                  for name, value in sorted(paper_presets().items())]
+    return "\n".join(lines)
+
+
+def model_config(args: ModelArguments, settings: dict, max_length: int):
+    """The config of the run's model (the pretrained checkpoint's, or of ``--model_shape`` with ``--vocab_size``
+    before the scratch tokenizer exists), built to check the methods' settings (keys, values, layers) before the
+    run writes anything; a ``ValueError`` (or ``OSError``: no such checkpoint) names what is wrong."""
+    if args.model_name_or_path:
+        return pretrained_config(args.model_name_or_path, settings)[1]
+    shape, scratch_settings = split_architecture(args.model_shape, settings)  # heads etc. over the shape
+    return scratch_config(shape, scratch_settings, max_length, vocab_size=args.vocab_size, dropout=args.dropout,
+                          attention_dropout=args.attention_dropout)
 
 
 def main(argv=None, prog: str | None = None) -> dict:
@@ -206,24 +251,26 @@ def main(argv=None, prog: str | None = None) -> dict:
         (ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments), argv, prog=prog,
         description=__doc__)
     model_args, data_args, output_args, training_args = parsed
+    if model_args.list_methods or model_args.list_presets:
+        print(names_listing(model_args.list_methods, model_args.list_presets))
+        raise SystemExit(0)
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO, stream=sys.stdout)
     set_seed(training_args.seed)
+    max_length = max(data_args.max_source_length, data_args.max_target_length)
     try:  # a usage error (exit 2): the flags' settings and folders, before anything is read or written
         settings = settings_from(model_args)
-        if not model_args.model_name_or_path:  # a named shape, and the methods' settings on it (and together)
-            scratch_config(*split_architecture(model_args.model_shape, settings))
         check_launch(training_args)
         resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
         if resume:
             check_resume_world_size(resume, training_args)
         inputs = flag_inputs(model_args, ("model_name_or_path", "tokenizer_name")) | flag_inputs(data_args, DATA_FLAGS)
-        inputs |= input_flags(options)
+        inputs |= input_flags(options) | found_data(data_args)  # never into the data, however it was found
         earlier = check_trainer_output_dir(training_args.output_dir, inputs, output_args.overwrite_output_dir, resume)
-        check_trainer_output_dir(training_args.output_dir, found_data(data_args), True)  # never into the data either
+        check_methods_on(model_args, model_config(model_args, settings, max_length))  # the methods' settings checked
         time_limit = None if model_args.max_train_minutes is None else TrainingTimeLimit(model_args.max_train_minutes)
-    except (ValueError, Multi30kError) as error:
+        callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
+    except (ValueError, OSError, Multi30kError) as error:
         parser.error(str(error))
-    callbacks = early_stopping_callbacks(model_args.early_stopping_patience, training_args)
     callbacks += [time_limit] if time_limit else []
     resumed = resumed_from(resume, training_args.output_dir)
     previous_time = (resumed or {}).get("train_time_s", 0.0)
@@ -238,54 +285,61 @@ def main(argv=None, prog: str | None = None) -> dict:
     if unknown:
         parser.error(f"--test_splits: {unknown} are not in the data; it has {sorted(raw)}")
     src, tgt = data_args.source_lang, data_args.target_lang
-    max_length = max(data_args.max_source_length, data_args.max_target_length)
+    try:  # the methods' inputs against the data (e.g. SEA's parse files), still before anything is written
+        check_method_inputs(raw, settings, src, options)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
     # --overwrite_output_dir: the earlier run's entries go now, its tokenizer included (never reused, never mixed in),
     # removed by the main process; the others wait here, so that every process has checked the folder before it writes
     with training_args.main_process_first(local=training_args.save_on_each_node, desc="the output folder"):
         if training_args.should_save:
             remove_entries(earlier, logger.warning)
+    # a failed start leaves no tokenizer (the writer's to remove: the main process)
+    with removed_on_failure(f"{training_args.output_dir}/tokenizer") if training_args.should_save else nullcontext():
+        if model_args.model_name_or_path:
+            tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
+            try:  # the settings on the checkpoint's shape (and together): refused as a usage error
+                model = pretrained_model(model_args.model_name_or_path, settings,
+                                         attn_implementation=model_args.attn_implementation)
+            except ValueError as error:
+                parser.error(str(error))
+        else:
+            try:  # trained here, or the resumed run's (only if trained with this run's settings and data); trained
+                # and saved by the main process, which the others wait for, then load
+                with training_args.main_process_first(local=training_args.save_on_each_node, desc="the tokenizer"):
+                    tokenizer = (load_tokenizer(model_args.tokenizer_name) if model_args.tokenizer_name else
+                                 scratch_tokenizer(raw["train"], model_args.vocab_size,
+                                                   f"{training_args.output_dir}/tokenizer", src, tgt))
+            except ValueError as error:
+                parser.error(str(error))
+            shape, scratch_settings = split_architecture(model_args.model_shape, settings)  # heads etc. over shape
+            model = scratch_model(shape, tokenizer, scratch_settings, max_length,
+                                  dropout=model_args.dropout, attention_dropout=model_args.attention_dropout)
+            model.set_attn_implementation(model_args.attn_implementation)
+        check_methods_on(model_args, model)
+        if data_args.source_lang_code:  # mBART-50 style tokenizers
+            try:
+                set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
+            except ValueError as error:  # a code the tokenizer does not know
+                parser.error(str(error))
 
-    if model_args.model_name_or_path:
-        tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
-        try:  # the settings on the checkpoint's shape (and together): refused as a usage error
-            model = pretrained_model(model_args.model_name_or_path, settings,
-                                     attn_implementation=model_args.attn_implementation)
-        except ValueError as error:
+        # the methods record on the config what hf_headattn.translate needs to make their inputs alike (SEA: parser)
+        try:
+            features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
+                                        data_args.max_target_length, data_args.preprocessing_num_workers,
+                                        config=model.config, **options)
+        except (MissingDependencyError, ValueError) as error:  # e.g. SEA's parser missing, or a text it refuses
             parser.error(str(error))
-    else:
-        try:  # trained here, or the resumed run's (only if trained with this run's settings and data); trained and
-            # saved by the main process, which the others wait for, then load
-            with training_args.main_process_first(local=training_args.save_on_each_node, desc="the tokenizer"):
-                tokenizer = (load_tokenizer(model_args.tokenizer_name) if model_args.tokenizer_name else
-                             scratch_tokenizer(raw["train"], model_args.vocab_size,
-                                               f"{training_args.output_dir}/tokenizer", src, tgt))
-        except ValueError as error:
-            parser.error(str(error))
-        shape, scratch_settings = split_architecture(model_args.model_shape, settings)  # heads etc. over the shape
-        model = scratch_model(shape, tokenizer, scratch_settings, max_length,
-                              dropout=model_args.dropout, attention_dropout=model_args.attention_dropout)
-        model.set_attn_implementation(model_args.attn_implementation)
-    check_methods_on(model_args, model)
-    if data_args.source_lang_code:  # mBART-50 style tokenizers
-        set_languages(tokenizer, model, data_args.source_lang_code, data_args.target_lang_code)
-
-    # the methods record on the config what hf_headattn.translate needs to make their inputs alike (SEA: the parser)
-    try:
-        features = prepare_features(raw, tokenizer, src, tgt, settings, data_args.max_source_length,
-                                    data_args.max_target_length, data_args.preprocessing_num_workers,
-                                    config=model.config, **options)
-    except MissingDependencyError as error:  # e.g. SEA's parser: the message names what to install
-        parser.error(str(error))
-    if method_columns(settings):
-        training_args.remove_unused_columns = False  # the collator turns the methods' columns into model inputs
-    training_args.predict_with_generate = True
-    training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
-    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
-    trainer = HeadAttnSeq2SeqTrainer(
-        model=model, args=training_args, train_dataset=features["train"],
-        eval_dataset=features.get("validation"), data_collator=collator(tokenizer, model, settings),
-        processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer), callbacks=callbacks,
-    )
+        if method_columns(settings):
+            training_args.remove_unused_columns = False  # the collator makes the methods' columns model inputs
+        training_args.predict_with_generate = True
+        training_args.generation_num_beams = training_args.generation_num_beams or data_args.num_beams
+        training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length
+        trainer = HeadAttnSeq2SeqTrainer(
+            model=model, args=training_args, train_dataset=features["train"],
+            eval_dataset=features.get("validation"), data_collator=collator(tokenizer, model, settings),
+            processing_class=tokenizer, compute_metrics=make_compute_metrics(tokenizer), callbacks=callbacks,
+        )
     start = time.perf_counter()
     train_result = trainer.train(resume_from_checkpoint=resume)
     train_time = time.perf_counter() - start

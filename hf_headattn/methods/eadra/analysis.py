@@ -33,8 +33,9 @@ def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
 
     Returns
     -------
-    dict with ``entropy`` (per layer, a list of per-head means in [0, 1]), ``min``, ``avg``, ``max`` (over all heads;
-    ``avg`` is the mean of the head means), ``num_sentences`` and ``num_tokens`` (real source tokens).
+    dict with ``entropy`` (per layer, a list of per-head means in [0, 1]; a layer whose heads were pruned lists the
+    heads it kept), ``min``, ``avg``, ``max`` (over all heads; ``avg`` is the mean of the head means),
+    ``num_sentences`` and ``num_tokens`` (real source tokens).
     """
     was_training = model.training
     model.eval()
@@ -48,19 +49,21 @@ def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
                 extra = {k: batch[k].to(model.device) for k in method_inputs() if batch.get(k) is not None}
                 out = model.get_encoder()(input_ids=input_ids, attention_mask=real.long(), output_attentions=True,
                                           **extra)
-                maps = torch.stack(out.attentions).float()  # (L, B, H, S, S)
-                h_n = normalized_entropy(maps, real[None, :, None, None, :])  # (L, B, H, S)
-                batch_sums = (h_n * real[None, :, None, :]).sum((1, 3)).double()  # (L, H)
-                sums = batch_sums if sums is None else sums + batch_sums
+                # per layer: a model with pruned heads has layers of different head counts
+                batch_sums = [(normalized_entropy(maps.float(), real[:, None, None, :]) * real[:, None, :]).sum((0, 2))
+                              .double() for maps in out.attentions]  # (B, H, S, S) -> (H,) each
+                sums = batch_sums if sums is None else [total + add for total, add in zip(sums, batch_sums)]
                 tokens += int(real.sum())
                 sentences += input_ids.shape[0]
     finally:
         model.train(was_training)
     if not tokens:
         raise ValueError("no real source token in the batches: expected at least one non-empty input")
-    means = sums / tokens  # (L, H)
+    means = [layer / tokens for layer in sums]  # (H_l,) per layer
+    every = torch.cat(means)
     return {
-        "entropy": means.tolist(), "min": means.min().item(), "avg": means.mean().item(), "max": means.max().item(),
+        "entropy": [layer.tolist() for layer in means], "min": every.min().item(), "avg": every.mean().item(),
+        "max": every.max().item(),
         "num_sentences": sentences, "num_tokens": tokens,
     }
 
@@ -69,11 +72,12 @@ def plot_encoder_entropy(result: dict, path: str | Path, title: str = "") -> Pat
     """Layers x heads heatmap of the mean entropies, heads sorted within each layer (as in Figure 1), as a PNG."""
     plt = pyplot()
 
-    values = torch.tensor(result["entropy"]).sort(dim=1, descending=True).values  # (L, H), sorted per layer
-    layers, heads = values.shape
+    rows = [sorted(layer, reverse=True) for layer in result["entropy"]]  # sorted per layer
+    layers, heads = len(rows), max(map(len, rows))
+    values = torch.tensor([row + [float("nan")] * (heads - len(row)) for row in rows])  # (L, H); pruned heads: NaN
     fig, ax = plt.subplots(figsize=(1 + 0.6 * heads, 1 + 0.5 * layers))
     image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    for layer, row in enumerate(values.tolist()):
+    for layer, row in enumerate(rows):
         for rank, value in enumerate(row):
             ax.text(rank, layer, f"{value:.2f}", ha="center", va="center", fontsize=7,
                     color="w" if value < 0.5 else "k")

@@ -67,6 +67,12 @@ class RelPosSettings(MethodSettings):
         if self.max_relative_position < 1:
             raise ValueError(f"{name}.max_relative_position must be an integer >= 1, got "
                              f"{self.max_relative_position!r}")
+        longest = getattr(config, "max_position_embeddings", None)
+        if longest is not None and self.max_relative_position > max(longest - 1, 1):
+            raise ValueError(f"{name}.max_relative_position={self.max_relative_position} is beyond the model's "
+                             f"max_position_embeddings={longest}: no two positions are further apart than "
+                             f"{longest - 1}, and each layer would hold 2k+1 rows of never-used tables; expected "
+                             f"at most {max(longest - 1, 1)}")
         if self.heads == "redundant" and decoder:
             raise ValueError(f"{name}.heads='redundant' needs RHE's dependency_mask of the source, which the decoder's "
                              f"self-attention has none of; got {name}.decoder_layers={self.decoder_layers!r}: expected "

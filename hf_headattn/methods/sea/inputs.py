@@ -121,6 +121,34 @@ def model_parser(config, parser=None):
     return parser
 
 
+def parses_files(raw: datasets.DatasetDict, source: str, parses_dir) -> dict:
+    """``{split: ConlluFile}`` of ``--syntax_parses_dir`` for the splits of ``raw``: a missing file is a
+    ``FileNotFoundError``, one that holds another number of sentences than its split has examples a ``ValueError``,
+    each naming the file and what was expected."""
+    from .syntax import ConlluFile
+
+    paths = {split: Path(parses_dir) / parses_file_name(split, source) for split in raw}
+    missing = sorted(str(path) for path in paths.values() if not path.is_file())
+    if missing:
+        raise FileNotFoundError(f"no parses {missing}; expected one CoNLL-U file per split, written by "
+                                f"hf-headattn parse (recipes/parse_sources.py) with the same data flags")
+    parsers = {split: ConlluFile(path) for split, path in paths.items()}
+    for split, parser in parsers.items():
+        if len(parser.sentences) != len(raw[split]):
+            raise ValueError(f"{parser.path} holds {len(parser.sentences)} parses, but the {split!r} split has "
+                             f"{len(raw[split])} examples; expected one parse per example, written by hf-headattn "
+                             "parse with the same data flags (--max_*_samples included)")
+    return parsers
+
+
+def check_inputs(raw: datasets.DatasetDict, job) -> None:
+    """``MethodKit.check_inputs``: the ``--syntax_parses_dir`` files against the data (one parse per example), before
+    the recipe writes anything (``job.tokenizer`` is None then)."""
+    args = job.args or SyntaxArguments()
+    if args.syntax_parses_dir is not None:
+        parses_files(raw, job.source, args.syntax_parses_dir)
+
+
 def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, job) -> datasets.DatasetDict:
     """``MethodKit.prepare_features``: ``features`` with the syntax columns (:data:`~.syntax.TOKEN_COLUMNS`),
     parsed with spaCy (``job.args.spacy_model``) or read from ``job.args.syntax_parses_dir``, aligned to the tokens
@@ -128,16 +156,11 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
     ``job.config.syntax_parser``, so that ``translate`` parses raw text with it."""
     import datasets
 
-    from .syntax import TOKEN_COLUMNS, ConlluFile, add_syntax_features
+    from .syntax import TOKEN_COLUMNS, add_syntax_features
 
     args = job.args or SyntaxArguments()
     if args.syntax_parses_dir is not None:
-        paths = {split: Path(args.syntax_parses_dir) / parses_file_name(split, job.source) for split in raw}
-        missing = sorted(str(path) for path in paths.values() if not path.is_file())
-        if missing:
-            raise FileNotFoundError(f"no parses {missing}; expected one CoNLL-U file per split, written by "
-                                    f"hf-headattn parse (recipes/parse_sources.py) with the same data flags")
-        parsers = {split: ConlluFile(path) for split, path in paths.items()}
+        parsers = parses_files(raw, job.source, args.syntax_parses_dir)
     else:
         parsers = dict.fromkeys(raw, syntax_parser(syntax_parser_name(args.spacy_model)))
     joined = {}

@@ -44,6 +44,7 @@ KIT = MethodKit(
     model_test_names=("dea_rhe", "lpea_rhe"),
     columns=TOKEN_COLUMNS,
     recipe_arguments=inputs.SyntaxArguments,
+    check_inputs=inputs.check_inputs,
     prepare_features=inputs.prepare_features,
     collate=inputs.collate,
     inference_inputs=inputs.inference_inputs,

@@ -76,3 +76,16 @@ def test_no_tokens_is_an_error():
     empty = [{"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.tensor([[0, 0]])}]
     with pytest.raises(ValueError, match="no real source token"):
         encoder_attention_entropy(tiny_model(), empty)
+
+
+def test_a_model_with_pruned_encoder_heads_reports_the_heads_it_kept(tmp_path):
+    """Pruned heads leave layers of different head counts (#64: the analysis failed on them); each layer lists its
+    kept heads, with the values of the unpruned model's heads where pruning does not change the layer's maps."""
+    model = tiny_model()
+    whole = encoder_attention_entropy(model, batches())
+    model.prune_heads({"encoder.layers.1.self_attn": [0, 2]})
+    result = encoder_attention_entropy(model, batches())
+    assert [len(layer) for layer in result["entropy"]] == [4, 2]
+    assert result["entropy"][0] == pytest.approx(whole["entropy"][0], rel=1e-5)
+    assert result["entropy"][1] == pytest.approx([whole["entropy"][1][1], whole["entropy"][1][3]], rel=1e-5)
+    assert write_entropy_report(result, tmp_path)[1].stat().st_size > 1000
