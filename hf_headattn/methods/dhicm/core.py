@@ -18,7 +18,7 @@ from torch import nn
 
 from ...attention import AttentionCall, AttentionMethod
 from ...head_masks import live_heads, masked_logits
-from ...hf_compat import OUTPUT_PROJECTION, init_normal_, init_zeros_
+from ...hf_compat import OUTPUT_PROJECTION, init_normal_, init_zeros_, softmax_backward
 from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import allowed_values, check_range, resolve_layers
 
@@ -304,7 +304,7 @@ class HeadMixture(torch.autograd.Function):
                 token_grad = grad_kl / tokens if weights is None else (grad_kl * weights).unsqueeze(-1)
                 grad_importance = torch.addcmul(grad_importance, token_grad, log_importance)
             # G (g - <G, g>): softmax's backward, one operator for four (issue 63)
-            grad_scores = torch._softmax_backward_data(grad_importance, importance, -1, importance.dtype)
+            grad_scores = softmax_backward(grad_importance, importance)
             grad_scores = (grad_scores / math.sqrt(w.shape[0])).to(heads.dtype)
             grad_projected = (heads * grad_scores.unsqueeze(2)).sum(1)
             # G_h dL/d(mixed) + dL/ds_h p, both outer products
