@@ -180,7 +180,8 @@ def test_wrapper_calls_are_the_launches_and_library_calls_of_a_wrapper():
 
     launches, extern = wrapper_calls(WRAPPER)
     assert launches == ["cpp_fused_add_0", "triton_poi_fused_mul_1", "cpp_fused_add_0"]  # a kernel run twice: twice
-    assert extern == ["extern_kernels.mm", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default"]
+    assert extern == ["extern_kernels.mm",
+                      "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default"]
 
 
 @pytest.mark.slow

@@ -120,6 +120,15 @@ def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ..
 VALID_BOUNDS = (NOT_IN_PHRASE, IGNORE_INDEX, IGNORE_INDEX + 1, -NOT_IN_PHRASE)
 
 
+def valid_phrase_positions(tensor: torch.Tensor) -> torch.Tensor:
+    """Nonzero where a ``phrase_positions`` value is valid (NOT_IN_PHRASE, or |RP| < |NOT_IN_PHRASE| but not
+    IGNORE_INDEX): eagerly the odd buckets of ``VALID_BOUNDS`` (2 operators over (B, S, S), for 5 comparisons), compiled
+    the comparisons, which Inductor fuses into one kernel (``bucketize`` is a library call there on the CPU)."""
+    if torch.compiler.is_compiling():
+        return (tensor >= NOT_IN_PHRASE) & (tensor <= -NOT_IN_PHRASE - 1) & (tensor != IGNORE_INDEX)
+    return torch.bucketize(tensor, constant(VALID_BOUNDS, torch.long, tensor.device), right=True).bitwise_and(1)
+
+
 def _checks_on_host(tensor: torch.Tensor) -> bool:
     """Whether a value check may read ``tensor`` on the host: on the CPU (free there), not when compiled."""
     return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
@@ -156,16 +165,14 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
         return
     if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
         raise ValueError(f"phrase_positions must be an integer tensor (torch.long), got {tensor.dtype}")
-    # the valid values are the odd buckets of VALID_BOUNDS: 3 operators over (B, S, S), the check included
-    bucket = torch.bucketize(tensor, constant(VALID_BOUNDS, torch.long, tensor.device), right=True)
-    valid = bucket.bitwise_and(1).all()
+    valid = valid_phrase_positions(tensor)
     expected = (f"expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} (clipped to [-{k}, {k}]) or "
                 f"NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase and on padding, as "
                 "DataCollatorForSyntaxSeq2Seq writes it")
     if not _checks_on_host(tensor):  # no host-device synchronisation, no graph break
-        assert_async(valid, f"phrase_positions contains an invalid value: {expected}")
-    elif not valid:
-        value = tensor[bucket.bitwise_and(1) == 0][0].item()
+        assert_async(valid.all(), f"phrase_positions contains an invalid value: {expected}")
+    elif not valid.all():
+        value = tensor[~valid.bool()][0].item()
         padding = f" (the label padding value {IGNORE_INDEX}: padded like labels?)" if value == IGNORE_INDEX else ""
         raise ValueError(f"phrase_positions contains {value}{padding}: {expected}")
 
