@@ -17,7 +17,9 @@ gradient tensor (at least ``GRAD_FLOOR`` of the largest gradient entry); ``equal
 ``ok`` (no crash, no recompilation, no graph break, equal); ``seconds``. The JSON is rewritten after each row, so a
 timeout keeps the rows done.
 
-``dynamo_counts`` and ``raise_recompile_limits`` are shared with ``benchmarks/overhead.py --compile``.
+``dynamo_counts`` and ``raise_recompile_limits`` are shared with ``benchmarks/overhead.py --compile``, and so is
+``inductor_kernels``, which counts the kernels Inductor generates for the graphs compiled while a step runs (issue 63:
+the compiled step's host time on a GPU is its launches).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import sys
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch._dynamo
@@ -85,6 +89,41 @@ def raise_recompile_limits(models: int) -> dict:
             setattr(config, name, max(getattr(config, name), per_model * models))
             limits[name] = getattr(config, name)
     return limits
+
+
+def inductor_kernels(run) -> dict:
+    """Run ``run()`` and count what Inductor generated for the graphs compiled meanwhile (forward and backward of a
+    training step; FX graph cache hits count too): ``kernels``, the kernels it generated
+    (``torch._inductor.metrics.generated_kernel_count``: C++ on the CPU, Triton on a GPU); ``launches``, the calls of
+    them in the graphs' wrappers (a kernel may run more than once); ``extern_calls``, the calls of library kernels and
+    ATen fallbacks there (matmuls, SDPA, ...); ``graphs``, the wrappers. One step of a graph launches its wrapper's
+    kernels once each, so ``launches + extern_calls`` is the number of kernel launches of a step: on a GPU, its host
+    work (without CUDA graphs)."""
+    from torch._inductor import metrics
+    from torch._inductor.graph import GraphLowering
+
+    codes = []
+    before = metrics.generated_kernel_count
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        run()
+    counts = {"kernels": metrics.generated_kernel_count - before, "launches": 0, "extern_calls": 0,
+              "graphs": len(codes)}
+    for code in codes:
+        launches, extern = wrapper_calls(code)
+        counts["launches"] += len(launches)
+        counts["extern_calls"] += len(extern)
+    return counts
+
+
+def wrapper_calls(code: str) -> tuple[list[str], list[str]]:
+    """The generated kernels an Inductor wrapper's ``call`` launches (``kernel(...)`` on the CPU, ``kernel.run(...)``
+    Triton's), one entry a launch, and the library calls and ATen fallbacks it makes (``extern_kernels.mm(...)``,
+    ``torch.ops.aten.<op>.<overload>(...)``)."""
+    names = set(re.findall(r"^(\w+) = async_compile\.\w+\(", code, re.M))
+    body = code[code.find("def call("):]
+    launches = [name for name in re.findall(r"^\s+(\w+)(?:\.run)?\(", body, re.M) if name in names]
+    extern = re.findall(r"^\s+(?:\w+ = )?((?:extern_kernels|torch\.ops\.\w+|aten)\.\w+(?:\.\w+)?)\(", body, re.M)
+    return launches, extern
 
 
 def fresh_batch(seed: int, config, device, sea: bool, size=(4, 8, 7)) -> dict:

@@ -25,7 +25,9 @@ then records ``compile``: ``graphs`` and ``graph_breaks`` (``torch._dynamo.utils
 ``recompiles``, the graphs compiled during the timed steps (0: no recompilation across steps; a row that compiles
 again after warm-up is timed alone, ``timed_alone``), ``settle_graphs``, those compiled in one more step of every
 row after all were warmed up (another model's compile can change a global that graphs guard on), and ``warmup_s``
-(compile included). Every model is built before any compiles. Compiled runs count no operators (a dispatch
+(compile included), and with the ``inductor`` backend ``inductor``: the kernels Inductor generated for the row's
+step, their launches and its library calls (``compile_check.inductor_kernels``; on a GPU a compiled step's host work
+without CUDA graphs, issue 63). Every model is built before any compiles. Compiled runs count no operators (a dispatch
 mode would recompile them): the eager run of the same rows has them. ``--generate-beams N`` adds ``generate_ms``
 and ``generate_ratio`` (eager only): a beam search of exactly ``--generate-tokens`` new tokens from the shape's batch,
 timed in rounds like the steps. Peak memory (CUDA) is a row's own: the bytes its parameters and optimizer state
@@ -81,7 +83,7 @@ import transformers
 from torch._dynamo.utils import counters
 from transformers import MBartConfig
 
-from compile_check import break_reasons, dynamo_counts, raise_recompile_limits
+from compile_check import break_reasons, dynamo_counts, inductor_kernels, raise_recompile_limits
 from hf_headattn.hf_compat import attention_implementation
 from operator_count import count_operators, sync_operators
 from setups import (
@@ -161,9 +163,12 @@ def prepare(kind, model, batch, device, precision, warmup, backend, mode=None, c
     if backend and mode == "reduce-overhead":
         step = graph_steps(step)
     (graphs, breaks), reasons = dynamo_counts(), dict(counters["graph_break"])
-    start = time.perf_counter()
-    for _ in range(warmup):
-        step()
+    start, kernels = time.perf_counter(), None
+    for i in range(warmup):
+        if i == 0 and backend == "inductor":  # the step that compiles: what Inductor generated for it
+            kernels = inductor_kernels(step)
+        else:
+            step()
     if device.type == "cuda":
         torch.cuda.synchronize()
     row = {"compile": None, "operators": None, "syncs": None, "generate_operators": None}
@@ -171,7 +176,7 @@ def prepare(kind, model, batch, device, precision, warmup, backend, mode=None, c
         after_warmup = dynamo_counts()
         row["compile"] = {"graphs": after_warmup[0] - graphs, "graph_breaks": after_warmup[1] - breaks,
                           "break_reasons": break_reasons(since=reasons),
-                          "warmup_s": round(time.perf_counter() - start, 1)}
+                          "warmup_s": round(time.perf_counter() - start, 1), "inductor": kernels}
     row["peak_gib"] = peak_memory(step, batch, device)
     if backend:  # (a step after warm-up that compiles again would compile on every step: it is timed alone)
         row["compile"]["timed_alone"] = dynamo_counts()[0] > after_warmup[0]

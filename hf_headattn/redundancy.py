@@ -94,6 +94,37 @@ def syntactic_attention(probs: torch.Tensor, dependency_mask: torch.Tensor,
     return _token_mean(mass, query_mask)
 
 
+def head_statistics(probs: torch.Tensor, dependency_mask: torch.Tensor,
+                    query_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 3 and Eq. 9 at once, as :func:`head_confidence` and :func:`syntactic_attention` give them, in 15 operators
+    against their 30 (issue 63: each one a kernel launch): both are means over the real queries, so the query weights
+    1/n (0 at padding) are made once, and Eq. 9's mean is one batched product over the (T, S) pairs with the weights
+    folded into the related pairs (no (B, H, T, S) product is formed). In float32 or wider,
+    outside autocast (a batched product under autocast would run in bf16).
+
+    Parameters
+    ----------
+    probs : FloatTensor, shape (B, H, T, S)
+    dependency_mask : BoolTensor, shape (B, T, S)
+    query_mask : BoolTensor, shape (B, T), optional
+
+    Returns
+    -------
+    (h_conf, syn_attn), FloatTensors of shape (B, H)
+    """
+    batch, heads, length, keys = probs.shape
+    with torch.autocast(probs.device.type, enabled=False):
+        if query_mask is None:
+            weights = probs.new_full((batch, length), 1 / length)
+        else:  # (B, T): 1/n at the real queries
+            weights = (query_mask / query_mask.sum(-1, keepdim=True).clamp(min=1)).to(probs.dtype)
+        # Eq. 3 elementwise with a sum (compiled, one kernel with the max; a batched product would be a library call)
+        h_conf = (probs.amax(dim=-1) * weights[:, None]).sum(-1)
+        related = dependency_allowed(dependency_mask) * weights[..., None]  # (B, T, S): 1/n where related (Eq. 5)
+        syn_attn = torch.bmm(probs.reshape(batch, heads, length * keys), related.view(batch, length * keys, 1))
+    return h_conf, syn_attn.view(batch, heads)
+
+
 def redundant_heads(h_conf: torch.Tensor, syn_attn: torch.Tensor) -> torch.Tensor:
     """Eq. 10: a head is redundant (h_label = 0) when Syn_attn <= Syn_gate = sigmoid(h_conf).
 
@@ -149,7 +180,7 @@ def _redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> t
     allowed = key_allowed(call.mask_tensor, length)  # None or (B, 1, T, S)
     real = real_tokens(allowed, call.key.shape[0], length, call.key.device)  # (B, S) = (B, T)
     probs = plain_probabilities(call.query, call.key, call.scaling, allowed)  # (B, H, T, S)
-    redundant = redundant_heads(head_confidence(probs, real), syntactic_attention(probs, dependency_mask, real))
+    redundant = redundant_heads(*head_statistics(probs, dependency_mask, real))
     call.state["redundant_heads_of"] = (dependency_mask, redundant)
     return redundant
 

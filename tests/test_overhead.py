@@ -123,8 +123,9 @@ def test_counted_mode_at_the_tiny_shape(tmp_path):
 # DHICM's host work: the operators one module adds to a training step (#47), pinned so that a regression fails.
 
 #: ATen operators of one DHICM module's forward (``after``: U x with the CPU dropout, Eq. 1-3, Eq. 4's KL and the
-#: statistics) and backward, by mode: 93 and 79 before #47 (paper mode's HeadMixture, shared token weights).
-DHICM_LAYER_OPERATORS = {"paper": 80, "scaled_out_proj": 74}
+#: statistics) and backward, by mode: 93 and 79 before #47 (paper mode's HeadMixture, shared token weights), 80 before
+#: issue 63 (softmax's backward in one operator).
+DHICM_LAYER_OPERATORS = {"paper": 76, "scaled_out_proj": 74}
 
 
 def dhicm_layer_operators(mode: str) -> int:
@@ -177,3 +178,48 @@ def test_reduce_overhead_rows_run_against_stock_compiled_the_same_way(tmp_path):
     assert result["compile"]["mode"] == "reduce-overhead"
     for row in result["rows"].values():
         assert "error" not in row and row["compile"]["graph_breaks"] == 0 and row["compile"]["recompiles"] == 0
+
+
+# The kernels Inductor generates for a compiled step (issue 63: a compiled step's host work on a GPU is its launches).
+
+WRAPPER = """
+cpp_fused_add_0 = async_compile.cpp_pybinding(['const float*', 'float*'], r'''
+extern "C" void kernel(const float* in_ptr0, float* out_ptr0) {}
+''')
+triton_poi_fused_mul_1 = async_compile.triton('triton_poi_fused_mul_1', '''
+def triton_poi_fused_mul_1(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr): pass
+''')
+async_compile.wait(globals())
+class Runner:
+    def call(self, args):
+        buf0 = empty_strided_cpu((4, 4), (4, 1), torch.float32)
+        cpp_fused_add_0(arg0_1, buf0)
+        extern_kernels.mm(buf0, arg1_1, out=buf1)
+        triton_poi_fused_mul_1.run(buf1, buf2, 16, stream=stream0)
+        cpp_fused_add_0(buf2, buf3)
+        buf4 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(buf3, buf3, buf3)
+        return (reinterpret_tensor(buf3, (16, ), (1, ), 0), )
+"""
+
+
+def test_wrapper_calls_are_the_launches_and_library_calls_of_a_wrapper():
+    from compile_check import wrapper_calls
+
+    launches, extern = wrapper_calls(WRAPPER)
+    assert launches == ["cpp_fused_add_0", "triton_poi_fused_mul_1", "cpp_fused_add_0"]  # a kernel run twice: twice
+    assert extern == ["extern_kernels.mm",
+                      "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default"]
+
+
+@pytest.mark.slow
+def test_inductor_kernels_counts_a_compiled_function():
+    from compile_check import inductor_kernels
+
+    torch._dynamo.reset()
+    x = torch.randn(8, 8)
+    compiled = torch.compile(lambda t: ((t.sin() + 1) @ t).relu().sum(), backend="inductor")
+    counts = inductor_kernels(lambda: compiled(x))
+    assert counts["graphs"] == 1 and counts["extern_calls"] == 1  # the matmul
+    assert counts["kernels"] >= 1 and 2 <= counts["launches"] <= 3  # before and after the matmul
+    assert inductor_kernels(lambda: compiled(x)) == {"kernels": 0, "launches": 0, "extern_calls": 0, "graphs": 0}
+    torch._dynamo.reset()

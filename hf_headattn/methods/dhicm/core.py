@@ -18,7 +18,7 @@ from torch import nn
 
 from ...attention import AttentionCall, AttentionMethod
 from ...head_masks import live_heads, masked_logits
-from ...hf_compat import OUTPUT_PROJECTION, init_normal_, init_zeros_
+from ...hf_compat import OUTPUT_PROJECTION, init_normal_, init_zeros_, softmax_backward
 from ...registry import MethodSettings, MethodSpec
 from ...settings_checks import allowed_values, check_range, resolve_layers
 
@@ -258,7 +258,7 @@ class HeadMixture(torch.autograd.Function):
     """Eq. 1-4 of paper mode for all tokens at once, forward and backward written out (#47: DHICM's GPU step was
     host work). The composition of :func:`importance_scores`, log-softmax (Eq. 1), :func:`combine_heads` and Eq. 4's
     KL, gradchecked against it in float64, with one autograd node instead of one per operation and fewer operators:
-    a module's forward and backward 80 against 93 (``tests/test_overhead.py``). Products over heads are elementwise
+    a module's forward and backward 76 against 93 (``tests/test_overhead.py``). Products over heads are elementwise
     with a sum, as in :func:`importance_scores` (a ``bmm`` over B T batches of H x d_k is slower on CPUs).
 
     ``apply(heads (N, H, d_k), ux (N, d_m), w, v, weights (N,) or None, log_heads)`` -> (sum_h G_h V O^h (N, d_m),
@@ -302,8 +302,9 @@ class HeadMixture(torch.autograd.Function):
             grad_importance = (heads * grad_mixed.unsqueeze(1)).sum(-1).to(importance.dtype)
             if grad_kl is not None:
                 token_grad = grad_kl / tokens if weights is None else (grad_kl * weights).unsqueeze(-1)
-                grad_importance = grad_importance + token_grad * log_importance
-            grad_scores = importance * (grad_importance - (importance * grad_importance).sum(-1, keepdim=True))
+                grad_importance = torch.addcmul(grad_importance, token_grad, log_importance)
+            # G (g - <G, g>): softmax's backward, one operator for four (issue 63)
+            grad_scores = softmax_backward(grad_importance, importance)
             grad_scores = (grad_scores / math.sqrt(w.shape[0])).to(heads.dtype)
             grad_projected = (heads * grad_scores.unsqueeze(2)).sum(1)
             # G_h dL/d(mixed) + dL/ds_h p, both outer products

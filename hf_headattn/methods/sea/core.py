@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ...attention import AttentionCall, AttentionMethod
+from ...attention import AttentionCall, AttentionMethod, constant
 from ...hf_compat import assert_async, init_normal_, init_zeros_
 from ...losses import IGNORE_INDEX
 from ...redundancy import dependency_allowed, redundant_heads_of
@@ -114,6 +114,21 @@ def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ..
     return tuple(needed)
 
 
+#: ``torch.bucketize(phrase_positions, VALID_BOUNDS, right=True)`` is odd exactly at the valid values: 1 from
+#: NOT_IN_PHRASE to IGNORE_INDEX - 1, 3 from IGNORE_INDEX + 1 to -NOT_IN_PHRASE - 1; 0, 2 (IGNORE_INDEX) and 4 are
+#: invalid.
+VALID_BOUNDS = (NOT_IN_PHRASE, IGNORE_INDEX, IGNORE_INDEX + 1, -NOT_IN_PHRASE)
+
+
+def valid_phrase_positions(tensor: torch.Tensor) -> torch.Tensor:
+    """Nonzero where a ``phrase_positions`` value is valid (NOT_IN_PHRASE, or |RP| < |NOT_IN_PHRASE| but not
+    IGNORE_INDEX): eagerly the odd buckets of ``VALID_BOUNDS`` (2 operators over (B, S, S), for 5 comparisons), compiled
+    the comparisons, which Inductor fuses into one kernel (``bucketize`` is a library call there on the CPU)."""
+    if torch.compiler.is_compiling():
+        return (tensor >= NOT_IN_PHRASE) & (tensor <= -NOT_IN_PHRASE - 1) & (tensor != IGNORE_INDEX)
+    return torch.bucketize(tensor, constant(VALID_BOUNDS, torch.long, tensor.device), right=True).bitwise_and(1)
+
+
 def _checks_on_host(tensor: torch.Tensor) -> bool:
     """Whether a value check may read ``tensor`` on the host: on the CPU (free there), not when compiled."""
     return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
@@ -150,15 +165,14 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
         return
     if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
         raise ValueError(f"phrase_positions must be an integer tensor (torch.long), got {tensor.dtype}")
-    # outside [NOT_IN_PHRASE, -NOT_IN_PHRASE - 1], or IGNORE_INDEX: 5 elementwise operators over (B, S, S)
-    bad = (tensor < NOT_IN_PHRASE) | (tensor > -NOT_IN_PHRASE - 1) | (tensor == IGNORE_INDEX)
+    valid = valid_phrase_positions(tensor)
     expected = (f"expected relative phrasal positions with |RP| < {abs(NOT_IN_PHRASE)} (clipped to [-{k}, {k}]) or "
                 f"NOT_IN_PHRASE = {NOT_IN_PHRASE} outside the local phrase and on padding, as "
                 "DataCollatorForSyntaxSeq2Seq writes it")
     if not _checks_on_host(tensor):  # no host-device synchronisation, no graph break
-        assert_async(~bad.any(), f"phrase_positions contains an invalid value: {expected}")
-    elif bad.any():
-        value = tensor[bad][0].item()
+        assert_async(valid.all(), f"phrase_positions contains an invalid value: {expected}")
+    elif not valid.all():
+        value = tensor[~valid.bool()][0].item()
         padding = f" (the label padding value {IGNORE_INDEX}: padded like labels?)" if value == IGNORE_INDEX else ""
         raise ValueError(f"phrase_positions contains {value}{padding}: {expected}")
 

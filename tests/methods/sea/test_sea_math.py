@@ -12,6 +12,7 @@ from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
 from hf_headattn.redundancy import (
     dependency_allowed,
     head_confidence,
+    head_statistics,
     plain_probabilities,
     real_tokens,
     redundant_heads,
@@ -56,6 +57,21 @@ def test_head_confidence_eq3_and_syntactic_attention_eq9_match_loops():
     torch.testing.assert_close(syntactic_attention(probs, dep, real), torch.from_numpy(syn))
     # without a query mask every row counts
     torch.testing.assert_close(head_confidence(probs), probs.amax(-1).mean(-1))
+    # both at once (what RHE runs): the same values, float64 in, float64 out
+    conf_at_once, syn_at_once = head_statistics(probs, dep, real)
+    assert conf_at_once.dtype == syn_at_once.dtype == torch.float64
+    torch.testing.assert_close(conf_at_once, torch.from_numpy(conf))
+    torch.testing.assert_close(syn_at_once, torch.from_numpy(syn))
+    for got, expected in zip(head_statistics(probs, dep), (head_confidence(probs), syntactic_attention(probs, dep))):
+        torch.testing.assert_close(got, expected)
+
+
+def test_head_statistics_run_in_float32_under_autocast():
+    real, probs, dep, _, _ = setup()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        conf, syn = head_statistics(probs.float(), dep, real)
+    assert conf.dtype == syn.dtype == torch.float32
+    torch.testing.assert_close(syn, syntactic_attention(probs, dep, real).float(), atol=1e-6, rtol=1e-6)
 
 
 def test_redundant_heads_eq10_matches_loop():
