@@ -277,6 +277,11 @@ class HeadAttnSettings:
         output = super().to_dict()
         output.pop("_headattn_resolved", None)  # derived from the fields
         output["headattn_version"] = HEADATTN_VERSION
+        for spec in active_methods(self):  # written always: a saved dict without one predates it (legacy.py)
+            if spec.older_files_defaults and isinstance(output.get(spec.name), Mapping):
+                settings = self.headattn_settings[spec.name]
+                output[spec.name] = {**{key: getattr(settings, key) for key in spec.older_files_defaults},
+                                     **output[spec.name]}
         output.pop(METHOD_MODULES, None)  # the file's record, if loaded from one: written afresh
         plugins = {spec.name: spec.settings.__module__ for spec in active_methods(self)
                    if spec.name not in DECLARED_METHODS}

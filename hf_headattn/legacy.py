@@ -71,6 +71,8 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
       ``headattn_version`` is < 0.2, or it records none and has release 0.1's fields) keeps release 0.1's values of
       the settings whose default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on.
       No other config does: not a file recorded by 0.2 or later, whatever its fields, nor keyword arguments.
+    * A saved file's method dict that lacks a setting of ``MethodSpec.older_files_defaults`` was written before the
+      setting existed (``to_dict`` writes them always): it gets the value it was trained with.
     """
     known = flat_fields()
     found = sorted(key for key in values if key in known)
@@ -86,7 +88,9 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
         if settings and not (release_0_1 and not spec.settings(**settings).switched_on()):
             values[spec.name] = given = settings
         if release_0_1 and spec.legacy_defaults and isinstance(given, Mapping):
-            values[spec.name] = {**spec.legacy_defaults, **given}
+            values[spec.name] = given = {**spec.legacy_defaults, **given}
+        if saved_file and spec.older_files_defaults and isinstance(given, Mapping):
+            values[spec.name] = {**spec.older_files_defaults, **given}  # written before these settings existed
     if found:
         spec, key = known[found[0]]
         warn_deprecated(f"{where}: release 0.1's flat settings {found}",

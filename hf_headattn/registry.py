@@ -159,6 +159,16 @@ class MethodSpec:
     legacy_fields: flat config fields of release 0.1 -> settings field, so old saved configs still load.
     legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
+    older_files_defaults: settings added, with a new default, after configs with the method had been saved, each
+        with what a saved dict that lacks it was trained with (e.g. Localness's ``{"predictor": "head"}``): a saved
+        config.json whose dict lacks one reads that value, and ``to_dict`` writes each of them always, so that only
+        a file written before the setting existed lacks it.
+    prepare_stack: ``prepare_stack(settings, model_config, side, stack)``, called once when a model (or a stack on its
+        own) is built, for each side ("encoder", "decoder") the method is placed on, with that side's HF stack
+        (``MBartEncoder``, ...), after the methods are attached and before any weight is loaded: a change to the
+        model outside attention (e.g. Rel_Pos's ``absolute_positions=False`` mutes the position embeddings with
+        :func:`hf_headattn.model_hooks.mute_module`). It must keep the stack's parameters (checkpoints load as
+        before) and be idempotent. None: the method changes attention only.
     kit: the import path of the method's kit module (``KIT = MethodKit(...)``: recipe names, presets, model card
         line, head-importance criterion; :mod:`hf_headattn.experiment.kit`), or ``None``: the module that defines
         the settings class, if it has a ``KIT`` (a method kept in one module). Only the experiment kit
@@ -179,6 +189,8 @@ class MethodSpec:
     logged: tuple[str, ...] = ()
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
+    older_files_defaults: Mapping[str, Any] = field(default_factory=dict)
+    prepare_stack: Callable | None = None
     kit: str | None = None
 
 
