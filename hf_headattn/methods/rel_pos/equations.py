@@ -86,4 +86,4 @@ def value_term(probs: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -
     -------
     (B, H, T, D)
     """
-    return torch.matmul(label_sums(probs, labels, table.shape[0]), table)
+    return torch.matmul(label_sums(probs, labels, table.shape[-2]), table)
