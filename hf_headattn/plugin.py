@@ -13,18 +13,21 @@ transformers' attention functions get them; ``attention_mask`` None, bool (True 
 ``BlockMask`` (``call.mask_tensor`` gives it as a bool tensor); ``hidden_states`` (B, T, d_model), the module's
 query-side input; ``context`` (:class:`HeadAttnContext`), where loss terms and read-outs are recorded. ``before``
 runs before the backend and may change the mask; ``after`` gets the per-head output (B, T, H, D) and returns what
-``out_proj`` receives.
+``out_proj`` receives. A change outside attention is ``MethodSpec(prepare_stack=...)``, run once per stack the method
+is placed on when the model is built; :func:`mute_module` (and :func:`mute_position_embeddings`) make a part of the
+model contribute nothing while its weights stay loadable (docs/design.md, "Adding a fourth method").
 """
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from .experiment.kit import MethodInputError, MethodKit, MissingDependencyError, Preset
 from .hf_compat import init_normal_, init_ones_, init_zeros_
+from .model_hooks import is_muted, mute_module, mute_position_embeddings
 from .registry import MethodSettings, MethodSpec, register_method, registered_methods, unregister_method
 from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 
 __all__ = [
     "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "MethodInputError", "MethodKit",
     "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset", "allowed_values", "check_choice",
-    "check_range", "init_normal_", "init_ones_", "init_zeros_", "key_allowed", "register_method",
-    "registered_methods", "resolve_layers", "unregister_method",
+    "check_range", "init_normal_", "init_ones_", "init_zeros_", "is_muted", "key_allowed", "mute_module",
+    "mute_position_embeddings", "register_method", "registered_methods", "resolve_layers", "unregister_method",
 ]
