@@ -72,7 +72,7 @@ class LocalnessSettings(MethodSettings):
 
 
 def layers(settings: LocalnessSettings, config, name: str = NAME) -> list[int]:
-    """The encoder layers with the bias: ``settings.layers``, by default the lower half (the paper: layers 1-3 of 6)."""
+    """The encoder layers with the bias: ``settings.layers``, by default the lower half (the abstract: lower layers)."""
     chosen = list(range((config.encoder_layers + 1) // 2)) if settings.layers is None else settings.layers
     return resolve_layers(chosen, config.encoder_layers, f"{name}.layers")
 

@@ -26,7 +26,7 @@ KIT = MethodKit(
     NAME,
     paper="Yang et al. 2018, modeling localness for self-attention networks (Localness)",
     method_names={
-        # the lower half of the encoder layers (layers 0-2 of 6, the paper's best), query-specific window
+        # the lower half of the encoder layers (0-2 of 6: the abstract's "lower layers"), query-specific window
         "localness": {},
         "localness_fixed": {"window": 10},  # the fixed-window strategy (P_i predicted, D = 10: the authors' code)
         "localness_rhe": {"heads": "redundant"},  # on the heads RHE finds redundant per sentence (needs parses)

@@ -1,9 +1,9 @@
 """Relative position representations (Shaw, Uszkoreit & Vaswani 2018), the pure math: Eq. 3-5 without a (T, S, d)
 tensor.
 
-Eq. 5: a^K_ij = w^K_{clip(j - i, k)}, a^V_ij = w^V_{clip(j - i, k)}, clip(x, k) = max(-k, min(k, x)), the tables
+§3.2: a^K_ij = w^K_{clip(j - i, k)}, a^V_ij = w^V_{clip(j - i, k)}, clip(x, k) = max(-k, min(k, x)), the tables
 w^K, w^V of shape (2k+1, d_head), or (H, 2k+1, d_head) with a table per head (row ``clip(j - i) + k``, the
-*label*). Eq. 4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d)
+*label*). Eq. 4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d), split as Eq. 5 does
 = q_i k_j^T / sqrt(d) + q_i . w^K_{label_ij} / sqrt(d): the second term is q @ W^K^T (B, H, T, 2k+1), gathered by the
 labels (:func:`key_term`). Eq. 3: z_i = sum_j alpha_ij (v_j + a^V_ij) = (alpha @ V)_i + sum_l (sum_{j: label_ij = l}
 alpha_ij) w^V_l: the per-label sums of alpha (a scatter-add into (B, H, T, 2k+1)) times W^V (:func:`value_term`).
