@@ -33,9 +33,11 @@ from transformers.utils import logging
 
 from .hf_compat import CACHE_NAMES, config_attributes
 from .legacy import (
+    DEFAULTS_RECORD,
     assign_flat_field,
     flat_fields,
     recorded_release,
+    relied_on_defaults,
     translate_flat_fields,
     translate_kwargs,
     translate_pretrained_kwargs,
@@ -168,6 +170,9 @@ class HeadAttnSettings:
         (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
         release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
         0.1's translation on it (:func:`~.legacy.written_by_release_0_1`).
+    headattn_defaults (undeclared; in a saved file only): ``{method: {setting: value}}``, the defaults the methods'
+        dicts rely on among the settings added with a new default (``MethodSpec.older_files_defaults``), which
+        ``to_dict`` writes; a file without it predates them and loads with their older values (:mod:`.legacy`).
     headattn_method_modules (undeclared; in a saved file only): ``{method name: module}`` of the switched-on methods
         registered from outside the package, which ``to_dict`` writes (the module that defines the method's settings
         class); a config that records a method not registered here refuses to load (:meth:`_check_method_modules`).
@@ -277,11 +282,11 @@ class HeadAttnSettings:
         output = super().to_dict()
         output.pop("_headattn_resolved", None)  # derived from the fields
         output["headattn_version"] = HEADATTN_VERSION
-        for spec in active_methods(self):  # written always: a saved dict without one predates it (legacy.py)
-            if spec.older_files_defaults and isinstance(output.get(spec.name), Mapping):
-                settings = self.headattn_settings[spec.name]
-                output[spec.name] = {**{key: getattr(settings, key) for key in spec.older_files_defaults},
-                                     **output[spec.name]}
+        output.pop(DEFAULTS_RECORD, None)  # the file's record, if loaded from one: written afresh
+        relied = relied_on_defaults([(spec, self.headattn_settings[spec.name]) for spec in active_methods(self)
+                                     if spec.older_files_defaults], output)
+        if relied:  # a file without it predates those settings (legacy.older_file_settings)
+            output[DEFAULTS_RECORD] = relied
         output.pop(METHOD_MODULES, None)  # the file's record, if loaded from one: written afresh
         plugins = {spec.name: spec.settings.__module__ for spec in active_methods(self)
                    if spec.name not in DECLARED_METHODS}

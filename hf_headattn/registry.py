@@ -160,9 +160,9 @@ class MethodSpec:
     legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
     older_files_defaults: settings added, with a new default, after configs with the method had been saved, each
-        with what a saved dict that lacks it was trained with (e.g. Localness's ``{"predictor": "head"}``): a saved
-        config.json whose dict lacks one reads that value, and ``to_dict`` writes each of them always, so that only
-        a file written before the setting existed lacks it.
+        with what a saved dict that lacks it was trained with (e.g. Localness's ``{"predictor": "head"}``): ``to_dict``
+        records the defaults a dict relies on (``headattn_defaults`` in config.json), so a saved dict that lacks one
+        and a file that records none predate the setting, and load with this value.
     prepare_stack: ``prepare_stack(settings, model_config, side, stack)``, called once when a model (or a stack on its
         own) is built, for each side ("encoder", "decoder") the method is placed on, with that side's HF stack
         (``MBartEncoder``, ...), after the methods are attached and before any weight is loaded: a change to the

@@ -51,8 +51,9 @@ class LocalnessSettings(MethodSettings):
     the centre P_i is still predicted). heads: "all", an integer n (the first n heads, the authors' code's
     ``local_heads``) or "redundant" (RHE, needs ``dependency_mask``). predictor: "query" (the authors' code: the whole
     query, a hidden layer shared by the heads, per-head outputs with biases) or "head" (each head's own query, weights
-    shared by the heads: the reading that matches RHE's WMT16 parameter columns). A saved config.json without
-    ``predictor`` was written before it existed and reads "head" (``METHOD.older_files_defaults``).
+    shared by the heads: the reading that matches RHE's WMT16 parameter columns). A saved config.json that has
+    no ``predictor`` and records no default for it was written before it existed and reads "head"
+    (``METHOD.older_files_defaults``).
     """
 
     layers: list[int] | None = None

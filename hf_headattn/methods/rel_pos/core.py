@@ -58,9 +58,10 @@ class RelPosSettings(MethodSettings):
     whether Eq. 3's value term is added (the paper: True; False keeps only the key term, a score bias, and SDPA's
     fast path). heads: "all", or "redundant" (RHE's per-sentence selection, encoder layers only; needs the input
     ``dependency_mask``). tables: "head" (a table per layer and per head, the paper's base model) or "layer" (shared
-    by a layer's heads, its big model); a saved config.json without it was written before it existed and reads
-    "layer" (``METHOD.older_files_defaults``). absolute_positions: False mutes the absolute position embeddings of
-    the encoder and/or decoder the method is placed on (the paper's compared model has none).
+    by a layer's heads, its big model); a saved config.json that has no ``tables`` and records no default for it was
+    written before it existed and reads "layer" (``METHOD.older_files_defaults``). absolute_positions: False mutes
+    the absolute position embeddings of the encoder and/or decoder the method is placed on (the paper's compared
+    model has none).
     """
 
     encoder_layers: list[int] | Literal["all"] | None = "all"

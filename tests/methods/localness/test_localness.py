@@ -134,7 +134,7 @@ def test_save_load_round_trip(checkpoint, tmp_path):
     model.save_pretrained(tmp_path)
     again, info = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    assert again.config.localness == {"predictor": "head", "window": 4}  # to_dict writes the predictor
+    assert again.config.localness == {"predictor": "head", "window": 4}
     saved = {k: v for k, v in model.state_dict().items() if ".localness." in k}
     assert set(saved) == KEYS - {f"model.{LAYER0}.localness.window_vector"}
     for key, value in saved.items():

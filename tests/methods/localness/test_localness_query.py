@@ -133,8 +133,9 @@ def test_pruning_is_refused_naming_the_predictor(checkpoint):  # noqa: F811
 
 
 def test_old_saved_configs_keep_the_per_head_reading_new_ones_the_authors(checkpoint, tmp_path):  # noqa: F811
-    """A config.json saved before ``predictor`` existed (its localness dict lacks it) was trained with the per-head
-    reading and loads with it; ``to_dict`` writes the predictor, so a new file keeps the authors' layout."""
+    """A config.json saved before ``predictor`` existed (its localness dict lacks it, the file records no default for
+    it) was trained with the per-head reading and loads with it; ``to_dict`` records the default the dict relies on,
+    so a new file keeps the authors' layout, and the dict saves as given."""
     old = HeadAttnMBartConfig.from_dict({**TINY, "model_type": "headattn_mbart", "headattn_version": "0.3.0",
                                          "localness": {"window": 4}})
     assert old.headattn_settings["localness"].predictor == "head"
@@ -142,5 +143,6 @@ def test_old_saved_configs_keep_the_per_head_reading_new_ones_the_authors(checkp
     model = load(checkpoint, settings={"window": 4})
     model.save_pretrained(tmp_path)
     again = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
-    assert again.config.localness == {"predictor": "query", "window": 4}
+    assert again.config.localness == {"window": 4} and again.config.headattn_settings["localness"].predictor == "query"
+    assert again.config.to_dict()["headattn_defaults"] == {"localness": {"predictor": "query"}}
     torch.testing.assert_close(run(again).logits, run(model).logits)
