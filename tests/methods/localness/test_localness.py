@@ -256,3 +256,23 @@ def test_half_precision_stays_finite_with_a_collapsed_window(checkpoint, monkeyp
     (_, _, bias, _), = captured
     assert bias.dtype == torch.float16 and torch.isfinite(bias).all() and bias.min() == -1e4
     assert out.logits.dtype == torch.float16 and torch.isfinite(out.logits).all()
+
+
+def test_the_first_n_heads_get_the_per_head_bias_and_pruning_follows_them(checkpoint, captured):
+    """heads=2 with the per-head reading: the bias of the loop on heads 0-1 only; pruning head 0 leaves the bias on
+    the head that was 1, as masking head 0 does."""
+    model = load(checkpoint, settings={"layers": [0], "heads": 2})
+    run(model)
+    (_, query, bias, heads), = captured
+    assert heads == (0, 1) and bias.shape == (2, 2, 6, 6)
+    module = model.model.encoder.layers[0].self_attn.localness
+    parameters = [p.detach().double() for p in (module.weight, module.centre_vector, module.window_vector)]
+    expected = loop_bias(query[:, :2].double(), *parameters, REAL)
+    keys = REAL[:, None, None, :].expand_as(bias)
+    torch.testing.assert_close(bias[keys].double(), expected[keys], rtol=1e-4, atol=1e-4)
+    mask = torch.ones(2, 4)
+    mask[0, 0] = 0
+    masked = run(model, head_mask=mask).logits
+    model.prune_heads({LAYER0: [0]})
+    assert module.local_heads == (0,)
+    torch.testing.assert_close(run(model).logits, masked, atol=1e-5, rtol=1e-5)
