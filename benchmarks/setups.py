@@ -50,13 +50,17 @@ ROWS = {
                                             "implementation": "eager"}},
     "dea-rhe": method_settings("dea_rhe"),
     "lpea-rhe": method_settings("lpea_rhe"),
-    # Localness (Yang et al.): the Gaussian bias on the lower half of the encoder layers, on every head / with RHE
+    # Localness (Yang et al.): the Gaussian bias on the lower half of the encoder layers, on every head / with RHE,
+    # predicted from the whole query (the authors' code); "-per-head": each head's own query (the earlier reading)
     "localness": method_settings("localness"),
     "localness-rhe": {"localness": {"heads": "redundant"}},
+    "localness-per-head": {"localness": {"predictor": "head"}},
     # Shaw et al.'s relative positions on every encoder self-attention (k = 16): key term a score bias, value term by
     # taking over every head; "-keys" without the value term (SDPA's path, the bias in its mask)
+    # (a table per layer and head, the paper's base model); "-shared-tables": one table per layer (its big model)
     "rel-pos": method_settings("rel_pos"),
     "rel-pos-keys": method_settings("rel_pos_keys"),
+    "rel-pos-shared-tables": {"rel_pos": {"tables": "layer"}},
     # the previous- and next-token heads of every encoder layer fixed (2 of 4 heads at tiny, 2 of 8 at base)
     "fixed-attention": method_settings("fixed_attention"),
 }

@@ -691,6 +691,9 @@ class AttentionMethod(nn.Module):
     records_loss_terms = False
     backends = SUPPORTED_BACKENDS
     out_proj_per_head = True
+    #: why the module's heads cannot be pruned with this method on it (None: they can); ``prune_heads`` then refuses
+    #: the model with it, naming the module, before anything changes
+    pruning_refused: str | None = None
 
     def init_weights(self, std: float) -> None:
         """Initialise the method's own ``nn.Parameter``s with transformers' initialisers (``hf_compat.init_normal_``,

@@ -33,10 +33,11 @@ from transformers.utils import logging
 
 from .hf_compat import CACHE_NAMES, config_attributes
 from .legacy import (
-    RECORDED_DEFAULTS,
+    DEFAULTS_RECORD,
     assign_flat_field,
     flat_fields,
     recorded_release,
+    relied_on_defaults,
     translate_flat_fields,
     translate_kwargs,
     translate_pretrained_kwargs,
@@ -170,10 +171,9 @@ class HeadAttnSettings:
         (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
         release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
         0.1's translation on it (:func:`~.legacy.written_by_release_0_1`).
-    headattn_recorded_defaults (undeclared; in a saved file only): ``{method: {setting: value}}``, the values the
-        switched-on methods' ``MethodSpec.saved_defaults`` settings ran with, given or defaulted, which ``to_dict``
-        writes; a file that lacks it was saved before those settings existed and loads with the readings it was
-        trained with (:func:`~.legacy.translate_flat_fields`).
+    headattn_defaults (undeclared; in a saved file only): ``{method: {setting: value}}``, the defaults the methods'
+        dicts rely on among the settings added with a new default (``MethodSpec.older_files_defaults``), which
+        ``to_dict`` writes; a file without it predates them and loads with their older values (:mod:`.legacy`).
     headattn_method_modules (undeclared; in a saved file only): ``{method name: module}`` of the switched-on methods
         registered from outside the package, which ``to_dict`` writes (the module that defines the method's settings
         class); a config that records a method not registered here refuses to load (:meth:`_check_method_modules`).
@@ -285,12 +285,12 @@ class HeadAttnSettings:
         if output.get("syntax_parser") is None:
             output.pop("syntax_parser", None)  # a parser's record (SEA, RHE), not a field of every model
         output["headattn_version"] = HEADATTN_VERSION
+        output.pop(DEFAULTS_RECORD, None)  # the file's record, if loaded from one: written afresh
+        relied = relied_on_defaults([(spec, self.headattn_settings[spec.name]) for spec in active_methods(self)
+                                     if spec.older_files_defaults], output)
+        if relied:  # a file without it predates those settings (legacy.older_file_settings)
+            output[DEFAULTS_RECORD] = relied
         output.pop(METHOD_MODULES, None)  # the file's record, if loaded from one: written afresh
-        output.pop(RECORDED_DEFAULTS, None)  # the file's record, if loaded from one: written afresh
-        recorded = {spec.name: {key: getattr(self.headattn_settings[spec.name], key) for key in spec.saved_defaults}
-                    for spec in active_methods(self) if spec.saved_defaults}
-        if recorded:  # the values of the settings whose default changed (MethodSpec.saved_defaults), as they run
-            output[RECORDED_DEFAULTS] = recorded
         plugins = {spec.name: spec.settings.__module__ for spec in active_methods(self)
                    if spec.name not in DECLARED_METHODS}
         if plugins:

@@ -29,8 +29,9 @@ logger = logging.get_logger(__name__)
 FIRST_RELEASE_WITH_DICTS = (0, 2)
 #: The release that stops reading the flat fields (saved files live long on the Hub: two releases of warnings).
 FLAT_FIELDS_REMOVED_IN = "0.5"
-#: What a saved config.json records of the settings whose default changed (``MethodSpec.saved_defaults``).
-RECORDED_DEFAULTS = "headattn_recorded_defaults"
+#: What a saved config.json records of the defaults its method dicts rely on (``MethodSpec.older_files_defaults``):
+#: ``{method: {setting: value}}``, written by ``to_dict`` (a file without it predates those settings).
+DEFAULTS_RECORD = "headattn_defaults"
 
 
 def flat_fields() -> dict[str, tuple]:
@@ -73,16 +74,13 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
       ``headattn_version`` is < 0.2, or it records none and has release 0.1's fields) keeps release 0.1's values of
       the settings whose default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on.
       No other config does: not a file recorded by 0.2 or later, whatever its fields, nor keyword arguments.
-    * A saved config file reads the settings of ``MethodSpec.saved_defaults`` its method dicts lack with the values
-      its ``headattn_recorded_defaults`` records (``to_dict`` writes them), or, where it records none (saved before
-      those settings existed), with the values given in ``saved_defaults``: those it was trained with. Only a value
-      other than today's default is written into the dict (so a file saved now loads as the config it was saved
-      from).
+    * A saved file's method dict that lacks a setting of ``MethodSpec.older_files_defaults`` gets the value it was
+      trained with: the default the file records (:data:`DEFAULTS_RECORD`, which ``to_dict`` writes) where it
+      differs from today's, and the spec's older value where the file records none (it predates the setting).
     """
     known = flat_fields()
     found = sorted(key for key in values if key in known)
     release_0_1 = saved_file and written_by_release_0_1(values, where)
-    recorded = values.get(RECORDED_DEFAULTS) if saved_file else None  # (kept: from_dict reads the file again)
     for spec in registered_methods():
         flat = {key: values.pop(key) for key in list(values) if key in spec.legacy_fields}
         given = values.get(spec.name)
@@ -95,8 +93,10 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
             values[spec.name] = given = settings
         if release_0_1 and spec.legacy_defaults and isinstance(given, Mapping):
             values[spec.name] = given = {**spec.legacy_defaults, **given}
-        if saved_file and spec.saved_defaults and isinstance(given, Mapping):
-            values[spec.name] = _with_recorded_defaults(spec, given, recorded, where)
+        if saved_file and spec.older_files_defaults and isinstance(given, Mapping):
+            missing = older_file_settings(spec, given, values.get(DEFAULTS_RECORD))
+            if missing:
+                values[spec.name] = {**missing, **given}
     if found:
         spec, key = known[found[0]]
         warn_deprecated(f"{where}: release 0.1's flat settings {found}",
@@ -104,21 +104,29 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
                         "dicts)", FLAT_FIELDS_REMOVED_IN, plural=True, stacklevel=stacklevel)
 
 
-def _with_recorded_defaults(spec, given: Mapping, recorded, where: str) -> Mapping:
-    """``given`` (a saved method dict) with the settings of ``spec.saved_defaults`` it lacks at the values the file
-    ran with (``recorded``: the file's ``headattn_recorded_defaults``, None where it has none), where they differ
-    from today's defaults."""
-    if recorded is not None and not isinstance(recorded, Mapping):
-        raise ValueError(f"{where}: {RECORDED_DEFAULTS} must be a dict {{method: {{setting: value}}}}, got "
-                         f"{recorded!r}")
-    ran = spec.saved_defaults if recorded is None else recorded.get(spec.name) or {}
-    defaults = {setting.name: setting.default for setting in fields(spec.settings)}
-    kept = {key: ran[key] for key in spec.saved_defaults if key not in given and key in ran
-            and ran[key] != defaults.get(key)}
-    if kept and recorded is None:
-        logger.info(f"{where}: {spec.name} was saved before the settings {sorted(kept)} existed, so it keeps the "
-                    f"readings it was trained with, {kept}")
-    return {**kept, **given} if kept else given
+def older_file_settings(spec, given: Mapping, record) -> dict:
+    """The settings of ``spec.older_files_defaults`` that a saved dict ``given`` lacks and that must be set to keep
+    the behaviour it was trained with: the value ``record`` (the file's :data:`DEFAULTS_RECORD`) gives for the
+    method, else the spec's older value; those equal to today's default are left out (the dict then saves as it
+    was loaded)."""
+    recorded = record.get(spec.name, {}) if isinstance(record, Mapping) else {}
+    today = {setting.name: setting.default for setting in fields(spec.settings)}
+    missing = {key: recorded.get(key, older) for key, older in spec.older_files_defaults.items() if key not in given}
+    return {key: value for key, value in missing.items() if value != today[key]}
+
+
+def relied_on_defaults(specs_and_settings, values: Mapping) -> dict:
+    """``{method: {setting: value}}``: the settings of ``MethodSpec.older_files_defaults`` that the saved dicts in
+    ``values`` leave to their defaults, with the values the resolved settings hold (what ``to_dict`` records as
+    :data:`DEFAULTS_RECORD`)."""
+    record = {}
+    for spec, settings in specs_and_settings:
+        given = values.get(spec.name)
+        if isinstance(given, Mapping):
+            relied = {key: getattr(settings, key) for key in spec.older_files_defaults if key not in given}
+            if relied:
+                record[spec.name] = relied
+    return record
 
 
 def translate_pretrained_kwargs(config_dict: dict, kwargs: dict, where: str) -> None:

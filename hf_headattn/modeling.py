@@ -82,8 +82,9 @@ class HeadAttnSeq2SeqLMOutput(HeadAttnOutputMixin, Seq2SeqLMOutput):
 
 def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encoder", "decoder")) -> None:
     """Route every attention module of ``sides`` to our attention function (:func:`~.attention.route`), attach every
-    method switched on (``settings``: {name: resolved settings}) to its modules, then prune the heads
-    ``config.pruned_heads`` names (:mod:`hf_headattn.pruning`)."""
+    method switched on (``settings``: {name: resolved settings}) to its modules, run the methods' ``prepare_stack``
+    on the stacks of the sides they are placed on, then prune the heads ``config.pruned_heads`` names
+    (:mod:`hf_headattn.pruning`)."""
     for site in AttentionSite.in_model(base_model, sides):
         route(site.module(base_model), config, *site)
     for spec in registered_methods():
@@ -93,6 +94,11 @@ def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encode
             if side in sides:
                 module = AttentionSite(side, layer, kind).module(base_model)
                 attach_method(module, spec.name, spec.make(settings[spec.name], config, module))
+    for spec in registered_methods():  # changes outside attention (MethodSpec.prepare_stack)
+        if spec.name in settings and spec.prepare_stack is not None:
+            placed = {side for side, _, _ in spec.placements(settings[spec.name], config)}
+            for side in (side for side in sides if side in placed):
+                spec.prepare_stack(settings[spec.name], config, side, getattr(base_model, side))
     for side in sides:
         apply_pruned_heads(getattr(base_model, side), config.pruned_heads or {})
 

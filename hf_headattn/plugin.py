@@ -40,13 +40,16 @@ m_h > 0 (:func:`live_heads`); per-head state of a pruned head is dropped in :met
 
 A method that takes over heads, fixes their weights or recomputes their probabilities
 declares it (``MethodSpec(head_use=...)`` returning a :class:`HeadUse`), so that the config refuses a method it
-cannot meet on one layer when it is built.
+cannot meet on one layer when it is built. A change outside attention is ``MethodSpec(prepare_stack=...)``, run once per stack the method is placed on when
+the model is built; :func:`mute_module` (and :func:`mute_position_embeddings`) make a part of the model contribute
+nothing while its weights stay loadable (docs/design.md, "Adding a fourth method").
 """
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from .experiment.kit import MethodInputError, MethodKit, MissingDependencyError, Preset
 from .head_masks import live_heads, masked_logits
 from .hf_compat import init_normal_, init_ones_, init_zeros_
+from .model_hooks import is_muted, mute_module, mute_position_embeddings
 from .registry import (
     HeadUse,
     MethodSettings,
@@ -61,6 +64,7 @@ from .settings_checks import allowed_values, check_choice, check_range, resolve_
 __all__ = [
     "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse", "MethodInputError", "MethodKit",
     "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset", "allowed_values", "check_choice",
-    "check_range", "import_method_modules", "init_normal_", "init_ones_", "init_zeros_", "key_allowed", "live_heads",
-    "masked_logits", "register_method", "registered_methods", "resolve_layers", "unregister_method",
+    "check_range", "import_method_modules", "init_normal_", "init_ones_", "init_zeros_", "is_muted", "key_allowed",
+    "live_heads", "masked_logits", "mute_module", "mute_position_embeddings", "register_method", "registered_methods",
+    "resolve_layers", "unregister_method",
 ]

@@ -62,6 +62,9 @@ def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
                 raise ValueError(f"prune_heads: {module.headattn_name}.{name} is a {type(part).__name__}, expected "
                                  f"a plain {expected.__name__} (prune before wrapping or replacing modules); nothing "
                                  "was pruned")
+            if getattr(part, "pruning_refused", None):
+                raise ValueError(f"prune_heads: {module.headattn_name}.{name}: {part.pruning_refused}; nothing was "
+                                 "pruned")
 
 
 #: The prefix PEFT puts before the wrapped model's module names (``PeftModel.base_model.model``).

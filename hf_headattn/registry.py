@@ -169,9 +169,16 @@ class MethodSpec:
     legacy_fields: flat config fields of release 0.1 -> settings field, so old saved configs still load.
     legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
-    saved_defaults: settings added with a default that changes what older configs ran, with the value those ran
-        with: ``to_dict`` records each one's value as it runs (``headattn_recorded_defaults``), and a saved
-        config.json that records none (written before they existed) reads those its dict lacks with these values.
+    older_files_defaults: settings added, with a new default, after configs with the method had been saved, each
+        with what a saved dict that lacks it was trained with (e.g. Localness's ``{"predictor": "head"}``): ``to_dict``
+        records the defaults a dict relies on (``headattn_defaults`` in config.json), so a saved dict that lacks one
+        and a file that records none predate the setting, and load with this value.
+    prepare_stack: ``prepare_stack(settings, model_config, side, stack)``, called once when a model (or a stack on its
+        own) is built, for each side ("encoder", "decoder") the method is placed on, with that side's HF stack
+        (``MBartEncoder``, ...), after the methods are attached and before any weight is loaded: a change to the
+        model outside attention (e.g. Rel_Pos's ``absolute_positions=False`` mutes the position embeddings with
+        :func:`hf_headattn.model_hooks.mute_module`). It must keep the stack's parameters (checkpoints load as
+        before) and be idempotent. None: the method changes attention only.
     head_use: ``head_use(settings, model_config, site) -> HeadUse``: what the method does to the heads of the
         attention module ``site`` ((side, layer, kind), one of its placements), for the check of two methods on one
         module (:func:`meeting_conflict`, when the config is built); None: it only biases scores or reads or
@@ -196,8 +203,9 @@ class MethodSpec:
     logged: tuple[str, ...] = ()
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
-    saved_defaults: Mapping[str, Any] = field(default_factory=dict)
+    older_files_defaults: Mapping[str, Any] = field(default_factory=dict)
     head_use: Callable | None = None
+    prepare_stack: Callable | None = None
     kit: str | None = None
 
     def make(self, settings: MethodSettings, model_config, module) -> Any:

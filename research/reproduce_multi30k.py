@@ -39,9 +39,10 @@ from workshop.runs import load_results, run_dir, training_jobs
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 ROWS = ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe"]
 #: The papers' comparison tables as rows of this reproduction (``run --table NAME``): RHE's Table 1 (Zhang et al.
-#: 2021: Rel_Pos and Localness beside DEA/LPEA+RHE), its Table 2 (the bias methods with and without RHE: the RHE
-#: rows parse the sources, as SEA's do) and EaDRA's Tables 3-5 (Araabi et al.: Fixed-attention beside EaDRA; mBART
-#: fine-tuning's rows are ``finetune_mbart.py``'s).
+#: 2021: Rel_Pos and Localness beside DEA/LPEA+RHE, in their published layouts: Rel_Pos's tables per layer and head,
+#: Localness's whole-query predictor, the recipe names' defaults), its Table 2 (the bias methods with and without
+#: RHE: the RHE rows parse the sources, as SEA's do) and EaDRA's Tables 3-5 (Araabi et al.: Fixed-attention beside
+#: EaDRA; mBART fine-tuning's rows are ``finetune_mbart.py``'s).
 PAPER_TABLES = {
     "rhe-table-1": ["baseline", "rel_pos", "localness", "dea_rhe", "lpea_rhe"],
     "rhe-table-2": ["baseline", "rel_pos", "rel_pos_rhe", "localness", "localness_rhe"],

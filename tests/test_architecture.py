@@ -218,6 +218,25 @@ def test_a_checkpoint_saved_by_release_0_3_before_the_method_folders_loads_with_
         torch.testing.assert_close(out[name], expected[name], msg=name)
 
 
+def test_a_checkpoint_saved_with_localness_and_rel_pos_before_their_published_layouts_loads_as_trained(tmp_path):
+    """tests/data/release_0_3_bias: Localness + Rel_Pos saved by 0.3's development builds at a671707, before
+    ``predictor`` and ``tables`` existed (issue #62): it loads with the per-head predictor and the shared tables it was
+    trained with, gives the same outputs, and saved again records both settings."""
+    folder = ROOT / "tests" / "data" / "release_0_3_bias"
+    expected = torch.load(folder / "expected.pt")
+    model, info = HeadAttnMBartForConditionalGeneration.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    settings = model.config.headattn_settings
+    assert settings["localness"].predictor == "head" and settings["rel_pos"].tables == "layer"
+    with torch.no_grad():
+        out = model.eval()(**batch())
+    for name in ("logits", "loss"):
+        torch.testing.assert_close(out[name], expected[name], msg=name)
+    model.save_pretrained(tmp_path)
+    assert HeadAttnMBartConfig.from_pretrained(tmp_path).localness["predictor"] == "head"
+    assert HeadAttnMBartConfig.from_pretrained(tmp_path).rel_pos["tables"] == "layer"
+
+
 def test_loading_remote_code_never_changes_an_already_loaded_model(tmp_path):
     """Each copy of the code registers its attention function under its own name (issue: loading a second remote-code
     checkpoint replaced the function that already-loaded models ran). The checkpoint is saved by this code: release

@@ -29,7 +29,7 @@ METHODS = {
     "dea_rhe": {"sea": {"type": "dea", "layers": [0, 1]}},
     "lpea_rhe": {"sea": {"type": "lpea", "layers": [1]}},
     "rhe_prune": {"sea": {"prune": True}},
-    "localness_rhe": {"localness": {"heads": "redundant", "layers": [0, 1]}},
+    "localness_rhe": {"localness": {"heads": "redundant", "layers": [0, 1], "predictor": "head"}},
 }
 #: Heads to prune (original numbers) and the same as masks.
 PRUNE = {"encoder.layers.1.self_attn": [0, 2], "encoder.layers.0.self_attn": [3],

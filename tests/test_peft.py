@@ -23,14 +23,15 @@ METHODS = dict(dropout=0.0, dhicm={"encoder_layers": [-1], "decoder_layers": [-1
 
 
 #: One recipe setting of each built-in method (every method on mBART; Marian, whose attention is a copy of mBART's,
-#: with DHICM): rel_pos with its value term, SEA's LPEA on the redundant heads, Localness's query-specific window.
+#: with DHICM): rel_pos with its value term, SEA's LPEA on the redundant heads, Localness's query-specific window
+#: (the authors' whole-query predictor).
 CASES = [("mbart", "dhicm"), ("marian", "dhicm"), ("mbart", "eadra"), ("mbart", "lpea_rhe"),
          ("mbart", "fixed_attention"), ("mbart", "rel_pos"), ("mbart", "localness")]
 #: The methods' own parameters in those settings (each attention module's ``<method>.<parameter>``); EaDRA and fixed
 #: attention have none.
 OWN_PARAMETERS = {"dhicm": {"w", "u", "v"}, "sea": {"lpea_embeddings", "lpea_weight", "lpea_bias", "lpea_projection"},
                   "rel_pos": {"relative_keys", "relative_values"},
-                  "localness": {"weight", "centre_vector", "window_vector"}}
+                  "localness": {"hidden_weight", "hidden_bias", "output_weight", "output_bias"}}
 
 
 def method_of(recipe):

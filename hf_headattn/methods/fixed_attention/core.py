@@ -62,7 +62,7 @@ class FixedAttentionSettings(MethodSettings):
         away from each pattern's anchor, the cube of the rank, as a third-party reimplementation has them; three
         one-hot heads of the seven, as EaDRA §5.1 reports) or "uniform" (release 0.3's reading: uniform contexts,
         one-hot start and end). A config.json saved before this setting existed loads with "uniform", the reading it
-        was trained with (``MethodSpec.saved_defaults``).
+        was trained with (``MethodSpec.older_files_defaults``).
     """
 
     patterns: list[Pattern] = field(default_factory=lambda: list(PATTERNS))
@@ -212,5 +212,5 @@ def head_use(settings: FixedAttentionSettings, config, site) -> HeadUse:
 
 
 METHOD = MethodSpec(NAME, FixedAttentionSettings, placements, build, collect,
-                    saved_defaults={"weights": "uniform"},  # release 0.3's reading, before the setting existed
+                    older_files_defaults={"weights": "uniform"},  # release 0.3's reading, before the setting existed
                     head_use=head_use, kit="hf_headattn.methods.fixed_attention.kit")

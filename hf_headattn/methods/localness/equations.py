@@ -1,10 +1,17 @@
 """Localness's math (Yang, Tu, Wong, Meng, Chao & Zhang 2018, "Modeling Localness for Self-Attention Networks",
-EMNLP 2018, §2), pure functions of tensors.
+EMNLP 2018), pure functions of tensors. The paper's full text was not reachable here (``shared/papers/
+localness-yang.md``), so no equation number is cited; the forms below are the authors' public code's
+(``baosongyang/Context-Aware-SAN``, ``layers/attention_dyn.py`` and ``attention_local.py``).
 
-* the Gaussian bias G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2 (Eq. 5-6), added to the scores before
-  the softmax (Eq. 4);
-* the centre P_i = I * sigmoid(p_i), p_i = v_p^T tanh(W_p Q_i) (Eq. 7, 9) and the query-specific window
-  D_i = I * sigmoid(z_i), z_i = v_d^T tanh(W_p Q_i) (Eq. 8-9, W_p shared by the two), I the sentence's length.
+* the Gaussian bias G_ij = -(j - P_i)^2 / (2 sigma_i^2) = -2 (j - P_i)^2 / D_i^2, sigma_i = D_i / 2, added to the
+  scaled scores before the softmax (:func:`gaussian_bias`);
+* the authors' predictor (:func:`query_centre_and_window`): from the whole query q_i (d_model wide, every head's
+  query before the split), one hidden layer h_i = tanh(W_p q_i + b_p) shared by the centre, the window and the heads,
+  then per-head output weights with biases: P_i^h = (I - 1) sigmoid(u_h^T h_i + c_h) and
+  D_i^h = I sigmoid(v_h^T h_i + e_h) + 0.1 (or a fixed D, the code's ``local_size`` 10);
+* the per-head reading (:func:`centre_and_window`): each head predicts from its own query Q_i^h (d_h wide), with
+  W_p, v_p, v_d shared by the heads and no biases, P_i = I sigmoid(v_p^T tanh(W_p Q_i)) and
+  D_i = I sigmoid(v_d^T tanh(W_p Q_i)).
 
 Shapes: B batch, H heads, T queries, S keys (T = S: encoder self-attention), d_h the head dimension. Positions j and
 the length I count the sentence's real tokens only (padding is neither a position nor part of I).
@@ -44,7 +51,7 @@ def sentence_positions(real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def localness_logits(query: torch.Tensor, weight: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-    """Eq. 7-8's logits before the sigmoid: v^T tanh(W_p Q_i) for each of the vectors v (v_p, and v_d if predicted).
+    """The per-head reading's logits before the sigmoid: v^T tanh(W_p Q_i) for each of v_p (and v_d if predicted).
 
     Parameters
     ----------
@@ -62,8 +69,8 @@ def localness_logits(query: torch.Tensor, weight: torch.Tensor, vectors: torch.T
 def centre_and_window(query: torch.Tensor, weight: torch.Tensor, centre_vector: torch.Tensor,
                       window_vector: torch.Tensor | None, lengths: torch.Tensor,
                       window: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 9: P_i = I sigmoid(v_p^T tanh(W_p Q_i)) and D_i = I sigmoid(v_d^T tanh(W_p Q_i)) (W_p shared), or the
-    fixed window D_i = ``window`` (the paper's fixed-window strategy: P_i still predicted).
+    """The per-head reading: P_i = I sigmoid(v_p^T tanh(W_p Q_i)) and D_i = I sigmoid(v_d^T tanh(W_p Q_i)) (W_p
+    shared), or the fixed window D_i = ``window`` (the fixed-window strategy: P_i still predicted).
 
     Parameters
     ----------
@@ -87,7 +94,7 @@ def centre_and_window(query: torch.Tensor, weight: torch.Tensor, centre_vector: 
 
 def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Tensor,
                   floor: float | None = None) -> torch.Tensor:
-    """Eq. 5-6: G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2 (D_i at least ``MIN_WINDOW``): a concave
+    """G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2 (D_i at least ``MIN_WINDOW``): a concave
     quadratic in j for each query i, 0 at j = P_i. Computed as -r^2 with r = (j - P_i) sqrt(2) / D_i (three
     elementwise operators over (B, H, T, S)); ``floor``: a lower bound (``BIAS_FLOOR`` for a bias cast to float16,
     whose range would make a collapsed window -inf; float32 and bfloat16 hold it finite).
@@ -105,3 +112,35 @@ def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Te
     distance = (positions[:, None, None, :].to(centre.dtype) - centre[..., None]) * inverse[..., None]
     bias = torch.addcmul(distance.new_zeros(()), distance, distance, value=-1)  # -r^2, one operator
     return bias if floor is None else bias.clamp(min=floor)
+
+
+#: What the authors' code adds to the predicted window D = I sigmoid(.) + 0.1 (``attention_dyn.py``): D >= 0.1.
+WINDOW_OFFSET = 0.1
+
+
+def query_centre_and_window(query: torch.Tensor, hidden_weight: torch.Tensor, hidden_bias: torch.Tensor,
+                            output_weight: torch.Tensor, output_bias: torch.Tensor, lengths: torch.Tensor,
+                            window: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The authors' predictor: h_i = tanh(W_p q_i + b_p) from the whole query, then per head
+    P_i^h = (I - 1) sigmoid(u_h^T h_i + c_h) and D_i^h = I sigmoid(v_h^T h_i + e_h) + 0.1, or D = ``window``.
+
+    Parameters
+    ----------
+    query : (B, T, d), the whole query (every head's, before the split; not scaled)
+    hidden_weight : (m, d), W_p; hidden_bias : (m,), b_p (m = n d_h in the authors' code, n the heads with the bias)
+    output_weight : (k n, m), the rows u_1 .. u_n (then v_1 .. v_n with the predicted window: k = 2, else k = 1);
+        output_bias : (k n,), c (then e)
+    lengths : (B,), I per sentence
+    window : None (predicted) or a positive number of tokens
+
+    Returns
+    -------
+    centre, width : (B, n, T) each, P_i^h in [0, I - 1] and D_i^h in [0.1, I + 0.1] (or ``window``)
+    """
+    hidden = torch.tanh(F.linear(query, hidden_weight, hidden_bias))  # (B, T, m)
+    gates = torch.sigmoid(F.linear(hidden, output_weight, output_bias)).transpose(1, 2)  # (B, k n, T)
+    scale = lengths[:, None, None].to(query.dtype)  # (B, 1, 1)
+    if window is None:
+        centre, width = gates.chunk(2, dim=1)  # (B, n, T) each
+        return (scale - 1) * centre, torch.addcmul(gates.new_full((), WINDOW_OFFSET), scale, width)
+    return (scale - 1) * gates, torch.full_like(gates, float(window))

@@ -4,8 +4,11 @@ RHE finds redundant (Zhang et al. 2021, Table 2's Rel_Pos + RHE).
 ``rel_pos={"max_relative_position": 16}`` adds, on the self-attention of ``encoder_layers`` (default ``"all"``) and
 ``decoder_layers`` (default None: none), Eq. 4's key term to the scores and Eq. 3's value term to the output:
 e_ij = q_i (k_j + w^K_{clip(j-i, k)})^T / sqrt(d), z_i = sum_j alpha_ij (v_j + w^V_{clip(j-i, k)}), with learned
-tables w^K, w^V of (2k+1, d_head) per layer, shared by its heads (as in the paper). The math is in
-:mod:`hf_headattn.methods.rel_pos.equations`; no (T, S, d) tensor is made.
+tables w^K, w^V of (2k+1, d_head) per layer and per head (``tables="head"``: the paper's base model, §4.1), or per
+layer, shared by its heads (``tables="layer"``: its big model, §4.1, with k = 8). ``absolute_positions=False`` (the
+compared model of §4.2 has no absolute position encodings) mutes the position embeddings of the stacks the method is
+placed on (:func:`~hf_headattn.model_hooks.mute_position_embeddings`, through ``MethodSpec.prepare_stack``). The
+math is in :mod:`hf_headattn.methods.rel_pos.equations`; no (T, S, d) tensor is made.
 
 How it runs (``before``): the key term, q @ W^K^T gathered by the relative labels, is a score bias
 (``call.add_score_bias``), so with ``values=False`` SDPA keeps its fast path; the value term needs the probabilities,
@@ -36,6 +39,7 @@ from torch import nn
 
 from ...attention import AttentionCall, AttentionMethod, key_allowed
 from ...hf_compat import init_normal_
+from ...model_hooks import mute_position_embeddings
 from ...redundancy import checked_dependency_mask, neutral_dependency_mask, redundant_heads_of
 from ...registry import HeadUse, MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
@@ -50,9 +54,14 @@ class RelPosSettings(MethodSettings):
 
     encoder_layers: encoder layers whose self-attention gets the terms: indices (negative count from the end), "all"
     (the default) or None (none). decoder_layers: decoder layers likewise (default None: none; "all" as the paper).
-    max_relative_position: k, the clipping distance (>= 1; the paper's 16). values: whether Eq. 3's value term is
-    added (the paper: True; False keeps only the key term, a score bias, and SDPA's fast path). heads: "all", or
-    "redundant" (RHE's per-sentence selection, encoder layers only; needs the input ``dependency_mask``).
+    max_relative_position: k, the clipping distance (>= 1; the paper's base model 16, its big model 8). values:
+    whether Eq. 3's value term is added (the paper: True; False keeps only the key term, a score bias, and SDPA's
+    fast path). heads: "all", or "redundant" (RHE's per-sentence selection, encoder layers only; needs the input
+    ``dependency_mask``). tables: "head" (a table per layer and per head, the paper's base model) or "layer" (shared
+    by a layer's heads, its big model); a saved config.json that has no ``tables`` and records no default for it was
+    written before it existed and reads "layer" (``METHOD.older_files_defaults``). absolute_positions: False mutes
+    the absolute position embeddings of the encoder and/or decoder the method is placed on (the paper's compared
+    model has none).
     """
 
     encoder_layers: list[int] | Literal["all"] | None = "all"
@@ -60,6 +69,8 @@ class RelPosSettings(MethodSettings):
     max_relative_position: int = 16
     values: bool = True
     heads: Literal["all", "redundant"] = "all"
+    tables: Literal["head", "layer"] = "head"
+    absolute_positions: bool = True
 
     def validate(self, config, name: str) -> None:
         layers(self, config, "encoder", name)
@@ -92,14 +103,24 @@ def placements(settings: RelPosSettings, config) -> list[tuple[str, int, str]]:
 
 class RelativePositions(AttentionMethod):
     """The tables of one self-attention module: ``relative_keys`` w^K and, with ``values``, ``relative_values`` w^V,
-    each (2k+1, d_head), rows w_-k .. w_k, ~ N(0, init_std) (the paper does not give an initialisation)."""
+    each (H, 2k+1, d_head) with ``tables="head"`` (pruning drops the pruned heads' tables) or (2k+1, d_head) with
+    ``tables="layer"``, rows w_-k .. w_k, ~ N(0, init_std) (the paper does not give an initialisation)."""
 
-    def __init__(self, settings: RelPosSettings, head_dim: int):
+    def __init__(self, settings: RelPosSettings, head_dim: int, num_heads: int):
         super().__init__()
         self.settings = settings
         self.k = settings.max_relative_position
-        self.relative_keys = nn.Parameter(torch.empty(2 * self.k + 1, head_dim))
-        self.relative_values = nn.Parameter(torch.empty(2 * self.k + 1, head_dim)) if settings.values else None
+        shape = (2 * self.k + 1, head_dim) if settings.tables == "layer" else (num_heads, 2 * self.k + 1, head_dim)
+        self.relative_keys = nn.Parameter(torch.empty(shape))
+        self.relative_values = nn.Parameter(torch.empty(shape)) if settings.values else None
+
+    def prune_heads(self, keep: torch.Tensor) -> None:
+        if self.settings.tables == "head":
+            for name in ("relative_keys", "relative_values"):
+                table = getattr(self, name)
+                if table is not None:
+                    setattr(self, name, nn.Parameter(table.detach().index_select(0, keep.to(table.device)).clone(),
+                                                     requires_grad=table.requires_grad))
 
     def init_weights(self, std: float) -> None:
         init_normal_(self.relative_keys, std=std)
@@ -150,7 +171,14 @@ class RelativePositions(AttentionMethod):
 
 
 def build(settings: RelPosSettings, config, module) -> RelativePositions:
-    return RelativePositions(settings, module.head_dim)
+    return RelativePositions(settings, module.head_dim, module.num_heads)
+
+
+def prepare_stack(settings: RelPosSettings, config, side: str, stack) -> None:
+    """``absolute_positions=False``: the stack's absolute position embeddings contribute nothing (kept, so that
+    checkpoints load as before)."""
+    if not settings.absolute_positions:
+        mute_position_embeddings(stack, f"{NAME}.absolute_positions=False")
 
 
 def collect(context, settings: RelPosSettings) -> tuple[dict, None]:
@@ -167,5 +195,7 @@ def head_use(settings: RelPosSettings, config, site) -> HeadUse:
 METHOD = MethodSpec(
     NAME, RelPosSettings, placements, build, collect, head_use=head_use,
     inputs=("dependency_mask",), neutral_inputs=neutral_dependency_mask,
+    older_files_defaults={"tables": "layer"},  # saved before the paper's per-head tables became the default
+    prepare_stack=prepare_stack,
     kit="hf_headattn.methods.rel_pos.kit",
 )

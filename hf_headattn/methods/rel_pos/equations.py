@@ -1,8 +1,9 @@
 """Relative position representations (Shaw, Uszkoreit & Vaswani 2018), the pure math: Eq. 3-5 without a (T, S, d)
 tensor.
 
-Eq. 5: a^K_ij = w^K_{clip(j - i, k)}, a^V_ij = w^V_{clip(j - i, k)}, clip(x, k) = max(-k, min(k, x)), the tables
-w^K, w^V of shape (2k+1, d_head) (row ``clip(j - i) + k``, the *label*). Eq. 4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d)
+§3.2: a^K_ij = w^K_{clip(j - i, k)}, a^V_ij = w^V_{clip(j - i, k)}, clip(x, k) = max(-k, min(k, x)), the tables
+w^K, w^V of shape (2k+1, d_head), or (H, 2k+1, d_head) with a table per head (row ``clip(j - i) + k``, the
+*label*). Eq. 4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d), split as Eq. 5 does
 = q_i k_j^T / sqrt(d) + q_i . w^K_{label_ij} / sqrt(d): the second term is q @ W^K^T (B, H, T, 2k+1), gathered by the
 labels (:func:`key_term`). Eq. 3: z_i = sum_j alpha_ij (v_j + a^V_ij) = (alpha @ V)_i + sum_l (sum_{j: label_ij = l}
 alpha_ij) w^V_l: the per-label sums of alpha (a scatter-add into (B, H, T, 2k+1)) times W^V (:func:`value_term`).
@@ -53,14 +54,14 @@ def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -> 
     Parameters
     ----------
     query : (B, H, T, D)
-    table : (L, D), w^K (rows w_-k .. w_k)
+    table : (L, D), w^K (rows w_-k .. w_k), or (H, L, D): one table per head
     labels : LongTensor (T, S) (:func:`relative_labels`) or (B, 1, T, S) (:func:`labels_at`)
 
     Returns
     -------
     (B, H, T, S): q @ W^K^T (B, H, T, L) gathered along its last dimension by the labels.
     """
-    per_label = torch.matmul(query, table.transpose(0, 1))  # (B, H, T, L)
+    per_label = torch.matmul(query, table.transpose(-1, -2))  # (B, H, T, L)
     batch, heads, length, _ = per_label.shape
     return per_label.gather(-1, labels.expand(batch, heads, length, labels.shape[-1]))
 
@@ -78,11 +79,11 @@ def value_term(probs: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -
     Parameters
     ----------
     probs : (B, H, T, S), the attention weights alpha
-    table : (L, D), w^V
+    table : (L, D), w^V, or (H, L, D): one table per head
     labels : LongTensor (T, S) or (B, 1, T, S)
 
     Returns
     -------
     (B, H, T, D)
     """
-    return torch.matmul(label_sums(probs, labels, table.shape[0]), table)
+    return torch.matmul(label_sums(probs, labels, table.shape[-2]), table)

@@ -12,31 +12,45 @@ from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.rel_pos.core import NAME, RelPosSettings
 from hf_headattn.methods.sea.inputs import rhe_inputs_from  # SEA's kit makes RHE's dependency_mask from parses
 
-#: Shaw et al.'s setting as we read it: k = 16 (their clipping distance; their Table 3 varies k and finds BLEU
-#: insensitive to it from k >= 2), on every self-attention of the encoder and the decoder.
-SHAW = {"max_relative_position": 16, "encoder_layers": "all", "decoder_layers": "all"}
+#: Shaw et al.'s base model (§4.1): k = 16, a table per layer and per head, key and value terms, on every
+#: self-attention of the encoder and the decoder, without absolute position encodings (§4.2). (Their Table 2 varies
+#: k and finds BLEU insensitive to it from k >= 2.)
+SHAW = {"max_relative_position": 16, "tables": "head", "encoder_layers": "all", "decoder_layers": "all",
+        "absolute_positions": False}
+#: Their big model's reading (§4.1): k = 8, one table per layer shared by its heads.
+SHAW_BIG = {**SHAW, "max_relative_position": 8, "tables": "layer"}
 
 KIT = MethodKit(
     NAME,
     paper="Shaw, Uszkoreit & Vaswani 2018, self-attention with relative position representations",
     method_names={
-        "rel_pos": {},  # every encoder layer, every head, key and value terms, k = 16
+        # every encoder layer, a table per layer and head (the paper's base model), key and value terms, k = 16
+        "rel_pos": {},
         "rel_pos_keys": {"values": False},  # the key term only: a score bias, SDPA's fast path
         "rel_pos_rhe": {"heads": "redundant"},  # on the heads RHE finds redundant per sentence (needs parses)
     },
     presets={
         "rel_pos_shaw": Preset(
-            doc="RHE (Zhang et al. 2021) Table 1, row Rel_Pos: Shaw et al. 2018's relative positions (k = 16, key "
-                "and value terms, every self-attention layer of Transformer-base, encoder and decoder).",
+            doc="RHE (Zhang et al. 2021) Table 1, row Rel_Pos: Shaw et al. 2018's base model (§4.1-4.2): relative "
+                "positions with k = 16 and a table per layer and per head, key and value terms, on every "
+                "self-attention layer of Transformer-base, encoder and decoder, without absolute positions.",
             flags={**TRANSFORMER_BASE, "method": "rel_pos"},
             method_overrides={NAME: SHAW},
         ),
+        "rel_pos_shaw_big": Preset(
+            doc="Shaw et al. 2018's big-model reading (§4.1; their Table 1's big rows) on Transformer-base: k = 8, "
+                "one table per layer shared by its heads, encoder and decoder self-attention, without absolute "
+                "positions.",
+            flags={**TRANSFORMER_BASE, "method": "rel_pos"},
+            method_overrides={NAME: SHAW_BIG},
+        ),
         "rel_pos_shaw_rhe": Preset(
-            doc="RHE (Zhang et al. 2021) Table 2, row Rel_Pos + RHE: the relative positions (k = 16) on the heads "
-                "RHE finds redundant per sentence, in every encoder layer (our reading: RHE needs the source's "
-                "dependency_mask, so the decoder keeps plain attention); the sources are parsed as for LPEA+RHE.",
+            doc="RHE (Zhang et al. 2021) Table 2, row Rel_Pos + RHE: the relative positions (k = 16, a table per "
+                "layer and head) on the heads RHE finds redundant per sentence, in every encoder layer (our reading: "
+                "RHE needs the source's dependency_mask, so the decoder keeps plain attention, and the absolute "
+                "positions stay); the sources are parsed as for LPEA+RHE.",
             flags={**TRANSFORMER_BASE, "method": "rel_pos_rhe"},
-            method_overrides={NAME: {"max_relative_position": 16, "heads": "redundant"}},
+            method_overrides={NAME: {"max_relative_position": 16, "tables": "head", "heads": "redundant"}},
         ),
     },
     inputs_from=rhe_inputs_from(RelPosSettings),

@@ -295,9 +295,9 @@ def test_a_config_saved_before_the_weights_setting_loads_with_uniform_weights(tm
     assert cubic.config.headattn_settings["fixed_attention"].weights == "cubic"
     cubic.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["headattn_recorded_defaults"] == {"fixed_attention": {"weights": "cubic"}}
+    assert saved["headattn_defaults"] == {"fixed_attention": {"weights": "cubic"}}
     assert HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).config.fixed_attention == settings
-    del saved["headattn_recorded_defaults"]  # as release 0.3 wrote it
+    del saved["headattn_defaults"]  # as release 0.3 wrote it
     (tmp_path / "config.json").write_text(json.dumps(saved))
     loaded = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
     assert loaded.config.headattn_settings["fixed_attention"].weights == "uniform"

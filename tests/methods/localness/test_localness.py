@@ -27,8 +27,11 @@ def checkpoint(tmp_path_factory):
 
 
 def load(path, attn_implementation="sdpa", settings=None, **others):
-    """The checkpoint with ``config.localness = settings`` (None: off), Localness's parameters set to moderate values
+    """The checkpoint with ``config.localness = settings`` (None: off; the per-head reading unless ``settings`` names
+    a predictor: test_localness_query.py tests the authors' layout), Localness's parameters set to moderate values
     (windows of a few tokens: no weight underflows to 0)."""
+    if settings is not None:
+        settings = {"predictor": "head", **settings}
     model = HeadAttnMBartForConditionalGeneration.from_pretrained(
         path, attn_implementation=attn_implementation, localness=settings, **others).eval()
     g = torch.Generator().manual_seed(1)
@@ -131,7 +134,7 @@ def test_save_load_round_trip(checkpoint, tmp_path):
     model.save_pretrained(tmp_path)
     again, info = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    assert again.config.localness == {"window": 4}
+    assert again.config.localness == {"predictor": "head", "window": 4}
     saved = {k: v for k, v in model.state_dict().items() if ".localness." in k}
     assert set(saved) == KEYS - {f"model.{LAYER0}.localness.window_vector"}
     for key, value in saved.items():
@@ -209,7 +212,9 @@ def test_with_sea_on_the_same_layer_both_biases_apply(checkpoint, captured, monk
     ({"layers": [2]}, r"localness.layers contains 2, but the model has 2 layers: expected integers in \[-2, 1\]"),
     ({"window": 0}, r"localness.window must be 'predicted' or an integer >= 1 .*got 0"),
     ({"window": "fixed"}, r"localness.window must be an integer or one of 'predicted', got 'fixed'"),
-    ({"heads": "some"}, r"localness.heads must be one of 'all', 'redundant', got 'some'"),
+    ({"heads": "some"}, r"localness.heads must be an integer or one of 'all', 'redundant', got 'some'"),
+    ({"heads": 5}, r"localness.heads must be 'all', 'redundant' or a number of heads in \[1, 4\] .*got 5"),
+    ({"predictor": "full"}, r"localness.predictor must be one of 'query', 'head', got 'full'"),
     ({"width": 3}, r"localness has unknown settings \['width'\]"),
 ])
 def test_bad_settings_name_field_value_and_expectation(settings, message):
@@ -251,3 +256,23 @@ def test_half_precision_stays_finite_with_a_collapsed_window(checkpoint, monkeyp
     (_, _, bias, _), = captured
     assert bias.dtype == torch.float16 and torch.isfinite(bias).all() and bias.min() == -1e4
     assert out.logits.dtype == torch.float16 and torch.isfinite(out.logits).all()
+
+
+def test_the_first_n_heads_get_the_per_head_bias_and_pruning_follows_them(checkpoint, captured):
+    """heads=2 with the per-head reading: the bias of the loop on heads 0-1 only; pruning head 0 leaves the bias on
+    the head that was 1, as masking head 0 does."""
+    model = load(checkpoint, settings={"layers": [0], "heads": 2})
+    run(model)
+    (_, query, bias, heads), = captured
+    assert heads == (0, 1) and bias.shape == (2, 2, 6, 6)
+    module = model.model.encoder.layers[0].self_attn.localness
+    parameters = [p.detach().double() for p in (module.weight, module.centre_vector, module.window_vector)]
+    expected = loop_bias(query[:, :2].double(), *parameters, REAL)
+    keys = REAL[:, None, None, :].expand_as(bias)
+    torch.testing.assert_close(bias[keys].double(), expected[keys], rtol=1e-4, atol=1e-4)
+    mask = torch.ones(2, 4)
+    mask[0, 0] = 0
+    masked = run(model, head_mask=mask).logits
+    model.prune_heads({LAYER0: [0]})
+    assert module.local_heads == (0,)
+    torch.testing.assert_close(run(model).logits, masked, atol=1e-5, rtol=1e-5)

@@ -1,5 +1,5 @@
-"""Localness's pure math (Yang et al. 2018, Eq. 5-9) against a float64 loop that reads none of the package's code,
-padding included, and float64 gradchecks of every function in W_p, v_p, v_d and the query."""
+"""Localness's per-head reading (Yang et al. 2018; ``predictor="head"``) against a float64 loop that reads none of
+the package's code, padding included, and float64 gradchecks of every function in W_p, v_p, v_d and the query."""
 
 import math
 

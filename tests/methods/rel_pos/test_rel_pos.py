@@ -34,11 +34,13 @@ def stock(path, attn_implementation="sdpa"):
     return MBartForConditionalGeneration.from_pretrained(path, attn_implementation=attn_implementation).eval()
 
 
+@pytest.mark.parametrize("tables", ["head", "layer"])
 @pytest.mark.parametrize("values", [True, False])
-def test_each_rows_log_weights_change_by_the_key_term(checkpoint, values):
+def test_each_rows_log_weights_change_by_the_key_term(checkpoint, values, tables):
     """Eager, output_attentions=True, layer 0 (same inputs with the method on and off): within each row the
-    log-weights differ by q_i . w^K_{clip(j - i, k)} * scaling up to a row constant, on the real keys."""
-    model = load(checkpoint, "eager", encoder_layers=[0], values=values)
+    log-weights differ by q_i . w^K_{clip(j - i, k)} * scaling up to a row constant, on the real keys; with a table
+    per head, each head's own (the terms differ between the heads of the layer)."""
+    model = load(checkpoint, "eager", encoder_layers=[0], values=values, tables=tables)
     plain = stock(checkpoint, "eager")
     inputs = batch()
     with torch.no_grad():
@@ -51,7 +53,12 @@ def test_each_rows_log_weights_change_by_the_key_term(checkpoint, values):
         query = attention.q_proj(hidden).view(B, T, -1, attention.head_dim).transpose(1, 2)  # (B, H, T, D)
         table = attention.rel_pos.relative_keys
         labels = (torch.arange(T)[None, :] - torch.arange(T)[:, None]).clamp(-K, K) + K
-        expected = torch.einsum("bhtd,tsd->bhts", query, table[labels]) * attention.scaling
+        if tables == "head":
+            assert table.shape == (4, 2 * K + 1, attention.head_dim)
+            expected = torch.einsum("bhtd,htsd->bhts", query, table[:, labels]) * attention.scaling
+            assert (expected[:, 0] - expected[:, 1]).abs().max() > 0.1  # heads differ
+        else:
+            expected = torch.einsum("bhtd,tsd->bhts", query, table[labels]) * attention.scaling
     real = inputs["attention_mask"].bool()[:, None, None, :]  # (B, 1, 1, S)
     difference = (on.encoder_attentions[0].log() - off.encoder_attentions[0].log() - expected).masked_fill(~real, 0)
     centred = difference - difference.sum(-1, keepdim=True) / real.sum(-1, keepdim=True)
@@ -120,7 +127,7 @@ def test_save_and_load_keep_the_tables(checkpoint, tmp_path):
     model = load(checkpoint, decoder_layers=[-1], values=True)
     model.save_pretrained(tmp_path)
     again = HeadAttnMBartForConditionalGeneration.from_pretrained(tmp_path).eval()
-    assert again.config.rel_pos == model.config.rel_pos
+    assert again.config.rel_pos == model.config.rel_pos and again.config.headattn_settings["rel_pos"].tables == "head"
     names = {name for name, _ in again.named_parameters() if ".rel_pos." in name}
     assert names == {f"model.{side}.layers.{layer}.self_attn.rel_pos.relative_{table}"
                      for side, layers in (("encoder", (0, 1)), ("decoder", (1,))) for layer in layers
@@ -133,6 +140,8 @@ def test_save_and_load_keep_the_tables(checkpoint, tmp_path):
     ({"max_relative_position": 0}, r"rel_pos.max_relative_position must be an integer >= 1, got 0"),
     ({"max_relative_position": 2.0}, r"rel_pos.max_relative_position must be an integer, got 2.0"),
     ({"heads": "some"}, r"rel_pos.heads must be one of 'all', 'redundant', got 'some'"),
+    ({"tables": "shared"}, r"rel_pos.tables must be one of 'head', 'layer', got 'shared'"),
+    ({"absolute_positions": "no"}, r"rel_pos.absolute_positions must be True or False, got 'no'"),
     ({"values": 1}, r"rel_pos.values must be True or False, got 1"),
     ({"encoder_layers": [2]}, r"rel_pos.encoder_layers contains 2, but the model has 2 layers"),
     ({"encoder_layers": "some"}, r"rel_pos.encoder_layers must be a list of \(an integer\) or one of 'all' or None, "
@@ -147,10 +156,11 @@ def test_settings_errors_name_the_field(settings, message):
         HeadAttnMBartConfig(**TINY, rel_pos=settings)
 
 
-def test_pruning_equals_masking(checkpoint):
-    """The tables are shared by a layer's heads: pruning heads (whose outputs the value term adds to) gives the
-    logits of masking them."""
-    model = load(checkpoint, decoder_layers="all")
+@pytest.mark.parametrize("tables", ["head", "layer"])
+def test_pruning_equals_masking(checkpoint, tables):
+    """Pruning heads (whose outputs the value term adds to; per-head tables lose theirs) gives the logits of masking
+    them."""
+    model = load(checkpoint, decoder_layers="all", tables=tables)
     prune = {"encoder.layers.0.self_attn": [1], "decoder.layers.1.self_attn": [0, 2]}
     head_mask, decoder_head_mask = torch.ones(2, 4), torch.ones(2, 4)
     head_mask[0, 1], decoder_head_mask[1, [0, 2]] = 0, 0

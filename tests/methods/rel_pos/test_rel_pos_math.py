@@ -37,12 +37,29 @@ def test_labels_key_and_value_terms_are_the_loops():
     assert label_sums(probs, labels, 2 * K + 1).sum(-1).allclose(probs.sum(-1))
 
 
-def test_the_pure_functions_gradcheck():
+def test_per_head_tables_are_the_loops():
+    """A table per head (H, 2k+1, D): head h reads its own table only."""
+    g = torch.Generator().manual_seed(3)
+    query, probs = torch.randn(B, H, T, D, generator=g), torch.rand(B, H, T, T, generator=g)
+    keys, values = torch.randn(H, 2 * K + 1, D, generator=g), torch.randn(H, 2 * K + 1, D, generator=g)
+    labels = relative_labels(T, T, K)
+    by_loop = torch.tensor([[[[query[b, h, i] @ keys[h, clip_label(i, j)] for j in range(T)] for i in range(T)]
+                             for h in range(H)] for b in range(B)])
+    torch.testing.assert_close(key_term(query, keys, labels), by_loop)
+    by_loop = torch.stack([torch.stack([torch.stack([sum(probs[b, h, i, j] * values[h, clip_label(i, j)]
+                                                         for j in range(T)) for i in range(T)])
+                                        for h in range(H)]) for b in range(B)])
+    torch.testing.assert_close(value_term(probs, values, labels), by_loop)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_the_pure_functions_gradcheck(per_head):
     """float64 gradcheck through the key term's gather and the value term's scatter-add (tables included)."""
     g = torch.Generator().manual_seed(1)
     labels = relative_labels(T, T, K)
+    table = (H, 2 * K + 1, D) if per_head else (2 * K + 1, D)
     inputs = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_()
-              for shape in ((B, H, T, D), (2 * K + 1, D), (B, H, T, T), (2 * K + 1, D))]
+              for shape in ((B, H, T, D), table, (B, H, T, T), table)]
     assert torch.autograd.gradcheck(lambda q, w: key_term(q, w, labels), inputs[:2])
     assert torch.autograd.gradcheck(lambda p, w: value_term(p, w, labels), inputs[2:])
 
@@ -92,8 +109,11 @@ def reference(query, key, value, allowed, w_k, w_v, chosen=None, hard=None):
     w_k, w_v = w_k.detach().double(), None if w_v is None else w_v.detach().double()
     length, offset = query.shape[2], T - query.shape[2]
     out = torch.zeros(B, length, H, D, dtype=torch.float64)
+    tables_k, tables_v = w_k, w_v  # (L, D), or (H, L, D): a table per head
     for b in range(B):
         for h in range(H):
+            w_k = tables_k[h] if tables_k.dim() == 3 else tables_k
+            w_v = tables_v[h] if tables_v is not None and tables_v.dim() == 3 else tables_v
             on = chosen is None or bool(chosen[b, h])
             for i in range(length):
                 position = i + offset
@@ -115,12 +135,14 @@ def tables(module):
     return module.rel_pos.relative_keys, module.rel_pos.relative_values
 
 
+@pytest.mark.parametrize("tables_", ["head", "layer"])
 @pytest.mark.parametrize("values", [True, False])
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
-def test_the_layer_is_the_loop(backend, side, values):
-    """Padding masks (encoder) and causality (decoder); the key term alone leaves the backend's path (no take-over)."""
-    module = module_of(backend, side, values=values)
+def test_the_layer_is_the_loop(backend, side, values, tables_):
+    """Padding masks (encoder) and causality (decoder); the key term alone leaves the backend's path (no take-over);
+    a table per head or per layer."""
+    module = module_of(backend, side, values=values, tables=tables_)
     query, key, value = qkv()
     output, _ = headattn_attention_forward(module, query, key, value, call_mask(backend, side), scaling=SCALING)
     expected = reference(query, key, value, allowed_keys(side), *tables(module))
