@@ -38,11 +38,11 @@ weighs head h by m_h (:func:`masked_logits` for a softmax over heads); where it 
 m_h > 0 (:func:`live_heads`); per-head state of a pruned head is dropped in :meth:`AttentionMethod.prune_heads`
 (``keep``: the current numbers of the heads kept). ``docs/method_template.py``'s penalty is such a weighted mean.
 
-A method that takes over heads, fixes their weights or recomputes their probabilities
-declares it (``MethodSpec(head_use=...)`` returning a :class:`HeadUse`), so that the config refuses a method it
-cannot meet on one layer when it is built. A change outside attention is ``MethodSpec(prepare_stack=...)``, run once per stack the method is placed on when
-the model is built; :func:`mute_module` (and :func:`mute_position_embeddings`) make a part of the model contribute
-nothing while its weights stay loadable (docs/design.md, "Adding a fourth method").
+A method that takes over heads, fixes their weights or recomputes their probabilities declares it
+(``MethodSpec(head_use=...)`` returning a :class:`HeadUse`), so that the config refuses a method it cannot meet on
+one layer when it is built. A change outside attention is ``MethodSpec(prepare_stack=...)``, run once per stack the
+method is placed on when the model is built; :func:`mute_module` (and :func:`mute_position_embeddings`) make a part
+of the model contribute nothing while its weights stay loadable (docs/design.md, "Adding a fourth method").
 """
 
 from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
