@@ -52,14 +52,15 @@ from .hf_compat import (
     attention_query_input,
     eager_attention_forward,
 )
-from .scores import on_heads
+from .probabilities import mixed_attention
+from .scores import ScoreBias, on_heads
 from .sites import AttentionSite
 
 #: Re-exported: the names other modules (and plug-ins, through :mod:`hf_headattn.plugin`) import from here.
 __all__ = [
     "ATTENTION_NAME", "SUPPORTED_BACKENDS", "Attend", "AttentionCall", "AttentionMethod", "HeadAttnContext",
     "HeadIndex", "HeadSplit", "attach_method", "backend_on_heads", "check_loss_terms_get_gradients", "constant",
-    "headattn_attention_forward", "key_allowed", "route", "run_attention",
+    "headattn_attention_forward", "key_allowed", "route", "run_attention", "run_mixed",
 ]
 
 #: The registry name of our attention function, unique to this copy of the code: a checkpoint loaded with
@@ -200,6 +201,8 @@ def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.T
     The heads are cut and joined as :class:`HeadSplit` plans it: where every group is a run of consecutive heads in
     ascending order (e.g. heads 0-1 taken over, 2-3 the backend's), q/k/v are split into views and the outputs only
     concatenated in the order of their first heads; other groups are gathered with index tensors made once."""
+    if call._mixes:
+        return run_mixed(call, dropout)
     if not call._taken:
         return backend_on_heads(call, backend, None, dropout)
     num_heads = call.query.shape[1]
@@ -231,6 +234,23 @@ def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.T
     if any(weight is None or weight.dim() != 4 for weight in weights):
         return output, None
     return output, split.join(weights, 1)
+
+
+def run_mixed(call: AttentionCall, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The call's attention once a method mixed heads (:meth:`AttentionCall.mix_scores` / ``mix_weights``): every head
+    on the mixing path (:func:`~.probabilities.mixed_attention`), the score biases and the mask in one tensor on the
+    mixed scores. Heads taken over, or a raw flex ``score_mod`` (no tensor form), beside a mixing are refused."""
+    mixers = ", ".join(repr(name) for name in dict.fromkeys(owner for _, owner, _ in call._mixes))
+    if call._taken:
+        raise ValueError(f"{call.module.headattn_name}: {mixers} mixes the heads, which needs every head's scores, "
+                         f"and {call._owners_of_taken()} takes over heads; expected the two on different layers")
+    if any(not isinstance(change, ScoreBias) for change in call._scores):
+        raise ValueError(f"{call.module.headattn_name}: {mixers} mixes the heads, and a flex score_mod from "
+                         f"{call._owners(call._scores)} has no tensor form to apply to the mixed scores; expected "
+                         "call.add_score_bias(...) for such a combination")
+    mask = call._biased_mask(boolean=False)  # None or (B or 1, 1 or H, T, S), causality explicit
+    return mixed_attention(call.module, call.query, call.key, call.value, mask, call.scaling, dropout,
+                           call.head_mix("scores"), call.head_mix("weights"))
 
 
 def backend_on_heads(call: AttentionCall, backend, split: HeadSplit | None, dropout: float, qkv=None):

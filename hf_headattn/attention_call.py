@@ -18,6 +18,7 @@ from torch import nn
 from .context import HeadAttnContext
 from .flex import FLEX, dense_mask, is_block_mask
 from .hf_compat import additive_mask_allowed
+from .positions import query_positions, relative_positions
 from .scores import ScoreBias, ScoreMod, biased_mask, biased_score_mod, compose_score_mods, head_numbers, score_bias
 
 #: What a method that takes over heads computes for them (:meth:`AttentionCall.take_over`), called as transformers
@@ -46,7 +47,14 @@ class AttentionCall:
       flex attention as a ``score_mod`` (:mod:`hf_headattn.scores`);
     * :meth:`add_score_mod`: on flex attention only, any ``score_mod`` (composed with the others);
     * :meth:`take_over`: the method computes the attention of some heads itself (a value term needs the
-      probabilities, which SDPA does not return); the backend runs on the other heads only.
+      probabilities, which SDPA does not return); the backend runs on the other heads only;
+    * :meth:`mix_scores` / :meth:`mix_weights`: mix the heads' scores before the softmax and their weights after it
+      (talking-heads attention); the call then computes every head's probabilities itself
+      (:func:`~.probabilities.mixed_attention`), with the other methods' score biases and the mask applied to the
+      mixed scores.
+
+    :attr:`query_positions`, :attr:`key_positions` and :attr:`relative_positions` give where the queries and keys
+    sit in their sequences, right under a key/value cache, static or dynamic (:mod:`hf_headattn.positions`).
 
     Replacing ``attention_mask`` (or q/k/v) in ``before`` still works: the hooks apply to the mask as the backend then
     gets it.
@@ -70,6 +78,8 @@ class AttentionCall:
     _taken: list = field(default_factory=list, repr=False)
     _method: str | None = field(default=None, repr=False)
     _made_mask: tuple | None = field(default=None, repr=False)
+    #: the head mixings ((kind "scores"/"weights", owner, matrix (H, H))), in the order added
+    _mixes: list = field(default_factory=list, repr=False)
 
     @property
     def is_cross(self) -> bool:
@@ -170,6 +180,75 @@ class AttentionCall:
                 f"{self.implementation!r}; expected call.add_score_bias(bias, allowed=, heads=) on SDPA or eager"
             )
         self._scores.append((self._method or "a method", score_mod))
+
+    def mix_scores(self, matrix: torch.Tensor) -> None:
+        """Mix the heads' scores before the softmax: head i's scores become ``sum_j matrix[i, j] * scores_j``
+        (``scores = q k^T * scaling``; the logits projection of talking-heads attention, Shazeer et al. 2020).
+
+        ``matrix``: a float tensor (H, H) over the call's heads (fewer once pruned), trainable (its gradient flows);
+        the identity changes nothing. Two mixings compose (applied in the order added). The score biases of every
+        method and the call's mask then apply to the mixed scores, head by head, so a bias on head i is on the scores
+        head i takes the softmax of. The call then runs every head on the mixing path
+        (:func:`~.probabilities.mixed_attention`: eager's computation, on every backend, weights returned), not on
+        the backend; heads taken over by a method (:meth:`take_over`) or a raw flex ``score_mod`` beside it are
+        refused, naming both methods."""
+        self._mixes.append(("scores", self._method or "a method", self._mix_matrix("mix_scores", matrix)))
+
+    def mix_weights(self, matrix: torch.Tensor) -> None:
+        """Mix the heads' attention weights after the softmax: head i's weights become ``sum_j matrix[i, j] *
+        weights_j`` (the weights projection of talking-heads attention), before dropout and the product with V.
+        ``matrix`` and the rest as :meth:`mix_scores`."""
+        self._mixes.append(("weights", self._method or "a method", self._mix_matrix("mix_weights", matrix)))
+
+    def _mix_matrix(self, hook: str, matrix) -> torch.Tensor:
+        num_heads = self.query.shape[1]
+        if not isinstance(matrix, torch.Tensor) or not matrix.is_floating_point() or matrix.shape != (num_heads,
+                                                                                                       num_heads):
+            got = (f"{matrix.dtype} of shape {tuple(matrix.shape)}" if isinstance(matrix, torch.Tensor)
+                   else type(matrix).__name__)
+            raise ValueError(f"{self._method or 'a method'}: {hook} needs a float matrix of shape (heads, heads) = "
+                             f"({num_heads}, {num_heads}) on {self.module.headattn_name}, got {got}")
+        return matrix
+
+    def head_mix(self, kind: str) -> torch.Tensor | None:
+        """The mixings of ``kind`` ("scores" or "weights") as one (H, H) matrix (the later ones times the earlier
+        ones), or None where none was added."""
+        matrices = [matrix for added, _, matrix in self._mixes if added == kind]
+        if not matrices:
+            return None
+        combined = matrices[0]
+        for matrix in matrices[1:]:
+            combined = matrix.to(combined.dtype) @ combined
+        return combined
+
+    @property
+    def query_positions(self) -> torch.Tensor:
+        """The queries' positions in their sequence: LongTensor (T,), or (B, T) where read from a mask (an attention
+        call made outside the model's forward with fewer queries than keys); :mod:`hf_headattn.positions`."""
+        length, key_length, device = self.query.shape[2], self.key.shape[2], self.query.device
+        offset = None if self.context is None else self.context.past_length
+        if not self.is_decoder:
+            return torch.arange(length, device=device)
+        if self.is_cross:  # the target's positions (offset + arange(T))
+            offset = 0 if offset is None else offset
+            return query_positions(length, length if isinstance(offset, torch.Tensor) else offset + length, device,
+                                   offset=offset)
+        allowed = None
+        if offset is None and length < key_length:
+            allowed = key_allowed(self._explicit_mask(), key_length)
+        return query_positions(length, key_length, device, offset=offset, allowed=allowed)
+
+    @property
+    def key_positions(self) -> torch.Tensor:
+        """The keys' positions in their sequence (key j at j; a static cache's slots not yet filled are masked):
+        LongTensor (S,)."""
+        return torch.arange(self.key.shape[2], device=self.key.device)
+
+    @property
+    def relative_positions(self) -> torch.Tensor:
+        """j - i, key position minus query position, for every (query, key) pair: LongTensor (T, S), or (B, T, S)
+        where the query positions are per sentence (:attr:`query_positions`)."""
+        return relative_positions(self.query_positions, self.key_positions)
 
     def take_over(self, heads: Sequence[int], attend: Attend) -> None:
         """Compute the attention of ``heads`` (head numbers) with ``attend`` instead of the backend, which then runs

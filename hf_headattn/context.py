@@ -21,6 +21,9 @@ class HeadAttnContext:
     are True at real (non-padding) tokens; ``None`` means every token is real. ``grad_enabled``: whether the forward
     that created the context records gradients (see :func:`check_loss_terms_get_gradients`). ``compute_losses``: False
     when no loss is needed (``generate``, inference without labels): the regularizers then do no work.
+    ``past_length``: the number of target positions the key/value cache held before this forward (0 without a
+    cache; None where no model forward made the context), which :attr:`~.attention_call.AttentionCall.query_positions`
+    reads.
 
     Deliberately not a dataclass: FSDP2 (``fully_shard``) rebuilds the dataclasses, dicts and lists among a sharded
     layer's arguments that hold tensors needing gradients, so a later layer would record into a copy (and a
@@ -35,6 +38,7 @@ class HeadAttnContext:
         self.cache: dict[Any, Any] = {}  # what the model computes once per forward (e.g. the target tokens)
         self.grad_enabled = torch.is_grad_enabled()
         self.compute_losses = True
+        self.past_length: int | None = None  # the target positions cached before this forward (None: not known)
 
     def record(self, key: str, value: Any) -> None:
         """Add ``value`` to the records of ``key`` (read back in order with :attr:`records`).

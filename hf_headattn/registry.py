@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .settings_checks import describe_type
+from .settings_checks import describe_type, layer_placements
 from .sites import component_of, component_shape
 
 
@@ -145,12 +145,16 @@ class MethodSpec:
     settings: its :class:`MethodSettings` dataclass.
     placements: ``placements(settings, model_config) -> [(side, layer, kind), ...]`` with side "encoder"/"decoder",
         kind "self"/"cross"; an empty list means the settings place the method nowhere (refused: it would be off).
+        Default (None): :func:`~.settings_checks.layer_placements`, from the settings' fields ``encoder_layers``,
+        ``decoder_layers``, ``cross_layers`` (None or "all": every layer; indices; ``[]``: none).
     build: ``build(settings, model_config, attention_module, *, num_heads, head_dim) -> AttentionMethod``, called once
         per placement (:meth:`make`); the keywords are optional: ``num_heads`` (the module's heads as the config
         gives them: methods are built before :mod:`~hf_headattn.pruning` prunes, which then calls the method's
         ``prune_heads``) and ``head_dim`` (the size of one head) are passed only if ``build`` names them (or takes
         ``**kwargs``), so a ``build(settings, config, module)`` of an earlier release works as before.
     collect: ``collect(context, settings) -> (output fields, weighted objective term or None)`` after each forward.
+        Default (None): :func:`no_outputs` (none, and no objective term). Only ``name``, ``settings`` and ``build``
+        are required: ``MethodSpec(NAME, Settings, build=build)``.
     runs_after / runs_before: names of methods whose hooks must run before / after this method's on an attention
         module that carries both (a method not registered is ignored). Each attention call runs every ``before``
         hook, then the backend, then every ``after`` hook, the methods in :func:`registered_methods` order: the
@@ -184,9 +188,9 @@ class MethodSpec:
 
     name: str
     settings: type[MethodSettings]
-    placements: Callable
-    build: Callable
-    collect: Callable
+    placements: Callable | None = None
+    build: Callable | None = None
+    collect: Callable | None = None
     runs_after: tuple[str, ...] = ()
     runs_before: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
@@ -200,12 +204,42 @@ class MethodSpec:
     head_use: Callable | None = None
     kit: str | None = None
 
+    def __post_init__(self):
+        if self.build is None:
+            raise ValueError(f"method {self.name!r}: MethodSpec needs build=build(settings, config, module, *, "
+                             "num_heads, head_dim) -> AttentionMethod, the method on one attention module")
+        if self.placements is None or (isinstance(self.placements, LayerPlacements)
+                                       and self.placements.name != self.name):
+            object.__setattr__(self, "placements", LayerPlacements(self.name))
+        if self.collect is None:
+            object.__setattr__(self, "collect", no_outputs)
+
     def make(self, settings: MethodSettings, model_config, module) -> Any:
         """:attr:`build` on the attention ``module``, with the ``num_heads`` and ``head_dim`` keywords it names."""
         offered = {"num_heads": component_shape(model_config, component_of(module))[1], "head_dim": module.head_dim}
         wanted = _keywords(self.build)
         return self.build(settings, model_config, module, **{key: value for key, value in offered.items()
                                                              if wanted is None or key in wanted})
+
+
+class LayerPlacements:
+    """The default ``MethodSpec.placements``: :func:`~.settings_checks.layer_placements` of the settings' layer
+    fields (``encoder_layers``, ``decoder_layers``, ``cross_layers``; None or "all": every layer), errors naming the
+    method."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, settings: MethodSettings, model_config) -> list[tuple[str, int, str]]:
+        return layer_placements(settings, model_config, self.name)
+
+    def __repr__(self) -> str:
+        return f"LayerPlacements({self.name!r})"
+
+
+def no_outputs(context, settings: MethodSettings) -> tuple[dict, None]:
+    """The default ``MethodSpec.collect``: no output fields, no objective term."""
+    return {}, None
 
 
 def _keywords(function: Callable) -> set[str] | None:
