@@ -200,7 +200,8 @@ def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.T
 
     The heads are cut and joined as :class:`HeadSplit` plans it: where every group is a run of consecutive heads in
     ascending order (e.g. heads 0-1 taken over, 2-3 the backend's), q/k/v are split into views and the outputs only
-    concatenated in the order of their first heads; other groups are gathered with index tensors made once."""
+    concatenated in the order of their first heads; other groups are gathered with index tensors made once. Once a
+    method mixed heads, every head runs on the mixing path instead (:func:`run_mixed`)."""
     if call._mixes:
         return run_mixed(call, dropout)
     if not call._taken:
@@ -305,8 +306,10 @@ class AttentionMethod(nn.Module):
         True = attend, or additive float with ``finfo.min``; a BlockMask on flex attention). Changes the attention
         with the call's hooks, which compose with the other methods': ``call.add_score_bias(bias, allowed=,
         heads=)`` (a bias or hard mask on some heads' scores, every backend), ``call.add_score_mod(score_mod)``
-        (flex attention only), ``call.take_over(heads, attend)`` (computes those heads itself); or replaces
-        ``call.attention_mask`` (or q/k/v). See :class:`AttentionCall`."""
+        (flex attention only), ``call.take_over(heads, attend)`` (computes those heads itself),
+        ``call.mix_scores(matrix)`` / ``call.mix_weights(matrix)`` (mixes the heads before / after the softmax); or
+        replaces ``call.attention_mask`` (or q/k/v). ``call.query_positions`` / ``key_positions`` /
+        ``relative_positions`` give the tokens' positions (right under a cache). See :class:`AttentionCall`."""
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         """Runs after the backend on the per-head output (B, T, H, D), contiguous, every head's (the taken-over ones
