@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 
 import surface_plugins
 from conftest import TINY, batch
@@ -135,13 +136,16 @@ def encoder_module(backend):
 
 
 def mask_for(backend, dtype):
+    """The padding mask as transformers passes it to ``backend``: bool (SDPA), additive (eager), a BlockMask (flex)."""
     allowed = REAL[:, None, None, :].expand(B, 1, T, T)
+    if backend == "flex_attention":
+        return create_block_mask(lambda b, h, q, kv: REAL[b, kv], B=B, H=None, Q_LEN=T, KV_LEN=T, device="cpu")
     if backend == "sdpa":
         return allowed
     return torch.zeros(B, 1, T, T, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "flex_attention"])
 @pytest.mark.parametrize("mix_first", [True, False])
 def test_head_mixing_against_a_float64_loop_composed_with_a_score_bias(backend, mix_first):
     """Mixing and another method's bias on heads [3, 1] compose in either order: the bias is on the mixed scores."""
@@ -204,6 +208,16 @@ def test_mixing_beside_taken_over_heads_or_a_bad_matrix_is_refused():
     attach_method(module, "taker", TakeOver())
     with pytest.raises(ValueError, match=r"'mixer' mixes the heads.*and 'taker' takes over heads"):
         headattn_attention_forward(module, query, key, value, None, scaling=SCALING)
+    class FlexScoreMod(AttentionMethod):
+        def before(self, call):
+            call.add_score_mod(lambda score, b, h, q, kv: score)
+
+    module = encoder_module("flex_attention")
+    attach_method(module, "mixer", Mix(torch.eye(H), None))
+    attach_method(module, "modder", FlexScoreMod())
+    with pytest.raises(ValueError, match=r"'mixer' mixes the heads, and a flex score_mod from 'modder' has no tensor"):
+        headattn_attention_forward(module, query, key, value, mask_for("flex_attention", torch.float32),
+                                   scaling=SCALING)
     module = encoder_module("eager")
     attach_method(module, "mixer", Mix(torch.eye(3), None))
     expected = (r"mixer: mix_scores needs a float matrix of shape \(heads, heads\) = \(4, 4\) on "
