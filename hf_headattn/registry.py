@@ -259,11 +259,15 @@ class HeadUse:
     fixes: the heads whose weights are its own, no softmax of the scores (fixed patterns): other methods' score
         biases do not reach them, and their probabilities cannot be recomputed from q and k.
     reads_scores: the heads whose probabilities it recomputes from q, k and the mask (EaDRA's regularizer).
+    mixes: the heads it mixes (``call.mix_scores`` / ``mix_weights``; talking-heads attention: all of them): every
+        head then runs on the mixing path, so no other method may take a head over, and the mixed heads'
+        probabilities are no softmax of their own q and k.
     """
 
     takes_over: tuple[int, ...] = ()
     fixes: tuple[int, ...] = ()
     reads_scores: tuple[int, ...] = ()
+    mixes: tuple[int, ...] = ()
 
 
 def meeting_conflict(first: str, first_use: HeadUse, second: str, second_use: HeadUse, where: str) -> str | None:
@@ -273,6 +277,14 @@ def meeting_conflict(first: str, first_use: HeadUse, second: str, second_use: He
     if both:
         return (f"{first} and {second} both take over heads {both} of {where} (each computes those heads itself); "
                 f"expected each head taken over by one method: place them on different layers or heads")
+    for mixer, mixing, other, use in ((first, first_use, second, second_use), (second, second_use, first, first_use)):
+        if mixing.mixes and use.takes_over:
+            return (f"{mixer} mixes heads {list(mixing.mixes)} of {where}, which needs every head's scores, and "
+                    f"{other} takes over heads {list(use.takes_over)}; expected the two on different layers")
+        both = sorted(set(mixing.mixes) & set(use.reads_scores))
+        if both:
+            return (f"{other} reads the attention probabilities of heads {both} of {where}, which {mixer} mixes "
+                    f"(they are no softmax of their own q and k); expected the two on different layers")
     for reader, read, fixer, fixed in ((first, first_use, second, second_use), (second, second_use, first, first_use)):
         both = sorted(set(read.reads_scores) & set(fixed.fixes))
         if both:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hf_headattn.plugin import AttentionMethod, MethodSettings, MethodSpec, init_identity_, init_values_
+from hf_headattn.plugin import AttentionMethod, HeadUse, MethodSettings, MethodSpec, init_identity_, init_values_
 
 
 def distance_function(distance: torch.Tensor) -> torch.Tensor:
@@ -89,4 +89,10 @@ def build_talking_heads(settings, config, module, *, num_heads: int) -> TalkingH
     return TalkingHeads(num_heads)
 
 
-TALKING_HEADS = MethodSpec("talking_heads", TalkingHeadsSettings, build=build_talking_heads)
+def talking_heads_use(settings, config, site) -> HeadUse:
+    """It mixes every head (so the config refuses a method that takes heads over on its layers)."""
+    return HeadUse(mixes=tuple(range(getattr(config, f"{site[0]}_attention_heads"))))
+
+
+TALKING_HEADS = MethodSpec("talking_heads", TalkingHeadsSettings, build=build_talking_heads,
+                           head_use=talking_heads_use)

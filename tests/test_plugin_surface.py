@@ -251,10 +251,25 @@ def test_talking_heads_start_as_the_stock_model_and_keep_loaded_weights(plugins,
         torch.testing.assert_close(loaded(**inputs).logits, changed, atol=1e-5, rtol=1e-5)
 
 
-def attention_output(model, inputs) -> torch.Tensor:
-    """The output of encoder layer 1's self-attention in a forward of ``model`` on ``inputs``."""
+def test_talking_heads_meet_a_score_bias_and_refuse_heads_taken_over(plugins):
+    """Beside Rel_Pos's key term (a score bias), identity mixings give Rel_Pos's own outputs (the bias reaches the
+    mixed scores); beside its value term (every head taken over) the config refuses the pair, naming both."""
+    inputs = batch()
+    with torch.no_grad():
+        alone = attention_output(model_with(rel_pos={"values": False}), inputs, 0)
+        both = model_with(rel_pos={"values": False}, talking_heads={"encoder_layers": [0]})
+        assert both.model.encoder.layers[0].self_attn.headattn_methods == ("rel_pos", "talking_heads")
+        torch.testing.assert_close(attention_output(both, inputs, 0), alone, atol=1e-6, rtol=1e-5)
+    expected = (r"talking_heads mixes heads \[0, 1, 2, 3\] of encoder.layers.0.self_attn, which needs every head's "
+                r"scores, and rel_pos takes over heads \[0, 1, 2, 3\]")
+    with pytest.raises(ValueError, match=expected):
+        HeadAttnMBartConfig(**TINY, rel_pos={}, talking_heads={"encoder_layers": [0]})
+
+
+def attention_output(model, inputs, layer=1) -> torch.Tensor:
+    """The output of encoder layer ``layer``'s self-attention in a forward of ``model`` on ``inputs``."""
     seen = []
-    attention = model.model.encoder.layers[1].self_attn
+    attention = model.model.encoder.layers[layer].self_attn
     handle = attention.register_forward_hook(lambda module, args, out: seen.append(out[0]))
     try:
         model(**inputs)
