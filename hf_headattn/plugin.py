@@ -60,7 +60,8 @@ weighs head h by m_h (:func:`masked_logits` for a softmax over heads); where it 
 m_h > 0 (:func:`live_heads`); per-head state of a pruned head is dropped in :meth:`AttentionMethod.prune_heads`
 (``keep``: the current numbers of the heads kept). ``docs/method_template.py``'s penalty is such a weighted mean.
 
-A method that takes over heads, fixes their weights or recomputes their probabilities
+A method that takes over heads, fixes their weights, recomputes their probabilities or mixes them
+(``HeadUse(mixes=...)``: no method may then take a head over on that module, nor read the mixed heads' probabilities)
 declares it (``MethodSpec(head_use=...)`` returning a :class:`HeadUse`), so that the config refuses a method it
 cannot meet on one layer when it is built.
 """
