@@ -21,7 +21,7 @@ def mix_heads(values: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
 
 def attention_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float,
                             attention_mask: torch.Tensor | None = None,
-                            score_mix: torch.Tensor | None = None) -> torch.Tensor:
+                            score_mix: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """softmax(mix(q k^T * scaling) + mask) over the keys.
 
     Parameters
@@ -33,12 +33,15 @@ def attention_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: flo
         (B, H, T, S) (the call's mask with the score biases in it: ``AttentionCall.mask_tensor`` or what ``attend``
         gets)
     score_mix : None, or (H, H): the scores mixed over heads before the mask (:func:`mix_heads`)
+    dtype : None (the query's), or the dtype the scores are cast to after the product, and of the result (e.g.
+        ``torch.float32`` for probabilities read by a statistic, as RHE's Eq. 2)
 
     Returns
     -------
-    (B, H, T, S) in the query's dtype
+    (B, H, T, S) in ``dtype`` (None: the query's)
     """
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, S)
+    scores = torch.matmul(query, key.transpose(-1, -2))  # (B, H, T, S)
+    scores = (scores if dtype is None else scores.to(dtype)) * scaling
     if score_mix is not None:
         scores = mix_heads(scores, score_mix)
     if attention_mask is not None:
@@ -46,7 +49,7 @@ def attention_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: flo
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    return scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
+    return scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(dtype or query.dtype)
 
 
 def mixed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

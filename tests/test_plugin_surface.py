@@ -164,6 +164,29 @@ def test_head_mixing_against_a_float64_loop_composed_with_a_score_bias(backend, 
     assert weights.shape == (B, H, T, T)
 
 
+@pytest.mark.parametrize("dtype", [None, torch.float32])
+def test_attention_probabilities_against_a_float64_loop(dtype):
+    """softmax(q k^T * scaling + mask) per (sentence, head, query), bool or additive mask; bf16 inputs, the result in
+    bf16 or the dtype asked for, each row summing to 1 with no weight on a masked key."""
+    generator = torch.Generator().manual_seed(3)
+    query, key = (torch.randn(B, H, T, D, generator=generator) for _ in range(2))
+    expected = torch.zeros(B, H, T, T, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                scores = query[b, h, t].double() @ key[b, h].double().T * SCALING
+                expected[b, h, t] = scores.masked_fill(~REAL[b], float("-inf")).softmax(-1)
+    for mask in (REAL[:, None, None, :], mask_for("eager", torch.float32)):
+        probs = plugin.attention_probabilities(query, key, SCALING, mask, dtype=dtype)
+        assert probs.dtype == torch.float32
+        torch.testing.assert_close(probs.double(), expected, atol=1e-6, rtol=1e-5)
+    low = plugin.attention_probabilities(query.bfloat16(), key.bfloat16(), SCALING, REAL[:, None, None, :],
+                                         dtype=dtype)
+    assert low.dtype == (dtype or torch.bfloat16)
+    torch.testing.assert_close(low.double(), expected, atol=2e-2, rtol=0)
+    assert (low[1, :, :, 3:] == 0).all()
+
+
 def test_two_mixings_compose_and_the_identity_changes_nothing():
     generator = torch.Generator().manual_seed(1)
     query, key, value = (torch.randn(B, H, T, D, generator=generator) for _ in range(3))
