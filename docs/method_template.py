@@ -82,15 +82,6 @@ def mean_over_heads(values: torch.Tensor, head_mask: torch.Tensor | None) -> tor
     return ((head_mask * values).sum(-1) / head_mask.sum(-1).clamp_min(1e-9)).mean()
 
 
-def placements(settings: HeadGateSettings, config) -> list[tuple[str, int, str]]:
-    """(side, layer, kind) of every attention module the method is attached to: None is every encoder layer."""
-    if settings.encoder_layers is None:
-        layers = range(config.encoder_layers)
-    else:
-        layers = resolve_layers(settings.encoder_layers, config.encoder_layers, f"{NAME}.encoder_layers")
-    return [("encoder", layer, "self") for layer in layers]
-
-
 def build(settings: HeadGateSettings, config, module, *, num_heads: int, head_dim: int) -> HeadGates:
     """The method on one of its attention modules (``num_heads``, ``head_dim``: the module's, before pruning)."""
     return HeadGates(num_heads)
@@ -105,8 +96,10 @@ def collect(context, settings: HeadGateSettings):
     return {"head_gates_penalty": penalty}, settings.weight * penalty
 
 
+# Where it is attached: MethodSpec's default placements read the settings' encoder_layers (and decoder_layers,
+# cross_layers where a settings class has them): None or "all" is every layer, indices those layers, [] none.
 METHOD = MethodSpec(
-    NAME, HeadGateSettings, placements, build, collect,
+    NAME, HeadGateSettings, build=build, collect=collect,
     outputs={"head_gates_penalty": "the mean gate over the gated heads"},
     logged=("head_gates_penalty",),  # the Trainer logs it beside the loss
 )

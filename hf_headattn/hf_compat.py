@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.initialization import copy_ as _init_copy_
 from transformers.initialization import normal_ as init_normal_
 from transformers.initialization import ones_ as init_ones_
 from transformers.initialization import zeros_ as init_zeros_
@@ -36,7 +37,8 @@ from transformers.trainer_pt_utils import nested_gather
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS", "eager_attention_forward", "MBartEncoder", "MBartDecoder", "MarianEncoder",
     "MarianDecoder", "marian_shift_tokens_right", "nested_gather", "init_normal_", "init_ones_", "init_zeros_",
-    "ConfigStandIn", "attention_implementation", "attention_backend", "attention_query_input", "dict_outputs",
+    "init_values_", "init_identity_", "ConfigStandIn", "attention_implementation", "attention_backend",
+    "attention_query_input", "dict_outputs",
     "transformers_forward", "config_fields", "legacy_gradient_checkpointing", "CACHE_NAMES", "cache_argument",
     "replace_stack", "softmax_backward", "assert_async", "linear_cross_entropy", "derived_fingerprint",
     "random_fingerprint", "get_relative_import_files", "flex_attention_function", "INPUT_PROJECTIONS",
@@ -55,6 +57,7 @@ __all__ = [
 # nested_gather: the Trainer's gather of a tensor over processes (the logged loss components).
 # init_normal_, init_ones_, init_zeros_: transformers' initialisers, which skip a tensor loaded from a checkpoint
 #   (marked ``_is_hf_initialized``), so a method's ``init_weights`` initialises exactly its new parameters.
+# init_values_, init_identity_: the same for any values, through transformers' ``copy_`` (which skips them too).
 # get_relative_import_files: the modules a checkpoint's remote code carries with a module (those it imports relatively,
 #   ``from .x import``, anywhere in its text, recursively), what ``save_pretrained`` copies and its loader fetches.
 
@@ -299,3 +302,23 @@ def _datasets_fingerprint_module():
     no ``datasets``."""
     return importlib.import_module("datasets.fingerprint")
 
+
+def init_values_(tensor: torch.Tensor, values) -> torch.Tensor:
+    """Set ``tensor`` to ``values`` (a tensor or nested numbers broadcastable to its shape), unless it was loaded from
+    a checkpoint (transformers' ``initialization.copy_``, which skips those as ``init_normal_`` does): for a method's
+    ``init_weights``, e.g. a head-mixing matrix started at the identity. ``ValueError`` where ``values`` does not
+    broadcast to the tensor's shape."""
+    values = torch.as_tensor(values, dtype=tensor.dtype, device=tensor.device)
+    try:
+        values = values.expand(tensor.shape)
+    except RuntimeError:
+        raise ValueError(f"init_values_: values of shape {tuple(values.shape)} do not broadcast to the tensor's shape "
+                         f"{tuple(tensor.shape)}; expected sizes 1 or those sizes") from None
+    return _init_copy_(tensor, values)
+
+
+def init_identity_(tensor: torch.Tensor) -> torch.Tensor:
+    """Set a square matrix (n, n) to the identity, unless it was loaded from a checkpoint (:func:`init_values_`)."""
+    if tensor.dim() != 2 or tensor.shape[0] != tensor.shape[1]:
+        raise ValueError(f"init_identity_ needs a square matrix (n, n), got shape {tuple(tensor.shape)}")
+    return init_values_(tensor, torch.eye(tensor.shape[0]))

@@ -332,6 +332,10 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         flags = {flag for flag in readout_flags() if values.pop(flag, False)}
         context = HeadAttnContext(flags, _token_mask(values.get("attention_mask")), _token_mask(target_mask))
         context.compute_losses = compute_losses
+        cache = cache_argument(values)
+        past = 0 if cache is None else cache.get_seq_length()  # what HF's position embeddings add
+        # (a static cache counts in a tensor it increments in place as the layers write: its value now, no sync)
+        context.past_length = past.clone() if isinstance(past, torch.Tensor) else past
         for name in method_inputs():
             if values.get(name, ...) is None:
                 del values[name]

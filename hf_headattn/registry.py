@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .settings_checks import describe_type
+from .settings_checks import describe_type, layer_placements
 from .sites import component_of, component_shape
 
 
@@ -145,12 +145,16 @@ class MethodSpec:
     settings: its :class:`MethodSettings` dataclass.
     placements: ``placements(settings, model_config) -> [(side, layer, kind), ...]`` with side "encoder"/"decoder",
         kind "self"/"cross"; an empty list means the settings place the method nowhere (refused: it would be off).
+        Default (None): :func:`~.settings_checks.layer_placements`, from the settings' fields ``encoder_layers``,
+        ``decoder_layers``, ``cross_layers`` (None or "all": every layer; indices; ``[]``: none).
     build: ``build(settings, model_config, attention_module, *, num_heads, head_dim) -> AttentionMethod``, called once
         per placement (:meth:`make`); the keywords are optional: ``num_heads`` (the module's heads as the config
         gives them: methods are built before :mod:`~hf_headattn.pruning` prunes, which then calls the method's
         ``prune_heads``) and ``head_dim`` (the size of one head) are passed only if ``build`` names them (or takes
         ``**kwargs``), so a ``build(settings, config, module)`` of an earlier release works as before.
     collect: ``collect(context, settings) -> (output fields, weighted objective term or None)`` after each forward.
+        Default (None): :func:`no_outputs` (none, and no objective term). Only ``name``, ``settings`` and ``build``
+        are required: ``MethodSpec(NAME, Settings, build=build)``.
     runs_after / runs_before: names of methods whose hooks must run before / after this method's on an attention
         module that carries both (a method not registered is ignored). Each attention call runs every ``before``
         hook, then the backend, then every ``after`` hook, the methods in :func:`registered_methods` order: the
@@ -191,9 +195,9 @@ class MethodSpec:
 
     name: str
     settings: type[MethodSettings]
-    placements: Callable
-    build: Callable
-    collect: Callable
+    placements: Callable | None = None
+    build: Callable | None = None
+    collect: Callable | None = None
     runs_after: tuple[str, ...] = ()
     runs_before: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
@@ -208,12 +212,42 @@ class MethodSpec:
     prepare_stack: Callable | None = None
     kit: str | None = None
 
+    def __post_init__(self):
+        if self.build is None:
+            raise ValueError(f"method {self.name!r}: MethodSpec needs build=build(settings, config, module, *, "
+                             "num_heads, head_dim) -> AttentionMethod, the method on one attention module")
+        if self.placements is None or (isinstance(self.placements, LayerPlacements)
+                                       and self.placements.name != self.name):
+            object.__setattr__(self, "placements", LayerPlacements(self.name))
+        if self.collect is None:
+            object.__setattr__(self, "collect", no_outputs)
+
     def make(self, settings: MethodSettings, model_config, module) -> Any:
         """:attr:`build` on the attention ``module``, with the ``num_heads`` and ``head_dim`` keywords it names."""
         offered = {"num_heads": component_shape(model_config, component_of(module))[1], "head_dim": module.head_dim}
         wanted = _keywords(self.build)
         return self.build(settings, model_config, module, **{key: value for key, value in offered.items()
                                                              if wanted is None or key in wanted})
+
+
+class LayerPlacements:
+    """The default ``MethodSpec.placements``: :func:`~.settings_checks.layer_placements` of the settings' layer
+    fields (``encoder_layers``, ``decoder_layers``, ``cross_layers``; None or "all": every layer), errors naming the
+    method."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, settings: MethodSettings, model_config) -> list[tuple[str, int, str]]:
+        return layer_placements(settings, model_config, self.name)
+
+    def __repr__(self) -> str:
+        return f"LayerPlacements({self.name!r})"
+
+
+def no_outputs(context, settings: MethodSettings) -> tuple[dict, None]:
+    """The default ``MethodSpec.collect``: no output fields, no objective term."""
+    return {}, None
 
 
 def _keywords(function: Callable) -> set[str] | None:
@@ -233,11 +267,15 @@ class HeadUse:
     fixes: the heads whose weights are its own, no softmax of the scores (fixed patterns): other methods' score
         biases do not reach them, and their probabilities cannot be recomputed from q and k.
     reads_scores: the heads whose probabilities it recomputes from q, k and the mask (EaDRA's regularizer).
+    mixes: the heads it mixes (``call.mix_scores`` / ``mix_weights``; talking-heads attention: all of them): every
+        head then runs on the mixing path, so no other method may take a head over, and the mixed heads'
+        probabilities are no softmax of their own q and k.
     """
 
     takes_over: tuple[int, ...] = ()
     fixes: tuple[int, ...] = ()
     reads_scores: tuple[int, ...] = ()
+    mixes: tuple[int, ...] = ()
 
 
 def meeting_conflict(first: str, first_use: HeadUse, second: str, second_use: HeadUse, where: str) -> str | None:
@@ -247,6 +285,14 @@ def meeting_conflict(first: str, first_use: HeadUse, second: str, second_use: He
     if both:
         return (f"{first} and {second} both take over heads {both} of {where} (each computes those heads itself); "
                 f"expected each head taken over by one method: place them on different layers or heads")
+    for mixer, mixing, other, use in ((first, first_use, second, second_use), (second, second_use, first, first_use)):
+        if mixing.mixes and use.takes_over:
+            return (f"{mixer} mixes heads {list(mixing.mixes)} of {where}, which needs every head's scores, and "
+                    f"{other} takes over heads {list(use.takes_over)}; expected the two on different layers")
+        both = sorted(set(mixing.mixes) & set(use.reads_scores))
+        if both:
+            return (f"{other} reads the attention probabilities of heads {both} of {where}, which {mixer} mixes "
+                    f"(they are no softmax of their own q and k); expected the two on different layers")
     for reader, read, fixer, fixed in ((first, first_use, second, second_use), (second, second_use, first, first_use)):
         both = sorted(set(read.reads_scores) & set(fixed.fixes))
         if both:

@@ -23,9 +23,10 @@ computed for every head and added where selected (one take-over of all heads, ra
 which ``take_over``'s fixed head numbers cannot express): the unselected sentence-heads get plain attention.
 Refused on decoder layers (RHE needs the source's parse).
 
-Positions: queries are the last T of the S key positions (with a dynamic key-value cache in generation, the new
-query is at S - 1); with fewer queries than keys and a mask (a static cache, whose keys include slots not yet filled),
-each query's position is the last key its causal mask allows.
+Positions: the call's (:mod:`hf_headattn.positions`): without a cache the queries are the keys; with a key-value
+cache in generation, dynamic or static (whose keys include slots not yet filled), the new queries sit after the cached
+positions; in an attention call made outside the model's forward with fewer queries than keys, each query's position
+is the last key its causal mask allows.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ...attention import AttentionCall, AttentionMethod, key_allowed
+from ...attention import AttentionCall, AttentionMethod
 from ...hf_compat import init_normal_
 from ...model_hooks import mute_position_embeddings
+from ...probabilities import attention_probabilities
 from ...redundancy import checked_dependency_mask, neutral_dependency_mask, redundant_heads_of
 from ...registry import HeadUse, MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
-from .equations import key_term, labels_at, query_positions, relative_labels, value_term
+from .equations import key_term, value_term
 
 NAME = "rel_pos"
 
@@ -141,27 +143,17 @@ class RelativePositions(AttentionMethod):
             call.take_over(range(query.shape[1]), partial(self.attend, labels=labels, selected=selected))
 
     def labels(self, call: AttentionCall) -> torch.Tensor:
-        """The relative labels: the queries are the last T of the S positions, except after a cache with a mask
-        (fewer queries than keys: a static cache's keys include empty slots), where each query's position is the
-        last key its causal mask allows."""
-        length, key_length = call.query.shape[2], call.key.shape[2]
-        mask = call.mask_tensor if length < key_length and call.attention_mask is not None else None
-        if mask is None:
-            return relative_labels(length, key_length, self.k, call.query.device)  # (T, S)
-        allowed = key_allowed(mask, key_length)
-        return labels_at(query_positions(allowed[:, :1]), key_length, self.k)  # (B, 1, T, S)
+        """The relative labels clip(j - i, k) + k, from the call's positions (right under a dynamic or a static
+        cache: :attr:`~hf_headattn.attention_call.AttentionCall.relative_positions`): (T, S), or (B, 1, T, S) where
+        the query positions are per sentence."""
+        labels = call.relative_positions.clamp(-self.k, self.k) + self.k  # (T, S) or (B, T, S)
+        return labels if labels.dim() == 2 else labels[:, None]
 
     def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels, selected):
         """Eq. 3 on the heads taken over (all of them): alpha from the scores and the mask (the key term in it),
         as eager computes it (softmax in at least float32, dropout on alpha), then alpha @ V plus the value term
         (only on the selected sentence-heads with ``heads="redundant"``)."""
-        scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, T, S)
-        if attention_mask is not None:
-            if attention_mask.dtype == torch.bool:
-                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-            else:
-                scores = scores + attention_mask
-        probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
+        probs = attention_probabilities(query, key, scaling, attention_mask)  # (B, H, T, S)
         probs = nn.functional.dropout(probs, p=dropout, training=module.training)
         extra = value_term(probs, self.relative_values.to(query.dtype), labels)  # (B, H, T, D)
         if selected is not None:
