@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-import hf_headattn.attention
+import hf_headattn.attention_call
 import hf_headattn.methods.sea.core
 from conftest import TINY, batch, syntax_batch
 from hf_headattn import (
@@ -80,7 +80,7 @@ def test_dhicm_and_eadra_on_flex_equal_sdpa(family, monkeypatch):
         masks.append(type(attention_mask))
         return dense_mask(attention_mask, *args)
 
-    monkeypatch.setattr(hf_headattn.attention, "dense_mask", spy)
+    monkeypatch.setattr(hf_headattn.attention_call, "dense_mask", spy)
     model.set_attn_implementation("flex_attention")
     with torch.no_grad():
         out = model(**inputs)
@@ -98,7 +98,7 @@ def test_dhicm_and_eadra_on_flex_equal_sdpa(family, monkeypatch):
 def test_sea_with_rhe_on_flex_equals_sdpa(sea, monkeypatch):
     """DEA / LPEA on the redundant heads (RHE) as a flex score_mod give the SDPA path's redundant heads, and, with a
     selection that differs between the heads and sentences, its encoder states, logits and loss, with EaDRA on the
-    decoder; EaDRA on SEA's own layer (it reads the mask as a tensor) is refused there, naming the backends to use."""
+    decoder; EaDRA on SEA's own layer (it reads the mask, with SEA's bias in it, as a tensor) too."""
     torch.manual_seed(0)
     config = HeadAttnMBartConfig(**TINY, dropout=0.0, attention_dropout=0.0, sea=sea,
                                  eadra={"decoder": {"num_heads": 2}})
@@ -121,10 +121,14 @@ def test_sea_with_rhe_on_flex_equals_sdpa(sea, monkeypatch):
     config = HeadAttnMBartConfig(**TINY, dropout=0.0, attention_dropout=0.0, sea=sea,
                                  eadra={"encoder": {"num_heads": 2}})
     model = HeadAttnMBartForConditionalGeneration(config).eval()
-    model.set_attn_implementation("flex_attention")
-    with torch.no_grad(), pytest.raises(ValueError, match=r"encoder\.layers\.0\.self_attn: a method's flex "
-                                                          r"score_mod .* 'sdpa' or 'eager'"):
-        model(**inputs)
+    if sea["type"] == "lpea":
+        torch.nn.init.normal_(model.model.encoder.layers[0].self_attn.sea.lpea_projection, std=1.0)
+    with torch.no_grad():
+        expected = model(**inputs)
+        model.set_attn_implementation("flex_attention")
+        out = model(**inputs)
+    for field in ("encoder_last_hidden_state", "logits", "loss", "eadra_loss"):
+        torch.testing.assert_close(out[field], expected[field], atol=1e-5, rtol=1e-4, msg=field)
 
 
 @pytest.fixture
