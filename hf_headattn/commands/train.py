@@ -1,5 +1,4 @@
-"""`hf-headattn train` (`python recipes/train_translation.py` from a clone): train and evaluate a translation model
-with any combination of the hf-headattn methods.
+"""`hf-headattn train`: train and evaluate a translation model with any combination of the hf-headattn methods.
 
 In the style of HF's ``run_translation.py`` (its common flags keep their names), plus the method settings:
 
@@ -33,8 +32,8 @@ up to the resumed checkpoint (each checkpoint keeps it in ``train_time.json``; n
 that file was); ``resumed_from`` names that checkpoint, its step and that earlier time (null: not resumed). Loss
 components are logged beside ``loss`` (``--report_to tensorboard`` for TensorBoard).
 
-The module: arguments, method settings from ``--method``/``--preset``/``--method_settings``, and :func:`main`; in the
-kit, so that other recipes (the demo, the hyperparameter search) reuse it without importing each other.
+The module: arguments, method settings from ``--method``/``--preset``/``--method_settings``, and :func:`main`, which
+the demo (:mod:`.demo`) and ``research/search_hyperparameters.py`` reuse.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 
 from transformers import Seq2SeqTrainingArguments, set_seed
 
+from hf_headattn.cli import refuse_python_m
 from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.evaluation import make_compute_metrics
 from hf_headattn.experiment.kit import MissingDependencyError
@@ -370,3 +370,7 @@ def main(argv=None, prog: str | None = None) -> dict:
         path = write_json(f"{training_args.output_dir}/results.json", results)
         logger.info(f"results written to {path}")
     return results
+
+
+if __name__ == "__main__":  # `python -m` of this module: a usage error naming the command to run
+    refuse_python_m(__spec__.name)

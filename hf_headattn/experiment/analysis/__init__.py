@@ -6,9 +6,9 @@ them step by step as Michel et al. (2019) do. Each method's own analysis lives i
 public spelling (as in releases 0.1 and 0.2, and not deprecated).
 """
 
-from ..methods.dhicm.analysis import mean_head_importance, plot_head_importance, sentence_head_importance
-from ..methods.eadra.analysis import encoder_attention_entropy, plot_encoder_entropy, write_entropy_report
-from ..methods.sea.analysis import count_redundant_heads, plot_redundancy, redundancy_report
+from ...methods.dhicm.analysis import mean_head_importance, plot_head_importance, sentence_head_importance
+from ...methods.eadra.analysis import encoder_attention_entropy, plot_encoder_entropy, write_entropy_report
+from ...methods.sea.analysis import count_redundant_heads, plot_redundancy, redundancy_report
 
 __all__ = [
     "mean_head_importance", "plot_head_importance", "sentence_head_importance",
