@@ -28,12 +28,6 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig, Seq2SeqTrainingArguments, set_seed
 
-from hf_headattn.commands.train import (
-    DataArguments,
-    ModelArguments,
-    parse_recipe_arguments,
-    settings_from,
-)
 from hf_headattn.experiment.kit import kits
 from hf_headattn.experiment.method_inputs import input_flags
 from hf_headattn.experiment.multi30k import Multi30kError
@@ -58,6 +52,12 @@ from hf_headattn.experiment.recipe_parts import (
     write_json,
 )
 from hf_headattn.experiment.tokenization import load_tokenizer
+from hf_headattn.experiment.train_arguments import (
+    DataArguments,
+    ModelArguments,
+    parse_recipe_arguments,
+    settings_from,
+)
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 from workshop.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
 

@@ -330,12 +330,14 @@ def _package_modules() -> dict[str, set[str]]:
 
 def test_the_commands_are_one_folder_that_no_library_module_imports():
     """The commands (``hf_headattn/commands/``, run by the CLI, which names them by string) sit above the library:
-    no module outside the folder imports one; the analyses, which import the experiment kit, live in it."""
+    no module outside the folder imports one, nor does a research script (they run a command as a process and read
+    its flags from the kit); the analyses, which import the experiment kit, live in it."""
     modules = _package_modules()
     assert {name for name in modules if name.startswith("hf_headattn.commands.")} == {
         command.module for command in cli.COMMANDS.values()}
+    research = {path.relative_to(ROOT).as_posix(): _imports(path) for path in (ROOT / "research").rglob("*.py")}
     importers = {name: sorted(i for i in imports if i.startswith("hf_headattn.commands"))
-                 for name, imports in modules.items() if not name.startswith("hf_headattn.commands")}
+                 for name, imports in {**modules, **research}.items() if not name.startswith("hf_headattn.commands")}
     assert {name: found for name, found in importers.items() if found} == {}
     # a folder of the package whose modules import the kit is in the kit, above it (the commands) or a method's
     folders = {name.split(".")[1] for name, imports in modules.items()

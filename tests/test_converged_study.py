@@ -13,13 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import converged_study as cs  # noqa: E402
 from hf_headattn import HeadAttnMarianConfig  # noqa: E402
-from hf_headattn.commands.train import (  # noqa: E402
+from hf_headattn.experiment.outputs import write_json_atomic  # noqa: E402
+from hf_headattn.experiment.presets import model_shape  # noqa: E402
+from hf_headattn.experiment.train_arguments import (  # noqa: E402
     DataArguments,
     ModelArguments,
     parse_recipe_arguments,
 )
-from hf_headattn.experiment.outputs import write_json_atomic  # noqa: E402
-from hf_headattn.experiment.presets import model_shape  # noqa: E402
 from workshop import scoring  # noqa: E402
 from workshop.curves import stop_reason, training_curve  # noqa: E402
 from workshop.launch import launch  # noqa: E402
