@@ -44,7 +44,7 @@ env: $(VENV)/.installed
 env-newest: $(NEWEST_VENV)/.installed
 	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -U "$(TRANSFORMERS_NEWEST)"
 
-# ruff (pyproject.toml's [tool.ruff]): the package, recipes, research, benchmarks and tests
+# ruff (pyproject.toml's [tool.ruff]): the package, research, benchmarks and tests
 lint: env
 	$(VENV)/bin/ruff check .
 
@@ -75,11 +75,11 @@ docs: $(VENV)/.docs-installed
 
 # ARGS: more flags, e.g. `make demo ARGS=--overwrite_output_dir` to replace an earlier demo's results.
 demo: env
-	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py $(ARGS)
+	PYTHONUNBUFFERED=1 $(PY) -m hf_headattn demo $(ARGS)
 
 # The same three models with a smoke-run schedule (about 8 minutes on two cores: 474 s measured, #64).
 demo-quick: env
-	PYTHONUNBUFFERED=1 $(PY) recipes/demo.py --quick $(ARGS)
+	PYTHONUNBUFFERED=1 $(PY) -m hf_headattn demo --quick $(ARGS)
 
 bench: env
 	$(PY) benchmarks/overhead.py --shape tiny --rows off --naive --out outputs/overhead-tiny.json

@@ -1,13 +1,12 @@
 """``generate`` throughput of pruned models against the unpruned one, at every step of a pruning run.
 
-For each step that ``recipes/prune_heads.py`` recorded for ``--criterion`` (its ``pruning.json``), the trained model is
-pruned as at that step and timed against the unpruned model on the same sources, alternately ``--repeats`` times in
-one run (``hf_headattn.analysis.head_pruning.throughput_ratio``: the median of the per-repeat ratios). A model
-pruned without its fine-tuning translates worse, and its translations have other lengths, which would time the
-lengths rather than the heads: every translation is therefore exactly ``--forced_length`` tokens (``min_length`` =
-``max_length``), so both models decode the same number of steps (``--forced_length 0``: real translations, up to
-128 tokens). Run it on an idle machine: the JSON holds the ratio, the heads pruned per attention kind, and the
-parameters.
+For each step that ``hf-headattn prune`` recorded for ``--criterion`` (its ``pruning.json``), the trained model is
+pruned as at that step and timed against the unpruned model on the same sources, alternately ``--repeats`` times in one
+run (``hf_headattn.experiment.analysis.head_pruning.throughput_ratio``: the median of the per-repeat ratios). A model
+pruned without its fine-tuning translates worse, and its translations have other lengths, which would time the lengths
+rather than the heads: every translation is therefore exactly ``--forced_length`` tokens (``min_length`` =
+``max_length``), so both models decode the same number of steps (``--forced_length 0``: real translations, up to 128
+tokens). Run it on an idle machine: the JSON holds the ratio, the heads pruned per attention kind, and the parameters.
 
     python benchmarks/pruned_generate_speed.py --model_dir runs/converged/screen/baseline/seed1 \\
         --pruning_json outputs/prune_heads/pruning.json --criterion confidence --out outputs/pruned-speed.json
@@ -25,7 +24,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_headattn  # noqa: F401  (registers the models)
-from hf_headattn.analysis.head_pruning import throughput_ratio
+from hf_headattn.experiment.analysis.head_pruning import throughput_ratio
 from hf_headattn.experiment.data import load_parallel_dataset
 from hf_headattn.experiment.multi30k import find_multi30k
 from hf_headattn.head_masks import routed_modules

@@ -1,17 +1,8 @@
 """hf-headattn: attention-head methods for mBART and Marian translation models in HF Transformers.
 
 Importing the package registers the configs and models with the Auto classes. The command line: ``hf-headattn``
-(:mod:`hf_headattn.cli`).
+(:mod:`hf_headattn.cli`, the commands in :mod:`hf_headattn.commands`); importing the package reads no command line.
 """
-
-# First, before torch loads: `python -m hf_headattn.<module>` (while it locates the module, sys.argv[0] is "-m") of a
-# module that is no command is a one-line usage error naming the command to run (hf_headattn.cli).
-import sys as _sys
-
-if getattr(_sys, "argv", [])[:1] == ["-m"]:
-    from .cli import refuse_python_m
-
-    refuse_python_m()
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
@@ -36,7 +27,7 @@ for _config, _model, _lm in (
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForSeq2SeqLM.register(_config, _lm, exist_ok=True)
-install_moved_modules()  # release 0.2's module paths (hf_headattn.sea, ...) still import, with a warning
+install_moved_modules()  # moved module paths (hf_headattn.sea, hf_headattn.analysis, ...) still import, with a warning
 # (save_pretrained writes the model's code and auto_map itself, flat, so that users without the package load a saved
 # folder with trust_remote_code=True: hf_headattn.remote_code)
 

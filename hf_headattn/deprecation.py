@@ -1,6 +1,6 @@
 """Deprecated spellings, each warned through one function that names its replacement and the release that removes
 it (as transformers' ``deprecate_kwarg(..., version=...)`` does): :func:`warn_deprecated` for a name, a keyword or a
-config field, :func:`alias_module` for a module path that moved.
+config field, :data:`MOVED_MODULES` for a module path that moved.
 
 What is deprecated, and when it goes: CHANGELOG.md ("Deprecated"). ``tests/test_deprecation.py`` fails once the
 running release reaches a removal release still named here, so a spelling cannot outlive its date unnoticed. (A
@@ -14,15 +14,15 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
-from collections.abc import Iterable
-from types import ModuleType
 
 #: The release that removes what the running release deprecates (every ``removed_in`` of the package names it).
 NEXT_RELEASE = "0.4"
 
 #: Modules that moved, old dotted name -> new (their submodules follow): importing the old name warns and gives the
 #: new module itself (:func:`install_moved_modules`). Release 0.2's flat method modules moved into one folder per
-#: method (``hf_headattn/methods/<name>/``) in 0.3.0, as did SEA's syntax pipeline (``hf_headattn.syntax``).
+#: method (``hf_headattn/methods/<name>/``) in 0.3.0, as did SEA's syntax pipeline (``hf_headattn.syntax``); the
+#: commands left the experiment kit for one folder, ``hf_headattn/commands/`` (one module per ``hf-headattn``
+#: command), and the analyses joined the kit they import (``hf_headattn.experiment.analysis``).
 MOVED_MODULES = {
     "hf_headattn.dhicm": "hf_headattn.methods.dhicm.core",
     "hf_headattn.eadra": "hf_headattn.methods.eadra.core",
@@ -31,6 +31,16 @@ MOVED_MODULES = {
     "hf_headattn.sea": "hf_headattn.methods.sea.core",
     "hf_headattn.sea_math": "hf_headattn.methods.sea.equations",
     "hf_headattn.syntax": "hf_headattn.methods.sea.syntax",
+    "hf_headattn.analysis": "hf_headattn.experiment.analysis",
+    "hf_headattn.experiment.recipe": "hf_headattn.commands.train",  # release 0.2's name
+    "hf_headattn.experiment.training": "hf_headattn.experiment.recipe_parts",  # release 0.2's name
+    "hf_headattn.experiment.translation_recipe": "hf_headattn.commands.train",
+    "hf_headattn.experiment.finetune_mbart": "hf_headattn.commands.finetune",
+    "hf_headattn.experiment.translate_lines": "hf_headattn.commands.translate",
+    "hf_headattn.experiment.prune_heads": "hf_headattn.commands.prune",
+    "hf_headattn.experiment.average_checkpoints": "hf_headattn.commands.average",
+    "hf_headattn.experiment.parse_sources": "hf_headattn.commands.parse",
+    "hf_headattn.experiment.demo": "hf_headattn.commands.demo",
 }
 
 
@@ -49,18 +59,6 @@ def warn_deprecated(old: str, new: str, removed_in: str, *, plural: bool = False
     function: 2 names the line that called the caller."""
     warnings.warn(deprecation_message(old, new, removed_in, plural=plural), HeadAttnDeprecationWarning,
                   stacklevel=stacklevel + 1)
-
-
-def alias_module(old: str, new: str, removed_in: str, submodules: Iterable[str] = ()) -> ModuleType:
-    """Make the module being imported as ``old`` (call this from its body, with its ``__name__``) the module ``new``,
-    and ``old.<name>`` the module ``new.<name>`` for each of ``submodules``, after a warning naming the line that
-    imported it: ``import old`` then gives ``new`` itself (one module, not a copy). Returns ``new``."""
-    warn_deprecated(f"the module {old}", new, removed_in, stacklevel=3)  # (importlib's frames are skipped)
-    module = importlib.import_module(new)
-    for name in submodules:
-        sys.modules[f"{old}.{name}"] = importlib.import_module(f"{new}.{name}")
-    sys.modules[old] = module
-    return module
 
 
 def moved_module(name: str) -> str | None:

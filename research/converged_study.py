@@ -30,7 +30,7 @@ go to ``--output_dir``. Stop it with Ctrl-C or ``kill -- -PGID`` (killing its pr
 
 Defaults per device (``DEVICES``): CPU: the tiny shape with ``make demo``'s schedule, at most 60 epochs and 600
 minutes per run; GPU (``--device cuda``): the small shape with the reproduction's schedule (bf16), at most 150 epochs
-and 180 minutes per run. Flags after ``--`` go to every ``train_translation.py`` run (and join the runs' identity).
+and 180 minutes per run. Flags after ``--`` go to every ``hf-headattn train`` run (and join the runs' identity).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from hf_headattn.experiment.arguments import existing_file, multi30k_folder
 from hf_headattn.experiment.data import TEST_SPLIT as TEST
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
 from hf_headattn.methods.sea.inputs import uses_syntax
-from workshop import DEMO_SCHEDULE, REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer, references
+from workshop import DEMO_SCHEDULE, REPRODUCTION_SCHEDULE, command_line, parse_sources, prepare_tokenizer, references
 from workshop.arguments import add_run_arguments, apply_device_defaults, split_passthrough
 from workshop.launch import ConvergenceRuns, convergence_flags, launch
 from workshop.protocol import StagedStudy
@@ -63,8 +63,6 @@ from workshop.tables import (
 )
 
 HERE = Path(__file__).resolve().parent
-#: The recipes this study runs (``train_translation.py``, ``parse_sources.py``), beside this folder.
-RECIPES = HERE.parent / "recipes"
 STUDY, VALID, TEST_BEAMS = "converged", "validation", 5
 #: row -> (method, settings). Every setting written out, so later default changes do not change a row.
 ROWS: dict[str, tuple[str, dict]] = {
@@ -103,9 +101,9 @@ def identity(args, row: str, seed: int) -> dict:
 
 
 def train_command(args, stage: str, row: str, seed: int) -> list[str]:
-    """The ``train_translation.py`` command of a run, before the per-session flags (resume, time left)."""
+    """The ``hf-headattn train`` command of a run, before the per-session flags (resume, time left)."""
     return [
-        sys.executable, str(RECIPES / "train_translation.py"), "--multi30k_dir", str(args.multi30k_dir),
+        *command_line("train"), "--multi30k_dir", str(args.multi30k_dir),
         *DEVICES[args.device]["flags"], *convergence_flags(args.patience, args.max_epochs, TEST_BEAMS),
         "--method", "baseline", "--method_settings", json.dumps(ROWS[row][1]),
         "--tokenizer_name", str(args.tokenizer_dir),
@@ -139,7 +137,7 @@ def prepare(args, rows) -> None:
     prepare_tokenizer(args.tokenizer_dir, args.multi30k_dir, DEVICES[args.device]["vocab_size"])
     if any(uses_syntax(ROWS[row][1]) for row in rows) and not (Path(args.parses_dir) / "parser.json").is_file():
         print(f"parsing the sources into {args.parses_dir} (spaCy)", flush=True)
-        parse_sources(RECIPES / "parse_sources.py", args.multi30k_dir, args.parses_dir)
+        parse_sources(args.multi30k_dir, args.parses_dir)
 
 
 def screen_table(screen: Runs, refs: dict[str, list[str]]) -> str:

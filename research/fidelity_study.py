@@ -31,23 +31,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from hf_headattn.experiment.arguments import multi30k_folder, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
-from workshop import prepare_tokenizer, references
+from workshop import command_line, prepare_tokenizer, references
 from workshop.jobs import run_jobs
 from workshop.protocol import best_rows
 from workshop.rows import dhicm_row, eadra_row
 from workshop.runs import load_results, run_dir, training_jobs
 from workshop.tables import p_values_vs_baseline
 
-#: The training recipe each run calls, in ``recipes/`` beside this folder.
-TRAIN = Path(__file__).resolve().parent.parent / "recipes" / "train_translation.py"
-
-#: make demo's schedule (recipes/demo.py), scored on validation.
+#: make demo's schedule (hf-headattn demo), scored on validation.
 SCHEDULE = [
     "--source_lang", "en", "--target_lang", "de", "--model_shape", "tiny", "--vocab_size", "6000",
     "--max_steps", "500", "--per_device_train_batch_size", "64", "--learning_rate", "2e-3", "--warmup_steps", "100",
@@ -96,11 +92,11 @@ METHODS = tuple(dict.fromkeys(method_of(row) for row, (_, eligible) in SCREEN.it
 
 
 def command(args, stage: str, row: str, seed: int) -> list[str]:
-    """The ``train_translation.py`` command of a run."""
+    """The ``hf-headattn train`` command of a run."""
     out = run_dir(args.output_dir / stage, row, seed)
     settings = SCREEN[row][0]
     return [
-        sys.executable, str(TRAIN), "--multi30k_dir", str(args.multi30k_dir), *SCHEDULE,
+        *command_line("train"), "--multi30k_dir", str(args.multi30k_dir), *SCHEDULE,
         *(SCREEN_FLAGS if stage == "screen" else CONFIRM_FLAGS), "--method", "baseline",
         "--method_settings", json.dumps(settings), "--tokenizer_name", str(args.output_dir / "tokenizer"),
         "--seed", str(seed), "--output_dir", str(out), *(["--use_cpu", "true"] if args.device == "cpu" else []),

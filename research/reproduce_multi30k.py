@@ -10,11 +10,11 @@ bootstrap.
     # a paper's comparison table (PAPER_TABLES): RHE's Tables 1-2, EaDRA's Tables 3-5
     python research/reproduce_multi30k.py run --table rhe-table-1 --output_dir runs/rhe-table-1 --seeds 1 2
 
-    # the same on a CPU, smaller (flags after "--" go to every train_translation.py run and win)
+    # the same on a CPU, smaller (flags after "--" go to every hf-headattn train run and win)
     python research/reproduce_multi30k.py run --output_dir runs/cpu --parallel 2 -- --model_shape tiny --use_cpu true
 
 ``run`` trains one joint tokenizer for all rows, and, when a row uses SEA, parses the sources once with spaCy
-(``recipes/parse_sources.py``; or pass ``--parses_dir`` made elsewhere). Each run writes ``<row>/seed<k>/`` with
+(``hf-headattn parse``; or pass ``--parses_dir`` made elsewhere). Each run writes ``<row>/seed<k>/`` with
 ``results.json``, ``predictions_test_2016_flickr.txt`` and ``train.log``. ``table`` reads them: the mean and the
 sample standard deviation over seeds, and for each seed a paired bootstrap (sacreBLEU's, 1000 resamples) of the row
 against the baseline run with the same seed. "Best combination" rows (``a+b``) are chosen on validation BLEU, never
@@ -31,12 +31,10 @@ from pathlib import Path
 
 from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, positive_float, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
-from workshop import REPRODUCTION_SCHEDULE, parse_sources, prepare_tokenizer
+from workshop import REPRODUCTION_SCHEDULE, command_line, parse_sources, prepare_tokenizer
 from workshop.arguments import split_passthrough
 from workshop.runs import load_results, run_dir, training_jobs
 
-#: The recipes the reproduction runs (``train_translation.py``, ``parse_sources.py``), beside this folder.
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 ROWS = ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe"]
 #: The papers' comparison tables as rows of this reproduction (``run --table NAME``): RHE's Table 1 (Zhang et al.
 #: 2021: Rel_Pos and Localness beside DEA/LPEA+RHE, in their published layouts: Rel_Pos's tables per layer and head,
@@ -71,8 +69,7 @@ def prepare(args) -> tuple[Path, Path | None]:
     if parses_dir is None and any(uses_syntax(method_settings(row)) for row in args.rows):
         parses_dir = args.output_dir / "parses"
         if not parses_dir.is_dir():
-            parse_sources(RECIPES / "parse_sources.py", args.multi30k_dir, parses_dir, args.source_lang,
-                          args.target_lang)
+            parse_sources(args.multi30k_dir, parses_dir, args.source_lang, args.target_lang)
     return tokenizer_dir, parses_dir
 
 
@@ -85,7 +82,7 @@ def launch(args, extra: list[str]) -> None:
                   "--target_lang", args.target_lang]
     tokenizer_dir, parses_dir = prepare(args)
     jobs = training_jobs(args.output_dir, args.rows, args.seeds, lambda row, seed: [
-        sys.executable, str(RECIPES / "train_translation.py"), *COMMON_FLAGS, *data_flags,
+        *command_line("train"), *COMMON_FLAGS, *data_flags,
         "--vocab_size", str(args.vocab_size), "--method", row, "--seed", str(seed),
         "--output_dir", str(run_dir(args.output_dir, row, seed)), "--overwrite_output_dir",  # a failed run: afresh
         "--tokenizer_name", str(tokenizer_dir),
@@ -184,7 +181,7 @@ def main(argv=None) -> None:
     run.add_argument("--vocab_size", type=positive_int, default=8000)
     run.add_argument("--tokenizer_dir", type=existing_dir, help="a tokenizer made earlier (default: train one)")
     run.add_argument("--parses_dir", type=existing_dir,
-                     help="parses made earlier by parse_sources.py (default: parse)")
+                     help="parses made earlier by hf-headattn parse (default: parse)")
     table = sub.add_parser("table", help="summarise finished runs as a markdown table")
     table.add_argument("--output_dir", type=existing_dir, required=True)
     table.add_argument("--rows", nargs="+", help="rows in this order (default: every row found)")

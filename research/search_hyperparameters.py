@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Grid-search hyperparameters in stages by validation loss (DHICM §4.2), with ``Trainer.hyperparameter_search``.
 
-Takes ``recipes/train_translation.py``'s model, data and training flags (``--preset`` and ``--early_stopping_patience``
+Takes ``hf-headattn train``'s model, data and training flags (``--preset`` and ``--early_stopping_patience``
 included; they set each trial's base settings) plus ``--grid``, a JSON file of stages (see ``workshop.search``):
 
     # DHICM's two stages: architecture (heads, feed-forward size), then regularization at the best architecture
@@ -11,7 +11,7 @@ included; they set each trial's base settings) plus ``--grid``, a JSON file of s
 
 Needs optuna (``pip install -e ".[search]"``). Each trial trains a fresh model and is scored by its lowest
 ``eval_loss`` on the validation split (no generation). Writes ``search_<stage>.json`` (every trial's params and eval
-loss) per stage and ``search_results.json`` (the best params and the flags that give them to ``train_translation.py``)
+loss) per stage and ``search_results.json`` (the best params and the flags that give them to ``hf-headattn train``)
 into ``--output_dir``, and prints a summary table per stage. Trial ``n`` of stage ``s`` saves its checkpoints (if
 any) in ``<output_dir>/<s>/run-<n>``. An ``--output_dir`` that holds an earlier search's stage folders or
 ``search_*.json`` is refused unless ``--overwrite_output_dir``, which removes them before the search starts.
@@ -52,13 +52,13 @@ from hf_headattn.experiment.recipe_parts import (
     write_json,
 )
 from hf_headattn.experiment.tokenization import load_tokenizer
-from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
-from hf_headattn.experiment.translation_recipe import (
+from hf_headattn.experiment.train_arguments import (
     DataArguments,
     ModelArguments,
     parse_recipe_arguments,
     settings_from,
 )
+from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 from workshop.search import ARCHITECTURE, load_grid, meta_model_check, run_search, train_flags
 
 logger = logging.getLogger("search_hyperparameters")
@@ -158,7 +158,7 @@ def main(argv=None) -> dict:
     results["train_translation_flags"] = train_flags(results["best_params"], model_args.method_settings)
     out = write_json(f"{training_args.output_dir}/search_results.json", results)
     print(f"best: {results['best_params']}\n"
-          f"train_translation.py flags: {shlex.join(results['train_translation_flags'])}")
+          f"hf-headattn train flags: {shlex.join(results['train_translation_flags'])}")
     logger.info(f"search results written to {out}")
     return results
 

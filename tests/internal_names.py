@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOORS = ("hf_headattn/hf_compat.py",)
 #: The folders whose modules may use them only through the door. (``benchmarks/`` is left out: it counts operators
 #: and compiled graphs with torch's dispatch modes and dynamo's counters, and ships in no wheel.)
-SCANNED = ("hf_headattn", "recipes", "research")
+SCANNED = ("hf_headattn", "research")
 LIBRARIES = ("transformers", "torch", "datasets")
 #: The libraries' modules our code may import or reach (exactly these: a submodule is on the list or not), each one the
 #: library documents. To add one: check that its library's API reference documents it, then add it here.

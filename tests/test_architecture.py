@@ -13,8 +13,8 @@ import torch
 
 import hf_headattn
 from conftest import TINY, batch, syntax_batch
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, remote_code
-from hf_headattn.analysis.head_ranking import criteria, score_heads
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, cli, remote_code
+from hf_headattn.experiment.analysis.head_ranking import criteria, score_heads
 from hf_headattn.experiment.kit import kit_of
 from hf_headattn.experiment.model_card import write_model_card
 from hf_headattn.experiment.presets import method_settings, paper_presets, preset
@@ -30,7 +30,7 @@ from hf_headattn.registry import (
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hf_headattn"
-KIT = ("experiment", "syntax", "analysis")
+KIT = ("experiment", "commands", "cli", "syntax")
 
 
 @pytest.fixture
@@ -341,15 +341,51 @@ def test_import_graph_has_two_layers_and_no_circle():
             visit(name, [name])
 
 
-def test_recipes_import_only_the_package():
-    for path in (ROOT / "recipes").glob("*.py"):
-        tree = ast.parse(path.read_text())
-        siblings = {p.stem for p in (ROOT / "recipes").glob("*.py")}
-        for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            assert not set(names) & siblings, f"{path.name} imports another recipe: {set(names) & siblings}"
-        assert "sys.path.insert" not in path.read_text(), path.name
+def _package_modules() -> dict[str, set[str]]:
+    """``{module: the package's modules it imports}`` over every module of the package."""
+    return {".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): _imports(path)
+            for path in PACKAGE.rglob("*.py")}
+
+
+def test_the_commands_are_one_folder_that_no_library_module_imports():
+    """The commands (``hf_headattn/commands/``, run by the CLI, which names them by string) sit above the library:
+    no module outside the folder imports one, nor does a research script (they run a command as a process and read
+    its flags from the kit); the analyses, which import the experiment kit, live in it."""
+    modules = _package_modules()
+    assert {name for name in modules if name.startswith("hf_headattn.commands.")} == {
+        command.module for command in cli.COMMANDS.values()}
+    research = {path.relative_to(ROOT).as_posix(): _imports(path) for path in (ROOT / "research").rglob("*.py")}
+    importers = {name: sorted(i for i in imports if i.startswith("hf_headattn.commands"))
+                 for name, imports in {**modules, **research}.items() if not name.startswith("hf_headattn.commands")}
+    assert {name: found for name, found in importers.items() if found} == {}
+    # a folder of the package whose modules import the kit is in the kit, above it (the commands) or a method's
+    folders = {name.split(".")[1] for name, imports in modules.items()
+               if name.count(".") and (PACKAGE / name.split(".")[1]).is_dir()
+               and any(i.startswith("hf_headattn.experiment") for i in imports)}
+    assert folders <= {"experiment", "commands", "methods"}, folders
+
+
+def _reads_the_command_line(node: ast.AST) -> bool:
+    """Whether ``node`` reads ``sys.argv`` / ``sys.orig_argv`` or parses arguments."""
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Attribute) and inner.attr in ("argv", "orig_argv", "parse_args", "parse_known_args"):
+            return True
+    return False
+
+
+def test_importing_the_package_reads_no_command_line():
+    """No module's top level (its functions and ``if __name__ == "__main__"`` guard aside) reads the command line."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
+                continue
+            if _reads_the_command_line(node):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert found == []
+    assert _reads_the_command_line(ast.parse("import sys\nif sys.argv[:1] == ['-m']:\n    pass"))  # the check sees
 
 
 def test_a_cycle_of_hook_constraints_is_refused_at_registration(toy):
@@ -369,7 +405,7 @@ def test_internals_are_used_only_through_hf_compat():
     from internal_names import hf_name_uses, internal_uses, library_private_names, scanned_sources
 
     sources = scanned_sources()
-    assert "hf_headattn/hf_compat.py" in sources and "recipes/translate.py" in sources
+    assert "hf_headattn/hf_compat.py" in sources and "research/fidelity_study.py" in sources
     assert internal_uses(sources, library_names=library_private_names()) == []
     assert hf_name_uses(sources) == []
 
@@ -423,8 +459,8 @@ def test_the_internals_check_flags_each_kind_of_use(kind, source, expected):
     from internal_names import internal_uses
 
     library = {"_attn_implementation", "_modules", "_is_hf_initialized"}
-    assert internal_uses({"recipes/planted.py": source}, library_names=library) == [
-        f"recipes/planted.py:{line}" for line in expected]
+    assert internal_uses({"hf_headattn/planted.py": source}, library_names=library) == [
+        f"hf_headattn/planted.py:{line}" for line in expected]
     assert internal_uses({"hf_headattn/hf_compat.py": source}, library_names=library) == []
 
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 import hf_headattn
 from conftest import TINY
-from hf_headattn.experiment import average_checkpoints as recipe
+from hf_headattn.commands import average as recipe
 from hf_headattn.experiment.averaging import average_checkpoints, last_checkpoints
 
 

@@ -1,9 +1,10 @@
 """The ``hf-headattn`` command (hf_headattn/cli.py): its help lists the seven subcommands, each one's ``--help`` shows
-its flags, an unknown one is a two-line usage error, ``--version``; the subcommands run the recipes' code (each
-``recipes/<script>`` a thin wrapper of the same ``main``), ``--method_modules`` included; ``python -m`` of a module
-that is no command says which command to run. (The console script in the wheel: tests/test_packaging.py.)"""
+its flags, an unknown one is a two-line usage error, ``--version``; each subcommand is the ``main`` of one module of
+``hf_headattn/commands/``, ``--method_modules`` included; ``python -m`` of a command's module says which command to
+run. (The console script in the wheel: tests/test_packaging.py.)"""
 
 import ast
+import importlib
 import runpy
 import subprocess
 import sys
@@ -107,16 +108,17 @@ def test_method_modules_come_in_through_the_subcommands(name, own, toy_unregiste
     assert code == 0 and own in out, err
 
 
-def test_each_recipe_is_the_thin_wrapper_of_its_commands_main():
-    """recipes/<script> imports the ``main`` that the command runs, and does nothing else but call it."""
-    scripts = {command.script: command for command in cli.COMMANDS.values()}
-    assert sorted(path.name for path in (ROOT / "recipes").glob("*.py")) == sorted(scripts)
-    for script, command in scripts.items():
-        tree = ast.parse((ROOT / "recipes" / script).read_text(encoding="utf-8"))
-        imports = [node for node in tree.body if isinstance(node, ast.ImportFrom)]
-        assert [(node.module, [alias.name for alias in node.names]) for node in imports] == [(command.module, ["main"])]
-        assert len(tree.body) == 3 and ast.unparse(tree.body[2]) == "if __name__ == '__main__':\n    main()", script
-        assert (ROOT / Path(*command.module.split("."))).with_suffix(".py").is_file()
+def test_each_command_is_one_module_of_the_commands_folder_and_runs_only_through_the_cli():
+    """``hf_headattn/commands/`` holds the seven commands' modules and nothing else; each has its ``main`` and, run
+    with ``python -m``, refuses (its ``__main__`` guard calls :func:`cli.refuse_python_m`)."""
+    folder = ROOT / "hf_headattn" / "commands"
+    assert sorted(path.stem for path in folder.glob("*.py") if path.stem != "__init__") == sorted(
+        command.module.rsplit(".", 1)[1] for command in cli.COMMANDS.values())
+    assert not (ROOT / "recipes").exists()  # the commands' one home is the package
+    for name, command in cli.COMMANDS.items():
+        tree = ast.parse((folder / f"{command.module.rsplit('.', 1)[1]}.py").read_text(encoding="utf-8"))
+        assert ast.unparse(tree.body[-1]) == "if __name__ == '__main__':\n    refuse_python_m(__spec__.name)", name
+        assert callable(importlib.import_module(command.module).main)
 
 
 def test_python_m_hf_headattn_is_the_command(monkeypatch, capsys):
@@ -126,45 +128,22 @@ def test_python_m_hf_headattn_is_the_command(monkeypatch, capsys):
     assert stop.value.code == 0 and capsys.readouterr().out == f"hf-headattn {hf_headattn.__version__}\n"
 
 
-@pytest.mark.parametrize("orig_argv, module", [
-    (["python", "-m", "hf_headattn.modeling"], "hf_headattn.modeling"),
-    (["python", "-u", "-X", "utf8", "-W", "ignore", "-mhf_headattn.cli", "train"], "hf_headattn.cli"),
-    (["python", "-Bum", "hf_headattn", "train"], "hf_headattn"),
-    (["python", "--check-hash-based-pycs", "never", "-m", "pytest"], "pytest"),
-    (["python", "recipes/demo.py", "-m", "x"], None),
-    (["python", "-c", "import hf_headattn", "-m", "x"], None),
-    (["python"], None),
-])
-def test_the_module_that_python_m_runs(orig_argv, module):
-    assert cli.module_run_by_python(orig_argv) == module
-
-
-def test_python_m_of_a_module_that_is_no_command_says_which_command_to_run(capsys):
-    for module, expected in (
-            ("hf_headattn.experiment.translation_recipe", "run hf-headattn train ... (or python -m hf_headattn train "
-                                                          "...; hf-headattn train --help for its flags)"),
-            ("hf_headattn.experiment.averaging", "run hf-headattn average ..."),
-            ("hf_headattn.modeling", "run hf-headattn <command> ... (or python -m hf_headattn <command> ...), "
-                                     "<command> one of train, finetune, translate, prune, average, parse, demo "
-                                     "(hf-headattn --help)")):
+def test_python_m_of_a_commands_module_says_which_command_to_run(capsys):
+    for module, name in (("hf_headattn.commands.train", "train"), ("hf_headattn.commands.average", "average")):
         with pytest.raises(SystemExit) as stop:
-            cli.refuse_python_m(["python", "-m", module])
-        err = capsys.readouterr().err
-        assert stop.value.code == 2 and err.startswith(f"python -m {module}: not a command; {expected}"), err
-        assert err.count("\n") == 1
-    for allowed in (["python", "-m", "hf_headattn", "train"], ["python", "-m", "hf_headattn.__main__"],
-                    ["python", "-m", "pytest"], ["python", "script.py"]):
-        assert cli.refuse_python_m(allowed) is None
+            cli.refuse_python_m(module)
+        assert stop.value.code == 2 and capsys.readouterr().err == (
+            f"python -m {module}: not a command; run hf-headattn {name} ... (or python -m hf_headattn {name} ...; "
+            f"hf-headattn {name} --help for its flags)\n")
 
 
 @pytest.mark.slow
-def test_python_m_of_a_commands_module_stops_before_loading_anything():
-    """The check runs first in ``hf_headattn/__init__.py``: a usage error, before torch loads (a fraction of a
-    second)."""
-    result = subprocess.run([sys.executable, "-m", "hf_headattn.experiment.translation_recipe", "--help"], cwd=ROOT,
+def test_python_m_of_a_commands_module_is_a_usage_error_naming_the_command():
+    """The module's ``__main__`` guard refuses (importing the package reads no command line): exit 2, one line."""
+    result = subprocess.run([sys.executable, "-m", "hf_headattn.commands.train", "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.startswith("python -m hf_headattn.experiment.translation_recipe: not a command; run "
+    assert result.stderr.startswith("python -m hf_headattn.commands.train: not a command; run "
                                     "hf-headattn train ..."), result.stderr
 
 
@@ -180,12 +159,12 @@ def test_the_installed_console_script():
 
 
 def test_ctrl_c_ends_a_command_in_one_line_with_status_130(monkeypatch, capsys):
-    from hf_headattn.experiment import translation_recipe
+    from hf_headattn.commands import train
 
     def interrupted(argv, prog):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(translation_recipe, "main", interrupted)
+    monkeypatch.setattr(train, "main", interrupted)
     code, out, err = run(["train", "--output_dir", "x"], capsys)
     assert code == 130 and not out and err.strip() == "hf-headattn train: interrupted (Ctrl-C)", err
 

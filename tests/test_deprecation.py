@@ -19,7 +19,7 @@ from hf_headattn.legacy import FLAT_FIELDS_REMOVED_IN
 
 PACKAGE = Path(hf_headattn.__file__).parent
 SYNTAX = "hf_headattn.methods.sea.syntax"
-#: The module paths release 0.2 published that moved in 0.3: old -> new.
+#: The module paths that moved in 0.3 (release 0.2's, and 0.3 development builds'): old -> new.
 MOVED_MODULES = {
     "hf_headattn.syntax": SYNTAX,
     **{f"hf_headattn.syntax.{name}": f"{SYNTAX}.{name}"
@@ -31,7 +31,18 @@ MOVED_MODULES = {
     "hf_headattn.sea": "hf_headattn.methods.sea.core",
     "hf_headattn.sea_math": "hf_headattn.methods.sea.equations",
     "hf_headattn.experiment.training": "hf_headattn.experiment.recipe_parts",
-    "hf_headattn.experiment.recipe": "hf_headattn.experiment.translation_recipe",
+    "hf_headattn.experiment.recipe": "hf_headattn.commands.train",
+    # 0.3's commands, each one module of hf_headattn/commands/, and the analyses, in the kit they import
+    "hf_headattn.experiment.translation_recipe": "hf_headattn.commands.train",
+    "hf_headattn.experiment.finetune_mbart": "hf_headattn.commands.finetune",
+    "hf_headattn.experiment.translate_lines": "hf_headattn.commands.translate",
+    "hf_headattn.experiment.prune_heads": "hf_headattn.commands.prune",
+    "hf_headattn.experiment.average_checkpoints": "hf_headattn.commands.average",
+    "hf_headattn.experiment.parse_sources": "hf_headattn.commands.parse",
+    "hf_headattn.experiment.demo": "hf_headattn.commands.demo",
+    "hf_headattn.analysis": "hf_headattn.experiment.analysis",
+    **{f"hf_headattn.analysis.{name}": f"hf_headattn.experiment.analysis.{name}"
+       for name in ("head_pruning", "head_ranking")},
 }
 
 
@@ -54,8 +65,10 @@ def test_the_message_names_the_old_spelling_the_new_one_and_the_removal_release(
 def test_a_moved_module_path_imports_the_new_module_with_a_warning_naming_the_removal(monkeypatch, old, new):
     for name in [name for name in sys.modules if name in MOVED_MODULES]:  # as in a fresh process
         monkeypatch.delitem(sys.modules, name)
-    parent = "hf_headattn.syntax" if old.startswith("hf_headattn.syntax.") else old  # a submodule: its package warns
-    monkeypatch.delitem(sys.modules, "hf_headattn.syntax", raising=False)
+    parent = next((package for package in ("hf_headattn.syntax", "hf_headattn.analysis")
+                   if old.startswith(f"{package}.")), old)  # a submodule: its package warns
+    for package in ("hf_headattn.syntax", "hf_headattn.analysis"):
+        monkeypatch.delitem(sys.modules, package, raising=False)
     with pytest.warns(HeadAttnDeprecationWarning, match=rf"^the module {parent} is deprecated and will be removed in "
                                                         rf"hf-headattn 0\.4; use {MOVED_MODULES[parent]}$") as warned:
         __import__(old)  # an import statement's way (importlib.import_module would be the warning's line)
@@ -99,7 +112,7 @@ def _removal_releases() -> dict[str, str]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) in {"warn_deprecated", "alias_module"}
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "warn_deprecated"
                     and path.name != "deprecation.py"):
                 continue
             where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
@@ -118,9 +131,7 @@ def test_every_deprecation_in_the_package_names_a_removal_release_still_ahead():
     """Fails at the release that should have removed a spelling: remove it (and its test), or move the date."""
     releases = _removal_releases()
     releases["hf_headattn/deprecation.py (MOVED_MODULES)"] = deprecation.NEXT_RELEASE
-    assert {where.split(":")[0] for where in releases} >= {
-        "hf_headattn/experiment/training.py", "hf_headattn/experiment/recipe.py",
-        "hf_headattn/experiment/presets.py", "hf_headattn/legacy.py"}
+    assert {where.split(":")[0] for where in releases} >= {"hf_headattn/experiment/presets.py", "hf_headattn/legacy.py"}
     running = Version(hf_headattn.__version__)
     overdue = {where: release for where, release in releases.items() if Version(release) <= running}
     assert not overdue, f"hf-headattn {running} still has spellings it said it removes: {overdue}"
@@ -128,7 +139,7 @@ def test_every_deprecation_in_the_package_names_a_removal_release_still_ahead():
 
 def test_the_aliases_added_while_0_3_was_unreleased_are_gone():
     """``set_head_mask(kind=...)`` and ``head_ranking.head_importance`` never reached a release."""
-    from hf_headattn.analysis import head_ranking
+    from hf_headattn.experiment.analysis import head_ranking
 
     model = hf_headattn.HeadAttnMBartForConditionalGeneration(HeadAttnMBartConfig(**TINY))
     with pytest.raises(TypeError, match="kind"):

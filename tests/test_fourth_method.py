@@ -160,16 +160,16 @@ def test_translate_makes_the_toy_input_as_training_does_and_falls_back_without_i
 
 @pytest.mark.slow
 def test_the_training_recipe_and_translate_run_the_toy_beside_sea(toy, tmp_path, tokenizer, sources):
-    """``recipes/train_translation.py`` (its ``main``, after the registration) with ``--method toy+lpea_rhe`` and the
+    """``hf-headattn train`` (its ``main``, after the registration) with ``--method toy+lpea_rhe`` and the
     toy's own flag: the toy's loss is logged, its input recorded, and the saved model translates with it through
-    ``hf_headattn.translate`` and ``recipes/translate.py``."""
+    ``hf_headattn.translate`` and ``hf-headattn translate``."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from hf_headattn.experiment import translate_lines as translate_recipe
-    from hf_headattn.experiment import translation_recipe
+    from hf_headattn.commands import train
+    from hf_headattn.commands import translate as translate_recipe
 
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    results = translation_recipe.main([
+    results = train.main([
         "--method", "toy+lpea_rhe", "--toy_gate_value", "0.5", "--method_settings", json.dumps(SHAPE),
         "--tokenizer_name", str(tmp_path / "tokenizer"), "--output_dir", str(tmp_path / "model"),
         "--max_train_samples", "16", "--max_eval_samples", "2", "--max_predict_samples", "2", "--max_steps", "2",
@@ -199,10 +199,10 @@ def test_the_training_recipe_and_translate_run_the_toy_beside_sea(toy, tmp_path,
 def test_a_methods_input_flag_is_never_the_output_folder(tmp_path, capsys):
     """A kit's flags that name inputs (``input_flags`` of its recipe arguments, SEA's ``--syntax_parses_dir``) are
     checked as the recipe's own data flags are: refused as ``--output_dir``, a usage error before anything is read."""
-    from hf_headattn.experiment import translation_recipe
+    from hf_headattn.commands import train
 
     with pytest.raises(SystemExit) as exit_info:
-        translation_recipe.main(["--output_dir", str(tmp_path), "--syntax_parses_dir", str(tmp_path), "--method",
+        train.main(["--output_dir", str(tmp_path), "--syntax_parses_dir", str(tmp_path), "--method",
                                  "dea_rhe", "--use_cpu", "true", "--report_to", "none"])
     assert exit_info.value.code == 2
     assert f"--output_dir {tmp_path} is --syntax_parses_dir {tmp_path}, an input of this run" in capsys.readouterr().err

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import batch
-from hf_headattn.analysis import count_redundant_heads, mean_head_importance
-from hf_headattn.analysis.head_ranking import common_heads, criteria, heads_to_prune, score_heads
+from hf_headattn.experiment.analysis import count_redundant_heads, mean_head_importance
+from hf_headattn.experiment.analysis.head_ranking import common_heads, criteria, heads_to_prune, score_heads
 from test_head_pruning import METHODS, model_with, syntax
 
 

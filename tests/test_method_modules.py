@@ -140,10 +140,10 @@ def test_the_flag_is_read_before_the_parser_spelt_out_in_full():
 
 
 def test_the_training_recipe_refuses_the_flag_abbreviated(tmp_path, capsys):
-    from hf_headattn.experiment import translation_recipe
+    from hf_headattn.commands import train
 
     with pytest.raises(SystemExit) as exit_info:
-        translation_recipe.main(["--method_module", "toy_method", "--output_dir", str(tmp_path)])
+        train.main(["--method_module", "toy_method", "--output_dir", str(tmp_path)])
     assert exit_info.value.code == 2
     assert ("error: --method_modules toy_method: expected the flag spelt out in full (--method_modules)"
             in capsys.readouterr().err)
@@ -151,13 +151,12 @@ def test_the_training_recipe_refuses_the_flag_abbreviated(tmp_path, capsys):
 
 def test_every_recipe_refuses_a_bad_module_as_a_usage_error(tmp_path, capsys):
     """Before anything is read or trained: the recipes that build or load a model with methods."""
-    from hf_headattn.experiment import demo, finetune_mbart, prune_heads, translation_recipe
-    from hf_headattn.experiment import translate_lines as translate
+    from hf_headattn.commands import demo, finetune, prune, train, translate
 
-    for main, argv in ((translation_recipe.main, ["--output_dir", str(tmp_path), "--method", "toy"]),
-                       (prune_heads.parse_args, ["--model_dir", str(tmp_path), "--criteria", "toy_scale"]),
+    for main, argv in ((train.main, ["--output_dir", str(tmp_path), "--method", "toy"]),
+                       (prune.parse_args, ["--model_dir", str(tmp_path), "--criteria", "toy_scale"]),
                        (translate.parse_args, ["--model_name_or_path", str(tmp_path)]),
-                       (finetune_mbart.main, ["--output_dir", str(tmp_path)]),
+                       (finetune.main, ["--output_dir", str(tmp_path)]),
                        (demo.main, ["--methods", "toy"])):
         with pytest.raises(SystemExit) as exit_info:
             main(["--method_modules", "no_such_module", *argv])
@@ -211,16 +210,16 @@ def tokenizer_dir(tmp_path_factory, multi30k_lines):
 @pytest.mark.slow
 def test_the_training_recipe_runs_an_outside_method_from_the_command_line(tmp_path, tokenizer_dir, multi30k,
                                                                           clean_registry, capsys):
-    """``python recipes/train_translation.py --method_modules toy_method --method toy --toy_gate_value 0.5`` in a
-    fresh process (the toy's flag is accepted because its module was imported first); its checkpoint loads in a fresh
-    process only with the module named, and ``recipes/translate.py`` says so."""
-    from hf_headattn.experiment import translate_lines as translate_recipe
+    """``python -m hf_headattn train --method_modules toy_method --method toy --toy_gate_value 0.5`` in a fresh
+    process (the toy's flag is accepted because its module was imported first); its checkpoint loads in a fresh
+    process only with the module named, and ``hf-headattn translate`` says so."""
+    from hf_headattn.commands import translate as translate_recipe
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "tests"),
                                                                      os.environ.get("PYTHONPATH")]))}
     out = tmp_path / "model"
     trained = subprocess.run([
-        sys.executable, str(ROOT / "recipes" / "train_translation.py"), "--method_modules", "toy_method",
+        sys.executable, "-m", "hf_headattn", "train", "--method_modules", "toy_method",
         "--method", "toy", "--toy_gate_value", "0.5", "--method_settings", json.dumps(SHAPE),
         "--multi30k_dir", str(multi30k), "--tokenizer_name", str(tokenizer_dir), "--output_dir", str(out),
         "--max_train_samples", "16", "--max_eval_samples", "2", "--max_predict_samples", "2", "--max_steps", "1",

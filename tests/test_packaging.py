@@ -1,8 +1,8 @@
 """The wheel holds the library alone: setuptools' package discovery, as pyproject.toml configures it, finds
-``hf_headattn`` and its subpackages (the core, the experiment kit, the analyses), none of the research workshop
-(``research/``: the study scripts, their runs, search and jobs); the package never imports the workshop, and the study
-scripts run from ``research/``. The wheel's one console script is ``hf-headattn`` (hf_headattn/cli.py), with the
-commands' modules beside it."""
+``hf_headattn`` and its subpackages (the core, the experiment kit with its analyses, the commands), none of the research
+workshop (``research/``: the study scripts, their runs, search and jobs); the package never imports the workshop, and
+the study scripts run from ``research/``. The wheel's one console script is ``hf-headattn`` (hf_headattn/cli.py), with
+the commands' modules beside it."""
 
 import ast
 import configparser
@@ -50,7 +50,7 @@ def test_the_wheel_holds_the_library_and_none_of_the_workshop(wheel_modules):
     assert {"hf_headattn.cli", "hf_headattn.__main__", *commands} <= wheel_modules  # the command, its modules
     assert {"hf_headattn.configuration", "hf_headattn.legacy", "hf_headattn.deprecation",
             "hf_headattn.experiment.recipe_parts", "hf_headattn.experiment.translate", "hf_headattn.experiment.data",
-            "hf_headattn.experiment.tokenization", "hf_headattn.analysis.head_ranking",
+            "hf_headattn.experiment.tokenization", "hf_headattn.experiment.analysis.head_ranking",
             "hf_headattn.methods.sea.syntax.parsing"} <= wheel_modules
     shipped = {module for module in wheel_modules if set(module.split(".")) & WORKSHOP}
     assert not shipped, f"the wheel would ship research code: {sorted(shipped)}"
@@ -102,7 +102,7 @@ def test_the_wheels_console_script_is_the_command(tmp_path, capsys):
         (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
         entries = configparser.ConfigParser(delimiters=("=",))
         entries.read_string(archive.read(entry_points).decode())
-    assert {"hf_headattn/cli.py", "hf_headattn/__main__.py", "hf_headattn/experiment/demo.py"} <= set(names)
+    assert {"hf_headattn/cli.py", "hf_headattn/__main__.py", "hf_headattn/commands/demo.py"} <= set(names)
     assert entries.sections() == ["console_scripts"]
     assert dict(entries["console_scripts"]) == {"hf-headattn": "hf_headattn.cli:main"}
     module, function = entries["console_scripts"]["hf-headattn"].split(":")

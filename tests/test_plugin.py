@@ -168,14 +168,14 @@ def test_the_recipes_train_and_translate_with_the_template_by_its_path(template_
     """``hf-headattn train --method_modules docs/method_template.py --method head_gates`` with the method's defaults
     (every encoder layer gated), its checkpoint recording the module name, not the path; ``translate`` loads it with
     the path again, and without it says what to pass."""
-    from hf_headattn.experiment import translate_lines, translation_recipe
+    from hf_headattn.commands import train, translate
     from hf_headattn.experiment.tokenization import train_joint_sentencepiece
 
     train_joint_sentencepiece(multi30k_lines("train", "en", 100) + multi30k_lines("train", "de", 100), 200,
                               tmp_path / "tokenizer").save_pretrained(tmp_path / "tokenizer")
     out = tmp_path / "model"
     shape = {"d_model": 16, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32}
-    results = translation_recipe.main([
+    results = train.main([
         "--method_modules", "docs/method_template.py", "--method", "head_gates", "--method_settings", json.dumps(shape),
         "--tokenizer_name", str(tmp_path / "tokenizer"), "--output_dir", str(out), "--max_train_samples", "16",
         "--max_eval_samples", "2", "--max_predict_samples", "2", "--max_steps", "1", "--test_splits", "validation",
@@ -192,8 +192,8 @@ def test_the_recipes_train_and_translate_with_the_template_by_its_path(template_
             "--num_beams", "1", "--max_length", "5"]
     plugin.unregister_method("head_gates")  # as in a new process
     with pytest.raises(SystemExit) as exit_info:
-        translate_lines.main(argv)
+        translate.main(argv)
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and "pass --method_modules method_template to the recipes (or the path of its " \
         "file, method_template.py, where it is not on PYTHONPATH)" in error and "trust_remote_code=True alone" in error
-    assert len(translate_lines.main([*argv, "--method_modules", "docs/method_template.py"])) == 1
+    assert len(translate.main([*argv, "--method_modules", "docs/method_template.py"])) == 1

@@ -26,7 +26,7 @@ from hf_headattn.experiment.recipe_parts import collator, pretrained_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
+from hf_headattn.commands import train as train_translation  # noqa: E402
 
 
 def parse(*argv):
@@ -126,7 +126,7 @@ def test_config_fields_method_then_preset_then_method_settings():
 def test_partial_method_settings_update_the_method_and_a_method_left_off_is_refused():
     """--method dhicm with partial --method_settings must not train a baseline (once it did, saying so only in a log
     line)."""
-    from hf_headattn.experiment.translation_recipe import check_methods_on
+    from hf_headattn.experiment.train_arguments import check_methods_on
 
     model_args, _, _ = parse("--method", "dhicm", "--method_settings", '{"dhicm": {"kl_weight": 0.5}}')
     settings = train_translation.settings_from(model_args)

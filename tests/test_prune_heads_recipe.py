@@ -1,4 +1,4 @@
-"""hf-headattn prune (recipes/prune_heads.py) end to end on a tiny model trained on a few real Multi30k lines."""
+"""hf-headattn prune end to end on a tiny model trained on a few real Multi30k lines."""
 
 import json
 from pathlib import Path
@@ -10,10 +10,10 @@ from transformers import AutoModelForSeq2SeqLM
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from hf_headattn.analysis import head_pruning  # noqa: E402
-from hf_headattn.analysis.head_pruning import largest_share_within, throughput_ratio  # noqa: E402
-from hf_headattn.experiment import prune_heads  # noqa: E402
-from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
+from hf_headattn.commands import prune  # noqa: E402
+from hf_headattn.commands import train as train_translation  # noqa: E402
+from hf_headattn.experiment.analysis import head_pruning  # noqa: E402
+from hf_headattn.experiment.analysis.head_pruning import largest_share_within, throughput_ratio  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,9 @@ def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_di
             "--max_share", "0.5", "--finetune_steps", "1", "--finetune_samples", "32", "--timing_repeats", "2",
             "--test_split", "test_2016_flickr"]
     # the test split's first 16 sentences, read, scored and timed as all 1,000 would be (which took 80% of the run)
-    load = prune_heads.load_parallel_dataset
-    monkeypatch.setattr(prune_heads, "load_parallel_dataset", lambda *a, **k: load(*a, **k, max_predict_samples=16))
-    prune_heads.main(argv)
+    load = prune.load_parallel_dataset
+    monkeypatch.setattr(prune, "load_parallel_dataset", lambda *a, **k: load(*a, **k, max_predict_samples=16))
+    prune.main(argv)
     saved = json.loads((tmp_path / "pruning.json").read_text())
     assert set(saved["criteria"]) == {"gradient", "confidence", "entropy", "dhicm", "random"}
     total = 3 * 3 * 4  # tiny: 3+3 layers of 4 heads: encoder self, decoder self, cross
@@ -75,7 +75,7 @@ def test_every_criterion_prunes_scores_plots_and_saves_the_chosen_model(model_di
     assert [len(saved["test"]["timing"][name]) for name in ("model", "reference")] == [2, 2]
     assert (tmp_path / "pruning.png").stat().st_size > 0
     capsys.readouterr()
-    prune_heads.main(argv)  # a restart: every criterion done before, and the test set is not read again
+    prune.main(argv)  # a restart: every criterion done before, and the test set is not read again
     printed = capsys.readouterr().out
     assert "gradient: done before, skipped" in printed and "the test set was read before" in printed
     assert json.loads((tmp_path / "pruning.json").read_text())["test"] == saved["test"]
@@ -86,7 +86,7 @@ def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_
     argv = ["--model_dir", str(model_dir), "--output_dir", str(tmp_path),
             "--criteria", "dhicm", "gradient", "--common_heads", "--importance_samples", "16", "--eval_samples", "4",
             "--num_beams", "1", "--max_length", "8", "--step_share", "0.2", "--max_share", "0.8"]
-    saved = prune_heads.main(argv)
+    saved = prune.main(argv)
     # the tiny model's DHICM: the last encoder layer and the last decoder layer's self- and cross-attention
     assert saved["common_heads"] == {component: [[2, head] for head in range(4)]
                                      for component in ("encoder", "decoder", "cross")}
@@ -97,10 +97,10 @@ def test_common_heads_compare_the_criteria_on_the_heads_that_dhicm_scores(model_
     # criteria that share no head (e.g. dhicm and rhe, in different layers) are refused, naming them
     study = SimpleNamespace(args=SimpleNamespace(common_heads=True), criteria=lambda: ["dhicm", "rhe"], config=None)
     with pytest.raises(ValueError, match=r"the criteria \['dhicm', 'rhe'\] score no head in common"):
-        prune_heads.candidate_heads(study, {"common_heads": {"encoder": [], "decoder": [], "cross": []}})
+        prune.candidate_heads(study, {"common_heads": {"encoder": [], "decoder": [], "cross": []}})
     # a component without common heads (rhe: the first encoder layer only)
     study.config = AutoModelForSeq2SeqLM.from_pretrained(model_dir).config
-    among = prune_heads.candidate_heads(study, {"common_heads": {"encoder": [[0, 1]], "decoder": [], "cross": []}})
+    among = prune.candidate_heads(study, {"common_heads": {"encoder": [[0, 1]], "decoder": [], "cross": []}})
     assert among["encoder"].nonzero().tolist() == [[0, 1]] and not among["decoder"].any() and not among["cross"].any()
 
 
@@ -128,11 +128,11 @@ def test_throughput_ratio_is_the_median_of_alternate_timings(monkeypatch):
 @pytest.mark.slow
 def test_bad_arguments(model_dir, tmp_path):
     with pytest.raises(SystemExit):
-        prune_heads.parse_args(["--model_dir", str(model_dir), "--num_beams", "0"])
+        prune.parse_args(["--model_dir", str(model_dir), "--num_beams", "0"])
     with pytest.raises(SystemExit):
-        prune_heads.parse_args(["--model_dir", str(model_dir), "--finetune_samples", "0"])
+        prune.parse_args(["--model_dir", str(model_dir), "--finetune_samples", "0"])
     with pytest.raises(SystemExit) as stop:  # a usage error, before the unpruned model is evaluated
-        prune_heads.main(["--model_dir", str(model_dir), "--output_dir", str(tmp_path),
+        prune.main(["--model_dir", str(model_dir), "--output_dir", str(tmp_path),
                           "--criteria", "random", "--importance_samples", "4", "--eval_samples", "4",
                           "--num_beams", "1", "--max_share", "1.0"])
     assert stop.value.code == 2
@@ -166,10 +166,10 @@ def quick_argv(model_dir, out, *extra):
 
 
 def usage_error(argv, capsys) -> str:
-    """The message of the usage error (exit 2) that ``prune_heads.main(argv)`` stops with."""
+    """The message of the usage error (exit 2) that ``prune.main(argv)`` stops with."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
-        prune_heads.main(argv)
+        prune.main(argv)
     assert stop.value.code == 2
     return capsys.readouterr().err
 
@@ -180,7 +180,7 @@ def test_a_bad_argument_stops_before_anything_is_read_or_deleted(model_dir, tmp_
     (earlier / "criteria" / "gradient").mkdir(parents=True)
     (earlier / "criteria" / "gradient" / "config.json").write_text("{}")
     (earlier / "pruning.json").write_text(json.dumps({"settings": {"step_share": 0.1}, "criteria": {}}))
-    monkeypatch.setattr(prune_heads, "load_parallel_dataset", lambda *a, **k: pytest.fail("data read"))
+    monkeypatch.setattr(prune, "load_parallel_dataset", lambda *a, **k: pytest.fail("data read"))
     assert "--step_share must be in (0, 1], got 0.0" in usage_error(quick_argv(model_dir, earlier, "--step_share", "0"),
                                                                      capsys)
     assert "--max_share must be in (0, 1), got 1.0" in usage_error(quick_argv(model_dir, earlier, "--max_share", "1"),
@@ -202,14 +202,14 @@ def test_a_bad_argument_stops_before_anything_is_read_or_deleted(model_dir, tmp_
 
 @pytest.mark.slow
 def test_a_rerun_with_other_settings_is_refused_unless_overwrite_says_what_it_replaces(model_dir, tmp_path, capsys):
-    prune_heads.main(quick_argv(model_dir, tmp_path))
+    prune.main(quick_argv(model_dir, tmp_path))
     before = (tmp_path / "pruning.json").read_text()
     message = usage_error(quick_argv(model_dir, tmp_path, "--seed", "1"), capsys)
     assert f"--output_dir {tmp_path} holds ['pruning.json'," in message and "of an earlier run" in message
     assert "seed 0 (now 1)" in message and "--overwrite" in message
     assert (tmp_path / "pruning.json").read_text() == before and (tmp_path / "model" / "config.json").is_file()
     capsys.readouterr()
-    prune_heads.main(quick_argv(model_dir, tmp_path, "--seed", "1", "--overwrite"))
+    prune.main(quick_argv(model_dir, tmp_path, "--seed", "1", "--overwrite"))
     assert "--overwrite: replacing the earlier run's ['pruning.json'" in capsys.readouterr().out
     assert json.loads((tmp_path / "pruning.json").read_text())["settings"]["seed"] == 1
 

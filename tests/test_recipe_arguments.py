@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_headattn.experiment import demo, finetune_mbart, parse_sources
+from hf_headattn.commands import demo, finetune, parse
 from hf_headattn.experiment.arguments import (
     existing_dir,
     existing_file,
@@ -59,11 +59,11 @@ def test_the_argparse_types_name_the_value_and_what_was_expected(tmp_path):
      "not allowed with argument"),
     (reproduce_multi30k.main, ["run", "--output_dir", "/nowhere/x", "--multi30k_dir", "/nowhere/m"], "/nowhere/m"),
     (reproduce_multi30k.main, ["table", "--output_dir", "/nowhere/x"], "/nowhere/x' (not found)"),
-    (parse_sources.main, ["--output_dir", "/nowhere/p", "--num_proc", "0"], "--num_proc must be a positive"),
-    (parse_sources.main, ["--output_dir", "/nowhere/p", "--target_lang", "xx"],
+    (parse.main, ["--output_dir", "/nowhere/p", "--num_proc", "0"], "--num_proc must be a positive"),
+    (parse.main, ["--output_dir", "/nowhere/p", "--target_lang", "xx"],
      "Multi30k has no language ['xx'] to download"),  # before any download
-    (parse_sources.main, ["--multi30k_dir", "/nowhere/m", "--output_dir", "/nowhere/p"], "'/nowhere/m' is not a"),
-    (finetune_mbart.main, ["--model_name_or_path", "m", "--output_dir", "/nowhere/f", "--eadra", "{bad"],
+    (parse.main, ["--multi30k_dir", "/nowhere/m", "--output_dir", "/nowhere/p"], "'/nowhere/m' is not a"),
+    (finetune.main, ["--model_name_or_path", "m", "--output_dir", "/nowhere/f", "--eadra", "{bad"],
      "--eadra '{bad' is not valid JSON"),
 ])
 def test_a_bad_value_is_a_usage_error(main, argv, expected, capsys):

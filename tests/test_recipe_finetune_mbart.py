@@ -1,4 +1,4 @@
-"""hf-headattn finetune (recipes/finetune_mbart.py) end to end: a tiny locally saved mBART (with an mBART tokenizer
+"""hf-headattn finetune end to end: a tiny locally saved mBART (with an mBART tokenizer
 trained here) fine-tuned with EaDRA for two steps on 32 Multi30k lines, then scored with sacreBLEU."""
 
 import io
@@ -12,7 +12,7 @@ from transformers import MBartConfig, MBartForConditionalGeneration, MBartTokeni
 from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
 
 from hf_headattn import HeadAttnMBartForConditionalGeneration
-from hf_headattn.experiment import finetune_mbart
+from hf_headattn.commands import finetune
 
 
 def mbart_tokenizer(sentences) -> MBartTokenizer:
@@ -48,7 +48,7 @@ def tiny_mbart(tmp_path_factory, multi30k_lines):
 @pytest.mark.slow
 def test_finetunes_with_eadra_and_scores_with_sacrebleu(tiny_mbart, tmp_path):
     out = tmp_path / "run"
-    results = finetune_mbart.main([
+    results = finetune.main([
         "--model_name_or_path", str(tiny_mbart), "--output_dir", str(out),
         "--eadra", '{"encoder": {"num_heads": 2}, "decoder": {"num_heads": 1, "layers": [-1]}}',
         "--max_train_samples", "32", "--max_eval_samples", "8", "--max_predict_samples", "8",
@@ -81,7 +81,7 @@ def test_unknown_language_code_is_a_clear_error(tiny_mbart):
     tokenizer = MBartTokenizer.from_pretrained(tiny_mbart)
     model = HeadAttnMBartForConditionalGeneration.from_pretrained(tiny_mbart)
     with pytest.raises(ValueError, match="language code 'english' is not in the tokenizer's vocabulary"):
-        finetune_mbart.set_languages(tokenizer, model, "english", "de_DE")
+        finetune.set_languages(tokenizer, model, "english", "de_DE")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -92,7 +92,7 @@ def test_unknown_language_code_is_a_clear_error(tiny_mbart):
 def test_bad_settings_are_usage_errors_before_anything_is_written(tiny_mbart, tmp_path, flags, message, capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as stop:
-        finetune_mbart.main(["--model_name_or_path", str(tiny_mbart), "--output_dir", str(out), "--report_to", "none",
+        finetune.main(["--model_name_or_path", str(tiny_mbart), "--output_dir", str(out), "--report_to", "none",
                              "--max_train_samples", "8", "--max_eval_samples", "4", "--max_predict_samples", "4",
                              *flags])
     error = capsys.readouterr().err

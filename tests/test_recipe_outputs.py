@@ -1,6 +1,6 @@
 """Every recipe that writes refuses, by name and before it reads anything, an output folder that holds earlier results
 or its own inputs (a usage error, exit 2, nothing changed); the shared checks of hf_headattn.experiment.outputs;
-average_checkpoints.py's arguments, its --overwrite and its all-or-nothing write."""
+average.py's arguments, its --overwrite and its all-or-nothing write."""
 
 import json
 import os
@@ -12,15 +12,7 @@ from safetensors.torch import load_file
 
 import hf_headattn
 from conftest import TINY
-from hf_headattn.experiment import (
-    average_checkpoints,
-    demo,
-    finetune_mbart,
-    parse_sources,
-    prune_heads,
-    translation_recipe,
-)
-from hf_headattn.experiment import translate_lines as translate
+from hf_headattn.commands import average, demo, finetune, parse, prune, train, translate
 from hf_headattn.experiment.outputs import check_output_dir, check_output_file, check_trainer_output_dir, replacing_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +52,7 @@ def run(tmp_path):
 
 
 def model_folder(path):
-    """What prune_heads.py checks before reading: an hf-headattn config and a tokenizer_config.json."""
+    """What prune.py checks before reading: an hf-headattn config and a tokenizer_config.json."""
     hf_headattn.HeadAttnMarianConfig(**TINY).save_pretrained(path)
     (path / "tokenizer_config.json").write_text("{}")
     return path
@@ -89,24 +81,24 @@ trainer_earlier = holding("checkpoint-3/")
 # (recipe, arguments given tmp_path and the folder prepared, the refusal's message), the folder being tmp_path / "out"
 CASES = {
     "train_translation_checkpoints": (
-        translation_recipe.main, lambda out: ["--output_dir", str(out)],
+        train.main, lambda out: ["--output_dir", str(out)],
         trainer_earlier, "holds ['checkpoint-3'] of an earlier run; expected a folder without them, or "
                          "--overwrite_output_dir to replace them (or --resume_from_checkpoint true"),
     "train_translation_own_tokenizer": (
-        translation_recipe.main, lambda out: ["--output_dir", str(out), "--tokenizer_name", str(out)],
+        train.main, lambda out: ["--output_dir", str(out), "--tokenizer_name", str(out)],
         holding(), "is --tokenizer_name"),
     "train_translation_model_in_a_replaced_checkpoint": (
-        translation_recipe.main, lambda out: ["--output_dir", str(out), "--overwrite_output_dir",
+        train.main, lambda out: ["--output_dir", str(out), "--overwrite_output_dir",
                                               "--model_name_or_path", str(out / "checkpoint-3")],
         trainer_earlier, "holds --model_name_or_path {out}/checkpoint-3 in checkpoint-3, which --overwrite_output_dir "
                          "replaces, an input of this run"),
     "train_translation_finished_run": (
-        translation_recipe.main, lambda out: ["--output_dir", str(out)],
+        train.main, lambda out: ["--output_dir", str(out)],
         holding("config.json", "model.safetensors", "results.json", "tokenizer/"),
         "holds ['config.json', 'model.safetensors', 'results.json', 'tokenizer'] of an earlier run; expected a folder "
         "without them, or --overwrite_output_dir to replace them\n"),
     "finetune_mbart_finished_run": (
-        finetune_mbart.main, lambda out: ["--output_dir", str(out)],
+        finetune.main, lambda out: ["--output_dir", str(out)],
         holding("model.safetensors", "predictions_validation.txt"),
         "holds ['model.safetensors', 'predictions_validation.txt'] of an earlier run"),
     "demo_earlier_demo": (
@@ -114,10 +106,10 @@ CASES = {
         "holds ['baseline', 'summary.json'] of an earlier run; expected a folder without them, or "
         "--overwrite_output_dir to replace them (with make: make demo ARGS=--overwrite_output_dir)"),
     "finetune_mbart_checkpoints": (
-        finetune_mbart.main, lambda out: ["--output_dir", str(out)],
+        finetune.main, lambda out: ["--output_dir", str(out)],
         trainer_earlier, "holds ['checkpoint-3'] of an earlier run"),
     "finetune_mbart_own_model": (
-        finetune_mbart.main, lambda out: ["--model_name_or_path", str(out), "--output_dir", str(out),
+        finetune.main, lambda out: ["--model_name_or_path", str(out), "--output_dir", str(out),
                                           "--overwrite_output_dir"],
         lambda tmp: model_folder(tmp / "out"), "is --model_name_or_path"),
     "search_earlier_search": (
@@ -129,23 +121,23 @@ CASES = {
                                                   "--output_dir", str(out), "--overwrite_output_dir"],
         holding("train.en.gz"), "is --multi30k_dir"),
     "parse_sources_earlier_parses": (
-        parse_sources.main, lambda out: ["--output_dir", str(out)],
+        parse.main, lambda out: ["--output_dir", str(out)],
         holding("train.en.conllu"),
         "holds ['train.en.conllu'] of an earlier run; expected a new or empty folder, or --overwrite"),
     "parse_sources_into_its_data": (
-        parse_sources.main, lambda out: ["--multi30k_dir", str(out), "--output_dir", str(out), "--overwrite"],
+        parse.main, lambda out: ["--multi30k_dir", str(out), "--output_dir", str(out), "--overwrite"],
         holding("train.en.gz"), "is --multi30k_dir"),
     "prune_heads_its_model_in_its_results": (
-        prune_heads.parse_args, lambda out: ["--model_dir", str(out / "model"),
+        prune.parse_args, lambda out: ["--model_dir", str(out / "model"),
                                              "--output_dir", str(out), "--overwrite"],
         lambda tmp: model_folder(tmp / "out" / "model").parent,
         "holds --model_dir {out}/model in model, which --overwrite replaces"),
     "prune_heads_into_its_model": (
-        prune_heads.parse_args, lambda out: ["--model_dir", str(out),
+        prune.parse_args, lambda out: ["--model_dir", str(out),
                                              "--output_dir", str(out)],
         lambda tmp: model_folder(tmp / "out"), "is --model_dir"),
     "average_checkpoints_run_folder": (
-        average_checkpoints.main, lambda out: ["--run_dir", str(out), "--last", "2", "--output_dir", str(out),
+        average.main, lambda out: ["--run_dir", str(out), "--last", "2", "--output_dir", str(out),
                                                "--overwrite"],
         run_folder, "is --run_dir"),
     "translate_into_its_input": (
@@ -250,14 +242,14 @@ def test_average_checkpoints_checks_every_argument_before_reading_weights(argv, 
         argv += ["--output_dir", str(tmp_path / "avg")]
     before = files(run)
     with pytest.raises(SystemExit) as stop:
-        average_checkpoints.main(argv)
+        average.main(argv)
     assert stop.value.code == 2 and message.format(run=run, tmp=tmp_path) in capsys.readouterr().err
     assert files(run) == before and not (tmp_path / "avg").exists()
 
 
 def test_average_checkpoints_overwrite_replaces_the_whole_folder(run, tmp_path):
     """Regression: an --output_dir naming a checkpoint got the average's weights beside its own optimizer.pt."""
-    average_checkpoints.main(["--run_dir", str(run), "--last", "2", "--output_dir", str(run / "checkpoint-1"),
+    average.main(["--run_dir", str(run), "--last", "2", "--output_dir", str(run / "checkpoint-1"),
                               "--overwrite"])
     assert (run / "checkpoint-1" / "averaged_from.json").is_file()
     assert not (run / "checkpoint-1" / "optimizer.pt").exists()  # the earlier folder replaced, not written into
@@ -278,7 +270,7 @@ def test_a_failed_average_leaves_the_output_as_it_was(run, tmp_path, monkeypatch
 
     monkeypatch.setattr(hf_headattn.HeadAttnMarianMTModel, "save_pretrained", save_half)
     with pytest.raises(OSError, match="disk full"):
-        average_checkpoints.main(["--run_dir", str(run), "--last", "2", "--output_dir", str(out), "--overwrite"])
+        average.main(["--run_dir", str(run), "--last", "2", "--output_dir", str(out), "--overwrite"])
     assert files(out) == before
 
 

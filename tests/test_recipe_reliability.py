@@ -9,7 +9,7 @@ import sys
 import datasets
 import pytest
 
-from hf_headattn.experiment import demo, finetune_mbart, parse_sources, translation_recipe
+from hf_headattn.commands import demo, finetune, parse, train
 from hf_headattn.experiment import multi30k as m
 from hf_headattn.experiment.recipe_parts import TOKENIZER_RECORD, scratch_tokenizer
 
@@ -17,9 +17,9 @@ EN_DE = m.file_names(("en", "de"))
 
 #: recipe -> its arguments given the output folder (the data: Multi30k, found as the recipe finds it)
 RECIPES = {
-    "train_translation": (translation_recipe.main, lambda out: ["--output_dir", str(out)]),
-    "finetune_mbart": (finetune_mbart.main, lambda out: ["--output_dir", str(out)]),
-    "parse_sources": (parse_sources.main, lambda out: ["--output_dir", str(out)]),
+    "train_translation": (train.main, lambda out: ["--output_dir", str(out)]),
+    "finetune_mbart": (finetune.main, lambda out: ["--output_dir", str(out)]),
+    "parse_sources": (parse.main, lambda out: ["--output_dir", str(out)]),
     "demo": (demo.main, lambda out: ["--output_dir", str(out), "--quick"]),
 }
 
@@ -95,14 +95,14 @@ def test_the_data_folder_found_without_a_flag_is_never_the_output(recipe, found,
 
 def test_parsing_without_spacy_names_the_extra(multi30k, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "spacy", None)  # import spacy: ImportError, as where it is not installed
-    error = usage_error(parse_sources.main, ["--multi30k_dir", str(multi30k), "--output_dir", str(tmp_path / "out")],
+    error = usage_error(parse.main, ["--multi30k_dir", str(multi30k), "--output_dir", str(tmp_path / "out")],
                         capsys)
     assert "spaCy is not installed" in error and "pip install 'hf-headattn[parsers]'" in error
     assert not (tmp_path / "out").exists()
 
 
 def test_a_usage_error_is_the_line_that_says_what_is_wrong(tmp_path, capsys):
-    error = usage_error(translation_recipe.main, ["--output_dir", str(tmp_path), "--method", "magic"], capsys)
+    error = usage_error(train.main, ["--output_dir", str(tmp_path), "--method", "magic"], capsys)
     lines = error.strip().splitlines()
     assert len(lines) == 2 and "unknown method 'magic'" in lines[0] and "--help" in lines[1], error
 

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer, TrainerCallback
 ROOT = Path(__file__).resolve().parents[1]
 
 import reproduce_multi30k  # noqa: E402
-from hf_headattn.experiment import parse_sources  # noqa: E402
-from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
+from hf_headattn.commands import parse  # noqa: E402
+from hf_headattn.commands import train as train_translation  # noqa: E402
 
 #: The recipes find Multi30k themselves (no --multi30k_dir: the resolver, as a user runs them).
 pytestmark = pytest.mark.usefixtures("multi30k")
@@ -71,9 +71,9 @@ DATA_FLAGS = ["--max_train_samples", "200", "--max_eval_samples", "8", "--max_pr
 
 @pytest.fixture(scope="module")
 def parses_dir(tmp_path_factory):
-    """The sources of the test runs' data parsed once, as parse_sources.py writes them."""
+    """The sources of the test runs' data parsed once, as parse.py writes them."""
     out = tmp_path_factory.mktemp("parses")
-    written = parse_sources.main([*DATA_FLAGS, "--output_dir", str(out)])
+    written = parse.main([*DATA_FLAGS, "--output_dir", str(out)])
     assert sorted(written) == ["test_2016_flickr", "train", "validation"]
     return out
 
@@ -94,7 +94,7 @@ def test_parsed_sources_replace_spacy_and_missing_ones_are_named(tmp_path, token
         run(tmp_path / "x", "--tokenizer_name", str(tokenizer_dir), "--syntax_parses_dir", str(tmp_path / "partial"),
             method="dea_rhe")
     assert stop.value.code == 2
-    assert re.search(r"validation\.en\.conllu.*recipes/parse_sources\.py", capsys.readouterr().err)
+    assert re.search(r"validation\.en\.conllu.*written by hf-headattn parse", capsys.readouterr().err)
     assert not (tmp_path / "x").exists()
 
 
@@ -123,7 +123,7 @@ def test_saved_model_reloads_with_auto_classes(tmp_path, tokenizer_dir, multi30k
     out = model.generate(**tokenizer(["A dog runs."], return_tensors="pt"), max_new_tokens=5)
     assert out.shape[0] == 1
     # the demo's pictures of this model: only pictures (the entropy JSON lies beside, unlisted)
-    from hf_headattn.experiment import demo
+    from hf_headattn.commands import demo
 
     pictures = demo.pictures(SimpleNamespace(output_dir=tmp_path.parent, multi30k_dir=multi30k, schedule=demo.FULL),
                              [tmp_path.name])

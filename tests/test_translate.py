@@ -1,4 +1,4 @@
-"""hf_headattn.translate and hf-headattn translate (recipes/translate.py): raw text in, the hand-built collator path's
+"""hf_headattn.translate and hf-headattn translate: raw text in, the hand-built collator path's
 translations out, for every method, Marian and mBART; the parser saved with the model; parse errors; empty lines."""
 
 import copy
@@ -25,8 +25,8 @@ from hf_headattn.methods.sea.syntax import MissingParserError, SyntaxInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from hf_headattn.experiment import translate_lines as translate_recipe  # noqa: E402
-from hf_headattn.experiment import translation_recipe as train_translation  # noqa: E402
+from hf_headattn.commands import train as train_translation  # noqa: E402
+from hf_headattn.commands import translate as translate_recipe  # noqa: E402
 
 SHAPE = {"shape": "tiny", "d_model": 16, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 32,
          "decoder_ffn_dim": 32}
@@ -120,7 +120,7 @@ def test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli(tmp_path, 
     err = capsys.readouterr().err
     assert "BLEU = " in err and "nrefs:1|case:mixed" in err and "chrF = " in err and "nc:6|nw:0" in err
 
-    command = [sys.executable, str(ROOT / "recipes" / "translate.py"), "--model_name_or_path", str(tmp_path / "model"),
+    command = [sys.executable, "-m", "hf_headattn", "translate", "--model_name_or_path", str(tmp_path / "model"),
                "--num_beams", "2", "--max_length", "7"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, input="\n".join(texts[:3]) + "\n", env=env, capture_output=True, text=True,

@@ -148,7 +148,7 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, m
         raise ValueError("average_checkpoints: a DeepSpeed ZeRO-3 config is alive in this process (training arguments "
                          "with one), so from_pretrained would build the averaged model partitioned over the processes "
                          "(in a call every process must make) and it could not be saved whole; average in a process "
-                         "without one, e.g. python recipes/average_checkpoints.py")
+                         "without one, e.g. hf-headattn average")
     averaged = average_state_dict(checkpoints)
     model = model_class.from_pretrained(checkpoints[-1])
     # the file's tensors only: what it leaves out (tied or recomputed weights) from_pretrained has already set up

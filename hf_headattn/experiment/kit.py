@@ -59,9 +59,9 @@ class MethodKit:
     method_names: recipe method names (``--method NAME``) -> this method's settings dict.
     presets: the papers' presets (``--preset NAME``) -> :class:`Preset`.
     importance: ``(criterion name, function)``: the method's head-importance criterion for
-        :func:`hf_headattn.analysis.head_ranking.score_heads`; the function maps one batch's read-out (the value of
-        its read-out field, :func:`hf_headattn.registry.readout`) to ``{module name: (per-head sums (heads,), number
-        of items)}``, higher = more important.
+        :func:`hf_headattn.experiment.analysis.head_ranking.score_heads`; the function maps one batch's read-out (the
+        value of its read-out field, :func:`hf_headattn.registry.readout`) to ``{module name: (per-head sums (heads,),
+        number of items)}``, higher = more important.
     model_test_names: the recipe method names (keys of ``method_names``) whose settings HF's common model tests run
         the method with (``tests/test_hf_common.py``); default: the first one.
 

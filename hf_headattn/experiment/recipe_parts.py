@@ -1,6 +1,6 @@
-"""The parts the training recipes are built from (:mod:`.translation_recipe` and the other commands of
-:mod:`hf_headattn.cli`): data, model and tokenizer, features, collator, test-set translation and scoring. (The Trainer
-itself: :mod:`.trainer`.)"""
+"""The parts the training recipes are built from (:mod:`hf_headattn.commands.train` and the other commands of
+:mod:`hf_headattn.commands`): data, model and tokenizer, features, collator, test-set translation and scoring. (The
+Trainer itself: :mod:`.trainer`.)"""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-#: ``make demo``'s schedule (recipes/demo.py) without its length: the tiny shape, batches of 64 sentences, lr 2e-3
+#: ``make demo``'s schedule (``hf-headattn demo``) without its length: the tiny shape, batches of 64 sentences, lr 2e-3
 #: with inverse-square-root decay after 100 warm-up steps.
 DEMO_SCHEDULE = [
     "--source_lang", "en", "--target_lang", "de", "--model_shape", "tiny", "--vocab_size", "6000",
@@ -49,11 +49,17 @@ def prepare_tokenizer(tokenizer_dir: str | Path, multi30k_dir: str | Path, vocab
     return Path(tokenizer_dir)
 
 
-def parse_sources(script: str | Path, multi30k_dir: str | Path, parses_dir: str | Path, source_lang: str = "en",
+def command_line(command: str) -> list[str]:
+    """The start of an ``hf-headattn <command>`` process's command line, run by this Python:
+    ``python -m hf_headattn <command>``."""
+    return [sys.executable, "-m", "hf_headattn", command]
+
+
+def parse_sources(multi30k_dir: str | Path, parses_dir: str | Path, source_lang: str = "en",
                   target_lang: str = "de") -> None:
-    """Parse Multi30k's sources with spaCy into ``parses_dir`` (the parses SEA's rows train on): ``script``
-    (``recipes/parse_sources.py``) in a subprocess."""
-    subprocess.run([sys.executable, str(script), "--multi30k_dir", str(multi30k_dir), "--source_lang", source_lang,
+    """Parse Multi30k's sources with spaCy into ``parses_dir`` (the parses SEA's rows train on): ``hf-headattn
+    parse`` in a subprocess."""
+    subprocess.run([*command_line("parse"), "--multi30k_dir", str(multi30k_dir), "--source_lang", source_lang,
                     "--target_lang", target_lang, "--output_dir", str(parses_dir)], check=True)
 
 
@@ -91,7 +97,7 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
                       source_lang: str = "en", target_lang: str = "de",
                       output_file: str | Path | None = None) -> dict:
     """Translate a Multi30k ``split`` with the model (and tokenizer) saved in ``model_dir`` and score it exactly as
-    ``recipes/train_translation.py`` scores its test splits: the same features (SEA/RHE: the parses of
+    ``hf-headattn train`` scores its test splits: the same features (SEA/RHE: the parses of
     ``parses_dir``), collator, ``Trainer.predict`` with beam search, and sacreBLEU/chrF against the raw references.
     ``settings`` are the run's method settings (``results.json``'s ``settings``). Returns the scores."""
     import datasets

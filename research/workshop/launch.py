@@ -38,7 +38,7 @@ VALID = "validation"
 
 
 def convergence_flags(patience: int, max_epochs: int, num_beams: int) -> list[str]:
-    """The ``train_translation.py`` flags of a run trained to convergence: evaluate (greedy validation BLEU) and save
+    """The ``hf-headattn train`` flags of a run trained to convergence: evaluate (greedy validation BLEU) and save
     at each epoch, keeping the best checkpoint by validation BLEU and the newest; stop after ``patience`` evaluations
     without a better one, or ``max_epochs``; at the end, score the best checkpoint on validation with ``num_beams``
     beams. Callback states (the early-stopping counter) are restored on resume."""
@@ -51,7 +51,7 @@ def convergence_flags(patience: int, max_epochs: int, num_beams: int) -> list[st
 
 @dataclass(frozen=True)
 class ConvergenceRuns:
-    """A study's runs and how to train them: ``command(stage, row, seed)`` (the ``train_translation.py`` command,
+    """A study's runs and how to train them: ``command(stage, row, seed)`` (the ``hf-headattn train`` command,
     before the per-session flags; it scores ``validation`` with ``num_beams`` beams), ``identity(row, seed)`` (what
     makes a run the run it is: another one's folder or record is refused), ``method_of(row)``, ``prepare(rows)``
     (what the rows' runs need, made before they start), ``repo`` (the checkout whose commit a record names);

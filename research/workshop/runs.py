@@ -1,5 +1,5 @@
 """A study's runs on disk, as the study scripts lay them out: a run trains in ``<root>/<row>/seed<k>`` (``root``: the
-study's output folder, or a stage's folder in it), where ``recipes/train_translation.py`` writes ``results.json`` and
+study's output folder, or a stage's folder in it), where ``hf-headattn train`` writes ``results.json`` and
 ``predictions_<split>.txt``; a study that keeps records writes one JSON file per finished run,
 ``<results_dir>/<stage>-<row>-seed<k>.json``. Here: those paths, the jobs that train rows x seeds, and loading what
 the runs and the records hold.

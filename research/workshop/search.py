@@ -263,7 +263,7 @@ FLAGGED_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
 
 
 def train_flags(params: Mapping, method_settings: str | None = None) -> list[str]:
-    """Flags that give ``recipes/train_translation.py`` a search's best ``params`` (on top of the other flags used).
+    """Flags that give ``hf-headattn train`` a search's best ``params`` (on top of the other flags used).
 
     >>> train_flags({"attention_heads": 4, "dropout": 0.3})
     ['--dropout', '0.3', '--method_settings', '{"encoder_attention_heads": 4, "decoder_attention_heads": 4}']

@@ -95,7 +95,8 @@ def check_identity(path: str | Path, expected: dict) -> None:
 
 
 def training_processes(folder: str | Path) -> list[int]:
-    """Ids of live ``train_translation.py`` processes writing into ``folder`` (read from ``/proc``; none found where
+    """Ids of live ``hf-headattn train`` processes (``python -m hf_headattn train``, or release 0.3's
+    ``train_translation.py``) writing into ``folder`` (read from ``/proc``; none found where
     there is no ``/proc``): a study process killed alone leaves its runs going, and a second one must not join them."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -103,7 +104,9 @@ def training_processes(folder: str | Path) -> list[int]:
             argv = cmdline.read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if any(arg.endswith("train_translation.py") for arg in argv) and "--output_dir" in argv:
+        training = any(arg.endswith("train_translation.py") for arg in argv) or argv[1:4] == ["-m", "hf_headattn",
+                                                                                                 "train"]
+        if training and "--output_dir" in argv:
             target = argv[argv.index("--output_dir") + 1] if argv.index("--output_dir") + 1 < len(argv) else ""
             if target and Path(target).resolve() == Path(folder).resolve():
                 pids.append(int(cmdline.parent.name))

@@ -153,13 +153,13 @@ def tools(model, run_dir: Path, folder: Path) -> dict:
     weights partitioned over the processes; called on every process), and checkpoint averaging of its run's
     ``run_dir``, as :func:`outcome` records them, writing into ``folder``; the one that changes the model last."""
     from hf_headattn import hf_compat
-    from hf_headattn.analysis import (
+    from hf_headattn.experiment.analysis import (
         encoder_attention_entropy,
         mean_head_importance,
         redundancy_report,
         sentence_head_importance,
     )
-    from hf_headattn.analysis.head_ranking import criteria, score_heads
+    from hf_headattn.experiment.analysis.head_ranking import criteria, score_heads
     from hf_headattn.experiment.averaging import average_checkpoints, last_checkpoints
     from hf_headattn.pruning import prune_heads
 

@@ -131,7 +131,7 @@ def parses_files(raw: datasets.DatasetDict, source: str, parses_dir) -> dict:
     missing = sorted(str(path) for path in paths.values() if not path.is_file())
     if missing:
         raise FileNotFoundError(f"no parses {missing}; expected one CoNLL-U file per split, written by "
-                                f"hf-headattn parse (recipes/parse_sources.py) with the same data flags")
+                                f"hf-headattn parse with the same data flags")
     parsers = {split: ConlluFile(path) for split, path in paths.items()}
     for split, parser in parsers.items():
         if len(parser.sentences) != len(raw[split]):

@@ -280,7 +280,7 @@ def test_scaled_out_proj_mode_starts_as_the_pretrained_model(stock_checkpoint):
 
 
 def test_mean_head_importance_over_batches_and_heatmap(tmp_path, monkeypatch):
-    from hf_headattn.analysis import mean_head_importance, plot_head_importance
+    from hf_headattn.experiment.analysis import mean_head_importance, plot_head_importance
     from hf_headattn.methods.dhicm import analysis
 
     model = tiny()
@@ -303,7 +303,7 @@ def test_mean_head_importance_over_batches_and_heatmap(tmp_path, monkeypatch):
 
 
 def test_mean_head_importance_needs_dhicm():
-    from hf_headattn.analysis import mean_head_importance
+    from hf_headattn.experiment.analysis import mean_head_importance
 
     with pytest.raises(ValueError, match="switch DHICM on"):
         mean_head_importance(tiny(encoder_layers=None, decoder_layers=None), [batch()])

@@ -8,7 +8,7 @@ import torch
 
 from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
-from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
+from hf_headattn.experiment.analysis import encoder_attention_entropy, write_entropy_report
 
 
 def tiny_model():

@@ -54,7 +54,7 @@ def _import_spacy():
     except ImportError as err:
         raise MissingParserError("spaCy is not installed, and SEA's dependency parses need it: pip install "
                                  f"'hf-headattn[parsers]', then {_install_pipeline(SPACY_MODEL)}; or parse elsewhere "
-                                 "with hf-headattn parse (recipes/parse_sources.py) and pass --syntax_parses_dir"
+                                 "with hf-headattn parse and pass --syntax_parses_dir"
                                  ) from err
     return spacy
 

@@ -1,6 +1,6 @@
-"""`hf-headattn translate` (`python recipes/translate.py` from a clone): translate raw text with a trained model, one
-line in, one line out, in order (like ``marian-decoder`` or ``fairseq-interactive``); any method, SEA/RHE included
-(the sources are parsed with the parser saved with the model). The translation itself: ``hf_headattn.translate``.
+"""`hf-headattn translate`: translate raw text with a trained model, one line in, one line out, in order (like
+``marian-decoder`` or ``fairseq-interactive``); any method, SEA/RHE included (the sources are parsed with the parser
+saved with the model). The translation itself: ``hf_headattn.translate``.
 
     hf-headattn translate --model_name_or_path outputs/lpea_rhe < sources.en > translations.de
     hf-headattn translate --model_name_or_path outputs/lpea_rhe --input test.en --output test.de \\
@@ -26,6 +26,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_headattn
+from hf_headattn.cli import refuse_python_m
 from hf_headattn.experiment.arguments import positive_int
 from hf_headattn.experiment.evaluation import compute_translation_metrics
 from hf_headattn.experiment.kit import MethodInputError, MissingDependencyError
@@ -170,3 +171,7 @@ def main(argv=None, prog: str | None = None) -> list[str]:
         print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}\n"
               f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}", file=sys.stderr)
     return translations
+
+
+if __name__ == "__main__":  # `python -m` of this module: a usage error naming the command to run
+    refuse_python_m(__spec__.name)

@@ -1,5 +1,5 @@
-"""`hf-headattn finetune` (`python recipes/finetune_mbart.py` from a clone): fine-tune an mBART checkpoint with EaDRA
-(Araabi, Niculae & Monz, §5.4) and score it with sacreBLEU.
+"""`hf-headattn finetune`: fine-tune an mBART checkpoint with EaDRA (Araabi, Niculae & Monz, §5.4) and score it with
+sacreBLEU.
 
 The paper fine-tunes mBART with EaDRA on the encoder self-attention (Table 5), with Table 6's WMT En-De 100k alphas
 and only two regularized heads per layer; that is the default ``--eadra``. Any mBART checkpoint (hub name or folder:
@@ -39,7 +39,8 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, set_seed
 
 from hf_headattn import HeadAttnMBartForConditionalGeneration
-from hf_headattn.analysis import encoder_attention_entropy, write_entropy_report
+from hf_headattn.cli import refuse_python_m
+from hf_headattn.experiment.analysis import encoder_attention_entropy, write_entropy_report
 from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.data import tokenize_parallel
 from hf_headattn.experiment.evaluation import make_compute_metrics
@@ -174,3 +175,7 @@ def main(argv=None, prog: str | None = None) -> dict:
         path = write_json(Path(output_dir) / "results.json", results)
         logger.info(f"results written to {path}")
     return results
+
+
+if __name__ == "__main__":  # `python -m` of this module: a usage error naming the command to run
+    refuse_python_m(__spec__.name)

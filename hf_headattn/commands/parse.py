@@ -1,5 +1,5 @@
-"""`hf-headattn parse` (`python recipes/parse_sources.py` from a clone): parse the source side of a parallel corpus
-once, into CoNLL-U files that `hf-headattn train` reads.
+"""`hf-headattn parse`: parse the source side of a parallel corpus once, into CoNLL-U files that `hf-headattn train`
+reads.
 
 SEA/RHE need dependency parses of the sources. Parsing needs spaCy; training may run where spaCy is not installed
 (a GPU box, a cluster image). Parse here with the same data flags as the training run, then train there with
@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_headattn.cli import refuse_python_m
 from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.multi30k import Multi30kError
 from hf_headattn.experiment.outputs import DATA_FLAGS, check_output_dir, flag_inputs, replacing_dir
@@ -76,3 +77,7 @@ def main(argv=None, prog: str | None = None) -> dict[str, str]:
         # the training run (hf-headattn train) records this in the model's config, for hf_headattn.translate
         write_json(folder / PARSER_FILE, {"syntax_parser": syntax_parser_name(parse_args.spacy_model)})
     return written
+
+
+if __name__ == "__main__":  # `python -m` of this module: a usage error naming the command to run
+    refuse_python_m(__spec__.name)

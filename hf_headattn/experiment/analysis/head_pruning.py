@@ -1,7 +1,7 @@
 """Iterative head pruning as Michel et al. (2019, §6.1) do it, with any importance criterion.
 
 Each step removes a share of the remaining heads, the least important by the criterion
-(:func:`~hf_headattn.analysis.head_ranking.heads_to_prune`), optionally fine-tunes, optionally recomputes the
+(:func:`~hf_headattn.experiment.analysis.head_ranking.heads_to_prune`), optionally fine-tunes, optionally recomputes the
 importance on the pruned model, and evaluates: BLEU and chrF on the evaluation sentences, the parameters, and
 ``generate``'s sentences per second. ``hf-headattn prune`` runs it per criterion and writes the JSON, the plot
 and the pruned model.
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from ..experiment.evaluation import compute_translation_metrics
-from ..experiment.translate import translate
-from ..sites import COMPONENTS, component_shape
+from ...sites import COMPONENTS, component_shape
+from ..evaluation import compute_translation_metrics
+from ..translate import translate
 from .head_ranking import heads_to_prune, score_heads
 
 #: A pruned model is judged "as good" as the unpruned one within this many BLEU points (Michel et al.).

@@ -25,13 +25,13 @@ from numbers import Integral
 
 import torch
 
-from ..experiment.kit import kit_of
-from ..head_masks import ARGUMENTS_BY_COMPONENT, attention_modules, head_numbers, module_rows, routed_modules
-from ..hf_compat import attention_backend
-from ..losses import IGNORE_INDEX
-from ..methods.eadra.equations import normalized_entropy
-from ..registry import readout, registered_methods
-from ..sites import COMPONENTS, component_of, component_shape
+from ...head_masks import ARGUMENTS_BY_COMPONENT, attention_modules, head_numbers, module_rows, routed_modules
+from ...hf_compat import attention_backend
+from ...losses import IGNORE_INDEX
+from ...methods.eadra.equations import normalized_entropy
+from ...registry import readout, registered_methods
+from ...sites import COMPONENTS, component_of, component_shape
+from ..kit import kit_of
 
 BUILT_IN = ("gradient", "confidence", "entropy", "random")
 #: The attention outputs of each component, as transformers names them.

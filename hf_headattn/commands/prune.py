@@ -1,8 +1,7 @@
-"""`hf-headattn prune` (`python recipes/prune_heads.py` from a clone): iterative head pruning of a trained translation
-model, one curve per importance criterion.
+"""`hf-headattn prune`: iterative head pruning of a trained translation model, one curve per importance criterion.
 
-As Michel et al. (2019, §6.1): each step prunes a share of the remaining heads, the least important by the
-criterion (``hf_headattn.analysis.head_ranking``: gradient, confidence, entropy, random, and the criteria of the
+As Michel et al. (2019, §6.1): each step prunes a share of the remaining heads, the least important by the criterion
+(``hf_headattn.experiment.analysis.head_ranking``: gradient, confidence, entropy, random, and the criteria of the
 methods the model carries, dhicm and rhe), optionally fine-tunes for N steps, recomputes the importance (unless
 ``--no_recompute``) and scores the validation set. Importance is computed on training sentences, choices are made on
 validation, and ``--test_split`` is read once, for the chosen model only. ``--model_dir`` is an hf-headattn model
@@ -47,7 +46,8 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_headattn  # noqa: F401  (registers the models)
-from hf_headattn.analysis.head_pruning import (
+from hf_headattn.cli import refuse_python_m
+from hf_headattn.experiment.analysis.head_pruning import (
     BLEU_TOLERANCE,
     evaluate,
     finetuning,
@@ -55,7 +55,7 @@ from hf_headattn.analysis.head_pruning import (
     largest_share_within,
     throughput_ratio,
 )
-from hf_headattn.analysis.head_ranking import BUILT_IN, common_heads, criteria, method_criteria, score_heads
+from hf_headattn.experiment.analysis.head_ranking import BUILT_IN, common_heads, criteria, method_criteria, score_heads
 from hf_headattn.experiment.arguments import (
     existing_dir,
     multi30k_folder,
@@ -401,3 +401,7 @@ def main(argv=None, prog: str | None = None) -> dict:
                          [[name, f"{100 * c['share']:.0f}%", c["heads_pruned"], f"{c['bleu']:.2f}"]
                           for name, c in results["chosen"].items()]))
     return results
+
+
+if __name__ == "__main__":  # `python -m` of this module: a usage error naming the command to run
+    refuse_python_m(__spec__.name)

@@ -1,7 +1,7 @@
-"""`hf-headattn demo` (`make demo`, `python recipes/demo.py` from a clone): a baseline and two method-enhanced models
-on Multi30k En-De, on the CPU, in about 15 minutes (`--quick`, `make demo-quick`: the same with a smoke-run schedule,
-about 8 minutes on two cores, whose rows show that everything runs: after 60 steps every model still emits the same
-few words, so their predictions can be alike).
+"""`hf-headattn demo` (`make demo`): a baseline and two method-enhanced models on Multi30k En-De, on the CPU, in about
+15 minutes (`--quick`, `make demo-quick`: the same with a smoke-run schedule, about 8 minutes on two cores, whose rows
+show that everything runs: after 60 steps every model still emits the same few words, so their predictions can be
+alike).
 
 Trains the same tiny Transformer three times with a short schedule (baseline, DHICM, EaDRA, each at its default
 settings: the readings the fidelity study chose and the converged study kept, docs/results/converged-study.md),
@@ -26,13 +26,14 @@ from pathlib import Path
 
 import torch
 
-from hf_headattn.analysis import (
+from hf_headattn.cli import refuse_python_m
+from hf_headattn.commands import train as train_translation
+from hf_headattn.experiment.analysis import (
     encoder_attention_entropy,
     plot_head_importance,
     sentence_head_importance,
     write_entropy_report,
 )
-from hf_headattn.experiment import translation_recipe as train_translation
 from hf_headattn.experiment.arguments import existing_dir, multi30k_folder, positive_int
 from hf_headattn.experiment.data import TEST_SPLIT
 from hf_headattn.experiment.method_modules import add_method_modules_argument, import_or_exit
@@ -189,3 +190,7 @@ def main(argv=None, prog: str | None = None) -> None:
         for m, r in results.items()
     })
     print(f"summary: {summary}\ndemo finished in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":  # `python -m` of this module: a usage error naming the command to run
+    refuse_python_m(__spec__.name)

@@ -1,6 +1,5 @@
-"""`hf-headattn average` (`python recipes/average_checkpoints.py` from a clone): average the weights of a run's last N
-checkpoints into a model that ``from_pretrained`` loads (RHE, Appendix A.1; the averaging itself:
-:mod:`hf_headattn.experiment.averaging`).
+"""`hf-headattn average`: average the weights of a run's last N checkpoints into a model that ``from_pretrained`` loads
+(RHE, Appendix A.1; the averaging itself: :mod:`hf_headattn.experiment.averaging`).
 
     # the last 10 checkpoint-<step> folders of a Trainer run (in step order)
     hf-headattn average --run_dir outputs/rhe --last 10 --output_dir outputs/rhe/averaged
@@ -22,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 import hf_headattn  # noqa: F401  (registers our models with the Auto classes)
+from hf_headattn.cli import refuse_python_m
 from hf_headattn.experiment.arguments import existing_dir, positive_int
 from hf_headattn.experiment.averaging import average_checkpoints, check_checkpoints, last_checkpoints
 from hf_headattn.experiment.outputs import check_output_dir
@@ -65,3 +65,7 @@ def main(argv=None, prog: str | None = None) -> dict:
     average_checkpoints(checkpoints, args.output_dir, overwrite=args.overwrite)
     print(f"averaged {len(checkpoints)} checkpoints ({', '.join(map(str, checkpoints))}) into {args.output_dir}")
     return {"checkpoints": [str(path) for path in checkpoints], "output_dir": args.output_dir}
+
+
+if __name__ == "__main__":  # `python -m` of this module: a usage error naming the command to run
+    refuse_python_m(__spec__.name)
