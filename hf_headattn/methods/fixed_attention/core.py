@@ -150,24 +150,25 @@ class FixedAttention(AttentionMethod):
         site = (call.is_decoder, call.is_cross)
         cached = not call.is_cross and call.query.shape[2] != call.key.shape[2]  # (else the queries are the keys)
         call.take_over(self.taken, self._attend_with(call.key_mask, call.context, site, call.implementation == "eager",
-                                                     call.query_positions if cached else None))
+                                                     (lambda: call.query_positions) if cached else None))
 
     def _attend_with(self, real, context, site, eager: bool, positions=None):
+        """``positions``: None, or a function giving the queries' positions (called only where a plan is made)."""
         def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None):
             output = self.attend(value, query.shape[2], attention_mask, real, context, site, positions)
             if not eager:
                 return output, None
             keys = self.real_keys(value, attention_mask, real)
             return output, pattern_weights(self.taken_patterns, keys, query.shape[2], self.causal, query.dtype,
-                                           self.weights, positions)
+                                           self.weights, positions() if callable(positions) else positions)
 
         return attend
 
     def attend(self, value: torch.Tensor, length: int, attention_mask, real: torch.Tensor | None, context,
                site=None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """The fixed heads' output (B, T, h, D) from their values (B, h, S, D) for T = ``length`` queries (heads in
-        the order taken over: ascending, ``taken``) at ``positions`` among the keys ((T,) or (B, T); None: the last
-        T); ``site``: the plan's key in the context's cache."""
+        the order taken over: ascending, ``taken``) at ``positions`` among the keys ((T,) or (B, T), or a function
+        giving them; None: the last T); ``site``: the plan's key in the context's cache."""
         plan = self.plan(value, attention_mask, real, context, length, site, positions)
         return fixed_outputs(value, plan).transpose(1, 2)
 
@@ -191,7 +192,7 @@ class FixedAttention(AttentionMethod):
         if cache is not None and key in cache:
             return cache[key]
         made = make_plan(self.taken_patterns, self.real_keys(value, attention_mask, real), length, self.causal,
-                         value.dtype, value.shape[-1], self.weights, positions)
+                         value.dtype, value.shape[-1], self.weights, positions() if callable(positions) else positions)
         if cache is not None:
             cache[key] = made
         return made
