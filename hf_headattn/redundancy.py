@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .attention import AttentionCall, key_allowed
+from .probabilities import attention_probabilities
 
 
 def real_tokens(allowed: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
@@ -28,25 +29,6 @@ def real_tokens(allowed: torch.Tensor | None, batch: int, length: int, device) -
     if allowed is None:
         return torch.ones(batch, length, dtype=torch.bool, device=device)
     return allowed.any(dim=-2).all(dim=1)  # (B, 1|H, T, S) -> (B, 1|H, S) -> (B, S)
-
-
-def plain_probabilities(query: torch.Tensor, key: torch.Tensor, scaling: float,
-                        allowed: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T * scaling) with the padding mask (Eq. 2), in float32.
-
-    Parameters
-    ----------
-    query : (B, H, T, D); key : (B, H, S, D)
-    allowed : None or BoolTensor broadcastable to (B, H, T, S), True = attend.
-
-    Returns
-    -------
-    FloatTensor, shape (B, H, T, S)
-    """
-    logits = torch.matmul(query, key.transpose(-1, -2)).float() * scaling  # (B, H, T, S)
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, torch.finfo(torch.float32).min)
-    return logits.softmax(dim=-1)
 
 
 def _token_mean(values: torch.Tensor, query_mask: torch.Tensor | None) -> torch.Tensor:
@@ -179,7 +161,7 @@ def _redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> t
     length = call.key.shape[2]
     allowed = key_allowed(call.mask_tensor, length)  # None or (B, 1, T, S)
     real = real_tokens(allowed, call.key.shape[0], length, call.key.device)  # (B, S) = (B, T)
-    probs = plain_probabilities(call.query, call.key, call.scaling, allowed)  # (B, H, T, S)
+    probs = attention_probabilities(call.query, call.key, call.scaling, allowed, dtype=torch.float32)  # (B, H, T, S)
     redundant = redundant_heads(*head_statistics(probs, dependency_mask, real))
     call.state["redundant_heads_of"] = (dependency_mask, redundant)
     return redundant

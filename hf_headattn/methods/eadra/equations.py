@@ -286,7 +286,13 @@ def _stacked(queries, keys, num_heads: int) -> tuple[torch.Tensor, torch.Tensor,
 def _masked_scores(query, key, scaling, shape, support, bias) -> torch.Tensor:
     """``query @ key^T * scaling`` (scaled after the product, which is then exact in TF32 for half-precision
     heads, :func:`_matmul_precision`) viewed as ``shape``, plus ``bias`` (or 0) on the support and
-    OUTSIDE_SUPPORT elsewhere."""
+    OUTSIDE_SUPPORT elsewhere.
+
+    Not :func:`hf_headattn.probabilities.attention_probabilities` (issue #65's one scores -> mask -> softmax helper),
+    although its probabilities equal this softmax bit for bit on the CPU: every EaDRA pass reads these masked scores
+    themselves (``log_softmax`` in :func:`_terms`, E_a[s] - LSE in :func:`.lean.forward_terms` and its gradient),
+    which the helper does not return, so it would cost a second product and scores map; and it writes the product
+    and its scaling as two maps where ``baddbmm``'s ``alpha`` writes one."""
     scores = torch.baddbmm(query.new_zeros(()), query, key.transpose(1, 2), beta=0, alpha=scaling).view(shape)
     return scores.add_(torch.where(support, 0.0 if bias is None else bias, OUTSIDE_SUPPORT))
 

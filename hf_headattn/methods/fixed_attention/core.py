@@ -142,30 +142,34 @@ class FixedAttention(AttentionMethod):
 
     def before(self, call: AttentionCall) -> None:
         """Take over the fixed heads (:meth:`attend`) on every backend, their real keys the context's mask of this
-        side where it fits the call, else read from the mask ``attend`` gets; on eager they also return their
-        dense weights (``output_attentions``)."""
+        side where it fits the call, else read from the mask ``attend`` gets, their queries at the call's positions
+        (``call.query_positions``: right under a static cache too) in self-attention with fewer queries than keys;
+        on eager they also return their dense weights (``output_attentions``)."""
         if not self.taken:
             return
         site = (call.is_decoder, call.is_cross)
-        call.take_over(self.taken, self._attend_with(call.key_mask, call.context, site,
-                                                     call.implementation == "eager"))
+        cached = not call.is_cross and call.query.shape[2] != call.key.shape[2]  # (else the queries are the keys)
+        call.take_over(self.taken, self._attend_with(call.key_mask, call.context, site, call.implementation == "eager",
+                                                     (lambda: call.query_positions) if cached else None))
 
-    def _attend_with(self, real, context, site, eager: bool):
+    def _attend_with(self, real, context, site, eager: bool, positions=None):
+        """``positions``: None, or a function giving the queries' positions (called only where a plan is made)."""
         def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None):
-            output = self.attend(value, query.shape[2], attention_mask, real, context, site)
+            output = self.attend(value, query.shape[2], attention_mask, real, context, site, positions)
             if not eager:
                 return output, None
             keys = self.real_keys(value, attention_mask, real)
             return output, pattern_weights(self.taken_patterns, keys, query.shape[2], self.causal, query.dtype,
-                                           self.weights)
+                                           self.weights, positions() if callable(positions) else positions)
 
         return attend
 
     def attend(self, value: torch.Tensor, length: int, attention_mask, real: torch.Tensor | None, context,
-               site=None) -> torch.Tensor:
+               site=None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """The fixed heads' output (B, T, h, D) from their values (B, h, S, D) for T = ``length`` queries (heads in
-        the order taken over: ascending, ``taken``); ``site``: the plan's key in the context's cache."""
-        plan = self.plan(value, attention_mask, real, context, length, site)
+        the order taken over: ascending, ``taken``) at ``positions`` among the keys ((T,) or (B, T), or a function
+        giving them; None: the last T); ``site``: the plan's key in the context's cache."""
+        plan = self.plan(value, attention_mask, real, context, length, site, positions)
         return fixed_outputs(value, plan).transpose(1, 2)
 
     def real_keys(self, value: torch.Tensor, attention_mask, real: torch.Tensor | None) -> torch.Tensor:
@@ -179,7 +183,7 @@ class FixedAttention(AttentionMethod):
             return torch.ones(batch, key_length, dtype=torch.bool, device=value.device)
         return allowed.any(1).any(1).expand(batch, key_length)
 
-    def plan(self, value, attention_mask, real, context, length: int, site=None):
+    def plan(self, value, attention_mask, real, context, length: int, site=None, positions=None):
         """The :func:`~.equations.make_plan` of this call, made once per forward and site (encoder, decoder self-
         or cross-attention) for the layers whose real keys come from the context (its key holds no size: a
         forward's sizes are one per site, and a size in a dict key would be a guard of a compiled graph)."""
@@ -188,7 +192,7 @@ class FixedAttention(AttentionMethod):
         if cache is not None and key in cache:
             return cache[key]
         made = make_plan(self.taken_patterns, self.real_keys(value, attention_mask, real), length, self.causal,
-                         value.dtype, value.shape[-1], self.weights)
+                         value.dtype, value.shape[-1], self.weights, positions() if callable(positions) else positions)
         if cache is not None:
             cache[key] = made
         return made

@@ -39,15 +39,19 @@ Readings and choices (ours):
 * **Causal attention** (decoder self-attention): only keys j <= p exist, so only ``current``, ``previous``, ``left``
   and ``start`` are defined there (:data:`CAUSAL`); ``start`` is one-hot on the first real token there whatever
   ``weights`` (its cubic ranks count from the sentence's far end, which a causal query does not see), and falls
-  back to the token itself while the first real token is still to come. With a cache the queries are the last T of
-  the S keys: p = S - T + t.
+  back to the token itself while the first real token is still to come. With a cache the queries' positions are
+  the attention call's (:attr:`~hf_headattn.attention_call.AttentionCall.query_positions`: p = past + t, under a
+  dynamic cache the last T of the S keys, under a static one not: its S keys are the cache's slots, those after the
+  queries empty and masked, so not real keys); without them, the last T of the S keys.
 * **Cross-attention** has no query position in the source, so only ``start`` and ``end`` are defined there
   (:data:`POSITION_FREE`).
 * **Other methods' score changes** (a bias, SEA's hard mask) never reach a fixed head: its weights are fixed, so an
   anchor that such a mask would remove stays (:class:`~.core.FixedAttention` takes the heads over on every backend).
 * No attention dropout on the fixed heads: there are no learned probabilities to drop (our choice).
 
-Shapes: B sentences, P patterns, T queries, S keys, D head dimension; ``real`` (B, S) bool, True at real keys.
+Shapes: B sentences, P patterns, T queries, S keys, D head dimension; ``real`` (B, S) bool, True at real keys;
+``positions`` the queries' positions among the keys, LongTensor (T,) or (B, T), None: :func:`query_positions` (the
+functions take the T = S queries to be the keys themselves, 0 .. S-1).
 """
 
 from __future__ import annotations
@@ -85,12 +89,24 @@ def spread_patterns(weights: str, causal: bool) -> tuple[str, ...]:
 
 
 def query_positions(length: int, key_length: int, device) -> torch.Tensor:
-    """(T,) the queries' positions among the keys: the last T of the S keys (p = S - T + t; S = T without a cache),
-    kept in [0, S) (cross-attention, whose queries have no position in the source, uses none of them but the
-    fallback's)."""
+    """(T,) the default positions of the queries among the keys: the last T of the S keys (p = S - T + t; S = T
+    without a cache; right under a dynamic cache, not a static one), kept in [0, S) (cross-attention, whose queries
+    have no position in the source, uses none of them but the fallback's)."""
     if length == key_length:
         return torch.arange(length, device=device)
     return (torch.arange(length, device=device) + (key_length - length)).clamp(0, key_length - 1)
+
+
+def at_positions(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(B, T): the entries of ``keys`` (B, S) at the queries' ``positions`` (T,) or (B, T)."""
+    return keys[:, positions] if positions.dim() == 1 else keys.gather(1, positions)
+
+
+def _positions(positions, length: int, key_length: int, device) -> torch.Tensor | None:
+    """The queries' positions, or None where the T = S queries are the keys (no gather)."""
+    if length == key_length:  # (without a cache, or a static cache's first forward over all its slots: p = t)
+        return None
+    return query_positions(length, key_length, device) if positions is None else positions
 
 
 def key_landmarks(real: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,30 +122,35 @@ def key_landmarks(real: torch.Tensor, positions: torch.Tensor | None = None) -> 
 def nearest_real(real: torch.Tensor, length: int, causal: bool, landmarks=None, positions=None) -> torch.Tensor:
     """(B, T) long: the fallback key of each query, the real key nearest to its position p (p itself where real;
     ties: the left one; causal: the nearest j <= p), p where there is none. ``landmarks``: :func:`key_landmarks`
-    of ``real``, and ``positions``: :func:`query_positions`, where already made."""
+    of ``real``, where already made; ``positions``: the queries' (module docstring)."""
     key_length = real.shape[-1]
-    positions = query_positions(length, key_length, real.device) if positions is None else positions
-    last, first = key_landmarks(real, positions if length == key_length else None) if landmarks is None else landmarks
-    if length != key_length:  # (self-attention without a cache: the queries are the keys)
-        last, first = last[:, positions], first[:, positions]
+    at = _positions(positions, length, key_length, real.device)
+    keys = torch.arange(key_length, device=real.device) if at is None or landmarks is None else None
+    last, first = key_landmarks(real, keys) if landmarks is None else landmarks
+    positions = keys if at is None else at
+    if at is not None:
+        last, first = at_positions(last, at), at_positions(first, at)
     if causal:
         return torch.where(last >= 0, last, positions)
     take_left = (last >= 0) & ((first >= key_length) | (positions - last <= first - positions))
     return torch.where(take_left, last, torch.where(first < key_length, first, positions))
 
 
-def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> torch.Tensor:
+def point_indices(patterns, real: torch.Tensor, length: int, causal: bool, positions=None) -> torch.Tensor:
     """(B, P, T) long: the one key each query of each point pattern (:data:`POINT`) attends to, with the fallback of
     :func:`nearest_real` where the pattern has none; for a spread pattern (:func:`spread_patterns`), that fallback,
-    the key it attends to where its span is empty (:func:`fixed_outputs` gathers both at once)."""
+    the key it attends to where its span is empty (:func:`fixed_outputs` gathers both at once). ``positions``: the
+    queries' (module docstring)."""
     key_length = real.shape[-1]
-    positions = query_positions(length, key_length, real.device)
-    last, first = landmarks = key_landmarks(real, positions if length == key_length else None)
-    nearest = nearest_real(real, length, causal, landmarks, positions)
+    at = _positions(positions, length, key_length, real.device)
+    keys = torch.arange(key_length, device=real.device)
+    last, first = landmarks = key_landmarks(real, keys)
+    nearest = nearest_real(real, length, causal, landmarks, at)
+    positions = keys if at is None else at
     batch = real.shape[0]
 
     def at_queries(keys: torch.Tensor) -> torch.Tensor:  # (B, S) -> (B, T)
-        return keys if length == key_length else keys[:, positions]
+        return keys if at is None else at_positions(keys, at)
 
     indices = []
     for pattern in patterns:
@@ -155,15 +176,15 @@ def point_indices(patterns, real: torch.Tensor, length: int, causal: bool) -> to
     return torch.stack(indices, 1)
 
 
-def span_counts(patterns, real: torch.Tensor, length: int, spread=CONTEXT) -> torch.Tensor:
+def span_counts(patterns, real: torch.Tensor, length: int, spread=CONTEXT, positions=None) -> torch.Tensor:
     """(B, C, T) long: the number n of real keys in each query's span for the spread patterns among ``spread``:
     j < p (``left``), j > p (``right``), the whole sentence (``start``, ``end``); 0 for another pattern between
-    them, which :func:`fixed_outputs` then gives its key's value, as a spread head where its span is empty."""
-    key_length = real.shape[-1]
-    positions = None if length == key_length else query_positions(length, key_length, real.device)
+    them, which :func:`fixed_outputs` then gives its key's value, as a spread head where its span is empty.
+    ``positions``: the queries' (module docstring)."""
+    at = _positions(positions, length, real.shape[-1], real.device)
 
     def at_queries(keys: torch.Tensor) -> torch.Tensor:  # (B, S) -> (B, T)
-        return keys if positions is None else keys[:, positions]
+        return keys if at is None else at_positions(keys, at)
 
     ones = real.long()
     inclusive = ones.cumsum(-1)  # real keys j <= p
@@ -200,27 +221,29 @@ def weight_sums(counts: torch.Tensor, weights: str) -> torch.Tensor:
 
 
 def pattern_weights(patterns, real: torch.Tensor, length: int, causal: bool = False,
-                    dtype: torch.dtype = torch.float32, weights: str = "cubic") -> torch.Tensor:
+                    dtype: torch.dtype = torch.float32, weights: str = "cubic", positions=None) -> torch.Tensor:
     """(B, P, T, S): the weights of each pattern, dense (for ``output_attentions`` and the tests); each row sums to 1
-    and is 0 at padding keys (but in a sentence with no real token)."""
+    and is 0 at padding keys (but in a sentence with no real token). ``positions``: the queries' (module
+    docstring)."""
     key_length = real.shape[-1]
-    positions = query_positions(length, key_length, real.device)
+    at = _positions(positions, length, key_length, real.device)
     keys = torch.arange(key_length, device=real.device)
+    rows_at = (keys if at is None else at)[..., None]  # (T, 1) or (B, T, 1)
     spread = spread_patterns(weights, causal)
-    nearest = torch.nn.functional.one_hot(nearest_real(real, length, causal), key_length).to(dtype)  # (B, T, S)
+    nearest = torch.nn.functional.one_hot(nearest_real(real, length, causal, positions=at), key_length).to(dtype)
     rows = []
     for pattern in patterns:
         if pattern not in spread:
-            index = point_indices((pattern,), real, length, causal)[:, 0]
+            index = point_indices((pattern,), real, length, causal, at)[:, 0]
             rows.append(torch.nn.functional.one_hot(index, key_length).to(dtype))
             continue
         if pattern == "left":
-            side = keys[None, :] < positions[:, None]
+            side = keys < rows_at
         elif pattern == "right":
-            side = keys[None, :] > positions[:, None]
+            side = keys > rows_at
         else:
             side = torch.ones(length, key_length, dtype=torch.bool, device=real.device)
-        chosen = side[None] & real[:, None, :]  # (B, T, S)
+        chosen = (side if side.dim() == 3 else side[None]) & real[:, None, :]  # (B, T, S)
         factor = 1.0 if weights == "uniform" else key_ranks(pattern, real).to(dtype)[:, None, :] ** 3
         unnormalised = chosen.to(dtype) * factor
         total = unnormalised.sum(-1, keepdim=True)
@@ -243,7 +266,7 @@ class Plan:
     in the span, its length), ...), side "before" (j < p), "after" (j > p) or "all" (a point head between spread
     heads joins the run before it);
     scale: (B, c, T, 1), 1 / the weights' sum (0 where the span is empty); empty: (B, c, T, 1), 1 where empty;
-    offset: S - T, the first key row of the queries.
+    rows: the key rows of the queries, their positions (T,) or (B, T), or None where the queries are the keys.
     """
 
     index: torch.Tensor
@@ -252,7 +275,7 @@ class Plan:
     sides: tuple[tuple[str, int, int], ...] | None
     scale: torch.Tensor | None
     empty: torch.Tensor | None
-    offset: int
+    rows: torch.Tensor | None
 
 
 #: Which keys a spread pattern sums: before the query, after it, or the whole sentence.
@@ -260,18 +283,18 @@ SIDES = {"left": "before", "right": "after", "start": "all", "end": "all"}
 
 
 def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype, depth: int = 1,
-              weights: str = "cubic") -> Plan:
+              weights: str = "cubic", positions=None) -> Plan:
     """The :class:`Plan` of the heads with ``patterns`` (in that order) for the real keys ``real`` (B, S), T =
-    ``length`` queries and values of ``depth`` (D) dimensions."""
-    key_length = real.shape[-1]
-    index = point_indices(patterns, real, length, causal).unsqueeze(-1).expand(-1, -1, -1, depth)
-    plan = Plan(index, None, None, None, None, None, key_length - length)
+    ``length`` queries at ``positions`` (module docstring) and values of ``depth`` (D) dimensions."""
+    positions = _positions(positions, length, real.shape[-1], real.device)
+    index = point_indices(patterns, real, length, causal, positions).unsqueeze(-1).expand(-1, -1, -1, depth)
+    plan = Plan(index, None, None, None, None, None, positions)
     spread = spread_patterns(weights, causal)
     heads = [i for i, pattern in enumerate(patterns) if pattern in spread]
     if heads:
         start, stop = heads[0], heads[-1] + 1
         span = tuple(patterns[start:stop])
-        counts = span_counts(span, real, length, spread).unsqueeze(-1)  # (B, c, T, 1)
+        counts = span_counts(span, real, length, spread, positions).unsqueeze(-1)  # (B, c, T, 1)
         accumulate = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         if weights == "uniform":
             plan.factor = real[:, None, :, None].to(accumulate)
@@ -320,7 +343,10 @@ def fixed_outputs(value: torch.Tensor, plan: Plan) -> torch.Tensor:
         else:  # the whole sentence, the same for every query
             pieces.append(run.sum(2, keepdim=True).expand_as(run))
     sums = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
-    if plan.offset:
-        sums = sums[:, :, plan.offset:]
+    if plan.rows is not None:  # the queries' rows (B, c, T, D): a static cache's are not the last T
+        if plan.rows.dim() == 1:
+            sums = sums.index_select(2, plan.rows)
+        else:
+            sums = sums.gather(2, plan.rows[:, None, :, None].expand(-1, sums.shape[1], -1, sums.shape[3]))
     parts[here] = (sums * plan.scale).to(value.dtype) + parts[here] * plan.empty
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)

@@ -25,16 +25,20 @@ REAL = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1],
                      [0, 0, 1, 0, 0, 0]], dtype=torch.bool)
 
 
-def loop_weights(pattern, real, length, causal, weights="cubic"):
+def loop_weights(pattern, real, length, causal, weights="cubic", positions=None):
     """One pattern's weights (B, T, S) by a loop over sentences and queries, float64: the rules of
     hf_headattn/methods/fixed_attention/equations.py written out. Cubic: a spread pattern's keys, in order from the
-    end of its span farthest from the anchor, weigh 1, 8, 27, ... (m^3), normalised; causal ``start`` is one-hot."""
+    end of its span farthest from the anchor, weigh 1, 8, 27, ... (m^3), normalised; causal ``start`` is one-hot.
+    ``positions``: the queries' positions, (T,) or (B, T) (None: the last T of the S keys)."""
     batch_size, key_length = real.shape
     out = torch.zeros(batch_size, length, key_length, dtype=torch.float64)
     for b in range(batch_size):
         keys = [j for j in range(key_length) if real[b, j]]
         for t in range(length):
-            p = key_length - length + t
+            if positions is None:
+                p = key_length - length + t
+            else:
+                p = int(positions[t] if positions.dim() == 1 else positions[b, t])
             if p in keys:
                 nearest = p
             else:
@@ -94,6 +98,25 @@ def test_patterns_match_a_loop_on_padded_batches(causal, kind):
             plan = make_plan(order, REAL, length, causal, torch.float64, 3, kind)
             ordered = torch.stack([loop_weights(p, REAL, length, causal, kind) for p in order], 1)
             torch.testing.assert_close(fixed_outputs(value, plan), ordered @ value, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", WEIGHTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_patterns_at_given_query_positions_match_the_loop(causal, kind):
+    """Queries at given positions, not the last T keys (a static cache's: its later slots are keys too), shared (T,)
+    or per sentence (B, T): the dense weights and the fast outputs are the loop's, float64."""
+    patterns = CAUSAL if causal else PATTERNS
+    shared = torch.tensor([1, 3, 4])
+    per_sentence = torch.tensor([[0, 2, 3], [5, 1, 2], [2, 2, 4], [1, 3, 0], [4, 5, 3]])
+    for positions in (shared, per_sentence):
+        expected = torch.stack([loop_weights(p, REAL, 3, causal, kind, positions) for p in patterns], 1)
+        weights = pattern_weights(patterns, REAL, 3, causal, torch.float64, kind, positions)
+        torch.testing.assert_close(weights, expected, rtol=0, atol=1e-12)
+        value = torch.randn(REAL.shape[0], len(patterns), REAL.shape[1], 3, dtype=torch.float64)
+        plan = make_plan(patterns, REAL, 3, causal, torch.float64, 3, kind, positions)
+        torch.testing.assert_close(fixed_outputs(value, plan), expected @ value, rtol=1e-12, atol=1e-12)
+    last = torch.stack([loop_weights(p, REAL, 3, causal, kind) for p in patterns], 1)
+    assert not torch.allclose(expected, last)  # (the positions matter)
 
 
 def test_gradients_flow_to_v():
@@ -235,6 +258,30 @@ def test_generate_with_beams_and_cache(backend):
         fresh = one.generate(**inputs, use_cache=False, **kwargs)
         assert torch.equal(cached.sequences, fresh.sequences)
         torch.testing.assert_close(cached.sequences_scores, fresh.sequences_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("patterns", [["previous", "left", "start"], ["left", "current", "start"]])
+def test_generate_with_a_static_and_a_dynamic_cache_equals_the_full_forward(backend, patterns):
+    """Decoder self-attention fixed (the causal patterns, cubic ``left`` and ``start``): greedy generation with a
+    dynamic cache and with a static one (whose S keys are the cache's slots, the query at position past + t, not
+    S - T + t) scores as the full forward at each step (no cache), on sdpa and eager (whose weights are the dense
+    patterns: ``output_attentions`` also equal)."""
+    made = model(backend, patterns=patterns, encoder_layers=[], decoder=True)
+    inputs = {k: v for k, v in batch().items() if k != "labels"}
+    kwargs = dict(num_beams=1, max_new_tokens=6, min_new_tokens=6, do_sample=False, output_scores=True,
+                  return_dict_in_generate=True, output_attentions=backend == "eager")
+    fresh = made.generate(**inputs, use_cache=False, **kwargs)
+    for cache in ({}, {"cache_implementation": "static"}):
+        cached = made.generate(**inputs, **kwargs, **cache)
+        assert torch.equal(cached.sequences, fresh.sequences), cache
+        torch.testing.assert_close(torch.stack(cached.scores), torch.stack(fresh.scores), rtol=1e-5, atol=1e-5)
+        if backend == "eager":  # each step's last query row, the fixed heads' patterns over the keys so far
+            for step, (one, full) in enumerate(zip(cached.decoder_attentions[1:], fresh.decoder_attentions[1:]), 1):
+                for layer in range(2):
+                    torch.testing.assert_close(one[layer][:, :, -1, :step + 1], full[layer][:, :, -1],
+                                               rtol=1e-5, atol=1e-5)
+                    assert not one[layer][:, :len(patterns), -1, step + 1:].any()  # no weight on empty slots
 
 
 def test_settings_errors():

@@ -258,14 +258,15 @@ def test_with_sea_both_on_the_redundant_heads_rhe_runs_once(monkeypatch):
         table.data.copy_(torch.randn(table.shape, generator=g))
     dependency = (torch.rand(B, T, T, generator=g) < 0.4) | torch.eye(T, dtype=torch.bool)
     calls = []
-    plain = redundancy.plain_probabilities
-    monkeypatch.setattr(redundancy, "plain_probabilities", lambda *args: calls.append(1) or plain(*args))
+    plain = redundancy.attention_probabilities
+    monkeypatch.setattr(redundancy, "attention_probabilities",
+                        lambda *args, **kwargs: calls.append(1) or plain(*args, **kwargs))
     query, key, value = qkv()
     mask = call_mask("sdpa", "encoder")
     output, _ = headattn_attention_forward(module, query, key, value, mask, scaling=SCALING,
                                            dependency_mask=dependency)
     assert len(calls) == 1
-    probs = plain(query, key, SCALING, mask)
+    probs = plain(query, key, SCALING, mask, dtype=torch.float32)
     chosen = redundancy.redundant_heads(redundancy.head_confidence(probs, REAL),
                                         redundancy.syntactic_attention(probs, dependency, REAL))
     assert chosen.any() and not chosen.all()

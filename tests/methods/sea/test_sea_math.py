@@ -9,11 +9,11 @@ import torch
 from hf_headattn.attention import key_allowed
 from hf_headattn.methods.sea.equations import lpea_bias, lpea_label_bias, sum_per_label
 from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
+from hf_headattn.probabilities import attention_probabilities
 from hf_headattn.redundancy import (
     dependency_allowed,
     head_confidence,
     head_statistics,
-    plain_probabilities,
     real_tokens,
     redundant_heads,
     syntactic_attention,
@@ -209,13 +209,13 @@ def test_no_attention_row_is_all_masked_with_padding(kind, dtype):
         assert (probs[~real[:, None, None, :].expand_as(probs)] == 0).all()  # padded keys get exactly zero
 
 
-def test_plain_probabilities_and_real_tokens_read_the_padding_mask():
+def test_rhe_probabilities_and_real_tokens_read_the_padding_mask():
     real, _, _, _, g = setup()
     q, k = torch.randn(B, H, T, D, generator=g), torch.randn(B, H, T, D, generator=g)
     for mask in (padding_mask(real), padding_mask(real, torch.float32)):
         allowed = key_allowed(mask, T)
         assert torch.equal(real_tokens(allowed, B, T, "cpu"), real)
-        probs = plain_probabilities(q, k, 0.5, allowed)
+        probs = attention_probabilities(q, k, 0.5, allowed, dtype=torch.float32)  # (RHE's Eq. 2, as redundancy has it)
         expected = (q @ k.transpose(-1, -2) * 0.5).masked_fill(~real[:, None, None, :], float("-inf")).softmax(-1)
         torch.testing.assert_close(probs, expected)
     assert key_allowed(None, T) is None and real_tokens(None, B, T, "cpu").all()
