@@ -137,7 +137,7 @@ class RelativePositions(AttentionMethod):
         if self.settings.heads == "redundant":
             dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), query)
             selected = redundant_heads_of(call, dependency_mask)
-        bias = key_term(query, self.relative_keys.to(query.dtype), labels) * call.scaling  # (B, H, T, S)
+        bias = key_term(query, self.relative_keys.to(query.dtype), labels, call.scaling)  # (B, H, T, S)
         call.add_score_bias(bias, heads=selected)
         if self.relative_values is not None:
             call.take_over(range(query.shape[1]), partial(self.attend, labels=labels, selected=selected))

@@ -61,6 +61,8 @@ def test_the_pure_functions_gradcheck(per_head):
     inputs = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_()
               for shape in ((B, H, T, D), table, (B, H, T, T), table)]
     assert torch.autograd.gradcheck(lambda q, w: key_term(q, w, labels), inputs[:2])
+    assert torch.autograd.gradcheck(lambda q, w: key_term(q, w, labels, 0.125), inputs[:2])
+    torch.testing.assert_close(key_term(*inputs[:2], labels, 0.125), key_term(*inputs[:2], labels) * 0.125)
     assert torch.autograd.gradcheck(lambda p, w: value_term(p, w, labels), inputs[2:])
 
 
