@@ -95,9 +95,10 @@ def centre_and_window(query: torch.Tensor, weight: torch.Tensor, centre_vector: 
 def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Tensor,
                   floor: float | None = None) -> torch.Tensor:
     """G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2 (D_i at least ``MIN_WINDOW``): a concave
-    quadratic in j for each query i, 0 at j = P_i. Computed as -r^2 with r = (j - P_i) sqrt(2) / D_i (three
-    elementwise operators over (B, H, T, S)); ``floor``: a lower bound (``BIAS_FLOOR`` for a bias cast to float16,
-    whose range would make a collapsed window -inf; float32 and bfloat16 hold it finite).
+    quadratic in j for each query i, 0 at j = P_i. Computed as -r^2 with r = (j - P_i) sqrt(2) / D_i by
+    :class:`GaussianBias` (two (B, H, T, S) operators forward, one backward; only (B, H, T) and (B, S) tensors saved);
+    ``floor``: a lower bound (``BIAS_FLOOR`` for a bias cast to float16, whose range would make a collapsed window
+    -inf; float32 and bfloat16 hold it finite).
 
     Parameters
     ----------
@@ -109,9 +110,39 @@ def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Te
     (B, H, T, S)
     """
     inverse = math.sqrt(2) / width.clamp(min=MIN_WINDOW)  # 1 / (sqrt(2) sigma_i), (B, H, T)
-    distance = (positions[:, None, None, :].to(centre.dtype) - centre[..., None]) * inverse[..., None]
-    bias = torch.addcmul(distance.new_zeros(()), distance, distance, value=-1)  # -r^2, one operator
+    # (B, H, T) laid out contiguously (the predictor's are transposed views): the bias and r follow their layout
+    bias = GaussianBias.apply(centre.contiguous(), inverse.contiguous(), positions.to(centre.dtype))
     return bias if floor is None else bias.clamp(min=floor)
+
+
+class GaussianBias(torch.autograd.Function):
+    """-r_ij^2, r_ij = (j - P_i) c_i, from P (B, H, T), c (B, H, T) and the positions j (B, S, no gradient), with
+    r recomputed in the backward instead of saved: dL/dP_i = 2 c_i sum_j g_ij r_ij, dL/dc_i = -(2 / c_i) sum_j g_ij
+    r_ij^2 (g = dL/dG), the sums batched products over the keys of g r (two (B, H, T, S) writes: r and g r)."""
+
+    @staticmethod
+    def forward(centre, inverse, positions):
+        distance = _scaled_distance(centre, inverse, positions)
+        return torch.addcmul(distance.new_zeros(()), distance, distance, value=-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        centre, inverse, positions = ctx.saved_tensors
+        distance = _scaled_distance(centre, inverse, positions)  # r (B, H, T, S), recomputed
+        weighted = distance * grad  # (laid out as r, contiguous)
+        linear = weighted.sum(-1)  # sum_j g r
+        rows, keys = distance.shape[:-1], distance.shape[-1]
+        square = torch.bmm(weighted.reshape(-1, 1, keys), distance.reshape(-1, keys, 1)).reshape(rows)  # sum_j g r^2
+        return 2 * inverse * linear, -2 * square / inverse, None
+
+
+def _scaled_distance(centre, inverse, positions):
+    """r_ij = (j - P_i) c_i = j c_i - P_i c_i, (B, H, T, S), in one operator."""
+    return torch.addcmul((-centre * inverse)[..., None], positions[:, None, None, :], inverse[..., None])
 
 
 #: What the authors' code adds to the predicted window D = I sigmoid(.) + 0.1 (``attention_dyn.py``): D >= 0.1.

@@ -137,7 +137,7 @@ class RelativePositions(AttentionMethod):
         if self.settings.heads == "redundant":
             dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), query)
             selected = redundant_heads_of(call, dependency_mask)
-        bias = key_term(query, self.relative_keys.to(query.dtype), labels) * call.scaling  # (B, H, T, S)
+        bias = key_term(query, self.relative_keys.to(query.dtype), labels, call.scaling)  # (B, H, T, S)
         call.add_score_bias(bias, heads=selected)
         if self.relative_values is not None:
             call.take_over(range(query.shape[1]), partial(self.attend, labels=labels, selected=selected))
@@ -153,13 +153,27 @@ class RelativePositions(AttentionMethod):
         """Eq. 3 on the heads taken over (all of them): alpha from the scores and the mask (the key term in it),
         as eager computes it (softmax in at least float32, dropout on alpha), then alpha @ V plus the value term
         (only on the selected sentence-heads with ``heads="redundant"``)."""
-        probs = attention_probabilities(query, key, scaling, attention_mask)  # (B, H, T, S)
+        probs = _probabilities(query, key, scaling, attention_mask)  # (B, H, T, S)
         probs = nn.functional.dropout(probs, p=dropout, training=module.training)
         extra = value_term(probs, self.relative_values.to(query.dtype), labels)  # (B, H, T, D)
         if selected is not None:
             extra = extra * selected[:, :, None, None].to(extra.dtype)
         output = torch.matmul(probs, value) + extra
         return output.transpose(1, 2), probs
+
+
+def _probabilities(query, key, scaling, attention_mask):
+    """:func:`~hf_headattn.probabilities.attention_probabilities`, with a float mask of every head (the key term in
+    it: (B, H, T, S)) as one ``baddbmm``: mask + scaling q k^T written once (no separate product, scaling and sum,
+    and no scaling in the backward)."""
+    batch, heads, length, _ = query.shape
+    if attention_mask is None or attention_mask.dtype == torch.bool or attention_mask.shape[:2] != (batch, heads):
+        return attention_probabilities(query, key, scaling, attention_mask)
+    key_length = key.shape[2]
+    scores = torch.baddbmm(attention_mask.to(query.dtype).reshape(batch * heads, length, key_length),
+                           query.reshape(batch * heads, length, -1), key.reshape(batch * heads, key_length, -1).mT,
+                           alpha=scaling).view(batch, heads, length, key_length)
+    return scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
 
 
 def build(settings: RelPosSettings, config, module) -> RelativePositions:

@@ -48,8 +48,9 @@ def labels_at(positions: torch.Tensor, key_length: int, k: int) -> torch.Tensor:
     return (keys - positions[..., None]).clamp(-k, k) + k
 
 
-def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """q_i . w^K_{label_ij} for every (query, key) pair (Eq. 4's second term, before the scaling).
+def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor, scaling: float = 1.0) -> torch.Tensor:
+    """q_i . w^K_{label_ij} for every (query, key) pair (Eq. 4's second term), times ``scaling`` (1 / sqrt(d)),
+    applied to the (B, H, T, L) table before the gather: no (B, H, T, S) operator besides the gather itself.
 
     Parameters
     ----------
@@ -62,6 +63,8 @@ def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -> 
     (B, H, T, S): q @ W^K^T (B, H, T, L) gathered along its last dimension by the labels.
     """
     per_label = torch.matmul(query, table.transpose(-1, -2))  # (B, H, T, L)
+    if scaling != 1.0:
+        per_label = per_label * scaling
     batch, heads, length, _ = per_label.shape
     return per_label.gather(-1, labels.expand(batch, heads, length, labels.shape[-1]))
 

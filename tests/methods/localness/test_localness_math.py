@@ -97,3 +97,22 @@ def test_gradcheck_in_every_input():
     assert torch.autograd.gradcheck(fixed, (query, weight, centre_vector))
     assert torch.autograd.gradcheck(lambda q, w: localness_logits(q, w, torch.stack([centre_vector, window_vector],
                                                                                     -1).detach()), (query, weight))
+
+
+def test_the_gaussian_bias_function_equals_autograd_through_its_formula():
+    """GaussianBias (r recomputed in the backward, sums as products over the keys): the values and gradients of
+    -((j - P) c)^2 by plain autograd, float64, and its gradcheck (P, c and the upstream gradient random)."""
+    from hf_headattn.methods.localness.equations import GaussianBias
+
+    g = torch.Generator().manual_seed(3)
+    centre = (torch.rand(2, 3, 5, generator=g, dtype=torch.float64) * 6).requires_grad_()
+    inverse = (torch.rand(2, 3, 5, generator=g, dtype=torch.float64) + 0.2).requires_grad_()
+    positions = torch.tensor([[0.0, 1, 2, 3, 4, 5, 6], [-1.0, 0, 1, 2, 3, 3, 3]], dtype=torch.float64)
+    upstream = torch.randn(2, 3, 5, 7, generator=g, dtype=torch.float64)
+    by_formula = -((positions[:, None, None, :] - centre[..., None]) * inverse[..., None]) ** 2
+    expected = torch.autograd.grad(by_formula, (centre, inverse), upstream)
+    bias = GaussianBias.apply(centre, inverse, positions)
+    torch.testing.assert_close(bias, by_formula)
+    for got, want in zip(torch.autograd.grad(bias, (centre, inverse), upstream), expected):
+        torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(lambda p, c: GaussianBias.apply(p, c, positions), (centre, inverse))

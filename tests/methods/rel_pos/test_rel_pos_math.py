@@ -61,6 +61,8 @@ def test_the_pure_functions_gradcheck(per_head):
     inputs = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_()
               for shape in ((B, H, T, D), table, (B, H, T, T), table)]
     assert torch.autograd.gradcheck(lambda q, w: key_term(q, w, labels), inputs[:2])
+    assert torch.autograd.gradcheck(lambda q, w: key_term(q, w, labels, 0.125), inputs[:2])
+    torch.testing.assert_close(key_term(*inputs[:2], labels, 0.125), key_term(*inputs[:2], labels) * 0.125)
     assert torch.autograd.gradcheck(lambda p, w: value_term(p, w, labels), inputs[2:])
 
 
@@ -272,3 +274,27 @@ def test_with_sea_both_on_the_redundant_heads_rhe_runs_once(monkeypatch):
     assert chosen.any() and not chosen.all()
     expected = reference(query, key, value, allowed_keys("encoder"), *tables(module), chosen=chosen, hard=dependency)
     torch.testing.assert_close(output.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_probabilities_with_a_mask_of_every_head_are_the_shared_helpers():
+    """The value term's alpha from one baddbmm (a float mask of every head, the key term in it): the shared helper's
+    values and gradients (float64, gradcheck), and the helper itself for a mask shared by the heads."""
+    from hf_headattn.methods.rel_pos.core import _probabilities
+    from hf_headattn.probabilities import attention_probabilities
+
+    g = torch.Generator().manual_seed(5)
+    query, key = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
+    mask = torch.randn(B, H, T, T, generator=g, dtype=torch.float64)
+    mask[0, :, :, -1] = torch.finfo(torch.float64).min
+    mask.requires_grad_()
+    upstream = torch.randn(B, H, T, T, generator=g, dtype=torch.float64)
+    got, want = _probabilities(query, key, 0.3, mask), attention_probabilities(query, key, 0.3, mask)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got, (query, key, mask), upstream),
+                    torch.autograd.grad(want, (query, key, mask), upstream)):
+        torch.testing.assert_close(a, b)
+    finite = mask.detach().clamp(min=-5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda q, k, m: _probabilities(q, k, 0.3, m), (query, key, finite))
+    shared = torch.randn(B, 1, T, T, generator=g, dtype=torch.float64)
+    by_helper = attention_probabilities(query, key, 0.3, shared)
+    torch.testing.assert_close(_probabilities(query, key, 0.3, shared), by_helper)
