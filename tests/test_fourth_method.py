@@ -92,7 +92,7 @@ def test_two_methods_that_claim_one_column_or_flag_are_refused_naming_both(toy, 
 def test_rhe_on_a_bias_method_borrows_seas_input_hooks_once(toy, tokenizer, sources, monkeypatch):
     """``MethodKit.inputs_from``: Rel_Pos and Localness with heads="redundant" get RHE's dependency_mask from SEA's
     kit (the same tensor as for DEA+RHE; no phrase_positions while SEA is off), SEA's hooks running once."""
-    from hf_headattn.methods.sea.inputs import uses_syntax
+    from hf_headattn.syntax_inputs.provider import uses_syntax
 
     assert input_kits(method_settings("rel_pos")) == [] and not uses_syntax(method_settings("localness"))
     for name in ("rel_pos_rhe", "localness_rhe", "rel_pos_rhe+localness_rhe", "rel_pos_rhe+dea_rhe"):

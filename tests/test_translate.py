@@ -20,8 +20,8 @@ from hf_headattn import HeadAttnMarianMTModel
 from hf_headattn.experiment.presets import method_names, method_settings
 from hf_headattn.experiment.recipe_parts import collator, prepare_features, scratch_model, set_languages
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
-from hf_headattn.methods.sea.inputs import syntax_parser
-from hf_headattn.methods.sea.syntax import MissingParserError, SyntaxInputError
+from hf_headattn.syntax_inputs import MissingParserError, SyntaxInputError
+from hf_headattn.syntax_inputs.provider import syntax_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,7 +161,7 @@ def test_cli_names_the_line_and_skips_on_request(tmp_path, tokenizer, monkeypatc
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     (tmp_path / "in.en").write_text(f"{sources[0]}\nA dog # runs.\n\n{sources[1]}\n", encoding="utf-8")
-    monkeypatch.setattr("hf_headattn.methods.sea.inputs.syntax_parser", lambda name: Picky())
+    monkeypatch.setattr("hf_headattn.syntax_inputs.provider.syntax_parser", lambda name: Picky())
     argv = ["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.en"), "--output",
             str(tmp_path / "out.de"), "--num_beams", "1", "--max_length", "5"]
     message = r"(?s)line 2 of .*in\.en: cannot parse 'A dog # runs\.'.*--on_parse_error skip"

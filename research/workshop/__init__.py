@@ -106,7 +106,7 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
     )
     from hf_headattn.experiment.tokenization import load_tokenizer
     from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
-    from hf_headattn.methods.sea.inputs import syntax_parser_name, uses_syntax
+    from hf_headattn.syntax_inputs.provider import syntax_parser_name, uses_syntax
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
                                                  target_lang=target_lang))

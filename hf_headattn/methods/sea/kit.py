@@ -9,9 +9,8 @@ import torch
 from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.sea.core import NAME
-
-from . import inputs
-from .syntax import TOKEN_COLUMNS
+from hf_headattn.syntax_inputs import TOKEN_COLUMNS
+from hf_headattn.syntax_inputs import provider as inputs
 
 
 def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:

@@ -1,10 +1,12 @@
-"""SEA's own inputs in the recipes and ``translate``: its kit's hooks (:class:`~hf_headattn.experiment.kit.MethodKit`)
-over the syntax pipeline (:mod:`.syntax`).
+"""The syntax inputs in the recipes and ``translate`` (SEA's ``dependency_mask`` and ``phrase_positions``, RHE's
+``dependency_mask`` for SEA, Rel_Pos+RHE, Localness+RHE and a plug-in alike): the kit hooks
+(:class:`~hf_headattn.experiment.kit.MethodKit`) over the syntax pipeline (this package). Outside every method
+folder, so that no method imports another's to read them; SEA's kit carries the hooks, and a method that needs the
+inputs without SEA names it (``MethodKit.inputs_from``, e.g. :func:`syntax_for_redundant_heads`).
 
-* recipe flags (:class:`SyntaxArguments`): ``--spacy_model`` and ``--syntax_parses_dir``. SEA's kit contributes them
-  (``MethodKit.recipe_arguments``) rather than the shared recipe keeping them: which parser reads the sources is a
-  concern of the method that reads parses, and a fourth method with flags of its own then needs no edit of the
-  shared recipe; the flags' names, defaults and the ``args`` of ``results.json`` are as before.
+* recipe flags (:class:`SyntaxArguments`): ``--spacy_model`` and ``--syntax_parses_dir``: which parser reads the
+  sources is the provider's concern, and a method with flags of its own needs no edit of the shared recipe; the
+  flags' names, defaults and the ``args`` of ``results.json`` are as before.
 * training (:func:`prepare_features`): the sources parsed with spaCy (or read from ``<dir>/<split>.<src>.conllu``,
   written by ``hf-headattn parse``), aligned to the tokens as the features were tokenized; the parser's name
   is recorded in ``config.syntax_parser``;
@@ -49,10 +51,10 @@ class SyntaxArguments:
                 "instead of parsing with spaCy"})
 
 
-def rhe_inputs_from(settings_class) -> Callable[[Mapping], str | None]:
-    """``MethodKit.inputs_from`` of a bias method with RHE (``heads="redundant"``: Rel_Pos, Localness): SEA, whose
-    kit makes RHE's ``dependency_mask`` from parses, where its settings dict (``settings_class.heads`` where it has
-    none) asks for the redundant heads; else None."""
+def syntax_for_redundant_heads(settings_class) -> Callable[[Mapping], str | None]:
+    """``MethodKit.inputs_from`` of a bias method with RHE (``heads="redundant"``: Rel_Pos, Localness): the kit that
+    carries this provider's hooks (SEA's, which makes RHE's ``dependency_mask`` from parses), where its settings dict
+    (``settings_class.heads`` where it has none) asks for the redundant heads; else None."""
     default = settings_class.heads
     return lambda settings: NAME if settings.get("heads", default) == "redundant" else None
 
@@ -77,7 +79,7 @@ def syntax_parser_name(spacy_model: str | None = None, parses_dir: str | Path | 
     if parses_dir is not None:
         path = Path(parses_dir) / PARSER_FILE
         return json.loads(path.read_text(encoding="utf-8"))["syntax_parser"] if path.is_file() else None
-    from .syntax import DEFAULT_SPACY_MODEL
+    from . import DEFAULT_SPACY_MODEL
 
     return f"spacy:{spacy_model or DEFAULT_SPACY_MODEL}"
 
@@ -86,7 +88,7 @@ def syntax_parser(name: str):
     """The parser a ``config.syntax_parser`` value names (``"spacy:<pipeline>"`` or a bare spaCy pipeline name),
     set up as in training: "join", a source line is one sentence even where spaCy would split it (7 of Multi30k's
     29k train lines)."""
-    from .syntax import SpacyParser
+    from . import SpacyParser
 
     kind, colon, pipeline = name.partition(":") if isinstance(name, str) else ("", "", "")
     kind, pipeline = (kind, pipeline) if colon else ("spacy", kind)
@@ -103,7 +105,7 @@ def model_parser(config, parser=None):
     Loads a spaCy pipeline at once, so a missing one raises :class:`~.syntax.MissingParserError` naming the package
     to install before any translating.
     """
-    from .syntax import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
+    from . import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
 
     if parser is not None and hasattr(parser, "parse"):
         return parser
@@ -125,7 +127,7 @@ def parses_files(raw: datasets.DatasetDict, source: str, parses_dir) -> dict:
     """``{split: ConlluFile}`` of ``--syntax_parses_dir`` for the splits of ``raw``: a missing file is a
     ``FileNotFoundError``, one that holds another number of sentences than its split has examples a ``ValueError``,
     each naming the file and what was expected."""
-    from .syntax import ConlluFile
+    from . import ConlluFile
 
     paths = {split: Path(parses_dir) / parses_file_name(split, source) for split in raw}
     missing = sorted(str(path) for path in paths.values() if not path.is_file())
@@ -156,7 +158,7 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
     ``job.config.syntax_parser``, so that ``translate`` parses raw text with it."""
     import datasets
 
-    from .syntax import TOKEN_COLUMNS, add_syntax_features
+    from . import TOKEN_COLUMNS, add_syntax_features
 
     args = job.args or SyntaxArguments()
     if args.syntax_parses_dir is not None:
@@ -184,7 +186,7 @@ def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
     (:func:`~.syntax.collator.syntax_tensors`), Rule 2 read as ``settings["rule2"]`` says (SEA's default else);
     ``settings`` None (SEA off, another method reads RHE's input, ``MethodKit.inputs_from``): ``dependency_mask``
     alone."""
-    from .syntax.collator import check_token_columns, syntax_tensors
+    from .collator import check_token_columns, syntax_tensors
 
     ids = batch["input_ids"]
     if not hasattr(ids, "shape"):
@@ -206,7 +208,7 @@ def inference_inputs(model, tokenizer, *, max_source_length: int, parser=None, *
 
     from hf_headattn.hf_compat import random_fingerprint
 
-    from .syntax import TOKEN_COLUMNS, align_syntax, parse_corpus
+    from . import TOKEN_COLUMNS, align_syntax, parse_corpus
 
     syntax = model_parser(model.config, parser)
 
