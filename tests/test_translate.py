@@ -17,6 +17,7 @@ from datasets import Dataset, DatasetDict
 
 import hf_headattn
 from hf_headattn import HeadAttnMarianMTModel
+from hf_headattn.deprecation import HeadAttnDeprecationWarning
 from hf_headattn.experiment.presets import method_names, method_settings
 from hf_headattn.experiment.recipe_parts import collator, prepare_features, scratch_model, set_languages
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
@@ -140,11 +141,13 @@ def test_unparsable_line_is_translated_without_syntax_enhancement(tokenizer, met
     bad = "A dog # runs on the grass ."
     texts = [sources[2], bad, sources[0]]
     with pytest.raises(SyntaxInputError, match=r"example 1: cannot parse"):
-        hf_headattn.translate(model, tokenizer, texts, parser=Picky(), **GENERATE)
+        hf_headattn.translate(model, tokenizer, texts, input_options={"parser": Picky()}, **GENERATE)
     reported = []
-    out = hf_headattn.translate(model, tokenizer, texts, parser=Picky(), on_parse_error=reported.append, **GENERATE)
+    out = hf_headattn.translate(model, tokenizer, texts, input_options={"parser": Picky()},
+                                on_parse_error=reported.append, **GENERATE)
     assert [err.index for err in reported] == [1]
-    with_syntax = hf_headattn.translate(model, tokenizer, [sources[2], sources[0]], parser=Picky(), **GENERATE)
+    with_syntax = hf_headattn.translate(model, tokenizer, [sources[2], sources[0]], input_options={"parser": Picky()},
+                                        **GENERATE)
     without = hf_headattn.translate(plain, tokenizer, texts, **GENERATE)
     assert out == [with_syntax[0], without[1], with_syntax[1]]
     # and real syntax does change what the model computes, so the fallback is not what SEA/RHE always give
@@ -201,7 +204,13 @@ def test_bad_input_and_missing_parser(tokenizer):
     with pytest.raises(ValueError, match=r"on_parse_error must be one of \('error', 'skip'\)"):
         hf_headattn.translate(model, tokenizer, ["A dog."], on_parse_error="drop")
     with pytest.raises(ValueError, match=r"syntax parser 'stanza:en': expected 'spacy:<pipeline>'"):
-        hf_headattn.translate(model, tokenizer, ["A dog."], parser="stanza:en")
+        hf_headattn.translate(model, tokenizer, ["A dog."], input_options={"parser": "stanza:en"})
+    # the keyword before 0.3.0: the same parser, one deprecation warning at the caller's line
+    deprecated = r"^translate\(parser=\.\.\.\) is deprecated and will be removed in hf-headattn 0\.4; use translate\("
+    with pytest.warns(HeadAttnDeprecationWarning, match=deprecated) as warned:
+        with pytest.raises(ValueError, match=r"syntax parser 'stanza:en': expected 'spacy:<pipeline>'"):
+            hf_headattn.translate(model, tokenizer, ["A dog."], parser="stanza:en")
+    assert [w.filename for w in warned if issubclass(w.category, HeadAttnDeprecationWarning)] == [__file__]
     assert hf_headattn.translate(model, tokenizer, []) == []
     # regression: num_beams=0 gave a ZeroDivisionError from beam search
     for name, value in [("num_beams", 0), ("max_new_tokens", -1), ("max_source_length", 0), ("batch_size", 0)]:

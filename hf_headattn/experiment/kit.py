@@ -85,7 +85,7 @@ class MethodKit:
         batch's forward inputs from its ``features`` (the dicts given to the collator, its columns included) and the
         ``batch`` the seq2seq collator padded; ``settings`` is its settings dict (the model's, else the recipe's),
         None where its method is off and its hooks make another method's inputs (``inputs_from``, below).
-    inference_inputs: ``inference_inputs(model, tokenizer, *, max_source_length, parser=None) -> make``, called
+    inference_inputs: ``inference_inputs(model, tokenizer, *, max_source_length, **input_options) -> make``, called
         once per ``translate`` (load a parser here, so that a missing one fails before any translating):
         ``make(texts) -> [{column: value}, ...]``, one dict per text holding its ``columns``, as ``prepare_features``
         makes them; a text it cannot handle raises :class:`MethodInputError` naming its index in ``texts``.

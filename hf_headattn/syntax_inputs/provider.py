@@ -113,7 +113,7 @@ def model_parser(config, parser=None):
     if name is None:
         name = f"spacy:{DEFAULT_SPACY_MODEL}"
         logger.warning(f"the model does not record its source parser (config.syntax_parser); parsing with {name!r}. "
-                       "Pass parser= (--parser) to use the one it was trained with")
+                       "Pass input_options={'parser': ...} (--parser) to use the one it was trained with")
     parser = syntax_parser(name)
     if isinstance(parser, SpacyParser):
         try:
