@@ -1,8 +1,8 @@
 """The syntax inputs in the recipes and ``translate`` (SEA's ``dependency_mask`` and ``phrase_positions``, RHE's
-``dependency_mask`` for SEA, Rel_Pos+RHE, Localness+RHE and a plug-in alike): the kit hooks
-(:class:`~hf_headattn.experiment.kit.MethodKit`) over the syntax pipeline (this package). Outside every method
-folder, so that no method imports another's to read them; SEA's kit carries the hooks, and a method that needs the
-inputs without SEA names it (``MethodKit.inputs_from``, e.g. :func:`syntax_for_redundant_heads`).
+``dependency_mask`` for SEA, Rel_Pos+RHE, Localness+RHE and a plug-in alike): the input hooks of
+:data:`PROVIDER` (a :class:`~hf_headattn.experiment.kit.MethodKit` in ``experiment.kit.INPUT_PROVIDERS``) over the
+syntax pipeline (this package). Outside every method folder, so that no method imports another's to read them: a
+method declares it reads them (``MethodKit.inputs_from``: :func:`needs_syntax`, :func:`syntax_for_redundant_heads`).
 
 * recipe flags (:class:`SyntaxArguments`): ``--spacy_model`` and ``--syntax_parses_dir``: which parser reads the
   sources is the provider's concern, and a method with flags of its own needs no edit of the shared recipe; the
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from hf_headattn.methods.sea.core import NAME, SEASettings
+from hf_headattn.methods.sea.core import SEASettings
 from hf_headattn.methods.sea.equations import NOT_IN_PHRASE
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ PARSER_FILE = "parser.json"
 
 @dataclass
 class SyntaxArguments:
-    """SEA's recipe flags (``MethodKit.recipe_arguments``)."""
+    """The provider's recipe flags (``MethodKit.recipe_arguments``), for every method that reads its inputs."""
 
     #: the flags that name paths a run reads (the recipes refuse them as its output folder)
     input_flags: ClassVar[tuple[str, ...]] = ("syntax_parses_dir",)
@@ -51,20 +51,29 @@ class SyntaxArguments:
                 "instead of parsing with spaCy"})
 
 
+#: This provider's name (``experiment.kit.INPUT_PROVIDERS``), what a kit's ``inputs_from`` returns to read its inputs.
+PROVIDER_NAME = "syntax_inputs"
+
+
+def needs_syntax(settings) -> str:
+    """``MethodKit.inputs_from`` of a method that always reads these inputs (SEA): this provider."""
+    return PROVIDER_NAME
+
+
 def syntax_for_redundant_heads(settings_class) -> Callable[[Mapping], str | None]:
-    """``MethodKit.inputs_from`` of a bias method with RHE (``heads="redundant"``: Rel_Pos, Localness): the kit that
-    carries this provider's hooks (SEA's, which makes RHE's ``dependency_mask`` from parses), where its settings dict
-    (``settings_class.heads`` where it has none) asks for the redundant heads; else None."""
+    """``MethodKit.inputs_from`` of a bias method with RHE (``heads="redundant"``: Rel_Pos, Localness): this provider
+    (RHE's ``dependency_mask`` from parses), where its settings dict (``settings_class.heads`` where it has none) asks
+    for the redundant heads; else None."""
     default = settings_class.heads
-    return lambda settings: NAME if settings.get("heads", default) == "redundant" else None
+    return lambda settings: PROVIDER_NAME if settings.get("heads", default) == "redundant" else None
 
 
 def uses_syntax(settings) -> bool:
-    """Whether config settings (a dict of config fields, e.g. a recipe's) need the sources parsed: SEA is on, or a
-    method that takes RHE's ``dependency_mask`` from SEA's kit (``MethodKit.inputs_from``, e.g. ``rel_pos_rhe``)."""
+    """Whether config settings (a dict of config fields, e.g. a recipe's) need the sources parsed: a switched-on
+    method reads this provider's inputs (``MethodKit.inputs_from``: SEA, ``rel_pos_rhe``, ``localness_rhe``)."""
     from hf_headattn.experiment.method_inputs import input_kits
 
-    return any(kit.name == NAME for kit in input_kits(settings))
+    return any(kit.name == PROVIDER_NAME for kit in input_kits(settings))
 
 
 def parses_file_name(split: str, src: str) -> str:
@@ -182,10 +191,12 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
 
 
 def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
-    """``MethodKit.collate``: ``dependency_mask`` and ``phrase_positions`` of the padded batch
-    (:func:`~.syntax.collator.syntax_tensors`), Rule 2 read as ``settings["rule2"]`` says (SEA's default else);
-    ``settings`` None (SEA off, another method reads RHE's input, ``MethodKit.inputs_from``): ``dependency_mask``
-    alone."""
+    """``MethodKit.collate``: ``dependency_mask`` of the padded batch (:func:`~.collator.syntax_tensors`), and
+    ``phrase_positions`` where a method that reads these inputs declares it among its forward inputs
+    (``MethodSpec.inputs``: SEA), Rule 2 read as its ``"rule2"`` setting says (SEA's default else). ``settings``:
+    ``{method: settings}`` of the switched-on methods that read these inputs."""
+    from hf_headattn.registry import registered_methods
+
     from .collator import check_token_columns, syntax_tensors
 
     ids = batch["input_ids"]
@@ -193,8 +204,11 @@ def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
         raise ValueError("SEA's inputs need padded input_ids; got an unpadded batch (expected a collator with "
                          "padding)")
     check_token_columns(features)
-    rule2 = (settings or {}).get("rule2", SEASettings.rule2)
-    tensors = syntax_tensors(features, ids.shape[1], tokenizer.padding_side, rule2, phrases=settings is not None)
+    readers = settings or {}
+    phrases = any("phrase_positions" in spec.inputs for spec in registered_methods() if spec.name in readers)
+    rule2 = next((values["rule2"] for values in readers.values() if (values or {}).get("rule2") is not None),
+                 SEASettings.rule2)
+    tensors = syntax_tensors(features, ids.shape[1], tokenizer.padding_side, rule2, phrases=phrases)
     if return_tensors == "pt":
         tensors = {name: torch.from_numpy(value) for name, value in tensors.items()}
     return tensors
@@ -230,3 +244,17 @@ def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tenso
     phrase_positions = torch.randint(-3, 4, shape)
     phrase_positions[torch.rand(shape) < 0.3] = NOT_IN_PHRASE
     return {"dependency_mask": dependency_mask, "phrase_positions": phrase_positions}
+
+
+def _provider():
+    from hf_headattn.experiment.kit import MethodKit
+
+    from . import TOKEN_COLUMNS
+
+    return MethodKit(PROVIDER_NAME, paper="the sources' parses (Zhang et al. 2021, §4.1, §5.1)", columns=TOKEN_COLUMNS,
+                     recipe_arguments=SyntaxArguments, check_inputs=check_inputs, prepare_features=prepare_features,
+                     collate=collate, inference_inputs=inference_inputs, example_inputs=example_inputs)
+
+
+#: The provider (``experiment.kit.INPUT_PROVIDERS``): its columns and the input hooks above.
+PROVIDER = _provider()

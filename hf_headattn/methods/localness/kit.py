@@ -3,7 +3,7 @@
 
 Localness+RHE (``heads="redundant"``, ``--method localness_rhe``) reads RHE's ``dependency_mask`` (Eq. 5), made from
 the sources' dependency parses by the shared input provider (:mod:`hf_headattn.syntax_inputs`): ``inputs_from`` names
-the kit carrying its hooks, so the recipes and ``translate`` run them (``--spacy_model``, ``--syntax_parses_dir``)
+it, so the recipes and ``translate`` run its hooks (``--spacy_model``, ``--syntax_parses_dir``)
 for it."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ Table 1 (Rel_Pos) and Table 2 (Rel_Pos + RHE).
 
 With ``heads="redundant"`` it reads RHE's ``dependency_mask`` (Eq. 5), made from the sources' dependency parses by
 the shared input provider (:mod:`hf_headattn.syntax_inputs`: ``--spacy_model``, ``--syntax_parses_dir``):
-``inputs_from`` names the kit carrying its hooks, so the recipes and ``translate`` run them for ``--method
+``inputs_from`` names it, so the recipes and ``translate`` run its hooks for ``--method
 rel_pos_rhe`` as they do for ``dea_rhe``."""
 
 from __future__ import annotations
