@@ -111,7 +111,16 @@ def test_rhe_on_a_bias_method_reads_the_syntax_provider_once(toy, tokenizer, sou
     assert "phrase_positions" not in batches["rel_pos_rhe+localness_rhe"]
     assert torch.equal(batches["rel_pos_rhe+localness_rhe"]["dependency_mask"], batches["dea_rhe"]["dependency_mask"])
 
-    import toy_kit  # a kit naming a method whose kit makes no inputs (and no provider) is refused, naming both
+    import toy_kit
+    from hf_headattn.syntax_inputs.provider import needs_syntax
+
+    # a plug-in declares that it reads the provider's inputs as the built-in methods do: the hooks run once, and are
+    # handed the settings of every method that reads them
+    monkeypatch.setattr(toy_kit, "KIT", dataclasses.replace(toy_kit.KIT, inputs_from=needs_syntax))
+    settings = {"toy": {}, "rel_pos": {"heads": "redundant"}}
+    assert [kit.name for kit in input_kits(settings)] == ["syntax_inputs", "toy"]
+    assert collator(tokenizer, None, settings).method_settings["syntax_inputs"] == settings
+    # a kit naming a method whose kit makes no inputs (and no provider) is refused, naming both
 
     monkeypatch.setattr(toy_kit, "KIT", dataclasses.replace(toy_kit.KIT, inputs_from=lambda settings: "dhicm"))
     with pytest.raises(ValueError, match=r"method 'toy' takes its inputs from 'dhicm', which is neither an input "
