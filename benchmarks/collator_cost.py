@@ -25,7 +25,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq, MBartConfig, MBartForConditionalGeneration, MBartTokenizer
 
 from hf_headattn.experiment.multi30k import find_multi30k
-from hf_headattn.methods.sea.syntax import (
+from hf_headattn.syntax_inputs import (
     DataCollatorForSyntaxSeq2Seq,
     SpacyParser,
     align_syntax,

@@ -20,9 +20,11 @@ NEXT_RELEASE = "0.4"
 
 #: Modules that moved, old dotted name -> new (their submodules follow): importing the old name warns and gives the
 #: new module itself (:func:`install_moved_modules`). Release 0.2's flat method modules moved into one folder per
-#: method (``hf_headattn/methods/<name>/``) in 0.3.0, as did SEA's syntax pipeline (``hf_headattn.syntax``); the
-#: commands left the experiment kit for one folder, ``hf_headattn/commands/`` (one module per ``hf-headattn``
-#: command), and the analyses joined the kit they import (``hf_headattn.experiment.analysis``).
+#: method (``hf_headattn/methods/<name>/``) in 0.3.0, as did SEA's syntax pipeline (``hf_headattn.syntax``), which
+#: then left SEA's folder for the shared input provider (``hf_headattn.syntax_inputs``: SEA, Rel_Pos+RHE and
+#: Localness+RHE read its inputs alike); the commands left the experiment kit for one folder,
+#: ``hf_headattn/commands/`` (one module per ``hf-headattn`` command), and the analyses joined the kit they import
+#: (``hf_headattn.experiment.analysis``).
 MOVED_MODULES = {
     "hf_headattn.dhicm": "hf_headattn.methods.dhicm.core",
     "hf_headattn.eadra": "hf_headattn.methods.eadra.core",
@@ -30,7 +32,9 @@ MOVED_MODULES = {
     "hf_headattn.fused_passes": "hf_headattn.methods.eadra.compiled",
     "hf_headattn.sea": "hf_headattn.methods.sea.core",
     "hf_headattn.sea_math": "hf_headattn.methods.sea.equations",
-    "hf_headattn.syntax": "hf_headattn.methods.sea.syntax",
+    "hf_headattn.syntax": "hf_headattn.syntax_inputs",
+    "hf_headattn.methods.sea.syntax": "hf_headattn.syntax_inputs",
+    "hf_headattn.methods.sea.inputs": "hf_headattn.syntax_inputs.provider",
     "hf_headattn.analysis": "hf_headattn.experiment.analysis",
     "hf_headattn.experiment.recipe": "hf_headattn.commands.train",  # release 0.2's name
     "hf_headattn.experiment.training": "hf_headattn.experiment.recipe_parts",  # release 0.2's name

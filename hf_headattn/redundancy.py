@@ -180,7 +180,7 @@ def checked_dependency_mask(owner: str, tensor, query: torch.Tensor) -> torch.Te
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(
             f"{owner} with heads='redundant' needs the forward argument dependency_mask (batch, src_len, src_len) "
-            f"bool (RHE's Eq. 9; SEA's input, e.g. from hf_headattn.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq), "
+            f"bool (RHE's Eq. 9; SEA's input, e.g. from hf_headattn.syntax_inputs.DataCollatorForSyntaxSeq2Seq), "
             f"got {type(tensor).__name__}; pass model(..., dependency_mask=...) or model.generate(..., "
             "dependency_mask=...)"
         )

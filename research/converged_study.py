@@ -44,7 +44,7 @@ from pathlib import Path
 from hf_headattn.experiment.arguments import existing_file, multi30k_folder
 from hf_headattn.experiment.data import TEST_SPLIT as TEST
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
-from hf_headattn.methods.sea.inputs import uses_syntax
+from hf_headattn.syntax_inputs.provider import uses_syntax
 from workshop import DEMO_SCHEDULE, REPRODUCTION_SCHEDULE, command_line, parse_sources, prepare_tokenizer, references
 from workshop.arguments import add_run_arguments, apply_device_defaults, split_passthrough
 from workshop.launch import ConvergenceRuns, convergence_flags, launch

@@ -59,7 +59,7 @@ COMMON_FLAGS = [
 def prepare(args) -> tuple[Path, Path | None]:
     """The shared tokenizer, and the parses when a row needs them (both reused when already there)."""
     from hf_headattn.experiment.presets import method_settings
-    from hf_headattn.methods.sea.inputs import uses_syntax
+    from hf_headattn.syntax_inputs.provider import uses_syntax
 
     tokenizer_dir = args.tokenizer_dir  # one made earlier, used as given
     if tokenizer_dir is None:  # else trained, or reused when it was trained with these settings and data

@@ -552,3 +552,39 @@ def test_two_methods_may_read_the_same_input(toy):
         assert "toy_gate" in inspect.signature(model.forward).parameters  # (a name twice would raise here)
     finally:
         unregister_method("toy_twin")
+
+
+
+def _crossing_imports() -> list[str]:
+    """``"<file> imports <module>"`` for each import of a module in ``methods/<a>/`` from ``methods/<b>/``."""
+    crossing = []
+    for path in sorted((PACKAGE / "methods").rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if len(parts) < 3:  # methods/__init__.py: the registration of every built-in method
+            continue
+        for imported in sorted(_imports(path)):
+            target = imported.split(".")
+            if target[1:2] == ["methods"] and len(target) > 2 and target[2] != parts[1]:
+                crossing.append(f"{path.relative_to(PACKAGE).as_posix()} imports {imported}")
+    return crossing
+
+
+def test_no_method_folder_imports_another():
+    """No module in ``hf_headattn/methods/<a>/`` imports from ``hf_headattn/methods/<b>/`` (#65): inputs two methods
+    read (RHE's ``dependency_mask``, the parses) come from a provider outside every method folder
+    (``hf_headattn.syntax_inputs``). Read from the imports (absolute and relative), not the names."""
+    assert _crossing_imports() == []
+
+
+def test_the_folder_import_check_sees_absolute_and_relative_imports_of_another_folder(tmp_path, monkeypatch):
+    package = tmp_path / "hf_headattn"
+    (package / "methods" / "sea").mkdir(parents=True)
+    (package / "methods" / "__init__.py").write_text("from .sea import core\n")  # the registrations: allowed
+    (package / "methods" / "sea" / "core.py").write_text("from . import equations\n")
+    (package / "methods" / "rel_pos").mkdir()
+    (package / "methods" / "rel_pos" / "kit.py").write_text(
+        "from . import core\nfrom ..sea.inputs import x\nimport hf_headattn.methods.sea.core\n"
+        "from hf_headattn.syntax_inputs import provider\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert _crossing_imports() == ["methods/rel_pos/kit.py imports hf_headattn.methods.sea.core",
+                                   "methods/rel_pos/kit.py imports hf_headattn.methods.sea.inputs"]

@@ -18,9 +18,13 @@ from hf_headattn.experiment import presets
 from hf_headattn.legacy import FLAT_FIELDS_REMOVED_IN
 
 PACKAGE = Path(hf_headattn.__file__).parent
-SYNTAX = "hf_headattn.methods.sea.syntax"
-#: The module paths that moved in 0.3 (release 0.2's, and 0.3 development builds'): old -> new.
+SYNTAX = "hf_headattn.syntax_inputs"
+#: The module paths release 0.2 published that moved in 0.3, and SEA's syntax inputs that left its folder for the
+#: shared provider: old -> new.
 MOVED_MODULES = {
+    "hf_headattn.methods.sea.syntax": SYNTAX,
+    "hf_headattn.methods.sea.syntax.collator": f"{SYNTAX}.collator",
+    "hf_headattn.methods.sea.inputs": f"{SYNTAX}.provider",
     "hf_headattn.syntax": SYNTAX,
     **{f"hf_headattn.syntax.{name}": f"{SYNTAX}.{name}"
        for name in ("alignment", "collator", "dataset", "features", "parsing", "readers")},
@@ -65,9 +69,9 @@ def test_the_message_names_the_old_spelling_the_new_one_and_the_removal_release(
 def test_a_moved_module_path_imports_the_new_module_with_a_warning_naming_the_removal(monkeypatch, old, new):
     for name in [name for name in sys.modules if name in MOVED_MODULES]:  # as in a fresh process
         monkeypatch.delitem(sys.modules, name)
-    parent = next((package for package in ("hf_headattn.syntax", "hf_headattn.analysis")
-                   if old.startswith(f"{package}.")), old)  # a submodule: its package warns
-    for package in ("hf_headattn.syntax", "hf_headattn.analysis"):
+    packages = ("hf_headattn.syntax", "hf_headattn.methods.sea.syntax", "hf_headattn.analysis")
+    parent = next((package for package in packages if old.startswith(f"{package}.")), old)  # a package warns
+    for package in packages:
         monkeypatch.delitem(sys.modules, package, raising=False)
     with pytest.warns(HeadAttnDeprecationWarning, match=rf"^the module {parent} is deprecated and will be removed in "
                                                         rf"hf-headattn 0\.4; use {MOVED_MODULES[parent]}$") as warned:

@@ -52,7 +52,8 @@ def raw_split(texts):
 
 def test_the_toy_columns_compose_with_seas_in_the_features_and_the_collator(toy, tokenizer, sources):
     settings = method_settings("toy+dea_rhe")
-    assert [kit.name for kit in input_kits(settings)] == ["sea", "toy"] and "toy_gate" in method_columns(settings)
+    assert [kit.name for kit in input_kits(settings)] == ["syntax_inputs", "toy"]
+    assert "toy_gate" in method_columns(settings)
     config = hf_headattn.HeadAttnMarianConfig(**SHAPE, **settings)
     features = prepare_features(raw_split(sources), tokenizer, "en", "de", settings, 64, 64, config=config,
                                 toy_gate_value=0.25)["test"]
@@ -89,14 +90,15 @@ def test_two_methods_that_claim_one_column_or_flag_are_refused_naming_both(toy, 
         unregister_method("toy2")
 
 
-def test_rhe_on_a_bias_method_borrows_seas_input_hooks_once(toy, tokenizer, sources, monkeypatch):
-    """``MethodKit.inputs_from``: Rel_Pos and Localness with heads="redundant" get RHE's dependency_mask from SEA's
-    kit (the same tensor as for DEA+RHE; no phrase_positions while SEA is off), SEA's hooks running once."""
-    from hf_headattn.methods.sea.inputs import uses_syntax
+def test_rhe_on_a_bias_method_reads_the_syntax_provider_once(toy, tokenizer, sources, monkeypatch):
+    """``MethodKit.inputs_from``: Rel_Pos and Localness with heads="redundant" get RHE's dependency_mask from the
+    shared syntax input provider, as SEA does (the same tensor as for DEA+RHE; no phrase_positions while SEA is
+    off: no method on declares them), its hooks running once."""
+    from hf_headattn.syntax_inputs.provider import uses_syntax
 
     assert input_kits(method_settings("rel_pos")) == [] and not uses_syntax(method_settings("localness"))
     for name in ("rel_pos_rhe", "localness_rhe", "rel_pos_rhe+localness_rhe", "rel_pos_rhe+dea_rhe"):
-        assert [kit.name for kit in input_kits(method_settings(name))] == ["sea"], name
+        assert [kit.name for kit in input_kits(method_settings(name))] == ["syntax_inputs"], name
         assert uses_syntax(method_settings(name)) and method_columns(method_settings(name)) == \
             method_columns(method_settings("dea_rhe"))
     batches = {}
@@ -109,11 +111,21 @@ def test_rhe_on_a_bias_method_borrows_seas_input_hooks_once(toy, tokenizer, sour
     assert "phrase_positions" not in batches["rel_pos_rhe+localness_rhe"]
     assert torch.equal(batches["rel_pos_rhe+localness_rhe"]["dependency_mask"], batches["dea_rhe"]["dependency_mask"])
 
-    import toy_kit  # a kit naming a method whose kit makes no inputs is refused, naming both
+    import toy_kit
+    from hf_headattn.syntax_inputs.provider import needs_syntax
+
+    # a plug-in declares that it reads the provider's inputs as the built-in methods do: the hooks run once, and are
+    # handed the settings of every method that reads them
+    monkeypatch.setattr(toy_kit, "KIT", dataclasses.replace(toy_kit.KIT, inputs_from=needs_syntax))
+    settings = {"toy": {}, "rel_pos": {"heads": "redundant"}}
+    assert [kit.name for kit in input_kits(settings)] == ["syntax_inputs", "toy"]
+    assert collator(tokenizer, None, settings).method_settings["syntax_inputs"] == settings
+    # a kit naming a method whose kit makes no inputs (and no provider) is refused, naming both
 
     monkeypatch.setattr(toy_kit, "KIT", dataclasses.replace(toy_kit.KIT, inputs_from=lambda settings: "dhicm"))
-    with pytest.raises(ValueError, match=r"method 'toy' takes its inputs from 'dhicm', which is not a registered "
-                                         r"method whose kit makes inputs; expected one of \['sea'"):
+    with pytest.raises(ValueError, match=r"method 'toy' takes its inputs from 'dhicm', which is neither an input "
+                                         r"provider nor a registered method whose kit makes inputs; expected one of "
+                                         r"\['syntax_inputs'"):
         input_kits({"toy": {}})
 
 

@@ -16,7 +16,7 @@ from hf_headattn import (
     HeadAttnMBartForConditionalGeneration,
 )
 from hf_headattn.head_masks import masked_logits
-from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
+from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 
 METHODS = {
     "off": {},

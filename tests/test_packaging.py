@@ -51,7 +51,7 @@ def test_the_wheel_holds_the_library_and_none_of_the_workshop(wheel_modules):
     assert {"hf_headattn.configuration", "hf_headattn.legacy", "hf_headattn.deprecation",
             "hf_headattn.experiment.recipe_parts", "hf_headattn.experiment.translate", "hf_headattn.experiment.data",
             "hf_headattn.experiment.tokenization", "hf_headattn.experiment.analysis.head_ranking",
-            "hf_headattn.methods.sea.syntax.parsing"} <= wheel_modules
+            "hf_headattn.syntax_inputs.parsing"} <= wheel_modules
     shipped = {module for module in wheel_modules if set(module.split(".")) & WORKSHOP}
     assert not shipped, f"the wheel would ship research code: {sorted(shipped)}"
 

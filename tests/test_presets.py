@@ -194,8 +194,9 @@ def test_rule2_setting_reaches_the_config_and_the_collator():
     assert settings["sea"]["rule2"] == "literal"
     model = hf_headattn.HeadAttnMarianMTModel(hf_headattn.HeadAttnMarianConfig(**TINY, **settings))
     assert model.config.to_dict()["sea"]["rule2"] == "literal"  # saved with the model, for inference
-    # the collator hands SEA's hook the model's settings (what the hook does with rule2: test_syntax_collator.py)
-    assert collator(None, model, {"sea": {"type": "lpea"}}).method_settings["sea"]["rule2"] == "literal"
+    # the collator hands the syntax provider SEA's settings from the model (what rule2 does: test_syntax_collator.py)
+    readers = collator(None, model, {"sea": {"type": "lpea"}}).method_settings["syntax_inputs"]
+    assert readers["sea"]["rule2"] == "literal"
     with pytest.raises(ValueError, match=r"sea.rule2 must be one of 'symmetric', 'literal', got 'j<i'"):
         hf_headattn.HeadAttnMarianConfig(**TINY, sea={"type": "lpea", "rule2": "j<i"})
 

@@ -17,11 +17,12 @@ from datasets import Dataset, DatasetDict
 
 import hf_headattn
 from hf_headattn import HeadAttnMarianMTModel
+from hf_headattn.deprecation import HeadAttnDeprecationWarning
 from hf_headattn.experiment.presets import method_names, method_settings
 from hf_headattn.experiment.recipe_parts import collator, prepare_features, scratch_model, set_languages
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
-from hf_headattn.methods.sea.inputs import syntax_parser
-from hf_headattn.methods.sea.syntax import MissingParserError, SyntaxInputError
+from hf_headattn.syntax_inputs import MissingParserError, SyntaxInputError
+from hf_headattn.syntax_inputs.provider import syntax_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,11 +141,13 @@ def test_unparsable_line_is_translated_without_syntax_enhancement(tokenizer, met
     bad = "A dog # runs on the grass ."
     texts = [sources[2], bad, sources[0]]
     with pytest.raises(SyntaxInputError, match=r"example 1: cannot parse"):
-        hf_headattn.translate(model, tokenizer, texts, parser=Picky(), **GENERATE)
+        hf_headattn.translate(model, tokenizer, texts, input_options={"parser": Picky()}, **GENERATE)
     reported = []
-    out = hf_headattn.translate(model, tokenizer, texts, parser=Picky(), on_parse_error=reported.append, **GENERATE)
+    out = hf_headattn.translate(model, tokenizer, texts, input_options={"parser": Picky()},
+                                on_parse_error=reported.append, **GENERATE)
     assert [err.index for err in reported] == [1]
-    with_syntax = hf_headattn.translate(model, tokenizer, [sources[2], sources[0]], parser=Picky(), **GENERATE)
+    with_syntax = hf_headattn.translate(model, tokenizer, [sources[2], sources[0]], input_options={"parser": Picky()},
+                                        **GENERATE)
     without = hf_headattn.translate(plain, tokenizer, texts, **GENERATE)
     assert out == [with_syntax[0], without[1], with_syntax[1]]
     # and real syntax does change what the model computes, so the fallback is not what SEA/RHE always give
@@ -161,7 +164,7 @@ def test_cli_names_the_line_and_skips_on_request(tmp_path, tokenizer, monkeypatc
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     (tmp_path / "in.en").write_text(f"{sources[0]}\nA dog # runs.\n\n{sources[1]}\n", encoding="utf-8")
-    monkeypatch.setattr("hf_headattn.methods.sea.inputs.syntax_parser", lambda name: Picky())
+    monkeypatch.setattr("hf_headattn.syntax_inputs.provider.syntax_parser", lambda name: Picky())
     argv = ["--model_name_or_path", str(tmp_path / "model"), "--input", str(tmp_path / "in.en"), "--output",
             str(tmp_path / "out.de"), "--num_beams", "1", "--max_length", "5"]
     message = r"(?s)line 2 of .*in\.en: cannot parse 'A dog # runs\.'.*--on_parse_error skip"
@@ -201,7 +204,13 @@ def test_bad_input_and_missing_parser(tokenizer):
     with pytest.raises(ValueError, match=r"on_parse_error must be one of \('error', 'skip'\)"):
         hf_headattn.translate(model, tokenizer, ["A dog."], on_parse_error="drop")
     with pytest.raises(ValueError, match=r"syntax parser 'stanza:en': expected 'spacy:<pipeline>'"):
-        hf_headattn.translate(model, tokenizer, ["A dog."], parser="stanza:en")
+        hf_headattn.translate(model, tokenizer, ["A dog."], input_options={"parser": "stanza:en"})
+    # the keyword before 0.3.0: the same parser, one deprecation warning at the caller's line
+    deprecated = r"^translate\(parser=\.\.\.\) is deprecated and will be removed in hf-headattn 0\.4; use translate\("
+    with pytest.warns(HeadAttnDeprecationWarning, match=deprecated) as warned:
+        with pytest.raises(ValueError, match=r"syntax parser 'stanza:en': expected 'spacy:<pipeline>'"):
+            hf_headattn.translate(model, tokenizer, ["A dog."], parser="stanza:en")
+    assert [w.filename for w in warned if issubclass(w.category, HeadAttnDeprecationWarning)] == [__file__]
     assert hf_headattn.translate(model, tokenizer, []) == []
     # regression: num_beams=0 gave a ZeroDivisionError from beam search
     for name, value in [("num_beams", 0), ("max_new_tokens", -1), ("max_source_length", 0), ("batch_size", 0)]:

@@ -29,8 +29,7 @@ from hf_headattn.experiment.arguments import RecipeArgumentParser
 from hf_headattn.experiment.multi30k import Multi30kError
 from hf_headattn.experiment.outputs import DATA_FLAGS, check_output_dir, flag_inputs, replacing_dir
 from hf_headattn.experiment.recipe_parts import ParallelDataArguments, found_data, read_data, write_json
-from hf_headattn.methods.sea.inputs import PARSER_FILE, parses_file_name, syntax_parser_name
-from hf_headattn.methods.sea.syntax import (
+from hf_headattn.syntax_inputs import (
     DEFAULT_SPACY_MODEL,
     Dependencies,
     MissingParserError,
@@ -38,6 +37,7 @@ from hf_headattn.methods.sea.syntax import (
     parse_corpus,
     write_conllu,
 )
+from hf_headattn.syntax_inputs.provider import PARSER_FILE, parses_file_name, syntax_parser_name
 
 
 @dataclass

@@ -155,7 +155,7 @@ def main(argv=None, prog: str | None = None) -> list[str]:
     options = {key: value for key, value in options.items() if value is not None}
     try:
         translations = hf_headattn.translate(
-            model, tokenizer, sources, parser=args.parser,
+            model, tokenizer, sources, input_options={"parser": args.parser},
             max_source_length=args.max_source_length, source_lang_code=args.source_lang_code,
             target_lang_code=args.target_lang_code, unicode_normalization=args.unicode_normalization, progress=True,
             on_parse_error=skipped if args.on_parse_error == "skip" else "error", **options,

@@ -84,21 +84,23 @@ class MethodKit:
     collate: ``collate(features, batch, *, tokenizer, settings, return_tensors) -> {forward input: tensor}``: a
         batch's forward inputs from its ``features`` (the dicts given to the collator, its columns included) and the
         ``batch`` the seq2seq collator padded; ``settings`` is its settings dict (the model's, else the recipe's),
-        None where its method is off and its hooks make another method's inputs (``inputs_from``, below).
-    inference_inputs: ``inference_inputs(model, tokenizer, *, max_source_length, parser=None) -> make``, called
+        None where its method is off and its hooks make another method's inputs (``inputs_from``, below); an input
+        provider's: ``{method: settings}`` of the methods that read its inputs.
+    inference_inputs: ``inference_inputs(model, tokenizer, *, max_source_length, **input_options) -> make``, called
         once per ``translate`` (load a parser here, so that a missing one fails before any translating):
         ``make(texts) -> [{column: value}, ...]``, one dict per text holding its ``columns``, as ``prepare_features``
         makes them; a text it cannot handle raises :class:`MethodInputError` naming its index in ``texts``.
     example_inputs: ``example_inputs(batch_size, source_length) -> {forward input: tensor}``: random, valid values of
         its forward inputs, for HF's common model tests and the registry-wide tests.
 
-    A method whose forward inputs another method's kit makes names that method instead of repeating its hooks:
+    A method whose forward inputs a shared input provider makes (:data:`INPUT_PROVIDERS`), or another method's kit,
+    declares it instead of repeating the hooks:
 
-    inputs_from: ``inputs_from(settings) -> method name or None``: given its settings dict, the method whose kit's
-        hooks make the inputs these settings need (None: they need none). E.g. Rel_Pos and Localness with
-        ``heads="redundant"`` read RHE's ``dependency_mask``, which SEA's kit makes from parses: they return
-        ``"sea"``, and the recipes and ``translate`` then run SEA's hooks (with SEA's settings where SEA is on too,
-        else its defaults), once however many methods ask for them (:func:`.method_inputs.input_kits`).
+    inputs_from: ``inputs_from(settings) -> provider or method name, or None``: given its settings dict, the provider
+        (or the method whose kit's hooks) that makes the inputs these settings need (None: they need none). E.g. SEA,
+        and Rel_Pos and Localness with ``heads="redundant"`` (RHE's ``dependency_mask``) return ``"syntax_inputs"``,
+        and the recipes and ``translate`` then run that provider's hooks once however many methods ask for them
+        (:func:`.method_inputs.input_kits`), its settings ``{method: settings}`` of the methods that asked.
     """
 
     name: str
@@ -115,6 +117,24 @@ class MethodKit:
     inference_inputs: Callable | None = None
     example_inputs: Callable | None = None
     inputs_from: Callable[[Mapping[str, Any]], str | None] | None = None
+
+
+#: The shared input providers, outside every method's folder: name -> the module whose ``PROVIDER`` (a
+#: :class:`MethodKit` of that name: ``columns`` and the input hooks) makes inputs that several methods read. A method's
+#: kit names one from ``inputs_from``; no method folder then imports another's.
+INPUT_PROVIDERS: dict[str, str] = {"syntax_inputs": "hf_headattn.syntax_inputs.provider"}
+
+
+def input_providers() -> dict[str, MethodKit]:
+    """``{name: PROVIDER}`` of :data:`INPUT_PROVIDERS` (each module imported now)."""
+    found = {}
+    for name, module in INPUT_PROVIDERS.items():
+        provider = getattr(importlib.import_module(module), "PROVIDER", None)
+        if not isinstance(provider, MethodKit) or provider.name != name:
+            raise ValueError(f"input provider {name!r}: its module {module!r} must define PROVIDER = MethodKit("
+                             f"{name!r}, ...), got {provider!r}")
+        found[name] = provider
+    return found
 
 
 def kit_of(spec: MethodSpec) -> MethodKit:

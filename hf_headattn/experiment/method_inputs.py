@@ -18,7 +18,7 @@ from typing import Any
 import datasets
 from transformers import DataCollatorForSeq2Seq
 
-from .kit import MethodKit, kits
+from .kit import MethodKit, input_providers, kits
 
 _HOOKS = ("check_inputs", "prepare_features", "collate", "inference_inputs")
 
@@ -38,36 +38,56 @@ def _makes_inputs(kit: MethodKit) -> bool:
     return bool(kit.columns) or any(getattr(kit, hook) is not None for hook in _HOOKS)
 
 
-def input_kits(settings: Mapping[str, Any]) -> list[MethodKit]:
-    """The kits, in registry order, whose hooks make the inputs that ``settings`` (config fields, e.g. a recipe's
-    settings or ``config.to_dict()``) need: of each switched-on method (not None) that makes inputs of its own
-    (columns or a hook), and of each method a switched-on one takes its inputs from (``MethodKit.inputs_from``), each
-    once."""
+def _readers(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{provider or lending method: {method: its settings}}``: who makes the inputs of each switched-on method that
+    takes them from a shared provider or another kit (``MethodKit.inputs_from``); a name that is neither is refused."""
     every = kits()
-    by_name = {kit.name: kit for kit in every}
-    wanted = set()
+    providers = input_providers()
+    lenders = {*providers, *(kit.name for kit in every if _makes_inputs(kit))}
+    readers: dict[str, dict[str, Any]] = {}
     for kit in every:
         values = settings.get(kit.name)
-        if values is None:
+        lender = kit.inputs_from(values) if values is not None and kit.inputs_from is not None else None
+        if lender is None:
             continue
-        if _makes_inputs(kit):
-            wanted.add(kit.name)
-        lender = kit.inputs_from(values) if kit.inputs_from is not None else None
-        if lender is not None:
-            if lender not in by_name or not _makes_inputs(by_name[lender]):
-                raise ValueError(f"method {kit.name!r} takes its inputs from {lender!r}, which is not a registered "
-                                 f"method whose kit makes inputs; expected one of "
-                                 f"{sorted(k.name for k in every if _makes_inputs(k))}")
-            wanted.add(lender)
-    found = [kit for kit in every if kit.name in wanted]
+        if lender not in lenders:
+            raise ValueError(f"method {kit.name!r} takes its inputs from {lender!r}, which is neither an input "
+                             f"provider nor a registered method whose kit makes inputs; expected one of "
+                             f"{sorted(lenders)}")
+        readers.setdefault(lender, {})[kit.name] = values
+    return readers
+
+
+def input_kits(settings: Mapping[str, Any]) -> list[MethodKit]:
+    """The input providers and kits (providers first, then the registry's order) whose hooks make the inputs that
+    ``settings`` (config fields, e.g. a recipe's settings or ``config.to_dict()``) need: of each switched-on method
+    (not None) that makes inputs of its own (columns or a hook), and each provider or method a switched-on one takes
+    its inputs from (``MethodKit.inputs_from``), each once."""
+    readers = _readers(settings)
+    found = [provider for name, provider in input_providers().items() if name in readers]
+    found += [kit for kit in kits() if kit.name in readers or (settings.get(kit.name) is not None
+                                                                 and _makes_inputs(kit))]
     _owners(found, lambda kit: kit.columns, "feature column")
     return found
 
 
+def input_settings(kit: MethodKit, settings: Mapping[str, Any], method_settings: Callable[[str], Any] | None = None):
+    """What ``kit``'s hooks are given as ``settings``: a provider's, ``{method: settings}`` of the switched-on methods
+    that read its inputs (``method_settings(name)`` where given, e.g. the model's config, else ``settings[name]``);
+    a method's kit, its own settings dict (None where it is off and makes another's inputs)."""
+    def own(name):
+        value = method_settings(name) if method_settings is not None else None
+        return value if value is not None else settings.get(name)
+
+    if kit.name in input_providers():
+        return {name: own(name) for name in _readers(settings).get(kit.name, {})}
+    return own(kit.name)
+
+
 def recipe_argument_classes() -> list[type]:
-    """The registered kits' ``recipe_arguments`` dataclasses, for a recipe's ``HfArgumentParser`` (after its own);
-    two kits that define one flag are refused, naming both."""
-    found = [kit for kit in kits() if kit.recipe_arguments is not None]
+    """The input providers' and the registered kits' ``recipe_arguments`` dataclasses, for a recipe's
+    ``HfArgumentParser`` (after its own); two that define one flag are refused, naming both."""
+    found = [kit for kit in [*input_providers().values(), *kits()] if kit.recipe_arguments is not None]
     _owners(found, lambda kit: [f.name for f in dataclasses.fields(kit.recipe_arguments)], "recipe flag")
     return [kit.recipe_arguments for kit in found]
 
@@ -99,7 +119,8 @@ class FeatureJob:
     tokenizer, source, target, max_source_length, max_target_length, num_proc: as the features were tokenized
         (:func:`~.data.tokenize_parallel`; ``source``/``target`` are keys of the ``translation`` pairs).
     settings: the method's settings dict (the recipe's); None where the method is off and its kit makes the inputs
-        of another that takes them from it (``MethodKit.inputs_from``).
+        of another that takes them from it (``MethodKit.inputs_from``); an input provider's: ``{method: settings}``
+        of the switched-on methods that read its inputs.
     args: its ``recipe_arguments`` object (defaults for the flags not given), or None.
     config: the model's config, on which the kit records what inference needs to make the same inputs; None (e.g.
         features for an analysis): nothing is recorded.
@@ -132,7 +153,7 @@ def check_method_inputs(raw: datasets.DatasetDict, settings: Mapping[str, Any], 
     for kit in input_kits(settings):
         if kit.check_inputs is not None:
             kit.check_inputs(raw, FeatureJob(tokenizer=None, source=source, target="", max_source_length=0,
-                                             max_target_length=0, settings=settings.get(kit.name),
+                                             max_target_length=0, settings=input_settings(kit, settings),
                                              args=_arguments(kit, options)))
 
 
@@ -146,7 +167,7 @@ def prepare_method_features(raw: datasets.DatasetDict, features: datasets.Datase
         if kit.prepare_features is None:
             continue
         features = kit.prepare_features(raw, features, FeatureJob(
-            **job, settings=settings.get(kit.name), args=_arguments(kit, options)))
+            **job, settings=input_settings(kit, settings), args=_arguments(kit, options)))
         for split, dataset in features.items():
             missing = [column for column in kit.columns if column not in dataset.column_names]
             if missing:
@@ -198,8 +219,5 @@ def method_collator(tokenizer, model, settings: Mapping[str, Any], **kwargs) -> 
     if not found:
         return DataCollatorForSeq2Seq(tokenizer, model=model, **kwargs)
     config = getattr(model, "config", None)
-    chosen = {}
-    for kit in found:
-        values = getattr(config, kit.name, None)
-        chosen[kit.name] = values if values is not None else settings.get(kit.name)
+    chosen = {kit.name: input_settings(kit, settings, lambda name: getattr(config, name, None)) for kit in found}
     return MethodInputsCollator(tokenizer, model=model, kits=tuple(found), method_settings=chosen, **kwargs)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 
 import datasets
 
+from ..deprecation import NEXT_RELEASE, warn_deprecated
 from ..registry import active_methods
 from ..settings_checks import check_choice
 from .kit import MethodInputError
@@ -32,7 +33,8 @@ _SHOWN_LINES = 10  # truncated lines named in the warning
 UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD")
 
 
-def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: int = DEFAULT_BATCH_SIZE,
+def translate(model, tokenizer, texts: list[str], *, input_options: Mapping | None = None,
+              batch_size: int = DEFAULT_BATCH_SIZE,
               max_source_length: int | None = None, source_lang_code: str | None = None,
               target_lang_code: str | None = None, on_parse_error: str | Callable = "error",
               unicode_normalization: str | None = None, progress: bool = False, **generate_kwargs) -> list[str]:
@@ -47,9 +49,12 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
     model : HeadAttn mBART/Marian model (any method, or none), or a stock one
     tokenizer : its tokenizer
     texts : list of str
-    parser : str or parser object, optional
-        For methods whose inputs come from a parse of the source (SEA/RHE): overrides the parser the model's
-        config records (``config.syntax_parser``).
+    input_options : dict, optional
+        Options for the providers of the methods' own inputs (each switched-on kit's ``inference_inputs``), e.g.
+        ``{"parser": "spacy:en_core_web_trf"}`` (a name or a parser object): for methods whose inputs come from a
+        parse of the source (SEA, Rel_Pos+RHE, Localness+RHE; :mod:`hf_headattn.syntax_inputs`), the parser instead
+        of the one the model's config records (``config.syntax_parser``). ``parser=`` (before 0.3.0) is
+        deprecated for it.
     batch_size : int
     max_source_length : int, optional
         Source truncation in tokens (default: the model's ``max_position_embeddings``). Texts longer than that are
@@ -80,6 +85,10 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
         ``max_new_tokens``, the model's generation config applies, and where it sets neither (transformers would
         stop after 20 tokens) ``max_length`` is ``max_position_embeddings``.
     """
+    if "parser" in generate_kwargs:  # the keyword of releases before 0.3.0
+        warn_deprecated("translate(parser=...)", "translate(input_options={'parser': ...})", NEXT_RELEASE)
+        input_options = {"parser": generate_kwargs.pop("parser"), **(input_options or {})}
+    input_options = dict(input_options or {})
     if isinstance(texts, str) or not all(isinstance(text, str) for text in texts):
         raise ValueError(f"texts must be a list of strings, got {type(texts).__name__}"
                          + ("" if isinstance(texts, str) else f" holding {sorted({type(t).__name__ for t in texts})}"))
@@ -105,13 +114,13 @@ def translate(model, tokenizer, texts: list[str], *, parser=None, batch_size: in
             and generation.max_new_tokens is None:
         generate_kwargs["max_length"] = model.config.max_position_embeddings
     # each switched-on method with inputs of its own prepares once (SEA loads its parser: a missing one fails now)
-    makers = [kit.inference_inputs(model, tokenizer, max_source_length=max_source_length, parser=parser)
+    makers = [kit.inference_inputs(model, tokenizer, max_source_length=max_source_length, **input_options)
               for kit in input_kits({spec.name: getattr(model.config, spec.name) or {}
                                      for spec in active_methods(model.config)})
               if kit.inference_inputs is not None]
-    if not makers and parser is not None:
-        logger.warning("the model switches on no method that makes inputs of its own from the text; the parser is "
-                       "not used")
+    if not makers and any(value is not None for value in input_options.values()):
+        logger.warning(f"the model switches on no method that makes inputs of its own from the text; the input "
+                       f"options {sorted(input_options)} are not used")
 
     todo = [i for i, text in enumerate(texts) if text.strip()]
     full = [len(ids) for ids in tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]] if todo else []

@@ -107,12 +107,13 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
         ParallelDataArguments,
         collator,
         load_recipe_data,
+        method_columns,
         prepare_features,
         translate_and_score,
     )
     from hf_headattn.experiment.tokenization import load_tokenizer
     from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
-    from hf_headattn.methods.sea.inputs import syntax_parser_name, uses_syntax
+    from hf_headattn.syntax_inputs.provider import syntax_parser_name, uses_syntax
 
     raw = load_recipe_data(ParallelDataArguments(multi30k_dir=str(multi30k_dir), source_lang=source_lang,
                                                  target_lang=target_lang))
@@ -128,7 +129,8 @@ def score_saved_model(model_dir: str | Path, split: str, multi30k_dir: str | Pat
     args = Seq2SeqTrainingArguments(
         output_dir=str(Path(model_dir) / f"scoring_{split}"), per_device_eval_batch_size=batch_size,
         predict_with_generate=True, use_cpu=use_cpu, bf16=bf16, report_to="none",
-        remove_unused_columns=not syntax, generation_num_beams=num_beams, generation_max_length=max_length,
+        remove_unused_columns=not method_columns(settings),  # the methods' own input columns stay for the collator
+        generation_num_beams=num_beams, generation_max_length=max_length,
     )
     trainer = HeadAttnSeq2SeqTrainer(model=model, args=args, data_collator=collator(tokenizer, model, settings),
                                      processing_class=tokenizer)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from hf_headattn.experiment.outputs import write_json_atomic
-from hf_headattn.methods.sea.inputs import uses_syntax
+from hf_headattn.syntax_inputs.provider import uses_syntax
 
 from . import git_commit, score_saved_model
 from .jobs import run_jobs

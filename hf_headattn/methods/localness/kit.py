@@ -2,8 +2,9 @@
 (row Localness) and Table 2 (row Localness + RHE) compare it on Transformer-base.
 
 Localness+RHE (``heads="redundant"``, ``--method localness_rhe``) reads RHE's ``dependency_mask`` (Eq. 5), made from
-the sources' dependency parses by SEA's kit: ``inputs_from`` names SEA, so the recipes and ``translate`` run SEA's
-input hooks (``--spacy_model``, ``--syntax_parses_dir``) for it."""
+the sources' dependency parses by the shared input provider (:mod:`hf_headattn.syntax_inputs`): ``inputs_from`` names
+it, so the recipes and ``translate`` run its hooks (``--spacy_model``, ``--syntax_parses_dir``)
+for it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.localness.core import NAME, LocalnessSettings
-from hf_headattn.methods.sea.inputs import rhe_inputs_from  # SEA's kit makes RHE's dependency_mask from parses
+from hf_headattn.syntax_inputs.provider import syntax_for_redundant_heads  # the shared syntax input provider
 
 
 def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:
@@ -52,5 +53,5 @@ KIT = MethodKit(
     # HF's common model tests (the fixed window differs only in the math: tests/methods/localness)
     model_test_names=("localness",),
     example_inputs=example_inputs,
-    inputs_from=rhe_inputs_from(LocalnessSettings),
+    inputs_from=syntax_for_redundant_heads(LocalnessSettings),
 )

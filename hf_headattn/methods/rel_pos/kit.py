@@ -2,15 +2,16 @@
 Table 1 (Rel_Pos) and Table 2 (Rel_Pos + RHE).
 
 With ``heads="redundant"`` it reads RHE's ``dependency_mask`` (Eq. 5), made from the sources' dependency parses by
-SEA's kit (its syntax pipeline: ``--spacy_model``, ``--syntax_parses_dir``): ``inputs_from`` names SEA, so the
-recipes and ``translate`` run SEA's input hooks for ``--method rel_pos_rhe`` as they do for ``dea_rhe``."""
+the shared input provider (:mod:`hf_headattn.syntax_inputs`: ``--spacy_model``, ``--syntax_parses_dir``):
+``inputs_from`` names it, so the recipes and ``translate`` run its hooks for ``--method
+rel_pos_rhe`` as they do for ``dea_rhe``."""
 
 from __future__ import annotations
 
 from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.rel_pos.core import NAME, RelPosSettings
-from hf_headattn.methods.sea.inputs import rhe_inputs_from  # SEA's kit makes RHE's dependency_mask from parses
+from hf_headattn.syntax_inputs.provider import syntax_for_redundant_heads  # the shared syntax input provider
 
 #: Shaw et al.'s base model (§4.1): k = 16, a table per layer and per head, key and value terms, on every
 #: self-attention of the encoder and the decoder, without absolute position encodings (§4.2). (Their Table 2 varies
@@ -53,5 +54,5 @@ KIT = MethodKit(
             method_overrides={NAME: {"max_relative_position": 16, "tables": "head", "heads": "redundant"}},
         ),
     },
-    inputs_from=rhe_inputs_from(RelPosSettings),
+    inputs_from=syntax_for_redundant_heads(RelPosSettings),
 )

@@ -7,7 +7,7 @@ Variants (Tables 1-2), on the encoder self-attention of ``sea["layers"]`` (defau
 * ``sea={"type": None, "prune": True}``: RHE pruning, the redundant heads' outputs are zeroed.
 
 Inputs (named forward arguments, from ``DataCollatorForSyntaxSeq2Seq`` of SEA's kit,
-:mod:`hf_headattn.methods.sea.syntax`; only the SEA module reads them, so the decoder and cross-attention
+:mod:`hf_headattn.syntax_inputs`; only the SEA module reads them, so the decoder and cross-attention
 ignore them; ``generate()`` passes them to the encoder and expands them for beams): ``dependency_mask`` (B, S, S) bool,
 needed by DEA and by every RHE variant (Eq. 9 reads it, LPEA+RHE included); ``phrase_positions`` (B, S, S) integer,
 needed by LPEA. Label rule: a value is either ``NOT_IN_PHRASE`` (outside the local phrase) or a relative phrasal
@@ -73,7 +73,7 @@ class SEASettings(MethodSettings):
 
 #: Readings of the RHE paper's Rule 2 (§4.1.2) for the local phrases (from the settings' ``Literal``): "symmetric"
 #: (its symmetric closure, our default) or "literal" (as printed: only for j < i); see
-#: :func:`hf_headattn.methods.sea.syntax.features.local_phrases`.
+#: :func:`hf_headattn.syntax_inputs.features.local_phrases`.
 RULE2 = allowed_values(SEASettings, "rule2")
 
 
@@ -96,7 +96,7 @@ def placements(settings: SEASettings, config) -> list[tuple[str, int, str]]:
 
 # --- inputs ------------------------------------------------------------------------------------------------------
 
-_HOW = ("build batches with hf_headattn.methods.sea.syntax.DataCollatorForSyntaxSeq2Seq (after "
+_HOW = ("build batches with hf_headattn.syntax_inputs.DataCollatorForSyntaxSeq2Seq (after "
         "add_syntax_features), or pass it yourself: model(..., {name}=...) or model.generate(..., {name}=...)")
 
 

@@ -1,6 +1,6 @@
-"""SEA + RHE's kit (Zhang et al. 2021): recipe names, Appendix A's preset, the ``rhe`` head-importance criterion and
-the hooks that make its inputs (:mod:`.inputs`: recipe flags, features, collation, inference); :mod:`.syntax` builds
-its inputs from parses, :mod:`.analysis` counts redundant heads."""
+"""SEA + RHE's kit (Zhang et al. 2021): recipe names, Appendix A's preset, the ``rhe`` head-importance criterion; its
+inputs come from the shared syntax input provider (:mod:`hf_headattn.syntax_inputs`: recipe flags, features,
+collation, inference), which ``inputs_from`` names; :mod:`.analysis` counts redundant heads."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import torch
 from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.sea.core import NAME
-
-from . import inputs
-from .syntax import TOKEN_COLUMNS
+from hf_headattn.syntax_inputs import provider
 
 
 def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:
@@ -42,11 +40,6 @@ KIT = MethodKit(
     },
     importance=("rhe", importance_sums),
     model_test_names=("dea_rhe", "lpea_rhe"),
-    columns=TOKEN_COLUMNS,
-    recipe_arguments=inputs.SyntaxArguments,
-    check_inputs=inputs.check_inputs,
-    prepare_features=inputs.prepare_features,
-    collate=inputs.collate,
-    inference_inputs=inputs.inference_inputs,
-    example_inputs=inputs.example_inputs,
+    inputs_from=provider.needs_syntax,
+    example_inputs=provider.example_inputs,
 )

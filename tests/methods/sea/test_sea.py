@@ -9,7 +9,7 @@ from transformers import MBartConfig, MBartForConditionalGeneration
 from conftest import FAMILIES, TINY, batch, greedy_by_full_forward
 from hf_headattn import HeadAttnMBartForConditionalGeneration
 from hf_headattn.experiment.analysis import count_redundant_heads, redundancy_report
-from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
+from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 
 LAYER0 = "encoder.layers.0.self_attn"
 LPEA_KEYS = {f"model.{LAYER0}.sea.lpea_{n}" for n in ("embeddings", "weight", "bias", "projection")}

@@ -8,7 +8,6 @@ import torch
 
 from hf_headattn.attention import key_allowed
 from hf_headattn.methods.sea.equations import lpea_bias, lpea_label_bias, sum_per_label
-from hf_headattn.methods.sea.syntax import NOT_IN_PHRASE
 from hf_headattn.probabilities import attention_probabilities
 from hf_headattn.redundancy import (
     dependency_allowed,
@@ -19,6 +18,7 @@ from hf_headattn.redundancy import (
     syntactic_attention,
 )
 from hf_headattn.scores import biased_mask, score_bias
+from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 
 B, H, T, D, K = 3, 4, 6, 5, 2
 LENGTHS = [6, 4, 1]  # the last sentence is a single token

@@ -12,7 +12,7 @@ import pytest
 import sentencepiece as spm
 from transformers import MarianTokenizer, MBartTokenizer
 
-from hf_headattn.methods.sea.syntax import (
+from hf_headattn.syntax_inputs import (
     NOT_IN_PHRASE,
     DataCollatorForSyntaxSeq2Seq,
     SyntaxInputError,

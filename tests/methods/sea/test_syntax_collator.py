@@ -6,7 +6,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from hf_headattn.experiment.tokenization import train_joint_sentencepiece
-from hf_headattn.methods.sea.syntax import (
+from hf_headattn.syntax_inputs import (
     NOT_IN_PHRASE,
     SPECIAL_TOKEN_VALUES,
     TOKEN_COLUMNS,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hf_headattn.methods.sea.syntax import (
+from hf_headattn.syntax_inputs import (
     NOT_IN_PHRASE,
     dependency_mask,
     dependency_phrase_tree,

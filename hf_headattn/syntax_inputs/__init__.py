@@ -1,4 +1,8 @@
-"""Syntax features for SEA (Zhang et al., "Enlivening Redundant Heads in Multi-head Self-attention", §4.1, §5.1).
+"""The shared syntax input provider: the parses and the inputs made from them (Zhang et al., "Enlivening Redundant
+Heads in Multi-head Self-attention", §4.1, §5.1) for every method that reads them: SEA's ``dependency_mask`` and
+``phrase_positions``, RHE's ``dependency_mask`` for Rel_Pos+RHE, Localness+RHE and a plug-in alike. Outside every
+method folder, so that no method imports another's; :mod:`.provider` holds the kit hooks (recipe flags, the parser,
+features, collation, inference).
 
 Pipeline: :func:`parse_corpus` (spaCy / CoNLL-U dependencies; benepar / bracketed-tree / dependency-derived
 phrases) -> :func:`align_syntax` (words to subword tokens) -> :class:`DataCollatorForSyntaxSeq2Seq` (the
