@@ -178,6 +178,37 @@ def test_init_normal__init_ones__init_zeros_(tmp_path):
     assert all(parameter.eq(3.0).all() for parameter in loaded.extra.values())
 
 
+def test_init_values__init_identity_(tmp_path):
+    """``init_values_`` / ``init_identity_`` (transformers' ``copy_``) set a new tensor, broadcasting the values, and
+    skip the weights ``from_pretrained`` loaded; values that do not broadcast, or a non-square identity, are refused."""
+
+    class WithExtra(MBartForConditionalGeneration):
+        def __init__(self, config):
+            super().__init__(config)
+            self.mix = nn.Parameter(torch.full((3, 3), 7.0))
+            self.row = nn.Parameter(torch.full((2, 3), 7.0))
+            self.post_init()
+
+        def initialize_weights(self):
+            super().initialize_weights()
+            if hasattr(self, "mix"):
+                hf_compat.init_identity_(self.mix)
+                hf_compat.init_values_(self.row, [1.0, 2.0, 3.0])
+
+    model = WithExtra(MBartConfig(**TINY))
+    assert torch.equal(model.mix, torch.eye(3)) and torch.equal(model.row, torch.tensor([[1.0, 2.0, 3.0]] * 2))
+    with torch.no_grad():
+        model.mix.fill_(5.0)
+        model.row.fill_(6.0)
+    model.save_pretrained(tmp_path / "extra")
+    loaded = WithExtra.from_pretrained(tmp_path / "extra")
+    assert loaded.mix.eq(5.0).all() and loaded.row.eq(6.0).all()
+    with pytest.raises(ValueError, match=r"values of shape \(2,\) do not broadcast to the tensor's shape \(2, 3\)"):
+        hf_compat.init_values_(torch.zeros(2, 3), [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"square matrix \(n, n\), got shape \(2, 3\)"):
+        hf_compat.init_identity_(torch.zeros(2, 3))
+
+
 def test_attention_query_input(recording_function):
     """An attention module's first parameter is ``hidden_states``, and keyword arguments given to the model's forward
     reach every attention function (how the per-forward context travels)."""

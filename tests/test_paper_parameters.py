@@ -12,7 +12,7 @@ import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 import hf_headattn
-from hf_headattn.experiment import translation_recipe as train_translation
+from hf_headattn.experiment import train_arguments as train_translation
 from hf_headattn.experiment.presets import expand_argv, model_shape, split_architecture
 
 #: RHE's Table 1, "#Para" increase over the Transformer row (millions): WMT16 En-De, WMT14 En-De, WMT16 En-Cs.
