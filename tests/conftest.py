@@ -27,8 +27,8 @@ LOWEST_ONLY = ("test_benchmarks_profile.py", "test_converged_study.py", "test_de
                # the comparison methods' compile and flex checks: torch's compiler and flex kernels, not transformers'
                "test_rel_pos_compile.py", "test_localness_compile.py", "test_localness_flex.py",
                # the methods' pure math (torch alone) and the Multi30k download (no transformers)
-               "test_eadra_math.py", "test_sea_math.py", "test_rel_pos_math.py", "test_localness_math.py",
-               "test_multi30k.py")
+               "test_eadra_math.py", "test_eadra_lean.py", "test_sea_math.py", "test_rel_pos_math.py",
+               "test_localness_math.py", "test_multi30k.py")
 
 
 def pytest_collection_modifyitems(config, items):
