@@ -20,6 +20,7 @@ def fake_run(root: Path, stage: str, row: str, seed: int, scores: dict, predicti
         (folder / f"predictions_{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+@pytest.mark.slow  # (make test-fast: within 3 CPU-minutes)
 def test_choice_on_validation_then_confirmation_tables(tmp_path, multi30k, multi30k_lines):
     valid, test = multi30k_lines("val", "de"), multi30k_lines("test_2016_flickr", "de")
     worse = {"validation": [" ".join(line.split()[:-3]) for line in valid]}

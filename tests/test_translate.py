@@ -76,6 +76,7 @@ class Picky:
         return self.spacy.parse(texts, indices)
 
 
+@pytest.mark.slow  # (make test-fast: within 3 CPU-minutes)
 @pytest.mark.parametrize("method", [*method_names(), "dhicm+eadra+lpea_rhe", "dhicm+rhe_prune"])
 def test_every_method_gives_the_hand_built_translations_in_order(tokenizer, method, sources):
     model = tiny(tokenizer, method)
@@ -131,6 +132,7 @@ def test_syntax_parser_is_recorded_saved_and_used_by_function_and_cli(tmp_path, 
     assert "Translating" in result.stderr  # the progress bar
 
 
+@pytest.mark.slow  # (make test-fast: within 3 CPU-minutes)
 @pytest.mark.parametrize("method", ["dea", "lpea", "dea_rhe", "lpea_rhe", "rhe_prune"])
 def test_unparsable_line_is_translated_without_syntax_enhancement(tokenizer, method, sources):
     model = tiny(tokenizer, method)
@@ -293,6 +295,7 @@ def test_truncated_lines_are_named(tokenizer, caplog, sources):
         "7, 8, 9, 10 and 3 more (1-based)" in caplog.text
 
 
+@pytest.mark.slow  # (make test-fast: within 3 CPU-minutes)
 def test_decomposed_accents_normalised_on_request(tmp_path, tokenizer, saved_model):
     # regression: the error said to pass unicode_normalization='NFC', which translate() and the CLI did not take
     model = tiny(tokenizer, "dea_rhe")
