@@ -4,6 +4,8 @@ diagnostic row), the confirmation reads test, and the tables hold what the runs 
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 import fidelity_study  # noqa: E402
