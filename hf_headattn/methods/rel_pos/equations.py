@@ -26,22 +26,6 @@ def relative_labels(query_length: int, key_length: int, k: int, device=None) -> 
     return (torch.arange(key_length, device=device)[None, :] - positions[:, None]).clamp(0, 2 * k)
 
 
-def query_positions(allowed: torch.Tensor) -> torch.Tensor:
-    """The positions of the queries from a causal mask: the last key each query may attend to, itself (a static cache,
-    whose S keys include slots not yet filled, so that the queries are not the last T positions).
-
-    Parameters
-    ----------
-    allowed : BoolTensor (B, 1, T, S), True = attend
-
-    Returns
-    -------
-    LongTensor (B, 1, T)
-    """
-    keys = torch.arange(allowed.shape[-1], device=allowed.device)
-    return torch.where(allowed, keys, 0).amax(-1)
-
-
 def labels_at(positions: torch.Tensor, key_length: int, k: int) -> torch.Tensor:
     """clip(j - i, k) + k for queries at ``positions`` (B, 1, T): LongTensor (B, 1, T, S)."""
     keys = torch.arange(key_length, device=positions.device)
