@@ -67,25 +67,75 @@ cannot meet on one layer when it is built. A change outside attention is ``Metho
 per stack the method is placed on when the model is built; :func:`mute_module` (and :func:`mute_position_embeddings`)
 make a part of the model contribute nothing while its weights stay loadable (docs/design.md, "Adding a fourth
 method").
+
+What the built-in methods use beside (every one of them imports from the package only the names listed here, tested
+by ``tests/test_architecture.py``; their model code, which a checkpoint carries as flat remote code without this
+module, imports each from the module that defines it, their kits and analyses from here):
+
+* attention modules and heads: :data:`OUTPUT_PROJECTION` (the name of an attention module's output projection, for a
+  method that replaces it), :data:`COMPONENTS` / :data:`COMPONENT_SITES` ("encoder", "decoder", "cross": their
+  (side, kind)), :func:`component_of` (an attention module's component), :func:`component_shape` ((layers, heads)
+  of a component in a config);
+* tensors: :func:`softmax_backward` (the gradient through a softmax, for a hand-written backward),
+  :func:`assert_async` (fail on the device without synchronising), :func:`constant` (a tuple as a device tensor,
+  made once), :data:`IGNORE_INDEX` (the label padding value);
+* RHE, the redundant heads (Zhang et al. 2021, Eq. 3, 5, 9, 10; :mod:`hf_headattn.redundancy`), for a method with
+  ``heads="redundant"``: :func:`redundant_heads_of`, :func:`dependency_allowed`, :func:`checked_dependency_mask`,
+  :func:`neutral_dependency_mask` (its ``neutral_inputs``), :func:`real_tokens`;
+* the values of the shared syntax inputs (:mod:`hf_headattn.phrase_values`): :data:`NOT_IN_PHRASE`, the Rule 2
+  readings :data:`Rule2` (a settings annotation), :data:`RULE2`, :data:`DEFAULT_RULE2`;
+* the registry's read-outs, for an analysis: :func:`readout` (a spec's read-out flag and field),
+  :func:`method_inputs` (every method's forward inputs), :func:`attention_backend` (run a block on another backend);
+* for a kit: :data:`TRANSFORMER_BASE` (the Transformer-base training flags a paper's :class:`Preset` starts from),
+  :func:`pyplot` / :func:`save_figure` (an analysis's figures), and the shared syntax input provider's hooks
+  (:mod:`hf_headattn.syntax_inputs.provider`), which a kit whose method reads the parses names:
+  :func:`needs_syntax` / :func:`syntax_for_redundant_heads` (``MethodKit.inputs_from``) and
+  :func:`syntax_example_inputs` (``MethodKit.example_inputs``).
 """
 
-from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
+from .attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, constant, key_allowed
 from .experiment.kit import MethodInputError, MethodKit, MissingDependencyError, Preset
+from .experiment.plotting import pyplot, save_figure
+from .experiment.presets import TRANSFORMER_BASE
 from .head_masks import live_heads, masked_logits
-from .hf_compat import init_identity_, init_normal_, init_ones_, init_values_, init_zeros_
+from .hf_compat import (
+    OUTPUT_PROJECTION,
+    assert_async,
+    attention_backend,
+    init_identity_,
+    init_normal_,
+    init_ones_,
+    init_values_,
+    init_zeros_,
+    softmax_backward,
+)
+from .losses import IGNORE_INDEX
 from .model_hooks import is_muted, mute_module, mute_position_embeddings
+from .phrase_values import DEFAULT_RULE2, NOT_IN_PHRASE, RULE2, Rule2
 from .positions import relative_positions
 from .probabilities import attention_probabilities, mix_heads
+from .redundancy import (
+    checked_dependency_mask,
+    dependency_allowed,
+    neutral_dependency_mask,
+    real_tokens,
+    redundant_heads_of,
+)
 from .registry import (
     HeadUse,
     MethodSettings,
     MethodSpec,
     import_method_modules,
+    method_inputs,
+    readout,
     register_method,
     registered_methods,
     unregister_method,
 )
 from .settings_checks import allowed_values, check_choice, check_range, layer_placements, resolve_layers
+from .sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
+from .syntax_inputs.provider import example_inputs as syntax_example_inputs
+from .syntax_inputs.provider import needs_syntax, syntax_for_redundant_heads
 
 __all__ = [
     "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse", "MethodInputError", "MethodKit",
@@ -94,4 +144,10 @@ __all__ = [
     "init_values_", "init_zeros_", "is_muted", "key_allowed", "layer_placements", "live_heads", "masked_logits",
     "mix_heads", "mute_module", "mute_position_embeddings", "register_method", "registered_methods",
     "relative_positions", "resolve_layers", "unregister_method",
+    # what the built-in methods use beside (the docstring's last section)
+    "COMPONENTS", "COMPONENT_SITES", "DEFAULT_RULE2", "IGNORE_INDEX", "NOT_IN_PHRASE", "OUTPUT_PROJECTION", "RULE2",
+    "Rule2", "TRANSFORMER_BASE", "assert_async", "attention_backend", "checked_dependency_mask", "component_of",
+    "component_shape", "constant", "dependency_allowed", "method_inputs", "needs_syntax", "neutral_dependency_mask",
+    "pyplot", "readout", "real_tokens", "redundant_heads_of", "save_figure", "softmax_backward",
+    "syntax_example_inputs", "syntax_for_redundant_heads",
 ]

@@ -557,15 +557,16 @@ def test_two_methods_may_read_the_same_input(toy):
 
 
 def _crossing_imports() -> list[str]:
-    """``"<file> imports <module>"`` for each import of a module in ``methods/<a>/`` from ``methods/<b>/``."""
+    """``"<file> imports <module>"`` for each import of a module in ``methods/<a>/`` from ``methods/<b>/``, and for
+    each import of any method's module from the shared syntax input provider (``syntax_inputs/``)."""
     crossing = []
-    for path in sorted((PACKAGE / "methods").rglob("*.py")):
+    for path in sorted([*(PACKAGE / "methods").rglob("*.py"), *(PACKAGE / "syntax_inputs").rglob("*.py")]):
         parts = path.relative_to(PACKAGE).parts
-        if len(parts) < 3:  # methods/__init__.py: the registration of every built-in method
+        if parts[0] == "methods" and len(parts) < 3:  # methods/__init__.py: the registration of every built-in method
             continue
         for imported in sorted(_imports(path)):
             target = imported.split(".")
-            if target[1:2] == ["methods"] and len(target) > 2 and target[2] != parts[1]:
+            if target[1:2] == ["methods"] and (parts[0] != "methods" or len(target) > 2 and target[2] != parts[1]):
                 crossing.append(f"{path.relative_to(PACKAGE).as_posix()} imports {imported}")
     return crossing
 
@@ -573,7 +574,8 @@ def _crossing_imports() -> list[str]:
 def test_no_method_folder_imports_another():
     """No module in ``hf_headattn/methods/<a>/`` imports from ``hf_headattn/methods/<b>/`` (#65): inputs two methods
     read (RHE's ``dependency_mask``, the parses) come from a provider outside every method folder
-    (``hf_headattn.syntax_inputs``). Read from the imports (absolute and relative), not the names."""
+    (``hf_headattn.syntax_inputs``), which imports no method (the values its inputs take are the model core's,
+    ``hf_headattn.phrase_values``). Read from the imports (absolute and relative), not the names."""
     assert _crossing_imports() == []
 
 
@@ -586,6 +588,88 @@ def test_the_folder_import_check_sees_absolute_and_relative_imports_of_another_f
     (package / "methods" / "rel_pos" / "kit.py").write_text(
         "from . import core\nfrom ..sea.inputs import x\nimport hf_headattn.methods.sea.core\n"
         "from hf_headattn.syntax_inputs import provider\n")
+    (package / "syntax_inputs").mkdir()
+    (package / "syntax_inputs" / "collator.py").write_text(
+        "from hf_headattn.phrase_values import RULE2\n\n\ndef f():\n    from ..methods.sea.core import METHOD\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     assert _crossing_imports() == ["methods/rel_pos/kit.py imports hf_headattn.methods.sea.core",
-                                   "methods/rel_pos/kit.py imports hf_headattn.methods.sea.inputs"]
+                                   "methods/rel_pos/kit.py imports hf_headattn.methods.sea.inputs",
+                                   "syntax_inputs/collator.py imports hf_headattn.methods.sea.core"]
+
+
+#: The one module of the package that a method folder imports from: the plug-in surface, as for a plug-in.
+SURFACE = "hf_headattn.plugin"
+
+
+def _off_surface_imports(package: Path, core: set[str]) -> list[str]:
+    """``"<file>:<line>: ..."`` for each import in a method folder (``methods/<name>/*.py``, function bodies included)
+    of anything from the package outside that folder but a name ``hf_headattn.plugin`` exports (``__all__``).
+    ``core``: the folder's model-core files (paths under ``package``), which a checkpoint carries as flat remote code
+    without ``plugin.py``: they import such a name relatively from the module that defines it (the same object,
+    checked); every other file (kits, analyses) imports it from ``hf_headattn.plugin``."""
+    import importlib
+
+    from hf_headattn import plugin
+
+    found = []
+    for path in sorted((package / "methods").rglob("*.py")):
+        relative = path.relative_to(package)
+        if len(relative.parts) < 3:  # methods/__init__.py: the registration of every built-in method
+            continue
+        own = ".".join(["hf_headattn", *relative.parts[:2]])
+        here = ["hf_headattn", *relative.parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            where = f"{relative.as_posix()}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                found += [f"{where}: imports the module {alias.name}; expected 'from {SURFACE} import <name>'"
+                          for alias in node.names if alias.name.split(".")[0] == "hf_headattn"
+                          and alias.name != own and not alias.name.startswith(f"{own}.")]
+                continue
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            module = (".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+                      if node.level else node.module or "")
+            if module.split(".")[0] != "hf_headattn" or module == own or module.startswith(f"{own}."):
+                continue
+            if relative.as_posix() not in core and module != SURFACE:
+                found.append(f"{where}: imports from {module}; expected 'from {SURFACE} import <name>'")
+                continue
+            for alias in node.names:
+                if alias.name not in plugin.__all__:
+                    found.append(f"{where}: imports {alias.name} from {module}, which {SURFACE} does not export")
+                elif getattr(importlib.import_module(module), alias.name, None) is not getattr(plugin, alias.name):
+                    found.append(f"{where}: {module}.{alias.name} is not {SURFACE}.{alias.name}")
+    return found
+
+
+def test_every_built_in_method_uses_the_plugin_surface_only():
+    """Every module of every method folder imports from the package only names that ``hf_headattn.plugin`` exports,
+    plus its own folder's modules (#65): kits and analyses from ``hf_headattn.plugin`` itself, as a plug-in does; the
+    model core (what ``save_pretrained`` ships flat, ``remote_code.core_files``) the same objects from the modules
+    that define them, relatively."""
+    core = {path.relative_to(PACKAGE).as_posix() for path in remote_code.core_files().values()
+            if path.is_relative_to(PACKAGE / "methods")}
+    assert {"methods/sea/core.py", "methods/eadra/equations.py"} <= core and "methods/sea/kit.py" not in core
+    assert _off_surface_imports(PACKAGE, core) == []
+
+
+def test_the_surface_check_sees_each_kind_of_import_off_the_surface(tmp_path):
+    package = tmp_path / "hf_headattn"
+    (package / "methods" / "toy").mkdir(parents=True)
+    (package / "methods" / "__init__.py").write_text("from .toy import core\n")  # the registrations: allowed
+    (package / "methods" / "toy" / "core.py").write_text(
+        "from . import equations\nfrom .equations import f\nfrom ...redundancy import real_tokens\n"
+        "from ...losses import IGNORE_INDEX, chunk_rows\n\n\ndef g():\n    from ...hf_compat import OUTPUT_PROJECTION\n"
+        "    from ...phrase_values import NOT_IN_PHRASE as X\n    from ...head_masks import RULE2\n")
+    (package / "methods" / "toy" / "kit.py").write_text(
+        "import hf_headattn.methods.toy.core\nfrom hf_headattn.methods.toy import core\n"
+        "from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit\nfrom hf_headattn.registry import readout\n"
+        "import hf_headattn.experiment.kit\n\n\ndef h():\n    from ...experiment.presets import TRANSFORMER_BASE\n")
+    assert _off_surface_imports(package, {"methods/toy/core.py"}) == [
+        "methods/toy/core.py:4: imports chunk_rows from hf_headattn.losses, which hf_headattn.plugin does not export",
+        "methods/toy/core.py:10: hf_headattn.head_masks.RULE2 is not hf_headattn.plugin.RULE2",
+        "methods/toy/kit.py:4: imports from hf_headattn.registry; expected 'from hf_headattn.plugin import <name>'",
+        "methods/toy/kit.py:5: imports the module hf_headattn.experiment.kit; expected 'from hf_headattn.plugin import "
+        "<name>'",
+        "methods/toy/kit.py:9: imports from hf_headattn.experiment.presets; expected 'from hf_headattn.plugin import "
+        "<name>'"]

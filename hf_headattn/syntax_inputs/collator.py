@@ -10,8 +10,8 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 from transformers.utils import PaddingStrategy
 
-from hf_headattn.methods.sea.core import METHOD as SEA
-from hf_headattn.methods.sea.core import RULE2, SEASettings
+from hf_headattn.phrase_values import DEFAULT_RULE2, RULE2
+from hf_headattn.registry import registered_methods
 from hf_headattn.settings_checks import check_choice
 
 from .dataset import SPECIAL_TOKEN_VALUES, TOKEN_COLUMNS
@@ -41,14 +41,19 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
     ``config.sea["rule2"]`` so that inference reads the phrases as training did (:meth:`for_model` does).
     """
 
-    rule2: str = SEASettings.rule2  # SEA's default reading
+    rule2: str = DEFAULT_RULE2
 
     @classmethod
     def for_model(cls, tokenizer, model, settings: Mapping | None = None, **kwargs) -> DataCollatorForSyntaxSeq2Seq:
-        """The collator of ``model``, reading Rule 2 as its config's SEA settings say (else as ``settings`` do, config
-        fields such as a recipe's; else SEA's default), so that inference reads the phrases as training did."""
-        values = getattr(getattr(model, "config", None), SEA.name, None) or (settings or {}).get(SEA.name) or {}
-        return cls(tokenizer, model=model, rule2=values.get("rule2", cls.rule2), **kwargs)
+        """The collator of ``model``, reading Rule 2 as its config's settings of the method that reads
+        ``phrase_positions`` say (SEA's ``config.sea``; else as ``settings`` do, config fields such as a recipe's; else
+        the default reading), so that inference reads the phrases as training did."""
+        config = getattr(model, "config", None)
+        for spec in registered_methods():
+            values = getattr(config, spec.name, None) or (settings or {}).get(spec.name)
+            if "phrase_positions" in spec.inputs and values:
+                return cls(tokenizer, model=model, rule2=values.get("rule2", cls.rule2), **kwargs)
+        return cls(tokenizer, model=model, **kwargs)
 
     def __call__(self, features, return_tensors=None):
         return_tensors = return_tensors or self.return_tensors

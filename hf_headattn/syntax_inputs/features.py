@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# ``phrase_positions`` value for token pairs outside each other's local phrase, and for padding; Figure 3 writes this
-# entry as infinity. The model clips the other values to ``[-k, k]`` and masks this one. Defined once, model side.
-from hf_headattn.methods.sea.core import RULE2
-from hf_headattn.methods.sea.equations import NOT_IN_PHRASE
+# NOT_IN_PHRASE: the ``phrase_positions`` value for token pairs outside each other's local phrase, and for padding
+# (Figure 3's infinity); the model clips the other values to ``[-k, k]`` and masks this one. Defined once, model side.
+from hf_headattn.phrase_values import NOT_IN_PHRASE, RULE2
 from hf_headattn.settings_checks import check_choice
 
 

@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from hf_headattn.methods.sea.core import SEASettings
-from hf_headattn.methods.sea.equations import NOT_IN_PHRASE
+from hf_headattn.phrase_values import DEFAULT_RULE2, NOT_IN_PHRASE
 
 if TYPE_CHECKING:
     import datasets
@@ -193,7 +192,7 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
 def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
     """``MethodKit.collate``: ``dependency_mask`` of the padded batch (:func:`~.collator.syntax_tensors`), and
     ``phrase_positions`` where a method that reads these inputs declares it among its forward inputs
-    (``MethodSpec.inputs``: SEA), Rule 2 read as its ``"rule2"`` setting says (SEA's default else). ``settings``:
+    (``MethodSpec.inputs``: SEA), Rule 2 read as its ``"rule2"`` setting says (the default reading else). ``settings``:
     ``{method: settings}`` of the switched-on methods that read these inputs."""
     from hf_headattn.registry import registered_methods
 
@@ -207,7 +206,7 @@ def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
     readers = settings or {}
     phrases = any("phrase_positions" in spec.inputs for spec in registered_methods() if spec.name in readers)
     rule2 = next((values["rule2"] for values in readers.values() if (values or {}).get("rule2") is not None),
-                 SEASettings.rule2)
+                 DEFAULT_RULE2)
     tensors = syntax_tensors(features, ids.shape[1], tokenizer.padding_side, rule2, phrases=phrases)
     if return_tensors == "pt":
         tensors = {name: torch.from_numpy(value) for name, value in tensors.items()}

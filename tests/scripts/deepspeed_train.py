@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import TINY
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
-from hf_headattn.methods.sea.equations import NOT_IN_PHRASE
+from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 
 #: The methods trained in turn: DHICM, EaDRA (its three components), SEA (DEA+RHE), the papers' comparison methods
 #: (Localness's bias, Rel_Pos's key bias and value term by taking over heads, fixed heads taken over), and the three

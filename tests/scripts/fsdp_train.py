@@ -20,7 +20,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import TINY
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
-from hf_headattn.methods.sea.equations import NOT_IN_PHRASE
+from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 
 EVERY_METHOD = {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
                 "eadra": {"encoder": {}, "decoder": {}, "cross": {}}, "sea": {"type": "lpea", "heads": "redundant"}}

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 
-from hf_headattn.experiment.plotting import pyplot, save_figure
 from hf_headattn.methods.dhicm.core import METHOD
-from hf_headattn.registry import readout
+from hf_headattn.plugin import pyplot, readout, save_figure
 
 from .kit import importance_sums
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_headattn.experiment.kit import MethodKit, Preset
 from hf_headattn.methods.dhicm.core import NAME
+from hf_headattn.plugin import MethodKit, Preset
 
 #: §4.3: 6+6 layers, d 512; Adam (0.9, 0.98, eps 1e-6), lr 5e-4, inverse square root after 4000 warm-up steps,
 #: beam 5, a checkpoint each epoch, the best by validation loss, early stopping after 10 epochs without improvement.

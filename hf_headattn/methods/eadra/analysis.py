@@ -14,10 +14,8 @@ from pathlib import Path
 
 import torch
 
-from hf_headattn.experiment.plotting import pyplot, save_figure
-from hf_headattn.hf_compat import attention_backend
 from hf_headattn.methods.eadra.equations import normalized_entropy
-from hf_headattn.registry import method_inputs
+from hf_headattn.plugin import attention_backend, method_inputs, pyplot, save_figure
 
 
 @torch.no_grad()

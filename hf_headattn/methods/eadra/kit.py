@@ -3,9 +3,8 @@ fine-tuning); :mod:`.analysis` is the encoder-entropy read-out of its Table 2 an
 
 from __future__ import annotations
 
-from hf_headattn.experiment.kit import MethodKit, Preset
-from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.eadra.core import DEFAULTS, NAME
+from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset
 
 #: The paper's component names (enc, dec: self-attention; x: cross-attention) -> ours.
 COMPONENTS = {"enc": "encoder", "dec": "decoder", "x": "cross"}

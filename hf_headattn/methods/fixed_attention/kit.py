@@ -9,10 +9,9 @@ says where each setting comes from).
 
 from __future__ import annotations
 
-from hf_headattn.experiment.kit import MethodKit, Preset
-from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.fixed_attention.core import NAME
 from hf_headattn.methods.fixed_attention.equations import PATTERNS
+from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset
 
 #: Raganato et al.'s 7 patterns as a secondary description names them (fixed_attention/equations.py): 7 fixed + 1
 #: learnable head in every encoder self-attention layer of 8 heads (the abstract: all heads but one).

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_headattn.experiment.kit import MethodKit, Preset
-from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.localness.core import NAME, LocalnessSettings
-from hf_headattn.syntax_inputs.provider import syntax_for_redundant_heads  # the shared syntax input provider
+from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset, syntax_for_redundant_heads
 
 
 def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:

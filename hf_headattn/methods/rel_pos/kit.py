@@ -8,10 +8,8 @@ rel_pos_rhe`` as they do for ``dea_rhe``."""
 
 from __future__ import annotations
 
-from hf_headattn.experiment.kit import MethodKit, Preset
-from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.rel_pos.core import NAME, RelPosSettings
-from hf_headattn.syntax_inputs.provider import syntax_for_redundant_heads  # the shared syntax input provider
+from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset, syntax_for_redundant_heads
 
 #: Shaw et al.'s base model (§4.1): k = 16, a table per layer and per head, key and value terms, on every
 #: self-attention of the encoder and the decoder, without absolute position encodings (§4.2). (Their Table 2 varies

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import torch
 
-from hf_headattn.experiment.plotting import pyplot, save_figure
 from hf_headattn.methods.sea.core import METHOD
-from hf_headattn.registry import method_inputs
-from hf_headattn.registry import readout as spec_readout
+from hf_headattn.plugin import method_inputs, pyplot, save_figure
+from hf_headattn.plugin import readout as spec_readout
 
 #: RHE's read-out: the forward flag that asks for the redundant-head labels, and the output field that holds them.
 FLAG, FIELD = spec_readout(METHOD)

@@ -26,11 +26,16 @@ from torch import nn
 from ...attention import AttentionCall, AttentionMethod, constant
 from ...hf_compat import assert_async, init_normal_, init_zeros_
 from ...losses import IGNORE_INDEX
+from ...phrase_values import (
+    DEFAULT_RULE2,
+    NOT_IN_PHRASE,
+    RULE2,  # noqa: F401  (its home until #65; release 0.2's hf_headattn.sea.RULE2)
+    Rule2,
+)
 from ...redundancy import dependency_allowed, redundant_heads_of
 from ...registry import MethodSettings, MethodSpec
-from ...settings_checks import allowed_values, resolve_layers
+from ...settings_checks import resolve_layers
 from .equations import (
-    NOT_IN_PHRASE,
     lpea_bias,
     lpea_label_bias,
 )
@@ -54,7 +59,7 @@ class SEASettings(MethodSettings):
     layers: list[int] | None = None
     prune: bool = False
     max_relative_position: int = 6
-    rule2: Literal["symmetric", "literal"] = "symmetric"
+    rule2: Rule2 = DEFAULT_RULE2
 
     def validate(self, config, name: str) -> None:
         layers(self, config, name)
@@ -69,12 +74,6 @@ class SEASettings(MethodSettings):
 
     def switched_on(self) -> bool:
         return self.type is not None or self.prune
-
-
-#: Readings of the RHE paper's Rule 2 (§4.1.2) for the local phrases (from the settings' ``Literal``): "symmetric"
-#: (its symmetric closure, our default) or "literal" (as printed: only for j < i); see
-#: :func:`hf_headattn.syntax_inputs.features.local_phrases`.
-RULE2 = allowed_values(SEASettings, "rule2")
 
 
 def layers(settings: SEASettings, config, name: str = NAME) -> list[int]:

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from ...phrase_values import NOT_IN_PHRASE  # noqa: F401  (its home until #65; release 0.2's sea_math.NOT_IN_PHRASE)
 from ...redundancy import dependency_allowed
-
-#: ``phrase_positions`` value outside the local phrase and on padding (the syntax collator writes it).
-NOT_IN_PHRASE = -10000
 
 
 def lpea_label_bias(embeddings: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_headattn.experiment.kit import MethodKit, Preset
-from hf_headattn.experiment.presets import TRANSFORMER_BASE
 from hf_headattn.methods.sea.core import NAME
-from hf_headattn.syntax_inputs import provider
+from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset, needs_syntax, syntax_example_inputs
 
 
 def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:
@@ -40,6 +38,6 @@ KIT = MethodKit(
     },
     importance=("rhe", importance_sums),
     model_test_names=("dea_rhe", "lpea_rhe"),
-    inputs_from=provider.needs_syntax,
-    example_inputs=provider.example_inputs,
+    inputs_from=needs_syntax,
+    example_inputs=syntax_example_inputs,
 )

@@ -144,3 +144,8 @@ def test_the_recipes_collator_makes_the_same_batch_with_rule2_from_the_settings(
         decoder_start_token_id=tokenizer.pad_token_id, sea={"type": "dea", "rule2": "literal"}))
     batch = collator(tokenizer, model, {"sea": {"type": "dea"}})(features)  # the model's reading wins
     assert batch["phrase_positions"][0, :3, 3].tolist() == [X, X, X] and "decoder_input_ids" in batch
+    # the collator for a model reads Rule 2 likewise: the model's config, else the settings, else the default reading
+    for_model = DataCollatorForSyntaxSeq2Seq.for_model
+    assert for_model(tokenizer, model, {"sea": {"type": "dea", "rule2": "symmetric"}}).rule2 == "literal"
+    assert for_model(tokenizer, None, {"sea": {"type": "lpea", "rule2": "literal"}}).rule2 == "literal"
+    assert for_model(tokenizer, None, {"dhicm": {}}).rule2 == "symmetric" == for_model(tokenizer, None).rule2
