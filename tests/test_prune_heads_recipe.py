@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from hf_headattn.commands import prune  # noqa: E402
 from hf_headattn.commands import train as train_translation  # noqa: E402
+from hf_headattn.deprecation import HeadAttnDeprecationWarning  # noqa: E402
 from hf_headattn.experiment.analysis import head_pruning  # noqa: E402
 from hf_headattn.experiment.analysis.head_pruning import largest_share_within, throughput_ratio  # noqa: E402
 
@@ -190,10 +191,18 @@ def test_a_bad_argument_stops_before_anything_is_read_or_deleted(model_dir, tmp_
     for flag, value, expected in (("--eval_samples", "0", "an integer >= 1"), ("--finetune_steps", "-1", ">= 0"),
                                   ("--finetune_learning_rate", "0", "a number > 0"),
                                   ("--multi30k_dir", str(tmp_path / "nowhere"), "is not a folder"),
+                                  ("--syntax_parses_dir", str(tmp_path / "nowhere"), "not found"),
                                   ("--parses_dir", str(tmp_path / "nowhere"), "not found"),
                                   ("--criteria", "gradients", "invalid choice")):
         message = usage_error([*quick_argv(model_dir, earlier), flag, value], capsys)
         assert flag in message and expected in message
+    # --parses_dir, --syntax_parses_dir's name from when the parses were SEA's: warned, and read as the new flag
+    with pytest.warns(HeadAttnDeprecationWarning, match=r"--parses_dir is deprecated .* 0\.4; use --syntax_parses_dir"):
+        message = usage_error(quick_argv(model_dir, earlier, "--parses_dir", str(earlier)), capsys)
+    assert f"--output_dir {earlier} is --syntax_parses_dir {earlier}, an input of this run" in message
+    message = usage_error(quick_argv(model_dir, earlier, "--parses_dir", str(tmp_path), "--syntax_parses_dir",
+                                     str(tmp_path)), capsys)
+    assert "--parses_dir is --syntax_parses_dir's deprecated name; expected one of them, got both" in message
     message = usage_error(quick_argv(tmp_path, earlier), capsys)  # a folder without a model
     assert f"--model_dir {tmp_path} holds no config.json" in message
     assert (earlier / "criteria" / "gradient" / "config.json").is_file()  # the earlier results are all there

@@ -47,6 +47,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_headattn  # noqa: F401  (registers the models)
 from hf_headattn.cli import refuse_python_m
+from hf_headattn.deprecation import NEXT_RELEASE, warn_deprecated
 from hf_headattn.experiment.analysis.head_pruning import (
     BLEU_TOLERANCE,
     evaluate,
@@ -107,8 +108,11 @@ def parse_args(argv=None, prog: str | None = None):
     parser.add_argument("--importance_samples", type=positive_int, default=512,
                         help="training sentences for the importance")
     parser.add_argument("--eval_samples", type=positive_int, help="validation sentences scored (default: all)")
+    parser.add_argument("--syntax_parses_dir", type=existing_dir,
+                        help="the sources' CoNLL-U parses (hf-headattn parse), for a model whose methods read the "
+                             "syntax inputs (SEA, Rel_Pos+RHE, Localness+RHE), as train's flag of that name")
     parser.add_argument("--parses_dir", type=existing_dir,
-                        help="CoNLL-U parses for models with SEA (hf-headattn parse)")
+                        help=f"deprecated, removed in {NEXT_RELEASE}: --syntax_parses_dir")
     parser.add_argument("--num_beams", type=positive_int, default=5)
     parser.add_argument("--batch_size", type=positive_int, default=64)
     parser.add_argument("--max_length", type=positive_int, default=128)
@@ -134,6 +138,11 @@ def identity(args) -> dict:
 
 def check_args(parser, args) -> None:
     """Every check that needs no data: run before anything is read, evaluated, written or deleted."""
+    if args.parses_dir is not None:  # the name from when the parses were SEA's (#65)
+        if args.syntax_parses_dir is not None:
+            parser.error("--parses_dir is --syntax_parses_dir's deprecated name; expected one of them, got both")
+        warn_deprecated("--parses_dir", "--syntax_parses_dir", NEXT_RELEASE)
+        args.syntax_parses_dir = args.parses_dir
     if not 0 < args.step_share <= 1:
         parser.error(f"--step_share must be in (0, 1], got {args.step_share}")
     if not 0 < args.max_share < 1:
@@ -145,8 +154,9 @@ def check_args(parser, args) -> None:
     check_model(parser, args)
     try:  # never over what it reads (e.g. --model_dir <output_dir>/model, which --overwrite would delete); the
         # earlier results themselves are earlier_results' to judge (a rerun with the same settings continues)
-        check_output_dir(args.output_dir, {"--model_dir": args.model_dir, "--multi30k_dir": args.multi30k_dir,
-                                           "--parses_dir": args.parses_dir}, results=EARLIER, overwrite=True)
+        inputs = {"--model_dir": args.model_dir, "--multi30k_dir": args.multi30k_dir,
+                  "--syntax_parses_dir": args.syntax_parses_dir}
+        check_output_dir(args.output_dir, inputs, results=EARLIER, overwrite=True)
     except ValueError as error:
         parser.error(str(error))
     args.replaced = earlier_results(parser, args)
@@ -220,7 +230,7 @@ class Study:
                                          max_train_samples=train_samples, max_eval_samples=args.eval_samples)
         features = prepare_features(datasets.DatasetDict({"train": self.raw["train"]}), self.tokenizer,
                                     args.source_lang, args.target_lang, self.settings, args.max_length,
-                                    args.max_length, syntax_parses_dir=args.parses_dir)["train"]
+                                    args.max_length, syntax_parses_dir=args.syntax_parses_dir)["train"]
         features = features.remove_columns([c for c in features.column_names if c == "translation"])
         self.importance_features = features.select(range(min(args.importance_samples, len(features))))
         self.finetune_features = features.select(range(min(args.finetune_samples or len(features), len(features))))
