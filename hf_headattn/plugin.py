@@ -48,9 +48,26 @@ Parameters: ``init_weights(std)`` sets them with :func:`init_normal_`, :func:`in
 parameter loaded from a checkpoint alone.
 
 The spec: only ``MethodSpec(NAME, Settings, build=build)`` is required. ``placements`` defaults to
-:func:`layer_placements` (the settings' fields ``encoder_layers``, ``decoder_layers``, ``cross_layers``, those it
-has; None or "all": every layer of that stack, indices, ``[]``: none), ``collect`` to no output fields and no
-objective term.
+:func:`layer_placements` (the settings' layer fields, those it has), ``collect`` to no output fields and no objective
+term.
+
+Placements: one vocabulary for every method (:mod:`hf_headattn.placement`; a method has the fields it supports):
+
+==================  ============================================================  ==================================
+field               values                                                        meaning
+==================  ============================================================  ==================================
+``encoder_layers``  ``"all"``, layer numbers (negative: from the end), None           encoder self-attention; None: not
+                                                                                  placed there
+``decoder_layers``  the same                                                      decoder self-attention
+``cross_layers``    the same                                                      decoder cross-attention
+``heads``           ``"all"``, head numbers (negative: from the end)              which heads of a placed module
+``head_selection``  ``"all"``, ``"redundant"``                                    of those, every one, or per
+                                                                                  sentence those RHE finds redundant
+==================  ============================================================  ==================================
+
+:func:`layers_of` and :func:`heads_of` read them (a method's own named layouts too, e.g. Localness's
+``"lower_half"``), with errors naming the field, the value and what was expected; ``MethodSpec.older_spellings``
+(with :func:`renamed`) reads a method's earlier spellings, which the config warns about.
 
 Head masks (:mod:`hf_headattn.head_masks`): ``call.head_mask`` is None or (1 or B, H), one row per sentence, its H the
 module's current heads (fewer once pruned), each value m_h in [0, 1] the share of head h that is kept. ``after``
@@ -74,6 +91,7 @@ from .experiment.kit import MethodInputError, MethodKit, MissingDependencyError,
 from .head_masks import live_heads, masked_logits
 from .hf_compat import init_identity_, init_normal_, init_ones_, init_values_, init_zeros_
 from .model_hooks import is_muted, mute_module, mute_position_embeddings
+from .placement import HEAD_SELECTIONS, check_head_selection, heads_of, layer_placements, layers_of, renamed
 from .positions import relative_positions
 from .probabilities import attention_probabilities, mix_heads
 from .registry import (
@@ -85,13 +103,14 @@ from .registry import (
     registered_methods,
     unregister_method,
 )
-from .settings_checks import allowed_values, check_choice, check_range, layer_placements, resolve_layers
+from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 
 __all__ = [
-    "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse", "MethodInputError", "MethodKit",
-    "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset", "allowed_values", "attention_probabilities",
-    "check_choice", "check_range", "import_method_modules", "init_identity_", "init_normal_", "init_ones_",
-    "init_values_", "init_zeros_", "is_muted", "key_allowed", "layer_placements", "live_heads", "masked_logits",
-    "mix_heads", "mute_module", "mute_position_embeddings", "register_method", "registered_methods",
-    "relative_positions", "resolve_layers", "unregister_method",
+    "HEAD_SELECTIONS", "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse",
+    "MethodInputError", "MethodKit", "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset",
+    "allowed_values", "attention_probabilities", "check_choice", "check_head_selection", "check_range", "heads_of",
+    "import_method_modules", "init_identity_", "init_normal_", "init_ones_", "init_values_", "init_zeros_",
+    "is_muted", "key_allowed", "layer_placements", "layers_of", "live_heads", "masked_logits", "mix_heads",
+    "mute_module", "mute_position_embeddings", "register_method", "registered_methods", "relative_positions",
+    "renamed", "resolve_layers", "unregister_method",
 ]
