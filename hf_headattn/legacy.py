@@ -12,8 +12,8 @@ tells, by the release a file records (``headattn_version``, :func:`recorded_rele
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -137,7 +137,7 @@ def _outside_caller() -> int:
     transformers, huggingface_hub and the standard library's dataclasses."""
     inside = (str(Path(__file__).parent), f"{os.sep}transformers{os.sep}", f"{os.sep}huggingface_hub{os.sep}",
               f"{os.sep}dataclasses.py", "<string>")
-    frame, level = sys._getframe(2), 2  # (the caller of translate_older_spellings)
+    frame, level = inspect.currentframe().f_back.f_back, 2  # (the caller of translate_older_spellings)
     while frame is not None and any(part in frame.f_code.co_filename for part in inside):
         frame, level = frame.f_back, level + 1
     return level

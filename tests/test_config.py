@@ -20,6 +20,7 @@ from hf_headattn import (
     HeadAttnMBartModel,
 )
 from hf_headattn.deprecation import HeadAttnDeprecationWarning
+from hf_headattn.registry import registered_methods
 
 CONFIGS = {"mbart": HeadAttnMBartConfig, "marian": HeadAttnMarianConfig}
 BASES = {"mbart": HeadAttnMBartModel, "marian": HeadAttnMarianModel}
@@ -106,6 +107,41 @@ def test_release_0_1_flat_settings_are_translated_once_with_a_deprecation_warnin
     assert loaded.sea == {"type": "lpea", "encoder_layers": [1]}
     with pytest.raises(ValueError, match=r"gives sea=\{'type': 'dea'\} and release 0.1's flat fields"):
         HeadAttnMBartConfig.from_pretrained(tmp_path, sea={"type": "dea"}, sea_layers=[0])
+
+
+#: Each method's spellings before the shared placement vocabulary (#65), and today's: the same placement.
+OLDER_SPELLINGS = [
+    ("dhicm", {"decoder_layers": [-1], "attention": ["cross"]}, {"decoder_layers": None, "cross_layers": [-1]}),
+    ("dhicm", {"encoder_layers": [0], "decoder_layers": [1], "attention": None},
+     {"encoder_layers": [0], "decoder_layers": [1], "cross_layers": "decoder_layers"}),
+    ("eadra", {"encoder": {"layers": None, "num_heads": 2}}, {"encoder": {"layers": "all", "num_heads": 2}}),
+    ("fixed_attention", {"patterns": ["previous", "start"], "encoder_layers": None, "decoder": True, "cross": False},
+     {"patterns": ["previous", "start"], "encoder_layers": "all", "decoder_layers": "all", "cross_layers": None}),
+    ("fixed_attention", {"patterns": ["start"], "encoder_layers": None},
+     {"patterns": ["start"], "encoder_layers": "all"}),
+    ("localness", {"layers": None, "heads": 2}, {"encoder_layers": "lower_half", "heads": [0, 1]}),
+    ("localness", {"layers": [-1], "heads": "redundant"}, {"encoder_layers": [-1], "head_selection": "redundant"}),
+    ("rel_pos", {"heads": "redundant"}, {"head_selection": "redundant"}),
+    ("sea", {"type": "dea", "layers": None, "heads": "all"},
+     {"type": "dea", "encoder_layers": [0], "head_selection": "all"}),
+]
+
+
+@pytest.mark.parametrize("method, older, today", OLDER_SPELLINGS, ids=[f"{m}-{i}" for i, (m, _, _) in
+                                                                       enumerate(OLDER_SPELLINGS)])
+def test_older_placement_spellings_load_as_today_s_with_a_warning_naming_the_removal(method, older, today):
+    """The same resolved settings and attention modules as today's spelling; the config keeps (and saves) today's;
+    the warning names the release that removes them and points at the line that used them."""
+    with pytest.warns(HeadAttnDeprecationWarning, match=rf"^the older spellings {method}\..* are deprecated and will "
+                                                        rf"be removed in hf-headattn 0\.4; use {method}\.") as warned:
+        config = HeadAttnMBartConfig(**TINY, **{method: older})
+    assert [w.filename for w in warned if w.category is HeadAttnDeprecationWarning] == [__file__]
+    expected = HeadAttnMBartConfig(**TINY, **{method: today})  # (no warning: they fail the tests)
+    assert getattr(config, method) == today
+    assert config.headattn_settings[method] == expected.headattn_settings[method]
+    spec = next(spec for spec in registered_methods() if spec.name == method)
+    assert spec.placements(config.headattn_settings[method], config) == spec.placements(
+        expected.headattn_settings[method], expected)
 
 
 def test_mixed_conventions_are_refused_and_misspelt_flat_fields_warned(tmp_path, caplog):
@@ -207,6 +243,9 @@ BAD_SETTINGS = [
     ({"sea": {"type": "dea", "encoder_layers": [5]}}, r"sea.encoder_layers contains 5"),
     ({"sea": {"type": "dea", "encoder_layers": []}}, r"places sea on no attention module"),
     ({"sea": {"type": "dea", "encoder_layers": None}}, r"places sea on no attention module"),
+    ({"sea": {"type": "dea", "layers": [0], "encoder_layers": [0]}},
+     r"sea: the settings give 'layers' \(an older spelling\) and \['encoder_layers'\]; expected 'encoder_layers' "
+     r"alone"),
     ({"sea": {"prune": "yes"}}, r"sea.prune must be True or False, got 'yes'"),
     ({"sea": {"prune": True, "type": "dea"}}, r"sea.prune=True drops the redundant heads"),
     ({"sea": {"type": "lpea", "max_relative_position": 0}},

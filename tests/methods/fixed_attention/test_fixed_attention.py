@@ -311,8 +311,9 @@ def test_settings_errors():
         config(patterns=["previous", "next"], heads=[0, 4])
     with pytest.raises(ValueError, match=r"fixed_attention.encoder_layers contains 2, but the model has 2 layers"):
         config(patterns=["previous"], encoder_layers=[2])
-    with pytest.raises(ValueError, match=r"fixed_attention.decoder must be True or False, got 1"):
-        config(patterns=["previous"], decoder=1)
+    with pytest.raises(ValueError, match=r"fixed_attention.decoder_layers must be a list of \(an integer\) or one of "
+                                         r"'all' or None, got True"):
+        config(patterns=["previous"], decoder_layers=True)
 
 
 @pytest.mark.slow

@@ -141,7 +141,6 @@ def test_save_and_load_keep_the_tables(checkpoint, tmp_path):
 @pytest.mark.parametrize("settings, message", [
     ({"max_relative_position": 0}, r"rel_pos.max_relative_position must be an integer >= 1, got 0"),
     ({"max_relative_position": 2.0}, r"rel_pos.max_relative_position must be an integer, got 2.0"),
-    ({"heads": "some"}, r"rel_pos.heads must be one of 'all', 'redundant', got 'some'"),
     ({"tables": "shared"}, r"rel_pos.tables must be one of 'head', 'layer', got 'shared'"),
     ({"absolute_positions": "no"}, r"rel_pos.absolute_positions must be True or False, got 'no'"),
     ({"values": 1}, r"rel_pos.values must be True or False, got 1"),
