@@ -1,17 +1,13 @@
 """The placement vocabulary every method's settings share: where a method goes (layers of each attention kind) and
 on which heads, read by one resolver (errors name the field, the bad value and what was expected).
 
-=================  ===================================================  ============================================
-field              values                                               meaning
-=================  ===================================================  ============================================
-``encoder_layers`` ``"all"``, layer numbers (negative: from the end),   the encoder self-attention of those layers;
-                   None, or a layout the method names                   None: not placed there
-``decoder_layers`` the same                                             the decoder self-attention of those layers
-``cross_layers``   the same                                             the decoder cross-attention of those layers
-``heads``          ``"all"`` or head numbers (negative: from the end)   which heads of each placed module
-``head_selection`` ``"all"`` or ``"redundant"``                         of those heads, every one, or per sentence
-                                                                        those RHE finds redundant
-=================  ===================================================  ============================================
+| field | values | meaning |
+|---|---|---|
+| ``encoder_layers`` | ``"all"``, layer numbers (negative from the end), None | encoder self-attention, None: none |
+| ``decoder_layers`` | the same | decoder self-attention |
+| ``cross_layers`` | the same | decoder cross-attention |
+| ``heads`` | ``"all"``, head numbers (negative from the end) | which heads of a placed module |
+| ``head_selection`` | ``"all"``, ``"redundant"`` | all of them or, per sentence, the ones RHE finds redundant |
 
 A method has the fields of the attention kinds and head choices it supports, each default its paper's layout. A
 method may name a layout of its own (:func:`layers_of`'s ``layouts``: Localness's ``"lower_half"``, DHICM's

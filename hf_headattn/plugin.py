@@ -53,17 +53,13 @@ term.
 
 Placements: one vocabulary for every method (:mod:`hf_headattn.placement`; a method has the fields it supports):
 
-==================  ============================================================  ==================================
-field               values                                                        meaning
-==================  ============================================================  ==================================
-``encoder_layers``  ``"all"``, layer numbers (negative: from the end), None           encoder self-attention; None: not
-                                                                                  placed there
-``decoder_layers``  the same                                                      decoder self-attention
-``cross_layers``    the same                                                      decoder cross-attention
-``heads``           ``"all"``, head numbers (negative: from the end)              which heads of a placed module
-``head_selection``  ``"all"``, ``"redundant"``                                    of those, every one, or per
-                                                                                  sentence those RHE finds redundant
-==================  ============================================================  ==================================
+| field | values | meaning |
+|---|---|---|
+| ``encoder_layers`` | ``"all"``, layer numbers (negative from the end), None | encoder self-attention, None: none |
+| ``decoder_layers`` | the same | decoder self-attention |
+| ``cross_layers`` | the same | decoder cross-attention |
+| ``heads`` | ``"all"``, head numbers (negative from the end) | which heads of a placed module |
+| ``head_selection`` | ``"all"``, ``"redundant"`` | all of them or, per sentence, the ones RHE finds redundant |
 
 :func:`layers_of` and :func:`heads_of` read them (a method's own named layouts too, e.g. Localness's
 ``"lower_half"``), with errors naming the field, the value and what was expected; ``MethodSpec.older_spellings``
