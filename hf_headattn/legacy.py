@@ -205,7 +205,8 @@ def assign_flat_field(config, key: str, value) -> None:
     translate_flat_fields(translated, f"config.{key} = {value!r}", stacklevel=5)
     current = getattr(config, spec.name, None)
     if current is not None or spec.name in translated:
-        setattr(config, spec.name, {**(current or {}), setting: value})
+        # (a flat field of an older spelling, e.g. sea_layers: today's, warned once, by the flat warning above)
+        setattr(config, spec.name, newer_spellings(spec, {**(current or {}), setting: value}, f"config.{key}")[0])
 
 
 def _is_default(spec, key: str, value) -> bool:
