@@ -57,8 +57,8 @@ class FixedAttentionSettings(MethodSettings):
         that respect the causal mask, :data:`~.equations.CAUSAL`).
     cross_layers: the decoder layers whose cross-attention gets them too (default None: none; only the
         position-free patterns, :data:`~.equations.POSITION_FREE`: a target query has no position in the source).
-    heads: the head numbers that are fixed, one per pattern, in the patterns' order (None: the first
-        ``len(patterns)`` heads).
+    heads: the head numbers that are fixed, one per pattern, in the patterns' order (negative ones count from the
+        end; None: the first ``len(patterns)`` heads).
     weights: how the spread patterns weigh their keys (:mod:`.equations`): "cubic" (the default: weights that decay
         away from each pattern's anchor, the cube of the rank, as a third-party reimplementation has them; three
         one-hot heads of the seven, as EaDRA §5.1 reports) or "uniform" (release 0.3's reading: uniform contexts,
@@ -92,10 +92,11 @@ class FixedAttentionSettings(MethodSettings):
                                  f"heads: expected fewer patterns than heads (at least one head stays learnable)")
             if self.heads is None:
                 continue
-            if len(self.heads) != len(self.patterns) or len(set(self.heads)) != len(self.heads) or not all(
-                    0 <= head < num_heads for head in self.heads):
-                raise ValueError(f"{name}.heads must be {len(self.patterns)} distinct head numbers in [0, "
-                                 f"{num_heads}) ({where}), one per pattern, got {self.heads!r}")
+            if len(self.heads) != len(self.patterns) or not all(-num_heads <= head < num_heads for head in self.heads) \
+                    or len({head % num_heads for head in self.heads}) != len(self.heads):
+                raise ValueError(f"{name}.heads must be {len(self.patterns)} distinct head numbers in [{-num_heads}, "
+                                 f"{num_heads - 1}] ({where}; negative ones count from the end), one per pattern, got "
+                                 f"{self.heads!r}")
 
 
 def placements(settings: FixedAttentionSettings, config) -> list[tuple[str, int, str]]:
@@ -204,8 +205,15 @@ class FixedAttention(AttentionMethod):
         return made
 
 
+def fixed_heads(settings: FixedAttentionSettings, num_heads: int) -> list[int]:
+    """The fixed heads' numbers in a module of ``num_heads`` heads, one per pattern in the patterns' order
+    (``settings.heads``, negative ones counting from the end; None: the first ``len(patterns)``)."""
+    heads = range(len(settings.patterns)) if settings.heads is None else settings.heads
+    return [head % num_heads for head in heads]
+
+
 def build(settings: FixedAttentionSettings, config, module) -> FixedAttention:
-    heads = settings.heads if settings.heads is not None else range(len(settings.patterns))
+    heads = fixed_heads(settings, module.num_heads)
     causal = module.headattn_side == "decoder" and module.headattn_kind == "self"
     return FixedAttention(settings.patterns, heads, causal, settings.weights)
 
@@ -217,7 +225,8 @@ def collect(context, settings: FixedAttentionSettings):
 
 def head_use(settings: FixedAttentionSettings, config, site) -> HeadUse:
     """The fixed heads are taken over, and their weights are the patterns' (no softmax of the scores)."""
-    heads = tuple(sorted(settings.heads if settings.heads is not None else range(len(settings.patterns))))
+    count = config.encoder_attention_heads if site[0] == "encoder" else config.decoder_attention_heads
+    heads = tuple(sorted(fixed_heads(settings, count)))
     return HeadUse(takes_over=heads, fixes=heads)
 
 

@@ -194,7 +194,7 @@ def test_the_learnable_head_is_unchanged(backend):
 
 
 @pytest.mark.parametrize("settings", [
-    {"patterns": ["right", "end", "next"], "heads": [2, 0, 3]},
+    {"patterns": ["right", "end", "next"], "heads": [2, 0, -1]},  # (-1: the last head, 3)
     {"patterns": ["previous", "left", "next"]},  # a context head between point heads, one run of fixed heads
     {"patterns": ["start", "left", "previous"], "decoder_layers": "all"},
     {"patterns": ["end", "start"], "cross_layers": [-1], "encoder_layers": None},
@@ -303,10 +303,10 @@ def test_settings_errors():
     with pytest.raises(ValueError, match=r"fixed_attention.patterns contains \['previous'\], which "
                                          r"fixed_attention.cross_layers='all' cannot use"):
         config(patterns=["previous", "start"], cross_layers="all")
-    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[0, 4\) \(encoder "
-                                         r"self-attention\), one per pattern, got \[1, 1\]"):
-        config(patterns=["previous", "next"], heads=[1, 1])
-    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[0, 4\).*got "
+    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[-4, 3\] "
+                                         r"\(encoder self-attention; .*\), one per pattern, got \[1, -3\]"):
+        config(patterns=["previous", "next"], heads=[1, -3])
+    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[-4, 3\].*got "
                                          r"\[0, 4\]"):
         config(patterns=["previous", "next"], heads=[0, 4])
     with pytest.raises(ValueError, match=r"fixed_attention.encoder_layers contains 2, but the model has 2 layers"):
