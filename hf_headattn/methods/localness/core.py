@@ -107,7 +107,7 @@ def placements(settings: LocalnessSettings, config) -> list[tuple[str, int, str]
 
 
 class Localness(AttentionMethod):
-    """The Gaussian bias of one encoder self-attention module, on all heads, the first n or the redundant ones.
+    """The Gaussian bias of one encoder self-attention module, on all heads, the heads named or the redundant ones.
 
     ``predictor="query"`` (n the heads with the bias, H for "all" and "redundant"; m = n d_h): ``hidden_weight`` W_p
     (m, d_model) ~ N(0, std), ``hidden_bias`` b_p (m,) = 0, ``output_weight`` (k n, m) ~ N(0, std), rows u_1 .. u_n
