@@ -46,7 +46,7 @@ TINY = dict(vocab_size=99, d_model=16, encoder_layers=2, decoder_layers=2, encod
             decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
             pad_token_id=1, eos_token_id=2, bos_token_id=0, decoder_start_token_id=0, forced_eos_token_id=None)
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)  # compiled randomness differs
-SEA = {"sea": {"type": "lpea", "layers": [0]}}
+SEA = {"sea": {"type": "lpea", "encoder_layers": [0]}}
 #: The rows of ``tests/test_compile.py``: every method, DHICM's fine-tuning mode, and all of them at once.
 SETTINGS = {
     "off": {},
@@ -54,8 +54,8 @@ SETTINGS = {
     "dhicm-scaled": {"dhicm": {"encoder_layers": [0], "decoder_layers": [0], "dropout": 0.0,
                                "mode": "scaled_out_proj"}},
     "eadra": {"eadra": {"encoder": {}, "decoder": {}, "cross": {"heads": [1, 3]}, "warmup_steps": 4}},
-    "dea-rhe": {"sea": {"type": "dea", "layers": [0, 1]}},
-    "lpea-rhe": {"sea": {"type": "lpea", "layers": [0, 1]}},
+    "dea-rhe": {"sea": {"type": "dea", "encoder_layers": [0, 1]}},
+    "lpea-rhe": {"sea": {"type": "lpea", "encoder_layers": [0, 1]}},
     "fixed-attention": {"fixed_attention": {"patterns": ["next", "left", "right"]}},
     "all": {**SEA, "dhicm": {"encoder_layers": [0, -1], "decoder_layers": [-1], "dropout": 0.0},
             "eadra": {"encoder": {}, "decoder": {}, "cross": {}, "warmup_steps": 4}},

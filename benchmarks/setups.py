@@ -53,7 +53,7 @@ ROWS = {
     # Localness (Yang et al.): the Gaussian bias on the lower half of the encoder layers, on every head / with RHE,
     # predicted from the whole query (the authors' code); "-per-head": each head's own query (the earlier reading)
     "localness": method_settings("localness"),
-    "localness-rhe": {"localness": {"heads": "redundant"}},
+    "localness-rhe": {"localness": {"head_selection": "redundant"}},
     "localness-per-head": {"localness": {"predictor": "head"}},
     # Shaw et al.'s relative positions on every encoder self-attention (k = 16): key term a score bias, value term by
     # taking over every head; "-keys" without the value term (SDPA's path, the bias in its mask)

@@ -20,6 +20,7 @@ alone cannot load it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -31,8 +32,8 @@ from hf_headattn.plugin import (
     MethodSpec,
     check_range,
     init_zeros_,
+    layers_of,
     register_method,
-    resolve_layers,
 )
 
 NAME = "head_gates"  # the config field, the parameters' prefix (...self_attn.head_gates.logits) and the --method name
@@ -40,14 +41,15 @@ NAME = "head_gates"  # the config field, the parameters' prefix (...self_attn.he
 
 @dataclass(frozen=True)
 class HeadGateSettings(MethodSettings):
-    """encoder_layers: the encoder layers whose self-attention is gated (None: all; negative counts from the end);
-    weight: the penalty's weight in the objective (>= 0)."""
+    """encoder_layers: the encoder layers whose self-attention is gated, in the shared placement vocabulary ("all",
+    the default; layer numbers, negative counting from the end; None: none); weight: the penalty's weight in the
+    objective (>= 0)."""
 
-    encoder_layers: list[int] | None = None
+    encoder_layers: list[int] | Literal["all"] | None = "all"
     weight: float = 0.01
 
     def validate(self, config, name: str) -> None:
-        resolve_layers(self.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
+        layers_of(self.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
         check_range(self.weight, f"{name}.weight", 0.0)
 
 
@@ -97,7 +99,7 @@ def collect(context, settings: HeadGateSettings):
 
 
 # Where it is attached: MethodSpec's default placements read the settings' encoder_layers (and decoder_layers,
-# cross_layers where a settings class has them): None or "all" is every layer, indices those layers, [] none.
+# cross_layers where a settings class has them): "all" is every layer, layer numbers those layers, None none.
 METHOD = MethodSpec(
     NAME, HeadGateSettings, build=build, collect=collect,
     outputs={"head_gates_penalty": "the mean gate over the gated heads"},

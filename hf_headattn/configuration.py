@@ -40,6 +40,7 @@ from .legacy import (
     relied_on_defaults,
     translate_flat_fields,
     translate_kwargs,
+    translate_older_spellings,
     translate_pretrained_kwargs,
 )
 
@@ -242,9 +243,10 @@ class HeadAttnSettings:
         if key in flat_fields():  # release 0.1's flat field: assigned to its method's dict, as when built
             assign_flat_field(self, key, value)
             return
-        methods = {spec.name for spec in registered_methods()}
-        if key in methods and value is not None:
-            value = frozen(value)
+        specs = {spec.name: spec for spec in registered_methods()}
+        methods = set(specs)
+        if key in methods and value is not None:  # older placement spellings: today's, with a warning (.legacy)
+            value = frozen(translate_older_spellings(specs[key], value, key))
         resolved = config_attributes(self).get("_headattn_resolved")
         if key == "pruned_heads" and value is not None:
             value = frozen(check_pruned_heads(value, self))

@@ -12,14 +12,17 @@ tells, by the release a file records (``headattn_version``, :func:`recorded_rele
 from __future__ import annotations
 
 import difflib
+import inspect
+import os
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import MISSING, fields
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 from transformers import MarianConfig, MBartConfig
 from transformers.utils import logging
 
-from .deprecation import warn_deprecated
+from .deprecation import NEXT_RELEASE, warn_deprecated
 from .hf_compat import config_fields
 from .registry import registered_methods
 
@@ -87,8 +90,8 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
         if flat and given is not None:
             raise ValueError(f"{where} gives {spec.name}={dict(given)!r} and release 0.1's flat fields {flat!r}; "
                              f"expected one convention: the {spec.name} dict alone")
-        settings = {spec.legacy_fields[key]: value for key, value in flat.items()
-                    if not _is_default(spec, spec.legacy_fields[key], value)}
+        newer, _ = newer_spellings(spec, {spec.legacy_fields[key]: value for key, value in flat.items()}, where)
+        settings = {key: value for key, value in newer.items() if not _is_default(spec, key, value)}
         if settings and not (release_0_1 and not spec.settings(**settings).switched_on()):
             values[spec.name] = given = settings
         if release_0_1 and spec.legacy_defaults and isinstance(given, Mapping):
@@ -104,13 +107,49 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
                         "dicts)", FLAT_FIELDS_REMOVED_IN, plural=True, stacklevel=stacklevel)
 
 
+def newer_spellings(spec, values: Mapping, where: str) -> tuple[dict, list[tuple[str, str]]]:
+    """``values`` (a method's settings dict) in today's spellings (``MethodSpec.older_spellings``: the placement
+    vocabulary's, :mod:`hf_headattn.placement`) and the ``(old, new)`` spellings renamed; a ``ValueError`` naming
+    ``where`` for a dict that gives both spellings."""
+    if spec.older_spellings is None or not isinstance(values, Mapping):
+        return values, []
+    try:
+        return spec.older_spellings(values)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
+def translate_older_spellings(spec, values, where: str):
+    """:func:`newer_spellings` of ``values``, with one deprecation warning naming the older spellings and their
+    replacements (removed in :data:`~.deprecation.NEXT_RELEASE`), pointed at the first caller outside hf-headattn,
+    transformers and the dataclass machinery that set it."""
+    newer, renamed = newer_spellings(spec, values, where)
+    if renamed:
+        old = ", ".join(dict.fromkeys(f"{where}.{old}" for old, _ in renamed))
+        new = ", ".join(dict.fromkeys(f"{where}.{new}" for _, new in renamed))
+        warn_deprecated(f"the older spellings {old}", f"{new} (the shared placement vocabulary, docs/design.md)",
+                        NEXT_RELEASE, plural=True, stacklevel=_outside_caller())
+    return newer
+
+
+def _outside_caller() -> int:
+    """``warn_deprecated``'s ``stacklevel`` (from its caller) of the first frame outside hf-headattn's package,
+    transformers, huggingface_hub and the standard library's dataclasses."""
+    inside = (str(Path(__file__).parent), f"{os.sep}transformers{os.sep}", f"{os.sep}huggingface_hub{os.sep}",
+              f"{os.sep}dataclasses.py", "<string>")
+    frame, level = inspect.currentframe().f_back.f_back, 2  # (the caller of translate_older_spellings)
+    while frame is not None and any(part in frame.f_code.co_filename for part in inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def older_file_settings(spec, given: Mapping, record) -> dict:
     """The settings of ``spec.older_files_defaults`` that a saved dict ``given`` lacks and that must be set to keep
     the behaviour it was trained with: the value ``record`` (the file's :data:`DEFAULTS_RECORD`) gives for the
     method, else the spec's older value; those equal to today's default are left out (the dict then saves as it
     was loaded)."""
     recorded = record.get(spec.name, {}) if isinstance(record, Mapping) else {}
-    today = {setting.name: setting.default for setting in fields(spec.settings)}
+    today = {setting.name: _default(setting) for setting in fields(spec.settings)}
     missing = {key: recorded.get(key, older) for key, older in spec.older_files_defaults.items() if key not in given}
     return {key: value for key, value in missing.items() if value != today[key]}
 
@@ -166,12 +205,18 @@ def assign_flat_field(config, key: str, value) -> None:
     translate_flat_fields(translated, f"config.{key} = {value!r}", stacklevel=5)
     current = getattr(config, spec.name, None)
     if current is not None or spec.name in translated:
-        setattr(config, spec.name, {**(current or {}), setting: value})
+        # (a flat field of an older spelling, e.g. sea_layers: today's, warned once, by the flat warning above)
+        setattr(config, spec.name, newer_spellings(spec, {**(current or {}), setting: value}, f"config.{key}")[0])
 
 
 def _is_default(spec, key: str, value) -> bool:
-    default = next(setting.default for setting in fields(spec.settings) if setting.name == key)
+    default = next(_default(setting) for setting in fields(spec.settings) if setting.name == key)
     return default == value and type(default) is type(value)
+
+
+def _default(setting):
+    """A settings field's default (its factory's value where it has one)."""
+    return setting.default if setting.default_factory is MISSING else setting.default_factory()
 
 
 def _warn_unknown_flat_fields(values: Mapping, where: str) -> None:

@@ -48,9 +48,22 @@ Parameters: ``init_weights(std)`` sets them with :func:`init_normal_`, :func:`in
 parameter loaded from a checkpoint alone.
 
 The spec: only ``MethodSpec(NAME, Settings, build=build)`` is required. ``placements`` defaults to
-:func:`layer_placements` (the settings' fields ``encoder_layers``, ``decoder_layers``, ``cross_layers``, those it
-has; None or "all": every layer of that stack, indices, ``[]``: none), ``collect`` to no output fields and no
-objective term.
+:func:`layer_placements` (the settings' layer fields, those it has), ``collect`` to no output fields and no objective
+term.
+
+Placements: one vocabulary for every method (:mod:`hf_headattn.placement`; a method has the fields it supports):
+
+| field | values | meaning |
+|---|---|---|
+| ``encoder_layers`` | ``"all"``, layer numbers (negative from the end), None | encoder self-attention, None: none |
+| ``decoder_layers`` | the same | decoder self-attention |
+| ``cross_layers`` | the same | decoder cross-attention |
+| ``heads`` | ``"all"``, head numbers (negative from the end) | which heads of a placed module |
+| ``head_selection`` | ``"all"``, ``"redundant"`` | all of them or, per sentence, the ones RHE finds redundant |
+
+:func:`layers_of` and :func:`heads_of` read them (a method's own named layouts too, e.g. Localness's
+``"lower_half"``), with errors naming the field, the value and what was expected; ``MethodSpec.older_spellings``
+(with :func:`renamed`) reads a method's earlier spellings, which the config warns about.
 
 Head masks (:mod:`hf_headattn.head_masks`): ``call.head_mask`` is None or (1 or B, H), one row per sentence, its H the
 module's current heads (fewer once pruned), each value m_h in [0, 1] the share of head h that is kept. ``after``
@@ -80,8 +93,8 @@ module, imports each from the module that defines it, their kits and analyses fr
   :func:`assert_async` (fail on the device without synchronising), :func:`constant` (a tuple as a device tensor,
   made once), :data:`IGNORE_INDEX` (the label padding value);
 * RHE, the redundant heads (Zhang et al. 2021, Eq. 3, 5, 9, 10; :mod:`hf_headattn.redundancy`), for a method with
-  ``heads="redundant"``: :func:`redundant_heads_of`, :func:`dependency_allowed`, :func:`checked_dependency_mask`,
-  :func:`neutral_dependency_mask` (its ``neutral_inputs``), :func:`real_tokens`;
+  ``head_selection="redundant"``: :func:`redundant_heads_of`, :func:`dependency_allowed`,
+  :func:`checked_dependency_mask`, :func:`neutral_dependency_mask` (its ``neutral_inputs``), :func:`real_tokens`;
 * the values of the shared syntax inputs (:mod:`hf_headattn.phrase_values`): :data:`NOT_IN_PHRASE`, the Rule 2
   readings :data:`Rule2` (a settings annotation), :data:`RULE2`, :data:`DEFAULT_RULE2`;
 * the registry's read-outs, for an analysis: :func:`readout` (a spec's read-out flag and field),
@@ -112,6 +125,7 @@ from .hf_compat import (
 from .losses import IGNORE_INDEX
 from .model_hooks import is_muted, mute_module, mute_position_embeddings
 from .phrase_values import DEFAULT_RULE2, NOT_IN_PHRASE, RULE2, Rule2
+from .placement import HEAD_SELECTIONS, check_head_selection, heads_of, layer_placements, layers_of, renamed
 from .positions import relative_positions
 from .probabilities import attention_probabilities, mix_heads
 from .redundancy import (
@@ -132,18 +146,19 @@ from .registry import (
     registered_methods,
     unregister_method,
 )
-from .settings_checks import allowed_values, check_choice, check_range, layer_placements, resolve_layers
+from .settings_checks import allowed_values, check_choice, check_range, resolve_layers
 from .sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
 from .syntax_inputs.provider import example_inputs as syntax_example_inputs
 from .syntax_inputs.provider import needs_syntax, syntax_for_redundant_heads
 
 __all__ = [
-    "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse", "MethodInputError", "MethodKit",
-    "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset", "allowed_values", "attention_probabilities",
-    "check_choice", "check_range", "import_method_modules", "init_identity_", "init_normal_", "init_ones_",
-    "init_values_", "init_zeros_", "is_muted", "key_allowed", "layer_placements", "live_heads", "masked_logits",
-    "mix_heads", "mute_module", "mute_position_embeddings", "register_method", "registered_methods",
-    "relative_positions", "resolve_layers", "unregister_method",
+    "HEAD_SELECTIONS", "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse",
+    "MethodInputError", "MethodKit", "MethodSettings", "MethodSpec", "MissingDependencyError", "Preset",
+    "allowed_values", "attention_probabilities", "check_choice", "check_head_selection", "check_range", "heads_of",
+    "import_method_modules", "init_identity_", "init_normal_", "init_ones_", "init_values_", "init_zeros_",
+    "is_muted", "key_allowed", "layer_placements", "layers_of", "live_heads", "masked_logits", "mix_heads",
+    "mute_module", "mute_position_embeddings", "register_method", "registered_methods", "relative_positions",
+    "renamed", "resolve_layers", "unregister_method",
     # what the built-in methods use beside (the docstring's last section)
     "COMPONENTS", "COMPONENT_SITES", "DEFAULT_RULE2", "IGNORE_INDEX", "NOT_IN_PHRASE", "OUTPUT_PROJECTION", "RULE2",
     "Rule2", "TRANSFORMER_BASE", "assert_async", "attention_backend", "checked_dependency_mask", "component_of",

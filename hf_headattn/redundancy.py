@@ -1,5 +1,5 @@
 """RHE, redundant head identification (Zhang et al. 2021, Eq. 3, 5, 9, 10), shared: SEA applies its masks to the heads
-it finds redundant, and so may any method that adds a bias to the scores (``heads="redundant"``, e.g. relative
+it finds redundant, and so may any method that adds a bias to the scores (``head_selection="redundant"``, e.g. relative
 positions, Localness; RHE's Table 2). One implementation, in the shared layer, so that no method imports another's
 math.
 
@@ -169,18 +169,19 @@ def _redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> t
 
 def neutral_dependency_mask(batch_size: int, length: int) -> dict[str, torch.Tensor]:
     """A ``dependency_mask`` that changes nothing: every pair related, so RHE finds no head redundant (Eq. 10). The
-    ``MethodSpec.neutral_inputs`` of a bias method with ``heads="redundant"``."""
+    ``MethodSpec.neutral_inputs`` of a bias method with ``head_selection="redundant"``."""
     return {"dependency_mask": torch.ones(batch_size, length, length, dtype=torch.bool)}
 
 
 def checked_dependency_mask(owner: str, tensor, query: torch.Tensor) -> torch.Tensor:
     """``tensor`` if it is a valid ``dependency_mask`` for RHE in this call ((B, S, S) bool on the query's device),
-    else a ``ValueError`` naming ``owner`` (the method with ``heads="redundant"``), what it got and what was
+    else a ``ValueError`` naming ``owner`` (the method with ``head_selection="redundant"``), what it got and what was
     expected."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(
-            f"{owner} with heads='redundant' needs the forward argument dependency_mask (batch, src_len, src_len) "
-            f"bool (RHE's Eq. 9; SEA's input, e.g. from hf_headattn.syntax_inputs.DataCollatorForSyntaxSeq2Seq), "
+            f"{owner} with head_selection='redundant' needs the forward argument dependency_mask (batch, src_len, "
+            f"src_len) bool (RHE's Eq. 9; SEA's input, e.g. from "
+            f"hf_headattn.syntax_inputs.DataCollatorForSyntaxSeq2Seq), "
             f"got {type(tensor).__name__}; pass model(..., dependency_mask=...) or model.generate(..., "
             "dependency_mask=...)"
         )

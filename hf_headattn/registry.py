@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .settings_checks import describe_type, layer_placements
+from .placement import layer_placements
+from .settings_checks import describe_type
 from .sites import component_of, component_shape
 
 
@@ -145,8 +146,9 @@ class MethodSpec:
     settings: its :class:`MethodSettings` dataclass.
     placements: ``placements(settings, model_config) -> [(side, layer, kind), ...]`` with side "encoder"/"decoder",
         kind "self"/"cross"; an empty list means the settings place the method nowhere (refused: it would be off).
-        Default (None): :func:`~.settings_checks.layer_placements`, from the settings' fields ``encoder_layers``,
-        ``decoder_layers``, ``cross_layers`` (None or "all": every layer; indices; ``[]``: none).
+        Default (None): :func:`~.placement.layer_placements`, from the settings' fields ``encoder_layers``,
+        ``decoder_layers``, ``cross_layers`` (the placement vocabulary, :mod:`hf_headattn.placement`: "all", layer
+        numbers, None: not placed).
     build: ``build(settings, model_config, attention_module, *, num_heads, head_dim) -> AttentionMethod``, called once
         per placement (:meth:`make`); the keywords are optional: ``num_heads`` (the module's heads as the config
         gives them: methods are built before :mod:`~hf_headattn.pruning` prunes, which then calls the method's
@@ -177,6 +179,10 @@ class MethodSpec:
         with what a saved dict that lacks it was trained with (e.g. Localness's ``{"predictor": "head"}``): ``to_dict``
         records the defaults a dict relies on (``headattn_defaults`` in config.json), so a saved dict that lacks one
         and a file that records none predate the setting, and load with this value.
+    older_spellings: ``older_spellings(values) -> (values, [(old, new), ...])``: a settings dict with the spellings
+        the method used before the shared placement vocabulary (:mod:`hf_headattn.placement`) given in today's
+        (:func:`~.placement.renamed`), and what it renamed; the config warns about those (removed in 0.4,
+        :func:`hf_headattn.legacy.translate_older_spellings`) and keeps the new dict. None: nothing renamed.
     prepare_stack: ``prepare_stack(settings, model_config, side, stack)``, called once when a model (or a stack on its
         own) is built, for each side ("encoder", "decoder") the method is placed on, with that side's HF stack
         (``MBartEncoder``, ...), after the methods are attached and before any weight is loaded: a change to the
@@ -208,6 +214,7 @@ class MethodSpec:
     legacy_fields: Mapping[str, str] = field(default_factory=dict)
     legacy_defaults: Mapping[str, Any] = field(default_factory=dict)
     older_files_defaults: Mapping[str, Any] = field(default_factory=dict)
+    older_spellings: Callable | None = None
     head_use: Callable | None = None
     prepare_stack: Callable | None = None
     kit: str | None = None
@@ -231,9 +238,9 @@ class MethodSpec:
 
 
 class LayerPlacements:
-    """The default ``MethodSpec.placements``: :func:`~.settings_checks.layer_placements` of the settings' layer
-    fields (``encoder_layers``, ``decoder_layers``, ``cross_layers``; None or "all": every layer), errors naming the
-    method."""
+    """The default ``MethodSpec.placements``: :func:`~.placement.layer_placements` of the settings' layer fields
+    (``encoder_layers``, ``decoder_layers``, ``cross_layers``; "all", layer numbers, None: not placed), errors naming
+    the method."""
 
     def __init__(self, name: str):
         self.name = name
@@ -465,7 +472,8 @@ def logged_fields() -> list[str]:
 
 def method_inputs() -> list[str]:
     """Every method's forward inputs (``MethodSpec.inputs``), e.g. SEA's ``dependency_mask``, each once: methods may
-    read the same input (RHE's ``dependency_mask``, for SEA and for a bias method with ``heads="redundant"``)."""
+    read the same input (RHE's ``dependency_mask``, for SEA and for a bias method with
+    ``head_selection="redundant"``)."""
     return list(dict.fromkeys(name for spec in registered_methods() for name in spec.inputs))
 
 

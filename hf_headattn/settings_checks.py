@@ -32,29 +32,6 @@ def resolve_layers(indices: Iterable[int] | None, num_layers: int, name: str) ->
     return sorted(resolved)
 
 
-#: The settings fields :func:`layer_placements` reads: field -> (side, kind) of the attention modules it places on.
-LAYER_FIELDS = {"encoder_layers": ("encoder", "self"), "decoder_layers": ("decoder", "self"),
-                "cross_layers": ("decoder", "cross")}
-
-
-def layer_placements(settings, config, name: str) -> list[tuple[str, int, str]]:
-    """The attention modules a method's settings place it on, read from its layer fields (the default of
-    ``MethodSpec.placements``): ``encoder_layers`` (encoder self-attention), ``decoder_layers`` (decoder
-    self-attention), ``cross_layers`` (decoder cross-attention), those of them the settings have. Each is ``None`` or
-    ``"all"`` (every layer of that stack), or layer indices (negative ones count from the end; ``[]``: none); a
-    settings class with none of these fields is placed nowhere. Returns ``[(side, layer, kind), ...]``, encoder
-    first; a bad index is a ``ValueError`` naming ``<name>.<field>``."""
-    sites = []
-    for field, (side, kind) in LAYER_FIELDS.items():
-        if not hasattr(settings, field):
-            continue
-        chosen, count = getattr(settings, field), getattr(config, f"{side}_layers")
-        layers = range(count) if chosen is None or chosen == "all" else resolve_layers(chosen, count,
-                                                                                      f"{name}.{field}")
-        sites += [(side, layer, kind) for layer in layers]
-    return sorted(sites, key=lambda site: (site[0] != "encoder", site[1], site[2] == "cross"))
-
-
 def check_range(value, name: str, low: float, high: float | None = None, *, high_open: bool = False) -> None:
     """Raise ``ValueError`` unless ``low <= value`` (and ``value <= high``, or ``< high`` when ``high_open``)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low

@@ -11,7 +11,8 @@ Each spec names only its name, settings and ``build``: placements and collect ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -26,10 +27,10 @@ def distance_function(distance: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class DistanceBiasSettings(MethodSettings):
-    """encoder_layers, decoder_layers: None (every layer), indices or []."""
+    """encoder_layers, decoder_layers: "all" (the default), layer numbers or None (none)."""
 
-    encoder_layers: list[int] | None = None
-    decoder_layers: list[int] | None = None
+    encoder_layers: list[int] | Literal["all"] | None = "all"
+    decoder_layers: list[int] | Literal["all"] | None = "all"
 
 
 class DistanceBias(AttentionMethod):
@@ -58,10 +59,10 @@ DISTANCE_BIAS = MethodSpec("distance_bias", DistanceBiasSettings, build=build_di
 
 @dataclass(frozen=True)
 class TalkingHeadsSettings(MethodSettings):
-    """encoder_layers (None: every layer), decoder_layers (default []: none)."""
+    """encoder_layers (default "all"), decoder_layers (default None: none)."""
 
-    encoder_layers: list[int] | None = None
-    decoder_layers: list[int] | None = field(default_factory=list)
+    encoder_layers: list[int] | Literal["all"] | None = "all"
+    decoder_layers: list[int] | Literal["all"] | None = None
 
 
 class TalkingHeads(AttentionMethod):

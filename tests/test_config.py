@@ -20,6 +20,7 @@ from hf_headattn import (
     HeadAttnMBartModel,
 )
 from hf_headattn.deprecation import HeadAttnDeprecationWarning
+from hf_headattn.registry import registered_methods
 
 CONFIGS = {"mbart": HeadAttnMBartConfig, "marian": HeadAttnMarianConfig}
 BASES = {"mbart": HeadAttnMBartModel, "marian": HeadAttnMarianModel}
@@ -54,7 +55,7 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path):
 def test_settings_round_trip(tmp_path):
     settings = dict(
         label_smoothing=0.1, dhicm={"encoder_layers": [-1], "kl_weight": 0.3},
-        eadra={"cross": {"alpha_sent": 5.0, "num_heads": 2}}, sea={"type": "lpea", "layers": [0, 1],
+        eadra={"cross": {"alpha_sent": 5.0, "num_heads": 2}}, sea={"type": "lpea", "encoder_layers": [0, 1],
                                                                   "max_relative_position": 4},
     )
     HeadAttnMBartConfig(**TINY, **settings).save_pretrained(tmp_path)
@@ -100,12 +101,47 @@ def test_release_0_1_flat_settings_are_translated_once_with_a_deprecation_warnin
                                              "sea_layers": [1], "rhe_prune": False, "eadra": None})
     assert old.dhicm is None and HeadAttnMBartForConditionalGeneration(old).headattn_settings == {}
     # from_pretrained's keyword arguments: each updates its method's dict as saved
-    HeadAttnMBartConfig(**TINY, sea={"type": "dea", "layers": [1]}).save_pretrained(tmp_path)
+    HeadAttnMBartConfig(**TINY, sea={"type": "dea", "encoder_layers": [1]}).save_pretrained(tmp_path)
     with pytest.warns(FutureWarning, match="'sea_type'"):
         loaded = HeadAttnMBartConfig.from_pretrained(tmp_path, sea_type="lpea")
-    assert loaded.sea == {"type": "lpea", "layers": [1]}
+    assert loaded.sea == {"type": "lpea", "encoder_layers": [1]}
     with pytest.raises(ValueError, match=r"gives sea=\{'type': 'dea'\} and release 0.1's flat fields"):
         HeadAttnMBartConfig.from_pretrained(tmp_path, sea={"type": "dea"}, sea_layers=[0])
+
+
+#: Each method's spellings before the shared placement vocabulary (#65), and today's: the same placement.
+OLDER_SPELLINGS = [
+    ("dhicm", {"decoder_layers": [-1], "attention": ["cross"]}, {"decoder_layers": None, "cross_layers": [-1]}),
+    ("dhicm", {"encoder_layers": [0], "decoder_layers": [1], "attention": None},
+     {"encoder_layers": [0], "decoder_layers": [1], "cross_layers": "decoder_layers"}),
+    ("eadra", {"encoder": {"layers": None, "num_heads": 2}}, {"encoder": {"layers": "all", "num_heads": 2}}),
+    ("fixed_attention", {"patterns": ["previous", "start"], "encoder_layers": None, "decoder": True, "cross": False},
+     {"patterns": ["previous", "start"], "encoder_layers": "all", "decoder_layers": "all", "cross_layers": None}),
+    ("fixed_attention", {"patterns": ["start"], "encoder_layers": None},
+     {"patterns": ["start"], "encoder_layers": "all"}),
+    ("localness", {"layers": None, "heads": 2}, {"encoder_layers": "lower_half", "heads": [0, 1]}),
+    ("localness", {"layers": [-1], "heads": "redundant"}, {"encoder_layers": [-1], "head_selection": "redundant"}),
+    ("rel_pos", {"heads": "redundant"}, {"head_selection": "redundant"}),
+    ("sea", {"type": "dea", "layers": None, "heads": "all"},
+     {"type": "dea", "encoder_layers": [0], "head_selection": "all"}),
+]
+
+
+@pytest.mark.parametrize("method, older, today", OLDER_SPELLINGS, ids=[f"{m}-{i}" for i, (m, _, _) in
+                                                                       enumerate(OLDER_SPELLINGS)])
+def test_older_placement_spellings_load_as_today_s_with_a_warning_naming_the_removal(method, older, today):
+    """The same resolved settings and attention modules as today's spelling; the config keeps (and saves) today's;
+    the warning names the release that removes them and points at the line that used them."""
+    with pytest.warns(HeadAttnDeprecationWarning, match=rf"^the older spellings {method}\..* are deprecated and will "
+                                                        rf"be removed in hf-headattn 0\.4; use {method}\.") as warned:
+        config = HeadAttnMBartConfig(**TINY, **{method: older})
+    assert [w.filename for w in warned if w.category is HeadAttnDeprecationWarning] == [__file__]
+    expected = HeadAttnMBartConfig(**TINY, **{method: today})  # (no warning: they fail the tests)
+    assert getattr(config, method) == today
+    assert config.headattn_settings[method] == expected.headattn_settings[method]
+    spec = next(spec for spec in registered_methods() if spec.name == method)
+    assert spec.placements(config.headattn_settings[method], config) == spec.placements(
+        expected.headattn_settings[method], expected)
 
 
 def test_mixed_conventions_are_refused_and_misspelt_flat_fields_warned(tmp_path, caplog):
@@ -157,7 +193,9 @@ BAD_SETTINGS = [
     ({"label_smoothing": "0.1"}, r"label_smoothing must be a number in \[0, 1\), got '0.1'"),
     ({"dhicm": {"encoder_layers": [2]}}, r"dhicm.encoder_layers contains 2, but the model has 2 layers"),
     ({"dhicm": {"decoder_layers": [-3]}}, r"dhicm.decoder_layers contains -3"),
-    ({"dhicm": {"encoder_layers": -1}}, r"dhicm.encoder_layers must be a list of \(an integer\) or None, got -1"),
+    ({"dhicm": {"encoder_layers": -1}},
+     r"dhicm.encoder_layers must be a list of \(an integer\) or one of 'all' or None, got -1"),
+    ({"dhicm": {"cross_layers": "most"}}, r"dhicm.cross_layers must be .*one of 'all', 'decoder_layers' or None"),
     ({"dhicm": {"encoder_layers": [-1], "dim": 0}}, r"dhicm.dim must be a positive integer .* got 0"),
     ({"dhicm": {"encoder_layers": [-1], "dim": 2.5}}, r"dhicm.dim must be an integer or None, got 2.5"),
     ({"dhicm": {"encoder_layers": [-1], "kl_weight": -0.1}}, r"dhicm.kl_weight must be a number in \[0.0, inf\)"),
@@ -165,12 +203,16 @@ BAD_SETTINGS = [
      r"dhicm.kl_weight must be a finite number, got inf"),
     ({"dhicm": {"encoder_layers": [-1], "dropout": 1.0}}, r"dhicm.dropout must be a number in \[0.0, 1.0\), got 1.0"),
     ({"dhicm": {"encoder_layers": [-1], "attention": ["selfish"]}},
-     r"dhicm.attention must be a list of \(one of 'self', 'cross'\)"),
-    ({"dhicm": {"decoder_layers": [-1], "attention": ["self", "self"]}}, r"dhicm.attention must name distinct entries"),
-    ({"dhicm": {"decoder_layers": [-1], "attention": []}}, r"dhicm.attention must name distinct entries"),
+     r"dhicm: attention \(an older spelling\) must name distinct entries of \('self', 'cross'\).*got \['selfish'\]"),
+    ({"dhicm": {"decoder_layers": [-1], "attention": ["self", "self"]}}, r"dhicm: attention .*must name distinct"),
+    ({"dhicm": {"decoder_layers": [-1], "attention": []}}, r"dhicm: attention .*must name distinct entries"),
+    ({"dhicm": {"decoder_layers": [-1], "attention": ["self"], "cross_layers": None}},
+     r"dhicm: the settings give 'attention' \(an older spelling\) and \['cross_layers'\]; expected 'cross_layers'"),
     ({"dhicm": {"encoder_layers": [-1], "mode": "fast"}},
      r"dhicm.mode must be one of 'paper', 'scaled_out_proj', got 'fast'"),
     ({"dhicm": {"encoder_layers": [], "decoder_layers": []}}, r"places dhicm on no attention module"),
+    ({"dhicm": {"decoder_layers": [-1], "cross_layers": None}, "fixed_attention": {"patterns": ["previous"]},
+      "localness": {"encoder_layers": None}}, r"places localness on no attention module"),
     ({"dhicm": {"encoder_layer": [-1]}}, r"dhicm has unknown settings \['encoder_layer'\]"),
     ({"dhicm": [-1]}, r"dhicm must be a dict of settings \(or None for off\), got \[-1\]"),
     ({"eadra": {"encoder_self": {}}}, r"eadra has unknown settings \['encoder_self'\]; expected some of"),
@@ -182,11 +224,28 @@ BAD_SETTINGS = [
     ({"eadra": {"cross": {"num_heads": 5}}}, r"eadra\['cross'\]\['num_heads'\] must be an integer in \[1, 4\].* got 5"),
     ({"eadra": {"encoder": {"layers": [7]}}}, r"eadra\['encoder'\]\['layers'\] contains 7"),
     ({"eadra": {"encoder": {"layers": []}}}, r"places eadra on no attention module"),
+    ({"eadra": {"encoder": {"layers": "lower_half"}}},
+     r"eadra\['encoder'\].layers must be a list of .*or one of 'all', got 'lower_half'"),
+    ({"eadra": {"encoder": {"heads": []}}},
+     r"eadra\['encoder'\]\['heads'\] must be 'all' or a non-empty list of head numbers in \[-4, 3\], got \[\]"),
+    ({"localness": {"heads": [0, 4]}},
+     r"localness.heads must be 'all' or a non-empty list of head numbers in \[-4, 3\], got \[0, 4\]"),
+    ({"localness": {"heads": [1], "head_selection": "redundant"}},
+     r"localness.head_selection='redundant' chooses among every head, got localness.heads=\[1\]"),
+    ({"localness": {"encoder_layers": "upper_half"}}, r"localness.encoder_layers must be .*'lower_half'"),
+    ({"rel_pos": {"head_selection": "redundant", "decoder_layers": [0]}},
+     r"rel_pos.head_selection='redundant' needs RHE's dependency_mask"),
+    ({"fixed_attention": {"patterns": ["left"], "cross_layers": [-1]}},
+     r"fixed_attention.patterns contains \['left'\], which fixed_attention.cross_layers=\[-1\] cannot use"),
     ({"eadra": {}}, r"eadra must map some of"),
     ({"sea": {"type": "syntax"}}, r"sea.type must be one of 'dea', 'lpea' or None, got 'syntax'"),
-    ({"sea": {"type": "dea", "heads": "some"}}, r"sea.heads must be one of"),
-    ({"sea": {"type": "dea", "layers": [5]}}, r"sea.layers contains 5"),
-    ({"sea": {"type": "dea", "layers": []}}, r"places sea on no attention module"),
+    ({"sea": {"type": "dea", "head_selection": "some"}}, r"sea.head_selection must be one of"),
+    ({"sea": {"type": "dea", "encoder_layers": [5]}}, r"sea.encoder_layers contains 5"),
+    ({"sea": {"type": "dea", "encoder_layers": []}}, r"places sea on no attention module"),
+    ({"sea": {"type": "dea", "encoder_layers": None}}, r"places sea on no attention module"),
+    ({"sea": {"type": "dea", "layers": [0], "encoder_layers": [0]}},
+     r"sea: the settings give 'layers' \(an older spelling\) and \['encoder_layers'\]; expected 'encoder_layers' "
+     r"alone"),
     ({"sea": {"prune": "yes"}}, r"sea.prune must be True or False, got 'yes'"),
     ({"sea": {"prune": True, "type": "dea"}}, r"sea.prune=True drops the redundant heads"),
     ({"sea": {"type": "lpea", "max_relative_position": 0}},
@@ -209,7 +268,7 @@ def test_settings_are_validated_when_set_and_a_bad_value_is_not_kept():
             config.label_smoothing = value
     assert config.label_smoothing == 0.0
     with pytest.raises(ValueError, match="places sea on no attention module"):
-        config.sea = {"type": "dea", "layers": []}
+        config.sea = {"type": "dea", "encoder_layers": []}
     assert config.sea is None
     with pytest.raises(ValueError, match=r"dhicm.encoder_layers contains -2, but the model has 1 layers"):
         config.encoder_layers = 1  # what the settings are resolved against

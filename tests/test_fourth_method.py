@@ -91,8 +91,8 @@ def test_two_methods_that_claim_one_column_or_flag_are_refused_naming_both(toy, 
 
 
 def test_rhe_on_a_bias_method_reads_the_syntax_provider_once(toy, tokenizer, sources, monkeypatch):
-    """``MethodKit.inputs_from``: Rel_Pos and Localness with heads="redundant" get RHE's dependency_mask from the
-    shared syntax input provider, as SEA does (the same tensor as for DEA+RHE; no phrase_positions while SEA is
+    """``MethodKit.inputs_from``: Rel_Pos and Localness with head_selection="redundant" get RHE's dependency_mask from
+    the shared syntax input provider, as SEA does (the same tensor as for DEA+RHE; no phrase_positions while SEA is
     off: no method on declares them), its hooks running once."""
     from hf_headattn.syntax_inputs.provider import uses_syntax
 
@@ -117,7 +117,7 @@ def test_rhe_on_a_bias_method_reads_the_syntax_provider_once(toy, tokenizer, sou
     # a plug-in declares that it reads the provider's inputs as the built-in methods do: the hooks run once, and are
     # handed the settings of every method that reads them
     monkeypatch.setattr(toy_kit, "KIT", dataclasses.replace(toy_kit.KIT, inputs_from=needs_syntax))
-    settings = {"toy": {}, "rel_pos": {"heads": "redundant"}}
+    settings = {"toy": {}, "rel_pos": {"head_selection": "redundant"}}
     assert [kit.name for kit in input_kits(settings)] == ["syntax_inputs", "toy"]
     assert collator(tokenizer, None, settings).method_settings["syntax_inputs"] == settings
     # a kit naming a method whose kit makes no inputs (and no provider) is refused, naming both

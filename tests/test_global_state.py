@@ -17,7 +17,7 @@ from hf_headattn.methods.eadra.equations import _matmul_precision
 from process_state import process_state
 
 EVERY_METHOD = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]},
-                    eadra={"encoder": {}, "decoder": {}, "cross": {}}, sea={"type": "lpea", "heads": "redundant"})
+                    eadra={"encoder": {}, "decoder": {}, "cross": {}}, sea={"type": "lpea"})
 
 
 def test_a_forward_backward_and_generate_leave_the_process_state_as_it_was():

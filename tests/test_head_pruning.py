@@ -26,10 +26,10 @@ METHODS = {
     "eadra_default": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}, "alpha_scale": 1.0}},
     "eadra_heads": {"eadra": {"encoder": {"heads": [1, 3]}, "decoder": {"heads": [0, 3]}, "cross": {"heads": [1, 2]},
                               "alpha_scale": 1.0}},
-    "dea_rhe": {"sea": {"type": "dea", "layers": [0, 1]}},
-    "lpea_rhe": {"sea": {"type": "lpea", "layers": [1]}},
+    "dea_rhe": {"sea": {"type": "dea", "encoder_layers": [0, 1]}},
+    "lpea_rhe": {"sea": {"type": "lpea", "encoder_layers": [1]}},
     "rhe_prune": {"sea": {"prune": True}},
-    "localness_rhe": {"localness": {"heads": "redundant", "layers": [0, 1], "predictor": "head"}},
+    "localness_rhe": {"localness": {"head_selection": "redundant", "encoder_layers": [0, 1], "predictor": "head"}},
 }
 #: Heads to prune (original numbers) and the same as masks.
 PRUNE = {"encoder.layers.1.self_attn": [0, 2], "encoder.layers.0.self_attn": [3],

@@ -16,16 +16,16 @@ from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGenerati
 from hf_headattn.hf_compat import get_relative_import_files
 
 SETTINGS = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]}, eadra={"encoder": {"num_heads": 2}},
-                sea={"type": "lpea", "heads": "all"})
+                sea={"type": "lpea", "head_selection": "all"})
 #: each method alone, two together, and all three (SETTINGS)
 REMOTE_CASES = {
     "dhicm": dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]}),
     "eadra": dict(eadra={"encoder": {"num_heads": 2}, "cross": {}}),
-    "sea": dict(sea={"type": "dea", "heads": "redundant"}),
-    "dhicm+sea": dict(dhicm={"encoder_layers": [0]}, sea={"type": "lpea", "heads": "all"}),
-    "localness+sea": dict(localness={"heads": "redundant"}, sea={"type": "lpea", "heads": "redundant"}),
+    "sea": dict(sea={"type": "dea", "head_selection": "redundant"}),
+    "dhicm+sea": dict(dhicm={"encoder_layers": [0]}, sea={"type": "lpea", "head_selection": "all"}),
+    "localness+sea": dict(localness={"head_selection": "redundant"}, sea={"type": "lpea"}),
     "rel_pos": dict(rel_pos={"decoder_layers": [-1], "max_relative_position": 2}),
-    "fixed_attention": dict(fixed_attention={"patterns": ["previous", "left", "start"], "decoder": True}),
+    "fixed_attention": dict(fixed_attention={"patterns": ["previous", "left", "start"], "decoder_layers": "all"}),
     "all": SETTINGS,
 }
 

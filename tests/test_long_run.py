@@ -11,7 +11,7 @@ from conftest import TINY, batch
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 
 EVERY_METHOD = dict(dhicm={"encoder_layers": [-1], "decoder_layers": [-1]},
-                    eadra={"encoder": {}, "decoder": {}, "cross": {}}, sea={"type": "lpea", "heads": "redundant"})
+                    eadra={"encoder": {}, "decoder": {}, "cross": {}}, sea={"type": "lpea"})
 
 
 def syntax(inputs):

@@ -25,9 +25,9 @@ ON_LAYER_0 = {
     "dhicm": {"encoder_layers": [0]},
     "eadra": {"encoder": {"layers": [0], "heads": [3]}},
     "fixed_attention": {"patterns": ["left", "previous", "start"], "encoder_layers": [0]},
-    "localness": {"layers": [0]},
+    "localness": {"encoder_layers": [0]},
     "rel_pos": {"encoder_layers": [0]},
-    "sea": {"type": "dea", "heads": "all", "layers": [0]},
+    "sea": {"type": "dea", "head_selection": "all", "encoder_layers": [0]},
 }
 #: The pairs refused on one layer with those settings (both take over heads 0-2).
 REFUSED = {("fixed_attention", "rel_pos")}

@@ -30,7 +30,7 @@ METHODS = {
     "off": {},
     "dhicm": DHICM,
     "eadra": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
-    "lpea": {"sea": {"type": "lpea", "heads": "all"}},
+    "lpea": {"sea": {"type": "lpea", "head_selection": "all"}},
 }
 PREFIX = {"dhicm": ".dhicm.", "lpea": ".sea."}  # the methods with weights, and the name their weights carry
 

@@ -14,8 +14,8 @@ SETTINGS = {
     "off": {},
     "dhicm": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
     "eadra": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
-    "dea-rhe": {"sea": {"type": "dea", "layers": [0, 1]}},
-    "lpea-rhe": {"sea": {"type": "lpea", "layers": [0, 1]}},
+    "dea-rhe": {"sea": {"type": "dea", "encoder_layers": [0, 1]}},
+    "lpea-rhe": {"sea": {"type": "lpea", "encoder_layers": [0, 1]}},
 }
 
 

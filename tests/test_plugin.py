@@ -92,7 +92,7 @@ def test_the_templates_defaults_and_recipe_name_place_it_on_every_encoder_layer(
     assert sys.modules["method_template"].__file__ == str(TEMPLATE)
     for settings in ({"head_gates": {}}, method_settings("head_gates")):
         config = HeadAttnMBartConfig(**TINY, **settings)
-        assert config.headattn_settings["head_gates"].encoder_layers is None
+        assert config.headattn_settings["head_gates"].encoder_layers == "all"
         assert config.headattn_settings["head_gates"].weight == 0.01
         torch.manual_seed(0)
         model = HeadAttnMBartForConditionalGeneration(config).train()

@@ -315,15 +315,48 @@ def test_init_values_broadcasts_checks_and_skips_a_loaded_tensor():
         plugin.init_identity_(torch.zeros(2, 3))
 
 
+@pytest.mark.parametrize("value, layers", [
+    ("all", [0, 1, 2]), (None, []), ([], []), ([0], [0]), ([-1, 0, 2], [0, 2]), ((1, -2), [1]), ("lower", [0, 1]),
+])
+def test_the_placement_vocabulary_reads_every_value_kind(value, layers):
+    """layers_of: "all", None (not placed), numbers (negative from the end; sorted, distinct), a method's own layout;
+    heads_of: "all" or head numbers; bad values name the field, the value and what was expected."""
+    assert plugin.layers_of(value, 3, "m.encoder_layers", {"lower": lambda count: range(count - 1)}) == layers
+    assert plugin.heads_of("all", 3, "m.heads") == [0, 1, 2] and plugin.heads_of([2, -3, 2], 3, "m.heads") == [0, 2]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: plugin.layers_of([3], 3, "m.encoder_layers"),
+     r"m.encoder_layers contains 3, but the model has 3 layers: expected integers in \[-3, 2\]"),
+    (lambda: plugin.layers_of([True], 3, "m.encoder_layers"), r"m.encoder_layers contains True"),
+    (lambda: plugin.layers_of("lower", 3, "m.cross_layers"),
+     r"m.cross_layers must be 'all', a list of layer numbers in \[-3, 2\] or None \(not placed\), got 'lower'"),
+    (lambda: plugin.layers_of(2, 3, "m.cross_layers", {"lower": range}), r"must be 'all', 'lower', a list .*got 2"),
+    (lambda: plugin.heads_of([4], 4, "m.heads"),
+     r"m.heads must be 'all' or a non-empty list of head numbers in \[-4, 3\], got \[4\]"),
+    (lambda: plugin.heads_of([], 4, "m.heads"), r"m.heads must be 'all' or a non-empty list .*got \[\]"),
+    (lambda: plugin.heads_of(2, 4, "m.heads"), r"m.heads must be 'all' or a non-empty list .*got 2"),
+    (lambda: plugin.check_head_selection("some", "m.head_selection"),
+     r"m.head_selection must be one of \('all', 'redundant'\) .*got 'some'"),
+])
+def test_the_placement_vocabulary_names_bad_values(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 def test_method_spec_defaults():
-    """Placements from the settings' layer fields (None or "all": every layer; indices; []: none), no collect; a
-    spec without build is refused."""
+    """Placements from the settings' layer fields (the shared vocabulary: "all", layer numbers, None or []: none),
+    no collect; a spec without build is refused."""
     spec = surface_plugins.DISTANCE_BIAS
     config = HeadAttnMBartConfig(**TINY)
     placements = spec.placements(surface_plugins.DistanceBiasSettings(), config)
     assert placements == [("encoder", 0, "self"), ("encoder", 1, "self"), ("decoder", 0, "self"),
                           ("decoder", 1, "self")]
     assert spec.placements(surface_plugins.DistanceBiasSettings([-1], []), config) == [("encoder", 1, "self")]
+    assert spec.placements(surface_plugins.DistanceBiasSettings(None, [0]), config) == [("decoder", 0, "self")]
+    with pytest.raises(ValueError, match=r"distance_bias.encoder_layers must be 'all', a list of layer numbers in "
+                                         r"\[-2, 1\] or None \(not placed\), got 'every'"):
+        spec.placements(surface_plugins.DistanceBiasSettings("every"), config)
     with pytest.raises(ValueError, match=r"distance_bias.decoder_layers contains 3, but the model has 2 layers"):
         spec.placements(surface_plugins.DistanceBiasSettings(None, [3]), config)
     renamed = dataclasses.replace(spec, name="other")

@@ -174,9 +174,9 @@ def test_bad_method_settings_are_refused(argv, message):
 
 def test_valid_keys_come_from_the_config_class(stock_checkpoint):
     model_args, _, _ = parse("--method", "dhicm+dea_rhe+dhicm", "--method_settings",
-                             '{"activation_dropout": 0.2, "hidden_size": 64, "sea": {"layers": [0]}}')
+                             '{"activation_dropout": 0.2, "hidden_size": 64, "sea": {"encoder_layers": [0]}}')
     sea = train_translation.settings_from(model_args)["sea"]  # repeats agree; attribute_map aliases
-    assert (sea["type"], sea["layers"]) == ("dea", [0])
+    assert (sea["type"], sea["encoder_layers"]) == ("dea", [0])
     check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMarianConfig)
     with pytest.raises(ValueError, match=r"\['share_encoder_decoder_embeddings'\].*HeadAttnMBartConfig"):
         check_setting_keys({"share_encoder_decoder_embeddings": False}, hf_headattn.HeadAttnMBartConfig)

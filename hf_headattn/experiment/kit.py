@@ -98,9 +98,10 @@ class MethodKit:
 
     inputs_from: ``inputs_from(settings) -> provider or method name, or None``: given its settings dict, the provider
         (or the method whose kit's hooks) that makes the inputs these settings need (None: they need none). E.g. SEA,
-        and Rel_Pos and Localness with ``heads="redundant"`` (RHE's ``dependency_mask``) return ``"syntax_inputs"``,
-        and the recipes and ``translate`` then run that provider's hooks once however many methods ask for them
-        (:func:`.method_inputs.input_kits`), its settings ``{method: settings}`` of the methods that asked.
+        and Rel_Pos and Localness with ``head_selection="redundant"`` (RHE's ``dependency_mask``) return
+        ``"syntax_inputs"``, and the recipes and ``translate`` then run that provider's hooks once however many
+        methods ask for them (:func:`.method_inputs.input_kits`), its settings ``{method: settings}`` of the methods
+        that asked.
     """
 
     name: str

@@ -60,11 +60,12 @@ def needs_syntax(settings) -> str:
 
 
 def syntax_for_redundant_heads(settings_class) -> Callable[[Mapping], str | None]:
-    """``MethodKit.inputs_from`` of a bias method with RHE (``heads="redundant"``: Rel_Pos, Localness): this provider
-    (RHE's ``dependency_mask`` from parses), where its settings dict (``settings_class.heads`` where it has none) asks
-    for the redundant heads; else None."""
-    default = settings_class.heads
-    return lambda settings: PROVIDER_NAME if settings.get("heads", default) == "redundant" else None
+    """``MethodKit.inputs_from`` of a bias method with RHE (``head_selection="redundant"``: Rel_Pos, Localness): this
+    provider (RHE's ``dependency_mask`` from parses), where its settings dict (``settings_class.head_selection``
+    where it has none; ``heads``, its older spelling, too) asks for the redundant heads; else None."""
+    default = settings_class.head_selection
+    return lambda settings: PROVIDER_NAME if "redundant" in (
+        settings.get("head_selection", default), settings.get("heads")) else None
 
 
 def uses_syntax(settings) -> bool:

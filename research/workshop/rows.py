@@ -33,4 +33,5 @@ def eadra_row(dist: str, *, warmup: int = 0, scale: float = 1.0, alpha_scale: fl
 def sea_row(kind: str, heads: str = "redundant") -> dict:
     """DEA (``kind="dea"``) or LPEA (``"lpea"``) on the redundant heads (RHE) of the first encoder layer (the recipe
     names ``dea_rhe``/``lpea_rhe``), with k = 6 and our reading of Rule 2 written out."""
-    return {SEA: {"type": kind, "heads": heads, "layers": [0], "max_relative_position": 6, "rule2": "symmetric"}}
+    return {SEA: {"type": kind, "head_selection": heads, "encoder_layers": [0], "max_relative_position": 6,
+                  "rule2": "symmetric"}}

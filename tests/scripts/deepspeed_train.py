@@ -37,12 +37,12 @@ from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 METHODS = {
     "dhicm": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]}},
     "eadra": {"eadra": {"encoder": {}, "decoder": {}, "cross": {}}},
-    "sea": {"sea": {"type": "dea", "heads": "redundant"}},
+    "sea": {"sea": {"type": "dea", "head_selection": "redundant"}},
     "localness": {"localness": {}},
     "rel_pos": {"rel_pos": {"max_relative_position": 2, "decoder_layers": [-1]}},
     "fixed_attention": {"fixed_attention": {"patterns": ["previous", "next"]}},
     "all": {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
-            "eadra": {"encoder": {}, "decoder": {}, "cross": {}}, "sea": {"type": "lpea", "heads": "redundant"}},
+            "eadra": {"encoder": {}, "decoder": {}, "cross": {}}, "sea": {"type": "lpea"}},
 }
 #: The heads the ``all`` model starts without (so that ZeRO-3 builds a pruned model from a checkpoint).
 PRUNED = {"decoder.layers.0.self_attn": [1], "decoder.layers.1.encoder_attn": [0, 2]}

@@ -23,7 +23,7 @@ from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGenerati
 from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 
 EVERY_METHOD = {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
-                "eadra": {"encoder": {}, "decoder": {}, "cross": {}}, "sea": {"type": "lpea", "heads": "redundant"}}
+                "eadra": {"encoder": {}, "decoder": {}, "cross": {}}, "sea": {"type": "lpea"}}
 
 
 def batch():

@@ -19,8 +19,9 @@ from torch import nn
 from ...attention import AttentionCall, AttentionMethod
 from ...head_masks import live_heads, masked_logits
 from ...hf_compat import OUTPUT_PROJECTION, init_normal_, init_zeros_, softmax_backward
+from ...placement import layer_placements, layers_of, renamed
 from ...registry import MethodSettings, MethodSpec
-from ...settings_checks import allowed_values, check_range, resolve_layers
+from ...settings_checks import allowed_values, check_range
 
 NAME = "dhicm"
 ATTENTIONS = ("self", "cross")
@@ -35,17 +36,19 @@ LANE_VALUES = 2**16
 class DHICMSettings(MethodSettings):
     """DHICM's settings (``config.dhicm``).
 
-    encoder_layers / decoder_layers: layer indices (negative counts from the end) or None (none on that side).
-    attention: which attention modules of a decoder layer ("self", "cross"); None = both.
+    encoder_layers / decoder_layers / cross_layers: the layers whose encoder self-, decoder self- and decoder
+    cross-attention get the mixture ("all", layer numbers, negative counting from the end, or None: none; the
+    defaults: none). cross_layers' default "decoder_layers" is the layers decoder_layers names (the paper mixes the
+    heads of both attentions of a decoder layer, §3.1).
     dim: d_m of Eq. 2-3 (None: d_model). dropout: dropout after Ux (Eq. 2). kl_weight: lambda of Eq. 4-5.
     kl_reduction: how the KL of Eq. 5 joins the per-token NLL, see :func:`kl_objective_term` ("per_batch", the
         fidelity study's choice, kept by the converged study; "per_token" is release 0.1's reading).
     mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
     """
 
-    encoder_layers: list[int] | None = None
-    decoder_layers: list[int] | None = None
-    attention: list[Literal["self", "cross"]] | None = None
+    encoder_layers: list[int] | Literal["all"] | None = None
+    decoder_layers: list[int] | Literal["all"] | None = None
+    cross_layers: list[int] | Literal["all", "decoder_layers"] | None = "decoder_layers"
     dim: int | None = None
     dropout: float = 0.2
     kl_weight: float = 0.1
@@ -53,32 +56,45 @@ class DHICMSettings(MethodSettings):
     mode: Literal["paper", "scaled_out_proj"] = "paper"
 
     def validate(self, config, name: str) -> None:
-        resolve_layers(self.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
-        resolve_layers(self.decoder_layers, config.decoder_layers, f"{name}.decoder_layers")
+        placements(self, config, name)
         if self.dim is not None and self.dim <= 0:
             raise ValueError(f"{name}.dim must be a positive integer (or None for d_model), got {self.dim!r}")
         check_range(self.dropout, f"{name}.dropout", 0.0, 1.0, high_open=True)
         check_range(self.kl_weight, f"{name}.kl_weight", 0.0)
-        if self.attention is not None and (not self.attention or len(set(self.attention)) != len(self.attention)):
-            raise ValueError(
-                f"{name}.attention must name distinct entries of {ATTENTIONS} (or be None for both), got "
-                f"{self.attention!r}"
-            )
 
     def switched_on(self) -> bool:
-        return self.encoder_layers is not None or self.decoder_layers is not None
+        return any(value not in (None, "decoder_layers")
+                   for value in (self.encoder_layers, self.decoder_layers, self.cross_layers))
 
 
 #: The readings of Eq. 5's reduction the settings allow (from their ``Literal``).
 KL_REDUCTIONS = allowed_values(DHICMSettings, "kl_reduction")
 
 
-def placements(settings: DHICMSettings, config) -> list[tuple[str, int, str]]:
-    kinds = settings.attention or ATTENTIONS
-    where = [("encoder", i, "self") for i in resolve_layers(settings.encoder_layers, config.encoder_layers, "")]
-    for i in resolve_layers(settings.decoder_layers, config.decoder_layers, ""):
-        where += [("decoder", i, kind) for kind in kinds]
-    return where
+def placements(settings: DHICMSettings, config, name: str = NAME) -> list[tuple[str, int, str]]:
+    """The shared vocabulary's placements, with DHICM's layout ``cross_layers="decoder_layers"``."""
+    decoder = settings.decoder_layers
+    return layer_placements(settings, config, name, {"decoder_layers": lambda count: layers_of(
+        decoder, count, f"{name}.decoder_layers")})
+
+
+def older_spellings(values) -> tuple[dict, list]:
+    """Release 0.2's ``attention`` (the kinds of a decoder layer ``decoder_layers`` places DHICM on, None: both) as
+    ``decoder_layers`` (self-attention) and ``cross_layers`` (``MethodSpec.older_spellings``)."""
+    notes = []
+    if "attention" not in values:
+        return dict(values), notes
+    kinds = values["attention"]
+    if kinds is not None and (not isinstance(kinds, (list, tuple)) or not kinds or len(set(kinds)) != len(kinds)
+                              or not set(kinds) <= set(ATTENTIONS)):
+        raise ValueError(f"attention (an older spelling) must name distinct entries of {ATTENTIONS} (or be None for "
+                         f"both), got {kinds!r}")
+    values = dict(values)
+    decoder = values.pop("decoder_layers", None)
+    kinds = set(ATTENTIONS if kinds is None else kinds)
+    cross = "decoder_layers" if kinds == set(ATTENTIONS) else decoder if "cross" in kinds else None
+    return renamed(values, "attention", "cross_layers", lambda _: {
+        "decoder_layers": decoder if "self" in kinds else None, "cross_layers": cross}, notes), notes
 
 
 # --- pure math -------------------------------------------------------------------------------------------------
@@ -481,5 +497,6 @@ METHOD = MethodSpec(
     legacy_fields={f"dhicm_{key}": key for key in (
         "encoder_layers", "decoder_layers", "attention", "dim", "dropout", "kl_weight", "kl_reduction", "mode")},
     legacy_defaults={"kl_reduction": "per_token"},
+    older_spellings=older_spellings,
     kit="hf_headattn.methods.dhicm.kit",
 )

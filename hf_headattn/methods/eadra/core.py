@@ -35,6 +35,7 @@ matrix product does not run) and only the chosen heads are regularized.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -42,8 +43,9 @@ import torch
 
 from ...attention import AttentionCall, AttentionMethod, HeadAttnContext, HeadIndex, key_allowed
 from ...hf_compat import init_zeros_
+from ...placement import heads_of, layers_of
 from ...registry import HeadUse, MethodSettings, MethodSpec
-from ...settings_checks import allowed_values, check_choice, check_range, resolve_layers
+from ...settings_checks import allowed_values, check_choice, check_range
 from ...sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
 from .equations import TERMS
 from .passes import check_implementation, layer_regularizers
@@ -54,7 +56,7 @@ NAME = "eadra"
 #: and 1.0).
 ALPHA_SCALE = 0.1
 #: Table 6, WMT En-De (100k) rows; alpha_peak 0 because "alpha_dist appears to render alpha_peak redundant"
-#: (Appendix A). num_heads None = three quarters of the heads (6 of 8 from scratch, §5.3); layers None = all.
+#: (Appendix A). num_heads None = three quarters of the heads (6 of 8 from scratch, §5.3); layers "all".
 DEFAULTS = {
     "encoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 0.02},
     "decoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 2.0},
@@ -66,15 +68,17 @@ DEFAULTS = {
 class ComponentSettings(MethodSettings):
     """One component's settings (a dict under ``config.eadra["encoder" | "decoder" | "cross"]``; missing alphas take
     :data:`DEFAULTS`). num_heads: how many heads are regularized, the first ones (None: three quarters, §5.3);
-    heads: which heads instead, a list of head indices (the paper does not say which heads); layers: layer indices
-    (None: all)."""
+    heads: which heads instead, "all" or head numbers (the paper does not say which heads); layers: the component's
+    layers in the placement vocabulary (:mod:`hf_headattn.placement`: "all", the default, or layer numbers; the
+    component's key names the attention kind, so ``eadra["encoder"]["layers"]`` is the vocabulary's
+    ``encoder_layers``)."""
 
     alpha_peak: float | None = None
     alpha_sent: float | None = None
     alpha_dist: float | None = None
     num_heads: int | None = None
-    heads: list[int] | None = None
-    layers: list[int] | None = None
+    heads: list[int] | Literal["all"] | None = None
+    layers: list[int] | Literal["all"] = "all"
 
     def resolved_for(self, component: str, config, where: str) -> ComponentSettings:
         """Every field resolved for ``component``: alphas filled in, ``num_heads`` an integer, ``heads`` None (the
@@ -86,10 +90,7 @@ class ComponentSettings(MethodSettings):
         num_layers, heads = component_shape(config, component)
         chosen, num_heads = None, self.num_heads
         if self.heads is not None:
-            if not self.heads or any(not -heads <= h < heads for h in self.heads):
-                raise ValueError(f"{where}['heads'] must be a non-empty list of head indices in [{-heads}, "
-                                 f"{heads - 1}] (or None for the first num_heads), got {self.heads!r}")
-            chosen = sorted({h % heads for h in self.heads})
+            chosen = heads_of(self.heads, heads, f"{where}['heads']")
             if num_heads is not None and num_heads != len(chosen):
                 raise ValueError(f"{where} sets num_heads={num_heads!r} and {len(chosen)} heads {chosen}; "
                                  "expected one of them")
@@ -99,8 +100,7 @@ class ComponentSettings(MethodSettings):
         if not 1 <= num_heads <= heads:
             raise ValueError(f"{where}['num_heads'] must be an integer in [1, {heads}] (the model's heads), got "
                              f"{num_heads!r}")
-        layers = resolve_layers(range(num_layers) if self.layers is None else self.layers, num_layers,
-                                f"{where}['layers']")
+        layers = layers_of(self.layers, num_layers, f"{where}['layers']")
         return dataclasses.replace(self, **alphas, num_heads=num_heads, heads=chosen, layers=layers)
 
 
@@ -154,6 +154,17 @@ class EaDRASettings(MethodSettings):
         if self.warmup_steps < 0:
             raise ValueError(f"{name}.warmup_steps must be an integer >= 0 (0: no warm-up), got {self.warmup_steps!r}")
         return dataclasses.replace(self, **components, implementation=implementation)
+
+
+def older_spellings(values) -> tuple[dict, list]:
+    """A component's ``layers=None`` (every layer, release 0.2) as ``"all"`` (``MethodSpec.older_spellings``)."""
+    values, notes = dict(values), []
+    for component in COMPONENTS:
+        given = values.get(component)
+        if isinstance(given, Mapping) and "layers" in given and given["layers"] is None:
+            values[component] = {**given, "layers": "all"}
+            notes.append((f"{component}.layers=None (every layer)", f"{component}.layers='all'"))
+    return values, notes
 
 
 #: The readings the settings allow (from their ``Literal``s), for the pure functions' own checks.
@@ -516,5 +527,6 @@ METHOD = MethodSpec(
     },
     logged=("eadra_loss", "eadra_terms"),
     legacy_defaults={"dist_reduction": "sum", "alpha_scale": 1.0},
+    older_spellings=older_spellings,
     kit="hf_headattn.methods.eadra.kit",
 )

@@ -23,12 +23,13 @@ one with the head masked.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from ...attention import AttentionCall, AttentionMethod, key_allowed
+from ...placement import layer_placements, renamed
 from ...registry import HeadUse, MethodSettings, MethodSpec
-from ...settings_checks import resolve_layers
 from .equations import (
     CAUSAL,
     PATTERNS,
@@ -50,14 +51,14 @@ class FixedAttentionSettings(MethodSettings):
     patterns: the fixed heads' patterns, one per fixed head (:mod:`.equations`; default the paper's 7 as we read
         them: current, previous, next, left, right, start, end). Fewer than the layer's heads: the other heads stay
         learnable (e.g. ``["previous", "next"]``). A pattern may repeat.
-    encoder_layers: the encoder layers whose self-attention gets the fixed heads (None: all; negative counts from
-        the end; ``[]``: none, with ``decoder`` or ``cross`` on).
-    decoder: also every decoder layer's self-attention (only the patterns that respect the causal mask,
-        :data:`~.equations.CAUSAL`).
-    cross: also every decoder layer's cross-attention (only the position-free patterns,
-        :data:`~.equations.POSITION_FREE`: a target query has no position in the source).
-    heads: the head numbers that are fixed, one per pattern, in the patterns' order (None: the first
-        ``len(patterns)`` heads).
+    encoder_layers: the encoder layers whose self-attention gets the fixed heads ("all", the default; layer numbers,
+        negative counting from the end; None: none).
+    decoder_layers: the decoder layers whose self-attention gets them too (default None: none; only the patterns
+        that respect the causal mask, :data:`~.equations.CAUSAL`).
+    cross_layers: the decoder layers whose cross-attention gets them too (default None: none; only the
+        position-free patterns, :data:`~.equations.POSITION_FREE`: a target query has no position in the source).
+    heads: the head numbers that are fixed, one per pattern, in the patterns' order (negative ones count from the
+        end; None: the first ``len(patterns)`` heads).
     weights: how the spread patterns weigh their keys (:mod:`.equations`): "cubic" (the default: weights that decay
         away from each pattern's anchor, the cube of the rank, as a third-party reimplementation has them; three
         one-hot heads of the seven, as EaDRA §5.1 reports) or "uniform" (release 0.3's reading: uniform contexts,
@@ -66,25 +67,24 @@ class FixedAttentionSettings(MethodSettings):
     """
 
     patterns: list[Pattern] = field(default_factory=lambda: list(PATTERNS))
-    encoder_layers: list[int] | None = None
-    decoder: bool = False
-    cross: bool = False
+    encoder_layers: list[int] | Literal["all"] | None = "all"
+    decoder_layers: list[int] | Literal["all"] | None = None
+    cross_layers: list[int] | Literal["all"] | None = None
     heads: list[int] | None = None
     weights: Weights = "cubic"
 
     def validate(self, config, name: str) -> None:
         if not self.patterns:
             raise ValueError(f"{name}.patterns must name at least one pattern of {PATTERNS}, got []")
-        if self.encoder_layers is not None:
-            resolve_layers(self.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
-        for switch, allowed, why in (("decoder", CAUSAL, "decoder self-attention is causal (no later token)"),
-                                     ("cross", POSITION_FREE, "a target query has no position in the source")):
+        placed = {"cross" if kind == "cross" else side for side, _, kind in layer_placements(self, config, name)}
+        for switch, allowed, why in (("decoder_layers", CAUSAL, "decoder self-attention is causal (no later token)"),
+                                     ("cross_layers", POSITION_FREE, "a target query has no position in the source")):
             refused = [pattern for pattern in dict.fromkeys(self.patterns) if pattern not in allowed]
             if getattr(self, switch) and refused:
-                raise ValueError(f"{name}.patterns contains {refused}, which {name}.{switch}=True cannot use: {why}; "
-                                 f"expected patterns among {allowed} with {switch} on")
-        sides = [("encoder self-attention", config.encoder_attention_heads)] if self._encoder_layers(config) else []
-        if self.decoder or self.cross:
+                raise ValueError(f"{name}.patterns contains {refused}, which {name}.{switch}={getattr(self, switch)!r} "
+                                 f"cannot use: {why}; expected patterns among {allowed} there")
+        sides = [("encoder self-attention", config.encoder_attention_heads)] if "encoder" in placed else []
+        if "decoder" in placed or "cross" in placed:
             sides.append(("decoder attention", config.decoder_attention_heads))
         for where, num_heads in sides:
             if len(self.patterns) >= num_heads:
@@ -92,23 +92,30 @@ class FixedAttentionSettings(MethodSettings):
                                  f"heads: expected fewer patterns than heads (at least one head stays learnable)")
             if self.heads is None:
                 continue
-            if len(self.heads) != len(self.patterns) or len(set(self.heads)) != len(self.heads) or not all(
-                    0 <= head < num_heads for head in self.heads):
-                raise ValueError(f"{name}.heads must be {len(self.patterns)} distinct head numbers in [0, "
-                                 f"{num_heads}) ({where}), one per pattern, got {self.heads!r}")
-
-    def _encoder_layers(self, config) -> list[int]:
-        if self.encoder_layers is None:
-            return list(range(config.encoder_layers))
-        return resolve_layers(self.encoder_layers, config.encoder_layers, "")
+            if len(self.heads) != len(self.patterns) or not all(-num_heads <= head < num_heads for head in self.heads) \
+                    or len({head % num_heads for head in self.heads}) != len(self.heads):
+                raise ValueError(f"{name}.heads must be {len(self.patterns)} distinct head numbers in [{-num_heads}, "
+                                 f"{num_heads - 1}] ({where}; negative ones count from the end), one per pattern, got "
+                                 f"{self.heads!r}")
 
 
 def placements(settings: FixedAttentionSettings, config) -> list[tuple[str, int, str]]:
-    where = [("encoder", layer, "self") for layer in settings._encoder_layers(config)]
-    for layer in range(config.decoder_layers):
-        where += [("decoder", layer, kind) for kind, on in (("self", settings.decoder), ("cross", settings.cross))
-                  if on]
-    return where
+    return layer_placements(settings, config, NAME)
+
+
+def older_spellings(values) -> tuple[dict, list]:
+    """0.3's development builds' switches ``decoder`` / ``cross`` (True: every decoder layer) as ``decoder_layers`` /
+    ``cross_layers``, and their ``encoder_layers=None`` (every layer) as ``"all"`` where the dict uses none of the new
+    layer fields (``MethodSpec.older_spellings``)."""
+    notes = []
+    older = "decoder" in values or "cross" in values
+    for switch in ("decoder", "cross"):
+        values = renamed(values, switch, f"{switch}_layers", lambda on: "all" if on else None, notes)
+    if "encoder_layers" in values and values["encoder_layers"] is None and (
+            older or not {"decoder_layers", "cross_layers"} & set(values)):
+        values = renamed(values, "encoder_layers", "encoder_layers", lambda value: "all", notes)
+        notes[-1] = ("encoder_layers=None (every layer)", "encoder_layers='all'")  # (the same key, a new meaning)
+    return values, notes
 
 
 class FixedAttention(AttentionMethod):
@@ -198,8 +205,15 @@ class FixedAttention(AttentionMethod):
         return made
 
 
+def fixed_heads(settings: FixedAttentionSettings, num_heads: int) -> list[int]:
+    """The fixed heads' numbers in a module of ``num_heads`` heads, one per pattern in the patterns' order
+    (``settings.heads``, negative ones counting from the end; None: the first ``len(patterns)``)."""
+    heads = range(len(settings.patterns)) if settings.heads is None else settings.heads
+    return [head % num_heads for head in heads]
+
+
 def build(settings: FixedAttentionSettings, config, module) -> FixedAttention:
-    heads = settings.heads if settings.heads is not None else range(len(settings.patterns))
+    heads = fixed_heads(settings, module.num_heads)
     causal = module.headattn_side == "decoder" and module.headattn_kind == "self"
     return FixedAttention(settings.patterns, heads, causal, settings.weights)
 
@@ -211,10 +225,12 @@ def collect(context, settings: FixedAttentionSettings):
 
 def head_use(settings: FixedAttentionSettings, config, site) -> HeadUse:
     """The fixed heads are taken over, and their weights are the patterns' (no softmax of the scores)."""
-    heads = tuple(sorted(settings.heads if settings.heads is not None else range(len(settings.patterns))))
+    count = config.encoder_attention_heads if site[0] == "encoder" else config.decoder_attention_heads
+    heads = tuple(sorted(fixed_heads(settings, count)))
     return HeadUse(takes_over=heads, fixes=heads)
 
 
 METHOD = MethodSpec(NAME, FixedAttentionSettings, placements, build, collect,
                     older_files_defaults={"weights": "uniform"},  # release 0.3's reading, before the setting existed
+                    older_spellings=older_spellings,
                     head_use=head_use, kit="hf_headattn.methods.fixed_attention.kit")

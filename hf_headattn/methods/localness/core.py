@@ -1,13 +1,14 @@
 """Localness (Yang, Tu, Wong, Meng, Chao & Zhang 2018, "Modeling Localness for Self-Attention Networks", EMNLP 2018):
 a learned Gaussian bias G_ij = -(j - P_i)^2 / (2 sigma_i^2) on the scores of the lower encoder self-attention layers,
-centred at a predicted position P_i with a predicted (or fixed) window D_i = 2 sigma_i; on every head, on the first
-``heads=n`` heads, or with ``heads="redundant"`` only on the heads RHE (Zhang et al. 2021, Eq. 3, 9, 10) finds
-redundant per sentence (RHE's Table 2, Localness+RHE).
+centred at a predicted position P_i with a predicted (or fixed) window D_i = 2 sigma_i; on every head, on the heads
+``heads`` names (the authors' code's ``local_heads=n``: ``heads=[0, ..., n - 1]``), or with
+``head_selection="redundant"`` only on the heads RHE (Zhang et al. 2021, Eq. 3, 9, 10) finds redundant per sentence
+(RHE's Table 2, Localness+RHE).
 
-Settings (``config.localness``): ``layers`` (encoder layers; None: the lower half, ``range(ceil(L / 2))``, layers
-0-2 of 6), ``window`` ("predicted": the query-specific window; an integer D >= 1: the fixed-window strategy, P_i still
-predicted), ``heads`` ("all", an integer n: the first n heads, or "redundant"; the latter needs the forward input
-``dependency_mask`` (B, S, S) bool, SEA's), ``predictor`` ("query": the authors' code, the default; "head": the
+Settings (``config.localness``): ``encoder_layers`` (default "lower_half": ``range(ceil(L / 2))``, layers 0-2 of 6),
+``window`` ("predicted": the query-specific window; an integer D >= 1: the fixed-window strategy, P_i still
+predicted), ``heads`` ("all" or head numbers), ``head_selection`` ("all" or "redundant"; the latter needs the forward
+input ``dependency_mask`` (B, S, S) bool, SEA's), ``predictor`` ("query": the authors' code, the default; "head": the
 per-head reading of release 0.3's development builds). The math is in :mod:`hf_headattn.methods.localness.equations`;
 where each reading comes from: the folder's README.
 
@@ -34,9 +35,9 @@ from torch import nn
 
 from ...attention import AttentionCall, AttentionMethod, key_allowed
 from ...hf_compat import init_normal_, init_zeros_
+from ...placement import heads_of, layers_of, renamed
 from ...redundancy import checked_dependency_mask, neutral_dependency_mask, real_tokens, redundant_heads_of
 from ...registry import MethodSettings, MethodSpec
-from ...settings_checks import resolve_layers
 from .equations import BIAS_FLOOR, centre_and_window, gaussian_bias, query_centre_and_window, sentence_positions
 
 NAME = "localness"
@@ -46,19 +47,22 @@ NAME = "localness"
 class LocalnessSettings(MethodSettings):
     """Localness's settings (``config.localness``).
 
-    layers: encoder layer indices (None: the lower half, ``range(ceil(L / 2))``; negative count from the end).
+    encoder_layers: "lower_half" (the default: ``range(ceil(L / 2))``, the abstract's lower layers), "all", layer
+    numbers (negative count from the end) or None (none).
     window: "predicted" (the query-specific window) or an integer D >= 1 (a fixed window of D tokens, sigma = D / 2;
-    the centre P_i is still predicted). heads: "all", an integer n (the first n heads, the authors' code's
-    ``local_heads``) or "redundant" (RHE, needs ``dependency_mask``). predictor: "query" (the authors' code: the whole
+    the centre P_i is still predicted). heads: "all" or the head numbers with the bias (the authors' code's
+    ``local_heads=n``: ``[0, ..., n - 1]``). head_selection: "all" or "redundant" (RHE, needs ``dependency_mask``;
+    with ``heads="all"``). predictor: "query" (the authors' code: the whole
     query, a hidden layer shared by the heads, per-head outputs with biases) or "head" (each head's own query, weights
     shared by the heads: the reading that matches RHE's WMT16 parameter columns). A saved config.json that has
     no ``predictor`` and records no default for it was written before it existed and reads "head"
     (``METHOD.older_files_defaults``).
     """
 
-    layers: list[int] | None = None
+    encoder_layers: list[int] | Literal["all", "lower_half"] | None = "lower_half"
     window: int | Literal["predicted"] = "predicted"
-    heads: int | Literal["all", "redundant"] = "all"
+    heads: list[int] | Literal["all"] = "all"
+    head_selection: Literal["all", "redundant"] = "all"
     predictor: Literal["query", "head"] = "query"
 
     def validate(self, config, name: str) -> None:
@@ -66,16 +70,36 @@ class LocalnessSettings(MethodSettings):
         if self.window != "predicted" and self.window < 1:
             raise ValueError(f"{name}.window must be 'predicted' or an integer >= 1 (a fixed window of D tokens), got "
                              f"{self.window!r}")
-        total = config.encoder_attention_heads
-        if isinstance(self.heads, int) and not 1 <= self.heads <= total:
-            raise ValueError(f"{name}.heads must be 'all', 'redundant' or a number of heads in [1, {total}] (the "
-                             f"first n heads of each layer get the bias), got {self.heads!r}")
+        heads_of(self.heads, config.encoder_attention_heads, f"{name}.heads")
+        if self.head_selection == "redundant" and self.heads != "all":
+            raise ValueError(f"{name}.head_selection='redundant' chooses among every head, got {name}.heads="
+                             f"{self.heads!r}; expected heads='all' (or head_selection='all')")
+
+
+#: Localness's own layout (:func:`hf_headattn.placement.layers_of`): the lower half, ``range(ceil(L / 2))``.
+LAYOUTS = {"lower_half": lambda count: range((count + 1) // 2)}
 
 
 def layers(settings: LocalnessSettings, config, name: str = NAME) -> list[int]:
-    """The encoder layers with the bias: ``settings.layers``, by default the lower half (the abstract: lower layers)."""
-    chosen = list(range((config.encoder_layers + 1) // 2)) if settings.layers is None else settings.layers
-    return resolve_layers(chosen, config.encoder_layers, f"{name}.layers")
+    """The encoder layers with the bias: ``settings.encoder_layers``, by default the lower half (the abstract: lower
+    layers)."""
+    return layers_of(settings.encoder_layers, config.encoder_layers, f"{name}.encoder_layers", LAYOUTS)
+
+
+def older_spellings(values) -> tuple[dict, list]:
+    """0.3's development builds' ``layers`` (None: the lower half) as ``encoder_layers``, and ``heads`` as a count n
+    (the first n heads: ``heads=[0, ..., n - 1]``) or a head mode (``"redundant"``: ``head_selection``)
+    (``MethodSpec.older_spellings``)."""
+    notes = []
+    values = renamed(values, "layers", "encoder_layers", lambda value: "lower_half" if value is None else value,
+                     notes)
+    heads = values.get("heads")
+    if heads == "redundant":
+        values = renamed(values, "heads", "head_selection", notes=notes)
+    elif isinstance(heads, int) and not isinstance(heads, bool):
+        values = renamed(values, "heads", "heads", lambda count: list(range(count)), notes)
+        notes[-1] = (f"heads={heads} (a count)", f"heads={values['heads']} (head numbers)")
+    return values, notes
 
 
 def placements(settings: LocalnessSettings, config) -> list[tuple[str, int, str]]:
@@ -83,7 +107,7 @@ def placements(settings: LocalnessSettings, config) -> list[tuple[str, int, str]
 
 
 class Localness(AttentionMethod):
-    """The Gaussian bias of one encoder self-attention module, on all heads, the first n or the redundant ones.
+    """The Gaussian bias of one encoder self-attention module, on all heads, the heads named or the redundant ones.
 
     ``predictor="query"`` (n the heads with the bias, H for "all" and "redundant"; m = n d_h): ``hidden_weight`` W_p
     (m, d_model) ~ N(0, std), ``hidden_bias`` b_p (m,) = 0, ``output_weight`` (k n, m) ~ N(0, std), rows u_1 .. u_n
@@ -104,9 +128,10 @@ class Localness(AttentionMethod):
         super().__init__()
         self.settings = settings
         self.fixed_window = None if settings.window == "predicted" else float(settings.window)
-        count = settings.heads if isinstance(settings.heads, int) else num_heads
+        chosen = None if settings.heads == "all" else tuple(heads_of(settings.heads, num_heads, "heads"))
+        count = num_heads if chosen is None else len(chosen)
         #: the heads with the bias (current numbers; None: every head, or RHE's selection)
-        self.local_heads = tuple(range(count)) if isinstance(settings.heads, int) else None
+        self.local_heads = chosen
         if settings.predictor == "query":
             outputs = count * (1 if self.fixed_window is not None else 2)
             self.hidden_weight = nn.Parameter(torch.empty(count * head_dim, model_dim))
@@ -176,7 +201,7 @@ class Localness(AttentionMethod):
         selected = self.local_heads
         if selected == ():
             return  # its heads were pruned
-        if self.settings.heads == "redundant":
+        if self.settings.head_selection == "redundant":
             dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), call.query)
             selected = redundant_heads_of(call, dependency_mask)  # (B, H) bool, True = redundant
         bias = self.bias(call.query, self.sentence_tokens(call))
@@ -194,8 +219,9 @@ def collect(context, settings: LocalnessSettings) -> tuple[dict, None]:
 
 METHOD = MethodSpec(
     NAME, LocalnessSettings, placements, build, collect,
-    inputs=("dependency_mask",),  # read only with heads="redundant" (RHE's Eq. 9); SEA reads it too (listed once)
+    inputs=("dependency_mask",),  # read only with head_selection="redundant" (RHE's Eq. 9); SEA reads it too
     neutral_inputs=neutral_dependency_mask,
     older_files_defaults={"predictor": "head"},  # saved before the authors' layout became the default
+    older_spellings=older_spellings,
     kit="hf_headattn.methods.localness.kit",
 )

@@ -16,8 +16,9 @@ so with ``values=True`` (the paper) the method takes over every head of the laye
 ``attend`` gets the call's mask with every method's score biases in it (its own key term, SEA's masks on a shared
 layer), computes alpha, alpha @ V and the per-label sums of alpha times W^V.
 
-``heads="redundant"``: the terms apply only to the heads RHE (Eq. 3, 9, 10; :func:`~...redundancy.redundant_heads_of`,
-shared with SEA) marks redundant in each sentence; it reads the forward input ``dependency_mask`` (B, S, S) bool.
+``head_selection="redundant"``: the terms apply only to the heads RHE (Eq. 3, 9, 10;
+:func:`~...redundancy.redundant_heads_of`, shared with SEA) marks redundant in each sentence; it reads the forward
+input ``dependency_mask`` (B, S, S) bool.
 The key term goes to those sentence-heads through ``add_score_bias(heads=(B, H) selection)``; the value term is
 computed for every head and added where selected (one take-over of all heads, rather than a take-over per selection,
 which ``take_over``'s fixed head numbers cannot express): the unselected sentence-heads get plain attention.
@@ -41,10 +42,10 @@ from torch import nn
 from ...attention import AttentionCall, AttentionMethod
 from ...hf_compat import init_normal_
 from ...model_hooks import mute_position_embeddings
+from ...placement import layers_of, renamed
 from ...probabilities import attention_probabilities
 from ...redundancy import checked_dependency_mask, neutral_dependency_mask, redundant_heads_of
 from ...registry import HeadUse, MethodSettings, MethodSpec
-from ...settings_checks import resolve_layers
 from .equations import key_term, value_term
 
 NAME = "rel_pos"
@@ -58,19 +59,19 @@ class RelPosSettings(MethodSettings):
     (the default) or None (none). decoder_layers: decoder layers likewise (default None: none; "all" as the paper).
     max_relative_position: k, the clipping distance (>= 1; the paper's base model 16, its big model 8). values:
     whether Eq. 3's value term is added (the paper: True; False keeps only the key term, a score bias, and SDPA's
-    fast path). heads: "all", or "redundant" (RHE's per-sentence selection, encoder layers only; needs the input
-    ``dependency_mask``). tables: "head" (a table per layer and per head, the paper's base model) or "layer" (shared
-    by a layer's heads, its big model); a saved config.json that has no ``tables`` and records no default for it was
-    written before it existed and reads "layer" (``METHOD.older_files_defaults``). absolute_positions: False mutes
-    the absolute position embeddings of the encoder and/or decoder the method is placed on (the paper's compared
-    model has none).
+    fast path). head_selection: "all", or "redundant" (RHE's per-sentence selection, encoder layers only; needs the
+    input ``dependency_mask``). tables: "head" (a table per layer and per head, the paper's base model) or "layer"
+    (shared by a layer's heads, its big model); a saved config.json that has no ``tables`` and records no default
+    for it was written before it existed and reads "layer" (``METHOD.older_files_defaults``). absolute_positions:
+    False mutes the absolute position embeddings of the encoder and/or decoder the method is placed on (the paper's
+    compared model has none).
     """
 
     encoder_layers: list[int] | Literal["all"] | None = "all"
     decoder_layers: list[int] | Literal["all"] | None = None
     max_relative_position: int = 16
     values: bool = True
-    heads: Literal["all", "redundant"] = "all"
+    head_selection: Literal["all", "redundant"] = "all"
     tables: Literal["head", "layer"] = "head"
     absolute_positions: bool = True
 
@@ -86,17 +87,22 @@ class RelPosSettings(MethodSettings):
                              f"max_position_embeddings={longest}: no two positions are further apart than "
                              f"{longest - 1}, and each layer would hold 2k+1 rows of never-used tables; expected "
                              f"at most {max(longest - 1, 1)}")
-        if self.heads == "redundant" and decoder:
-            raise ValueError(f"{name}.heads='redundant' needs RHE's dependency_mask of the source, which the decoder's "
-                             f"self-attention has none of; got {name}.decoder_layers={self.decoder_layers!r}: expected "
-                             "decoder_layers=None (or heads='all')")
+        if self.head_selection == "redundant" and decoder:
+            raise ValueError(f"{name}.head_selection='redundant' needs RHE's dependency_mask of the source, which "
+                             f"the decoder's self-attention has none of; got {name}.decoder_layers="
+                             f"{self.decoder_layers!r}: expected decoder_layers=None (or head_selection='all')")
 
 
 def layers(settings: RelPosSettings, config, side: str, name: str = NAME) -> list[int]:
     """The layers of ``side`` ("encoder", "decoder") whose self-attention gets the terms, sorted: ``"all"``, the
     indices given, or none (None)."""
-    chosen, count = getattr(settings, f"{side}_layers"), getattr(config, f"{side}_layers")
-    return resolve_layers(range(count) if chosen == "all" else chosen, count, f"{name}.{side}_layers")
+    return layers_of(getattr(settings, f"{side}_layers"), getattr(config, f"{side}_layers"), f"{name}.{side}_layers")
+
+
+def older_spellings(values) -> tuple[dict, list]:
+    """``heads`` (a head mode, 0.3's development builds) as ``head_selection`` (``MethodSpec.older_spellings``)."""
+    notes = []
+    return renamed(values, "heads", "head_selection", notes=notes), notes
 
 
 def placements(settings: RelPosSettings, config) -> list[tuple[str, int, str]]:
@@ -134,7 +140,7 @@ class RelativePositions(AttentionMethod):
         query = call.query
         labels = self.labels(call)  # (T, S) or (B, 1, T, S)
         selected = None
-        if self.settings.heads == "redundant":
+        if self.settings.head_selection == "redundant":
             dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), query)
             selected = redundant_heads_of(call, dependency_mask)
         bias = key_term(query, self.relative_keys.to(query.dtype), labels, call.scaling)  # (B, H, T, S)
@@ -152,7 +158,7 @@ class RelativePositions(AttentionMethod):
     def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels, selected):
         """Eq. 3 on the heads taken over (all of them): alpha from the scores and the mask (the key term in it),
         as eager computes it (softmax in at least float32, dropout on alpha), then alpha @ V plus the value term
-        (only on the selected sentence-heads with ``heads="redundant"``)."""
+        (only on the selected sentence-heads with ``head_selection="redundant"``)."""
         probs = _probabilities(query, key, scaling, attention_mask)  # (B, H, T, S)
         probs = nn.functional.dropout(probs, p=dropout, training=module.training)
         extra = value_term(probs, self.relative_values.to(query.dtype), labels)  # (B, H, T, D)
@@ -202,6 +208,6 @@ METHOD = MethodSpec(
     NAME, RelPosSettings, placements, build, collect, head_use=head_use,
     inputs=("dependency_mask",), neutral_inputs=neutral_dependency_mask,
     older_files_defaults={"tables": "layer"},  # saved before the paper's per-head tables became the default
-    prepare_stack=prepare_stack,
+    older_spellings=older_spellings, prepare_stack=prepare_stack,
     kit="hf_headattn.methods.rel_pos.kit",
 )

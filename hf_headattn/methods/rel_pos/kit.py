@@ -1,8 +1,8 @@
 """Relative positions' kit (Shaw et al. 2018; with RHE, Zhang et al. 2021): recipe names and the presets of RHE's
 Table 1 (Rel_Pos) and Table 2 (Rel_Pos + RHE).
 
-With ``heads="redundant"`` it reads RHE's ``dependency_mask`` (Eq. 5), made from the sources' dependency parses by
-the shared input provider (:mod:`hf_headattn.syntax_inputs`: ``--spacy_model``, ``--syntax_parses_dir``):
+With ``head_selection="redundant"`` it reads RHE's ``dependency_mask`` (Eq. 5), made from the sources' dependency
+parses by the shared input provider (:mod:`hf_headattn.syntax_inputs`: ``--spacy_model``, ``--syntax_parses_dir``):
 ``inputs_from`` names it, so the recipes and ``translate`` run its hooks for ``--method
 rel_pos_rhe`` as they do for ``dea_rhe``."""
 
@@ -26,7 +26,7 @@ KIT = MethodKit(
         # every encoder layer, a table per layer and head (the paper's base model), key and value terms, k = 16
         "rel_pos": {},
         "rel_pos_keys": {"values": False},  # the key term only: a score bias, SDPA's fast path
-        "rel_pos_rhe": {"heads": "redundant"},  # on the heads RHE finds redundant per sentence (needs parses)
+        "rel_pos_rhe": {"head_selection": "redundant"},  # on the heads RHE finds redundant per sentence (needs parses)
     },
     presets={
         "rel_pos_shaw": Preset(
@@ -49,7 +49,7 @@ KIT = MethodKit(
                 "RHE needs the source's dependency_mask, so the decoder keeps plain attention, and the absolute "
                 "positions stay); the sources are parsed as for LPEA+RHE.",
             flags={**TRANSFORMER_BASE, "method": "rel_pos_rhe"},
-            method_overrides={NAME: {"max_relative_position": 16, "tables": "head", "heads": "redundant"}},
+            method_overrides={NAME: {"max_relative_position": 16, "tables": "head", "head_selection": "redundant"}},
         ),
     },
     inputs_from=syntax_for_redundant_heads(RelPosSettings),

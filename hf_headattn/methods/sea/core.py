@@ -1,9 +1,11 @@
 """SEA + RHE: syntax-enhanced attention on redundant heads (Zhang et al. 2021, §3.0.2, §4, Eq. 3-10).
 
-Variants (Tables 1-2), on the encoder self-attention of ``sea["layers"]`` (default the first layer, Appendix A.2):
+Variants (Tables 1-2), on the encoder self-attention of ``sea["encoder_layers"]`` (default the first layer, Appendix
+A.2):
 
-* ``sea={"type": "dea" | "lpea", "heads": "all"}``: +DEA (Eq. 4-5) / +LPEA (Eq. 6-8) on every head;
-* ``"heads": "redundant"`` (default): +DEA+RHE / +LPEA+RHE, only on the heads Eq. 10 finds redundant, per sentence;
+* ``sea={"type": "dea" | "lpea", "head_selection": "all"}``: +DEA (Eq. 4-5) / +LPEA (Eq. 6-8) on every head;
+* ``"head_selection": "redundant"`` (default): +DEA+RHE / +LPEA+RHE, only on the heads Eq. 10 finds redundant, per
+  sentence;
 * ``sea={"type": None, "prune": True}``: RHE pruning, the redundant heads' outputs are zeroed.
 
 Inputs (named forward arguments, from ``DataCollatorForSyntaxSeq2Seq`` of SEA's kit,
@@ -17,7 +19,7 @@ position with |RP| < |NOT_IN_PHRASE|, clipped to [-k, k] (Eq. 7); anything else 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -32,9 +34,9 @@ from ...phrase_values import (
     RULE2,  # noqa: F401  (its home until #65; release 0.2's hf_headattn.sea.RULE2)
     Rule2,
 )
+from ...placement import layers_of, renamed
 from ...redundancy import dependency_allowed, redundant_heads_of
 from ...registry import MethodSettings, MethodSpec
-from ...settings_checks import resolve_layers
 from .equations import (
     lpea_bias,
     lpea_label_bias,
@@ -48,15 +50,16 @@ CHECKED = "sea_inputs_checked"  # context record: the inputs of this forward wer
 class SEASettings(MethodSettings):
     """SEA + RHE's settings (``config.sea``).
 
-    type: None (RHE pruning only), "dea" or "lpea". heads: "all" or "redundant" (RHE). layers: encoder layer indices
-    (None: the first, Appendix A.2). prune: drop the redundant heads' outputs instead (RHE pruning, needs type None).
+    type: None (RHE pruning only), "dea" or "lpea". head_selection: "all" or "redundant" (RHE). encoder_layers: the
+    encoder layers ("all", layer numbers, None: none; default ``[0]``, the first, Appendix A.2). prune: drop the
+    redundant heads' outputs instead (RHE pruning, needs type None).
     max_relative_position: k of Eq. 7. rule2: Rule 2 of the relative phrasal positions, "symmetric" (our reading) or
     "literal" (as written, j < i); the syntax pipeline builds ``phrase_positions`` with it.
     """
 
     type: Literal["dea", "lpea"] | None = None
-    heads: Literal["all", "redundant"] = "redundant"
-    layers: list[int] | None = None
+    head_selection: Literal["all", "redundant"] = "redundant"
+    encoder_layers: list[int] | Literal["all"] | None = field(default_factory=lambda: [0])
     prune: bool = False
     max_relative_position: int = 6
     rule2: Rule2 = DEFAULT_RULE2
@@ -77,8 +80,16 @@ class SEASettings(MethodSettings):
 
 
 def layers(settings: SEASettings, config, name: str = NAME) -> list[int]:
-    """The enhanced encoder layers: ``settings.layers``, by default the first (Appendix A.2)."""
-    return resolve_layers([0] if settings.layers is None else settings.layers, config.encoder_layers, f"{name}.layers")
+    """The enhanced encoder layers: ``settings.encoder_layers``, by default the first (Appendix A.2)."""
+    return layers_of(settings.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
+
+
+def older_spellings(values) -> tuple[dict, list]:
+    """Release 0.2's ``layers`` (None: the first layer) and ``heads`` (a head mode) as ``encoder_layers`` and
+    ``head_selection`` (``MethodSpec.older_spellings``)."""
+    notes = []
+    values = renamed(values, "layers", "encoder_layers", lambda value: [0] if value is None else value, notes)
+    return renamed(values, "heads", "head_selection", notes=notes), notes
 
 
 def neutral_inputs(batch_size: int, length: int) -> dict[str, torch.Tensor]:
@@ -102,11 +113,11 @@ _HOW = ("build batches with hf_headattn.syntax_inputs.DataCollatorForSyntaxSeq2S
 def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ...]:
     """The forward arguments SEA needs with these settings (``readout``: ``output_redundant_heads=True``).
 
-    RHE's Eq. 9 reads the dependency mask, so every RHE variant (``sea["heads"] = "redundant"``, ``sea["prune"]``, the
-    read-out) needs ``dependency_mask``, LPEA+RHE included; LPEA needs ``phrase_positions``.
+    RHE's Eq. 9 reads the dependency mask, so every RHE variant (``sea["head_selection"] = "redundant"``,
+    ``sea["prune"]``, the read-out) needs ``dependency_mask``, LPEA+RHE included; LPEA needs ``phrase_positions``.
     """
     needed = []
-    if settings.type == "dea" or settings.prune or settings.heads == "redundant" or readout:
+    if settings.type == "dea" or settings.prune or settings.head_selection == "redundant" or readout:
         needed.append("dependency_mask")
     if settings.type == "lpea":
         needed.append("phrase_positions")
@@ -238,7 +249,7 @@ class SEA(AttentionMethod):
                 check_input(name, tensor, call.query, self.k)
             if context is not None:
                 context.record(CHECKED, True)
-        if self.settings.prune or self.settings.heads == "redundant" or readout:
+        if self.settings.prune or self.settings.head_selection == "redundant" or readout:
             call.state["sea_redundant"] = redundant_heads_of(call, inputs["dependency_mask"])
             if readout:
                 call.context.record("redundant_heads", (call.module.headattn_name, call.state["sea_redundant"]))
@@ -250,7 +261,7 @@ class SEA(AttentionMethod):
             # (cast to the query's dtype before the gather: 2k+1 values, not the gathered (B, S, S) bias)
             bias, allowed = lpea_bias(inputs["phrase_positions"], self.label_bias().to(call.query.dtype), NOT_IN_PHRASE)
             bias = bias[:, None]  # (B, 1, T, S)
-        selected = call.state["sea_redundant"] if self.settings.heads == "redundant" else None
+        selected = call.state["sea_redundant"] if self.settings.head_selection == "redundant" else None
         call.add_score_bias(bias, allowed=allowed[:, None], heads=selected)
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
@@ -277,6 +288,7 @@ METHOD = MethodSpec(
     inputs=("dependency_mask", "phrase_positions"), neutral_inputs=neutral_inputs,
     flags=("output_redundant_heads",),
     outputs={"redundant_heads": "{module name: (batch, heads) bool}, with output_redundant_heads=True"},
+    older_spellings=older_spellings,
     legacy_fields={"sea_type": "type", "sea_heads": "heads", "sea_layers": "layers", "rhe_prune": "prune",
                    "lpea_max_relative_position": "max_relative_position", "lpea_rule2": "rule2"},
     kit="hf_headattn.methods.sea.kit",

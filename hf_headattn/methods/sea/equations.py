@@ -2,7 +2,7 @@
 
 Functions of tensors only (never of a config), each naming its equation:
 
-* RHE (Eq. 3, 9, 10) and Eq. 5's related pairs are shared by every bias method (``heads="redundant"``):
+* RHE (Eq. 3, 9, 10) and Eq. 5's related pairs are shared by every bias method (``head_selection="redundant"``):
   :mod:`hf_headattn.redundancy`;
 * :func:`lpea_label_bias` (Eq. 8 for the 2k+1 labels) and
   :func:`lpea_bias` (Eq. 6-8 gathered by the relative phrasal positions; its gradient by :func:`sum_per_label`): LPEA.

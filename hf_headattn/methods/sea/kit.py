@@ -21,10 +21,10 @@ KIT = MethodKit(
     paper="Zhang et al. 2021, syntax-enhanced attention on redundant heads (SEA + RHE)",
     method_names={
         # SEA on the first encoder layer (Appendix A.2): on every head, or on the redundant ones (RHE)
-        "dea": {"type": "dea", "heads": "all"},
-        "lpea": {"type": "lpea", "heads": "all"},
-        "dea_rhe": {"type": "dea", "heads": "redundant"},
-        "lpea_rhe": {"type": "lpea", "heads": "redundant"},
+        "dea": {"type": "dea", "head_selection": "all"},
+        "lpea": {"type": "lpea", "head_selection": "all"},
+        "dea_rhe": {"type": "dea", "head_selection": "redundant"},
+        "lpea_rhe": {"type": "lpea", "head_selection": "redundant"},
         "rhe_prune": {"prune": True},
     },
     presets={
@@ -33,7 +33,7 @@ KIT = MethodKit(
                 "averages the last 10 checkpoints: hf-headattn average --last 10), Table 3 (k = 6), "
                 "LPEA+RHE on the first encoder layer (Appendix A.2).",
             flags={**TRANSFORMER_BASE, "method": "lpea_rhe"},
-            method_overrides={NAME: {"max_relative_position": 6, "layers": [0]}},
+            method_overrides={NAME: {"max_relative_position": 6, "encoder_layers": [0]}},
         ),
     },
     importance=("rhe", importance_sums),

@@ -223,7 +223,8 @@ def test_readout_names_tell_side_layer_and_kind():
         "encoder.layers.1.self_attn", "decoder.layers.1.self_attn", "decoder.layers.1.encoder_attn"
     }
     assert out.head_importances["decoder.layers.1.encoder_attn"].shape == (2, 4, 4)
-    assert tiny(attention=["cross"])(**batch(), output_head_importance=True).head_importances.keys() == {
+    cross_only = tiny(decoder_layers=None, cross_layers=[-1])
+    assert cross_only(**batch(), output_head_importance=True).head_importances.keys() == {
         "encoder.layers.1.self_attn", "decoder.layers.1.encoder_attn"
     }
 

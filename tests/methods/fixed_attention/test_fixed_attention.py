@@ -194,10 +194,10 @@ def test_the_learnable_head_is_unchanged(backend):
 
 
 @pytest.mark.parametrize("settings", [
-    {"patterns": ["right", "end", "next"], "heads": [2, 0, 3]},
+    {"patterns": ["right", "end", "next"], "heads": [2, 0, -1]},  # (-1: the last head, 3)
     {"patterns": ["previous", "left", "next"]},  # a context head between point heads, one run of fixed heads
-    {"patterns": ["start", "left", "previous"], "decoder": True},
-    {"patterns": ["end", "start"], "cross": True, "encoder_layers": []},
+    {"patterns": ["start", "left", "previous"], "decoder_layers": "all"},
+    {"patterns": ["end", "start"], "cross_layers": [-1], "encoder_layers": None},
 ])
 def test_eager_and_sdpa_agree(settings):
     """Eager runs the fixed heads in its own product (zero query, the pattern as a hard mask), SDPA takes them over
@@ -249,8 +249,8 @@ def test_save_load_round_trip(tmp_path):
 def test_generate_with_beams_and_cache(backend):
     """Decoder self-attention and cross-attention fixed too (causal and position-free patterns): beam search with
     the cache gives the tokens and scores of beam search without it (every step recomputed)."""
-    made = model(backend, patterns=["start", "previous"], decoder=True)
-    both = model(backend, patterns=["start"], decoder=True, cross=True)
+    made = model(backend, patterns=["start", "previous"], decoder_layers="all")
+    both = model(backend, patterns=["start"], decoder_layers="all", cross_layers="all")
     inputs = {k: v for k, v in batch().items() if k != "labels"}
     for one in (made, both):
         kwargs = dict(num_beams=3, max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
@@ -267,7 +267,7 @@ def test_generate_with_a_static_and_a_dynamic_cache_equals_the_full_forward(back
     dynamic cache and with a static one (whose S keys are the cache's slots, the query at position past + t, not
     S - T + t) scores as the full forward at each step (no cache), on sdpa and eager (whose weights are the dense
     patterns: ``output_attentions`` also equal)."""
-    made = model(backend, patterns=patterns, encoder_layers=[], decoder=True)
+    made = model(backend, patterns=patterns, encoder_layers=[], decoder_layers="all")
     inputs = {k: v for k, v in batch().items() if k != "labels"}
     kwargs = dict(num_beams=1, max_new_tokens=6, min_new_tokens=6, do_sample=False, output_scores=True,
                   return_dict_in_generate=True, output_attentions=backend == "eager")
@@ -297,21 +297,23 @@ def test_settings_errors():
     with pytest.raises(ValueError, match=r"fixed_attention.patterns must name at least one pattern"):
         config(patterns=[])
     with pytest.raises(ValueError, match=r"fixed_attention.patterns contains \['next'\], which "
-                                         r"fixed_attention.decoder=True cannot use: decoder self-attention is causal"):
-        config(patterns=["previous", "next"], decoder=True)
+                                         r"fixed_attention.decoder_layers='all' cannot use: decoder self-attention "
+                                         r"is causal"):
+        config(patterns=["previous", "next"], decoder_layers="all")
     with pytest.raises(ValueError, match=r"fixed_attention.patterns contains \['previous'\], which "
-                                         r"fixed_attention.cross=True cannot use"):
-        config(patterns=["previous", "start"], cross=True)
-    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[0, 4\) \(encoder "
-                                         r"self-attention\), one per pattern, got \[1, 1\]"):
-        config(patterns=["previous", "next"], heads=[1, 1])
-    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[0, 4\).*got "
+                                         r"fixed_attention.cross_layers='all' cannot use"):
+        config(patterns=["previous", "start"], cross_layers="all")
+    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[-4, 3\] "
+                                         r"\(encoder self-attention; .*\), one per pattern, got \[1, -3\]"):
+        config(patterns=["previous", "next"], heads=[1, -3])
+    with pytest.raises(ValueError, match=r"fixed_attention.heads must be 2 distinct head numbers in \[-4, 3\].*got "
                                          r"\[0, 4\]"):
         config(patterns=["previous", "next"], heads=[0, 4])
     with pytest.raises(ValueError, match=r"fixed_attention.encoder_layers contains 2, but the model has 2 layers"):
         config(patterns=["previous"], encoder_layers=[2])
-    with pytest.raises(ValueError, match=r"fixed_attention.decoder must be True or False, got 1"):
-        config(patterns=["previous"], decoder=1)
+    with pytest.raises(ValueError, match=r"fixed_attention.decoder_layers must be a list of \(an integer\) or one of "
+                                         r"'all' or None, got True"):
+        config(patterns=["previous"], decoder_layers=True)
 
 
 @pytest.mark.slow

@@ -74,7 +74,7 @@ def layer_weights(model, **extra):
 
 
 def test_the_layer_adds_the_papers_bias(checkpoint, captured):
-    model = load(checkpoint, settings={"layers": [0]})
+    model = load(checkpoint, settings={"encoder_layers": [0]})
     run(model)
     (method, query, bias, heads), = captured
     assert method == "localness" and heads is None and bias.shape == (2, 4, 6, 6)
@@ -90,7 +90,7 @@ def test_the_layer_adds_the_papers_bias(checkpoint, captured):
 def test_log_weights_change_by_a_concave_quadratic_per_row(checkpoint, captured, window):
     """log a_on - log a_off = -(j - P_i)^2 / (2 sigma_i^2) + c_i over each real row's real keys: fitted by least
     squares, the quadratic term is negative, the residual vanishes and P_i, sigma_i are the layer's prediction."""
-    on = load(checkpoint, "eager", {"layers": [0], "window": window})
+    on = load(checkpoint, "eager", {"encoder_layers": [0], "window": window})
     off = load(checkpoint, "eager")
     difference = (layer_weights(on).log() - layer_weights(off).log())  # (B, H, T, S)
     (_, query, _, _), = captured
@@ -114,7 +114,7 @@ def test_log_weights_change_by_a_concave_quadratic_per_row(checkpoint, captured,
                 torch.testing.assert_close(-linear / (2 * a), centre[b, h, i], rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("settings", [{}, {"window": 2}, {"heads": "redundant"}], ids=str)
+@pytest.mark.parametrize("settings", [{}, {"window": 2}, {"head_selection": "redundant"}], ids=str)
 def test_sdpa_and_eager_agree_and_only_the_lower_layers_carry_it(checkpoint, settings):
     sdpa, eager = load(checkpoint, "sdpa", settings), load(checkpoint, "eager", settings)
     carriers = {n for n, m in sdpa.named_modules() if "localness" in getattr(m, "headattn_methods", ())}
@@ -145,7 +145,7 @@ def test_save_load_round_trip(checkpoint, tmp_path):
 
 @pytest.mark.parametrize("heads", ["all", "redundant"])
 def test_generate_with_beams_and_cache(checkpoint, heads):
-    model = load(checkpoint, settings={"heads": heads})
+    model = load(checkpoint, settings={"head_selection": heads})
     inputs = {k: v for k, v in batch().items() if k != "labels"} | {"dependency_mask": related((0,))}
     settings = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert torch.equal(model.generate(**inputs, num_beams=1, **settings), greedy_by_full_forward(model, inputs, 5))
@@ -154,8 +154,8 @@ def test_generate_with_beams_and_cache(checkpoint, heads):
 
 
 def test_redundant_heads_select_per_sentence(checkpoint, monkeypatch):
-    everywhere = load(checkpoint, "eager", {"layers": [0]})
-    rhe = load(checkpoint, "eager", {"layers": [0], "heads": "redundant"})
+    everywhere = load(checkpoint, "eager", {"encoder_layers": [0]})
+    rhe = load(checkpoint, "eager", {"encoder_layers": [0], "head_selection": "redundant"})
     off = load(checkpoint, "eager")
     extra = {"dependency_mask": related((0,))}
     # RHE itself: no head redundant in sentence 0 (the plain model there), every head in sentence 1 (on all heads)
@@ -178,8 +178,8 @@ def test_redundant_heads_select_per_sentence(checkpoint, monkeypatch):
 
 
 def test_with_sea_on_the_same_layer_both_biases_apply(checkpoint, captured, monkeypatch):
-    both = load(checkpoint, "eager", {"layers": [0]}, sea={"type": "dea", "heads": "all"})
-    sea = load(checkpoint, "eager", sea={"type": "dea", "heads": "all"})
+    both = load(checkpoint, "eager", {"encoder_layers": [0]}, sea={"type": "dea", "head_selection": "all"})
+    sea = load(checkpoint, "eager", sea={"type": "dea", "head_selection": "all"})
     dependency = related(())  # each token related to itself only, plus the neighbours below
     neighbours = torch.ones(5, dtype=torch.bool)
     dependency = dependency | torch.diag(neighbours, 1) | torch.diag(neighbours, -1)
@@ -204,16 +204,17 @@ def test_with_sea_on_the_same_layer_both_biases_apply(checkpoint, captured, monk
     calls = []
     monkeypatch.setattr(redundancy, "_redundant_heads_of", lambda call, mask: calls.append(1) or redundancy.
                         redundant_heads(*[torch.zeros(2, 4)] * 2))
-    run(load(checkpoint, settings={"heads": "redundant", "layers": [0]}, sea={"type": "dea"}), **extra)
+    run(load(checkpoint, settings={"head_selection": "redundant", "encoder_layers": [0]}, sea={"type": "dea"}), **extra)
     assert len(calls) == 1
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"layers": [2]}, r"localness.layers contains 2, but the model has 2 layers: expected integers in \[-2, 1\]"),
+    ({"encoder_layers": [2]}, r"localness.encoder_layers contains 2, but the model has 2 layers: expected integers in "
+                              r"\[-2, 1\]"),
     ({"window": 0}, r"localness.window must be 'predicted' or an integer >= 1 .*got 0"),
     ({"window": "fixed"}, r"localness.window must be an integer or one of 'predicted', got 'fixed'"),
-    ({"heads": "some"}, r"localness.heads must be an integer or one of 'all', 'redundant', got 'some'"),
-    ({"heads": 5}, r"localness.heads must be 'all', 'redundant' or a number of heads in \[1, 4\] .*got 5"),
+    ({"heads": "some"}, r"localness.heads must be a list of \(an integer\) or one of 'all', got 'some'"),
+    ({"heads": [5]}, r"localness.heads must be 'all' or a non-empty list of head numbers in \[-4, 3\], got \[5\]"),
     ({"predictor": "full"}, r"localness.predictor must be one of 'query', 'head', got 'full'"),
     ({"width": 3}, r"localness has unknown settings \['width'\]"),
 ])
@@ -223,28 +224,28 @@ def test_bad_settings_name_field_value_and_expectation(settings, message):
 
 
 def test_redundant_heads_need_the_dependency_mask(checkpoint):
-    model = load(checkpoint, settings={"heads": "redundant"})
-    with pytest.raises(ValueError, match=r"heads='redundant' needs the forward argument dependency_mask"):
+    model = load(checkpoint, settings={"head_selection": "redundant"})
+    with pytest.raises(ValueError, match=r"head_selection='redundant' needs the forward argument dependency_mask"):
         run(model)
     with pytest.raises(ValueError, match=r"dependency_mask has shape \(2, 5, 5\).*expected .* = \(2, 6, 6\)"):
         run(model, dependency_mask=torch.ones(2, 5, 5, dtype=torch.bool))
-    run(load(checkpoint, settings={}))  # heads="all" needs none
+    run(load(checkpoint, settings={}))  # head_selection="all" needs none
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_parameters_get_gradients_through_the_backend(checkpoint, backend):
-    model = load(checkpoint, backend, {"layers": [0]}).train()
+    model = load(checkpoint, backend, {"encoder_layers": [0]}).train()
     model(**batch()).loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if ".localness." in n}
     assert set(grads) == KEYS and all(g is not None and g.abs().sum() > 0 for g in grads.values())
     # on the redundant heads only: no head redundant, no gradient (zeros, never None)
-    model = load(checkpoint, backend, {"layers": [0], "heads": "redundant"}).train()
+    model = load(checkpoint, backend, {"encoder_layers": [0], "head_selection": "redundant"}).train()
     model(**batch(), dependency_mask=related((0, 1))).loss.backward()
     assert all(p.grad is None or p.grad.abs().sum() == 0 for n, p in model.named_parameters() if ".localness." in n)
 
 
 def test_half_precision_stays_finite_with_a_collapsed_window(checkpoint, monkeypatch, captured):
-    model = load(checkpoint, settings={"layers": [0]}).half()
+    model = load(checkpoint, settings={"encoder_layers": [0]}).half()
     predict = localness_core.centre_and_window
 
     def collapsed(*args):  # D_i = 0 (a window whose sigmoid underflowed): the floor keeps the float16 bias finite
@@ -259,9 +260,9 @@ def test_half_precision_stays_finite_with_a_collapsed_window(checkpoint, monkeyp
 
 
 def test_the_first_n_heads_get_the_per_head_bias_and_pruning_follows_them(checkpoint, captured):
-    """heads=2 with the per-head reading: the bias of the loop on heads 0-1 only; pruning head 0 leaves the bias on
-    the head that was 1, as masking head 0 does."""
-    model = load(checkpoint, settings={"layers": [0], "heads": 2})
+    """heads=[0, 1] with the per-head reading: the bias of the loop on heads 0-1 only; pruning head 0 leaves the bias
+    on the head that was 1, as masking head 0 does."""
+    model = load(checkpoint, settings={"encoder_layers": [0], "heads": [0, 1]})
     run(model)
     (_, query, bias, heads), = captured
     assert heads == (0, 1) and bias.shape == (2, 2, 6, 6)

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow  # every test compiles
 
 #: one case (about 20 s on a CPU core): Localness+RHE beside LPEA+RHE covers Localness's bias path, its RHE selection
 #: and the selection shared with SEA
-CASES = {"localness-rhe+lpea-rhe": {"localness": {"heads": "redundant"}, "sea": {"type": "lpea"}}}
+CASES = {"localness-rhe+lpea-rhe": {"localness": {"head_selection": "redundant"}, "sea": {"type": "lpea"}}}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # transformers' flex function compiles
 def test_localness_rhe_beside_lpea_rhe_on_flex_equals_sdpa():
     """(One case: 20-40 s on a CPU core, the flex function's compilation; it covers the bias on chosen heads per
     sentence, beside another method's.)"""
-    settings = {"localness": {"heads": "redundant"}, "sea": {"type": "lpea", "max_relative_position": 2}}
+    settings = {"localness": {"head_selection": "redundant"}, "sea": {"type": "lpea", "max_relative_position": 2}}
     torch.manual_seed(0)
     config = HeadAttnMBartConfig(**TINY, init_std=0.5, dropout=0.0, attention_dropout=0.0, **settings)
     model = HeadAttnMBartForConditionalGeneration(config).eval()

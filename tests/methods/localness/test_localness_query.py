@@ -88,17 +88,18 @@ def load(path, attn_implementation="sdpa", settings=None, seed=1):
     return model
 
 
-@pytest.mark.parametrize("heads, window", [("all", "predicted"), (2, "predicted"), (3, 10)])
+@pytest.mark.parametrize("heads, window", [("all", "predicted"), ([3, -3], "predicted"), ([0, 1, 2], 10)])
 def test_the_layer_adds_the_loop_bias_on_its_heads(checkpoint, captured, heads, window):  # noqa: F811
-    model = load(checkpoint, settings={"layers": [0], "heads": heads, "window": window})
+    """On every head or on the heads named (any numbers: [3, -3] is heads 1 and 3)."""
+    model = load(checkpoint, settings={"encoder_layers": [0], "heads": heads, "window": window})
     module = model.model.encoder.layers[0].self_attn.localness
-    count = 4 if heads == "all" else heads
+    count = 4 if heads == "all" else len(heads)
     assert module.hidden_weight.shape == (count * 4, 16) and module.output_weight.shape[0] == count * (
         1 if window == 10 else 2)
     run(model)
     (method, query, bias, selected), = captured
     assert method == "localness" and bias.shape == (2, count, 6, 6)
-    assert selected == (None if heads == "all" else tuple(range(count)))
+    assert selected == (None if heads == "all" else tuple(sorted(head % 4 for head in heads)))
     whole = query.double().transpose(1, 2).flatten(2)  # (B, T, H d_h)
     expected = loop_bias(whole, *[getattr(module, n).detach().double() for n in NAMES], REAL, count,
                          None if window == "predicted" else window)
@@ -106,7 +107,7 @@ def test_the_layer_adds_the_loop_bias_on_its_heads(checkpoint, captured, heads, 
     torch.testing.assert_close(bias[keys].double(), expected[keys], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("settings", [{}, {"heads": 2}, {"heads": "redundant"}], ids=str)
+@pytest.mark.parametrize("settings", [{}, {"heads": [0, 1]}, {"head_selection": "redundant"}], ids=str)
 def test_sdpa_equals_eager_and_gradients_reach_every_parameter(checkpoint, settings):  # noqa: F811
     extra = {"dependency_mask": related((0,))}
     sdpa, eager = load(checkpoint, "sdpa", settings), load(checkpoint, "eager", settings)
@@ -119,14 +120,14 @@ def test_sdpa_equals_eager_and_gradients_reach_every_parameter(checkpoint, setti
 
 
 def test_generate_with_a_cache_equals_the_full_forward(checkpoint):  # noqa: F811
-    model = load(checkpoint, settings={"heads": 3})
+    model = load(checkpoint, settings={"heads": [0, 1, 2]})
     inputs = {k: v for k, v in batch().items() if k != "labels"}
     tokens = model.generate(**inputs, num_beams=1, max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert torch.equal(tokens, greedy_by_full_forward(model, inputs, 5))
 
 
 def test_pruning_is_refused_naming_the_predictor(checkpoint):  # noqa: F811
-    model = load(checkpoint, settings={"layers": [0]})
+    model = load(checkpoint, settings={"encoder_layers": [0]})
     with pytest.raises(ValueError, match=r"predictor='query' reads every head's query.*predictor='head'"):
         model.prune_heads({"encoder.layers.0.self_attn": [1]})
     assert model.model.encoder.layers[0].self_attn.q_proj.out_features == 16  # nothing was pruned

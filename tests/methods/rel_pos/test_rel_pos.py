@@ -103,10 +103,11 @@ def dependency(related_rows):
 
 
 def test_redundant_heads_are_chosen_per_sentence(checkpoint):
-    """heads="redundant" with RHE on real inputs: a sentence with every head redundant gets what heads="all" gives it,
-    one with none the plain model's logits; a missing dependency_mask is a clear error."""
+    """head_selection="redundant" with RHE on real inputs: a sentence with every head redundant gets what
+    head_selection="all" gives it, one with none the plain model's logits; a missing dependency_mask is a clear
+    error."""
     everywhere = load(checkpoint, encoder_layers=[0])
-    rhe = load(checkpoint, encoder_layers=[0], heads="redundant")
+    rhe = load(checkpoint, encoder_layers=[0], head_selection="redundant")
     rhe.load_state_dict(everywhere.state_dict())
     inputs = batch()
     with torch.no_grad():
@@ -116,7 +117,8 @@ def test_redundant_heads_are_chosen_per_sentence(checkpoint):
     torch.testing.assert_close(mixed[0], plain[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mixed[1], all_heads[1], atol=1e-5, rtol=1e-5)
     assert (all_heads[0] - plain[0]).abs().max() > 1e-2
-    with pytest.raises(ValueError, match="rel_pos with heads='redundant' needs the forward argument dependency_mask"):
+    with pytest.raises(ValueError,
+                       match="rel_pos with head_selection='redundant' needs the forward argument dependency_mask"):
         rhe(**inputs)
     with pytest.raises(ValueError, match=r"rel_pos: dependency_mask must be a bool tensor of shape \(batch, src_len, "
                                          r"src_len\) = \(2, 6, 6\), got torch.int64"):
@@ -139,7 +141,6 @@ def test_save_and_load_keep_the_tables(checkpoint, tmp_path):
 @pytest.mark.parametrize("settings, message", [
     ({"max_relative_position": 0}, r"rel_pos.max_relative_position must be an integer >= 1, got 0"),
     ({"max_relative_position": 2.0}, r"rel_pos.max_relative_position must be an integer, got 2.0"),
-    ({"heads": "some"}, r"rel_pos.heads must be one of 'all', 'redundant', got 'some'"),
     ({"tables": "shared"}, r"rel_pos.tables must be one of 'head', 'layer', got 'shared'"),
     ({"absolute_positions": "no"}, r"rel_pos.absolute_positions must be True or False, got 'no'"),
     ({"values": 1}, r"rel_pos.values must be True or False, got 1"),
@@ -147,9 +148,12 @@ def test_save_and_load_keep_the_tables(checkpoint, tmp_path):
     ({"encoder_layers": "some"}, r"rel_pos.encoder_layers must be a list of \(an integer\) or one of 'all' or None, "
                                  r"got 'some'"),
     ({"encoder_layers": None}, r"places rel_pos on no attention module"),
-    ({"heads": "redundant", "decoder_layers": [0]}, r"rel_pos.heads='redundant' needs RHE's dependency_mask of the "
-                                                    r"source, which the decoder's self-attention has none of"),
-    ({"heads": "redundant", "decoder_layers": "all"}, r"rel_pos.heads='redundant' needs RHE's dependency_mask"),
+    ({"head_selection": "redundant", "decoder_layers": [0]},
+     r"rel_pos.head_selection='redundant' needs RHE's dependency_mask of the source, which the decoder's "
+     r"self-attention has none of"),
+    ({"head_selection": "redundant", "decoder_layers": "all"},
+     r"rel_pos.head_selection='redundant' needs RHE's dependency_mask"),
+    ({"head_selection": "some"}, r"rel_pos.head_selection must be one of 'all', 'redundant', got 'some'"),
 ])
 def test_settings_errors_name_the_field(settings, message):
     with pytest.raises(ValueError, match=message):

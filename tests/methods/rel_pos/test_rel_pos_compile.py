@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # every test compiles
 
 CASES = {
     "keys-values": {"max_relative_position": 2, "decoder_layers": [-1]},
-}  # (heads="redundant": the same code with RHE's selection, which SEA's compile tests cover; time budget)
+}  # (head_selection="redundant": the same code with RHE's selection, which SEA's compile tests cover; time budget)
 
 
 def step(model, inputs):

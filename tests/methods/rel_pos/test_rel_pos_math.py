@@ -202,7 +202,7 @@ def test_the_layer_gradchecks(backend):
 
 
 def test_the_selection_of_redundant_heads_is_per_sentence(monkeypatch):
-    """heads="redundant" with a hand-made selection (RHE monkeypatched): the key and value terms on the chosen
+    """head_selection="redundant" with a hand-made selection (RHE monkeypatched): the key and value terms on the chosen
     sentence-heads only, the others plain attention."""
     chosen = torch.tensor([[True, False, False, True], [False, True, False, False]])
     seen = {}
@@ -212,7 +212,7 @@ def test_the_selection_of_redundant_heads_is_per_sentence(monkeypatch):
         return chosen
 
     monkeypatch.setattr(core, "redundant_heads_of", hand_made)
-    module = module_of("sdpa", heads="redundant")
+    module = module_of("sdpa", head_selection="redundant")
     query, key, value = qkv()
     dependency = torch.eye(T, dtype=torch.bool).expand(B, T, T)
     output, _ = headattn_attention_forward(module, query, key, value, call_mask("sdpa", "encoder"),
@@ -228,7 +228,8 @@ def test_with_sea_on_one_layer_both_apply(backend, values):
     """SEA's DEA hard mask and the relative terms on layer 0, every head: both apply (the shared layer adds them;
     SEA's mask reaches the taken-over heads)."""
     torch.manual_seed(0)
-    config = HeadAttnMBartConfig(**TINY, attention_dropout=0.0, sea={"type": "dea", "heads": "all", "layers": [0]},
+    config = HeadAttnMBartConfig(**TINY, attention_dropout=0.0,
+                                 sea={"type": "dea", "head_selection": "all", "encoder_layers": [0]},
                                  rel_pos={"max_relative_position": K, "encoder_layers": [0], "values": values})
     model = HeadAttnMBartForConditionalGeneration(config).eval()
     model.set_attn_implementation(backend)
@@ -252,8 +253,8 @@ def test_with_sea_both_on_the_redundant_heads_rhe_runs_once(monkeypatch):
 
     torch.manual_seed(0)
     config = HeadAttnMBartConfig(
-        **TINY, attention_dropout=0.0, sea={"type": "dea", "heads": "redundant", "layers": [0]},
-        rel_pos={"max_relative_position": K, "encoder_layers": [0], "heads": "redundant"})
+        **TINY, attention_dropout=0.0, sea={"type": "dea", "head_selection": "redundant", "encoder_layers": [0]},
+        rel_pos={"max_relative_position": K, "encoder_layers": [0], "head_selection": "redundant"})
     module = HeadAttnMBartForConditionalGeneration(config).eval().model.encoder.layers[0].self_attn
     g = torch.Generator().manual_seed(2)
     for table in module.rel_pos.parameters():

@@ -58,8 +58,8 @@ def logits(model, related_rows=(0, 1), **extra):
 
 @pytest.mark.parametrize("sea_type", ["dea", "lpea"])
 def test_forced_rhe_equals_sea_on_all_heads_or_plain_attention(checkpoint, sea_type):
-    rhe = load(checkpoint, type=sea_type, heads="redundant")
-    everywhere = load(checkpoint, type=sea_type, heads="all")
+    rhe = load(checkpoint, type=sea_type, head_selection="redundant")
+    everywhere = load(checkpoint, type=sea_type, head_selection="all")
     everywhere.load_state_dict(rhe.state_dict())
     plain = stock(checkpoint)(**batch()).logits.detach()
     # every head redundant: +SEA+RHE is +SEA on all heads, which differs from plain attention
@@ -74,8 +74,8 @@ def test_forced_rhe_equals_sea_on_all_heads_or_plain_attention(checkpoint, sea_t
 
 
 def test_rhe_selects_per_sentence(checkpoint):
-    rhe = load(checkpoint, type="lpea", heads="redundant")
-    everywhere = load(checkpoint, type="lpea", heads="all")
+    rhe = load(checkpoint, type="lpea", head_selection="redundant")
+    everywhere = load(checkpoint, type="lpea", head_selection="all")
     everywhere.load_state_dict(rhe.state_dict())
     out = logits(rhe, related_rows=(0,), output_redundant_heads=True)
     assert out.redundant_heads[LAYER0].tolist() == [[False] * 4, [True] * 4]
@@ -84,8 +84,8 @@ def test_rhe_selects_per_sentence(checkpoint):
 
 
 SETTINGS = [
-    dict(type="dea", heads="all"), dict(type="dea", heads="redundant"),
-    dict(type="lpea", heads="all"), dict(type="lpea", heads="redundant"), dict(prune=True),
+    dict(type="dea", head_selection="all"), dict(type="dea", head_selection="redundant"),
+    dict(type="lpea", head_selection="all"), dict(type="lpea", head_selection="redundant"), dict(prune=True),
 ]
 
 
@@ -116,7 +116,7 @@ def test_rhe_prune_zeroes_exactly_the_redundant_heads(checkpoint):
 
 def test_lpea_parameters_get_gradients_only_through_selected_heads(checkpoint):
     for related_rows, expect_grad in (((), True), ((0, 1), False)):
-        model = load(checkpoint, type="lpea", heads="redundant").train()
+        model = load(checkpoint, type="lpea", head_selection="redundant").train()
         model.config.dropout = 0.0
         model(**batch(), **syntax(related_rows)).loss.backward()
         grads = [p.grad for n, p in model.named_parameters() if ".sea.lpea_" in n]
@@ -125,14 +125,14 @@ def test_lpea_parameters_get_gradients_only_through_selected_heads(checkpoint):
 
 
 def test_sea_off_attaches_nothing_and_ignores_syntax(checkpoint):
-    model = load(checkpoint, heads="all", layers=[1], max_relative_position=3)
+    model = load(checkpoint, head_selection="all", encoder_layers=[1], max_relative_position=3)
     assert not any(".sea." in n for n, _ in model.named_parameters())
     assert not any(getattr(m, "headattn_methods", ()) for m in model.modules())
     torch.testing.assert_close(logits(model).logits, stock(checkpoint)(**batch()).logits.detach(), atol=1e-5, rtol=0)
 
 
 def test_only_the_configured_encoder_layers_carry_sea(checkpoint):
-    model = load(checkpoint, type="dea", layers=[-1])
+    model = load(checkpoint, type="dea", encoder_layers=[-1])
     carriers = {n for n, m in model.named_modules() if "sea" in getattr(m, "headattn_methods", ())}
     assert carriers == {"model.encoder.layers.1.self_attn"}
     out = logits(model, (), output_redundant_heads=True)
@@ -145,7 +145,7 @@ def test_only_the_configured_encoder_layers_carry_sea(checkpoint):
 
 @pytest.mark.parametrize("sea_type", ["dea", "lpea"])
 def test_generate_with_beams_and_cache(checkpoint, sea_type):
-    model = load(checkpoint, type=sea_type, heads="redundant")
+    model = load(checkpoint, type=sea_type, head_selection="redundant")
     inputs = {k: v for k, v in batch().items() if k != "labels"} | syntax(related_rows=(0,))
     settings = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
     greedy = model.generate(**inputs, num_beams=1, **settings)
@@ -166,20 +166,20 @@ def bad(name, value):
 ERRORS = [
     ({"type": "lpea"}, {"dependency_mask": None},
      r"needs the forward argument dependency_mask .*DataCollatorForSyntaxSeq2Seq"),
-    ({"type": "lpea", "heads": "all"}, {"phrase_positions": None}, r"needs the forward argument phrase_pos"),
+    ({"type": "lpea", "head_selection": "all"}, {"phrase_positions": None}, r"needs the forward argument phrase_pos"),
     ({"prune": True}, {"dependency_mask": None}, r"needs the forward argument dependency_mask"),
     ({"type": "dea"}, {"dependency_mask": torch.ones(2, 5, 5, dtype=torch.bool)},
      r"dependency_mask has shape \(2, 5, 5\), expected \(batch, src_len, src_len\) = \(2, 6, 6\)"),
-    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.zeros(1, 6, 6, dtype=torch.long)},
+    ({"type": "lpea", "head_selection": "all"}, {"phrase_positions": torch.zeros(1, 6, 6, dtype=torch.long)},
      r"phrase_positions has shape \(1, 6, 6\), expected .* \(2, 6, 6\)"),
     ({"type": "dea"}, {"dependency_mask": torch.ones(2, 6, 6, dtype=torch.long)}, r"must be torch.bool"),
-    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.zeros(2, 6, 6)},
+    ({"type": "lpea", "head_selection": "all"}, {"phrase_positions": torch.zeros(2, 6, 6)},
      r"phrase_positions must be an integer tensor .*torch.float32"),
-    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), NOT_IN_PHRASE - 1)},
+    ({"type": "lpea", "head_selection": "all"}, {"phrase_positions": torch.full((2, 6, 6), NOT_IN_PHRASE - 1)},
      r"phrase_positions contains -10001: expected .* or NOT_IN_PHRASE = -10000"),
-    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), 10000)},
+    ({"type": "lpea", "head_selection": "all"}, {"phrase_positions": torch.full((2, 6, 6), 10000)},
      r"phrase_positions contains 10000"),
-    ({"type": "lpea", "heads": "all"}, {"phrase_positions": torch.full((2, 6, 6), -100)},  # was clipped
+    ({"type": "lpea", "head_selection": "all"}, {"phrase_positions": torch.full((2, 6, 6), -100)},  # was clipped
      r"phrase_positions contains -100 \(the label padding value -100.*NOT_IN_PHRASE = -10000 outside the local phrase "
      r"and on padding"),
     ({"type": "dea"}, {"dependency_mask": torch.ones(2, 6, 6, dtype=torch.bool, device="meta")},
@@ -196,7 +196,7 @@ def test_bad_inputs_raise_clear_errors(checkpoint, settings, change, message):
 
 
 def test_inputs_that_are_not_needed_are_not_required(checkpoint):
-    model = load(checkpoint, type="lpea", heads="all")  # no RHE: no dependency mask needed
+    model = load(checkpoint, type="lpea", head_selection="all")  # no RHE: no dependency mask needed
     model(**batch(), phrase_positions=syntax()["phrase_positions"])
     with pytest.raises(ValueError, match="dependency_mask"):  # unless the read-out is asked for
         model(**batch(), phrase_positions=syntax()["phrase_positions"], output_redundant_heads=True)
@@ -246,7 +246,7 @@ def test_redundancy_report_counts_sentences(checkpoint, tmp_path):
 
 def test_unpadded_batch_gives_the_same_sentence(checkpoint):
     """Without padding HF passes no mask; the per-sentence result must not depend on the batch it sits in."""
-    model = load(checkpoint, type="lpea", heads="redundant")
+    model = load(checkpoint, type="lpea", head_selection="redundant")
     both = logits(model, related_rows=(1,), output_redundant_heads=True)
     inputs = {k: v[:1] for k, v in (batch() | syntax(related_rows=(1,))).items()}
     with torch.no_grad():
