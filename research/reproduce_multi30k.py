@@ -175,7 +175,7 @@ def main(argv=None) -> None:
     run.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     run.add_argument("--parallel", type=positive_int, default=1, help="runs at a time")
     run.add_argument("--threads", type=positive_int, default=1, help="CPU threads per run")
-    run.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
+    run.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (docs/usage.md, Multi30k)")
     run.add_argument("--source_lang", default="en")
     run.add_argument("--target_lang", default="de")
     run.add_argument("--vocab_size", type=positive_int, default=8000)
