@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_headattn.deprecation import MOVED_MODULES
 from hf_headattn.experiment import kit, presets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +87,8 @@ def _anchors(path: Path) -> set[str]:
 
 def test_every_relative_link_of_the_guides_and_docs_reaches_a_file_and_its_heading():
     broken = []
-    for path in [*GUIDES, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "results").glob("*.md"))]:
+    for path in [*GUIDES, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md")),
+                 *sorted((ROOT / "docs" / "results").glob("*.md"))]:
         text = FENCED.sub("", path.read_text(encoding="utf-8"))
         for target, anchor in LINK.findall(text):
             file = (path.parent / target).resolve() if target else path
@@ -95,3 +97,13 @@ def test_every_relative_link_of_the_guides_and_docs_reaches_a_file_and_its_headi
             elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
                 broken.append(f"{path.relative_to(ROOT)}: {target}#{anchor}")
     assert broken == []
+
+
+def test_the_changelog_names_every_moved_module_path():
+    """Each old module path that still imports, with a warning, is named in CHANGELOG.md (with its removal release):
+    ``hf_headattn.experiment.prune_heads`` as written, or as ``.prune_heads`` after its package's first name."""
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    unreleased = changelog.split("## Unreleased", 1)[1].split("\n## ", 1)[0]
+    missing = [old for old in MOVED_MODULES
+               if f"`{old}`" not in unreleased and f"`.{old.rsplit('.', 1)[1]}`" not in unreleased]
+    assert missing == []
