@@ -5,7 +5,7 @@ dataclass (:class:`MethodSettings`), an :class:`AttentionMethod` attached to the
 ``METHOD = MethodSpec(...)`` naming both, and optionally ``KIT = MethodKit(...)`` for the recipes (its ``--method``
 names, presets, model-card line). ``register_method(METHOD)`` at its end registers it; the recipes'
 ``--method_modules my_pkg.my_method`` or ``--method_modules my_method.py`` (or, in Python, an ``import my_method`` or
-:func:`import_method_modules` before ``translation_recipe.main()``) brings it in. How a method is built, step by
+:func:`import_method_modules` before ``hf_headattn.commands.train.main()``) brings it in. How a method is built, step by
 step: docs/design.md, "Adding a method".
 
 ``build(settings, config, module, *, num_heads, head_dim)`` makes the method for one attention module its
