@@ -36,7 +36,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--pruning_json", type=Path, required=True)
     parser.add_argument("--criterion", required=True)
-    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
+    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (docs/usage.md, Multi30k)")
     parser.add_argument("--samples", type=int, default=300, help="validation sources translated per timing")
     parser.add_argument("--num_beams", type=int, default=5)
     parser.add_argument("--batch_size", type=int, default=100)

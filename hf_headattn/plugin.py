@@ -5,8 +5,8 @@ dataclass (:class:`MethodSettings`), an :class:`AttentionMethod` attached to the
 ``METHOD = MethodSpec(...)`` naming both, and optionally ``KIT = MethodKit(...)`` for the recipes (its ``--method``
 names, presets, model-card line). ``register_method(METHOD)`` at its end registers it; the recipes'
 ``--method_modules my_pkg.my_method`` or ``--method_modules my_method.py`` (or, in Python, an ``import my_method`` or
-:func:`import_method_modules` before ``translation_recipe.main()``) brings it in. How a method is built, step by
-step: docs/design.md, "Adding a fourth method".
+:func:`import_method_modules` before ``hf_headattn.commands.train.main()``) brings it in. How a method is built, step by
+step: docs/design.md, "Adding a method".
 
 ``build(settings, config, module, *, num_heads, head_dim)`` makes the method for one attention module its
 ``placements`` name: ``num_heads`` is the module's number of heads as the config gives them (methods are built before
@@ -78,7 +78,7 @@ A method that takes over heads, fixes their weights, recomputes their probabilit
 declares it (``MethodSpec(head_use=...)`` returning a :class:`HeadUse`), so that the config refuses a method it
 cannot meet on one layer when it is built. A change outside attention is ``MethodSpec(prepare_stack=...)``, run once
 per stack the method is placed on when the model is built; :func:`mute_module` (and :func:`mute_position_embeddings`)
-make a part of the model contribute nothing while its weights stay loadable (docs/design.md, "Adding a fourth
+make a part of the model contribute nothing while its weights stay loadable (docs/design.md, "Adding a
 method").
 
 What the built-in methods use beside (every one of them imports from the package only the names listed here, tested

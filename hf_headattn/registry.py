@@ -3,7 +3,7 @@
 A method's core defines a settings dataclass (a :class:`MethodSettings`), an
 :class:`~hf_headattn.attention.AttentionMethod` and a ``MethodSpec`` (the built-in ones in
 ``hf_headattn/methods/<name>/core.py``, one line in :mod:`hf_headattn.methods` registering each; one outside the
-package through :mod:`hf_headattn.plugin`; how: docs/design.md, "Adding a fourth method"). The config, the model
+package through :mod:`hf_headattn.plugin`; how: docs/design.md, "Adding a method"). The config, the model
 and the Trainer's logging read the registry; the recipes, the model card and the analyses read the method's kit
 (``MethodSpec.kit``, :mod:`hf_headattn.experiment.kit`), found through it; nothing else lists the methods. (The peft
 tuners are the model: one config dataclass per method, validated when it is built, and one registration call.)
@@ -362,7 +362,7 @@ def import_method_modules(names: Iterable[str]) -> dict[str, list[str]]:
     Returns ``{name as given: [names of the methods it brought]}``.
 
     A module brings the methods it registers when imported (``register_method(METHOD)`` at its end, docs/design.md,
-    "Adding a fourth method") and the registered specs it holds; one that registers none but defines ``METHOD`` (a
+    "Adding a method") and the registered specs it holds; one that registers none but defines ``METHOD`` (a
     :class:`MethodSpec`, the name a method's core module gives its spec) has that registered, so a core module is
     named the same way whether or not it registers itself. A module that brings no method is refused, not warned
     about: naming it has no other purpose, so it is a mistake (a kit module, a misspelt submodule) that would
@@ -390,7 +390,7 @@ def import_method_modules(names: Iterable[str]) -> dict[str, list[str]]:
         if not found:
             raise ValueError(f"method module {name!r} imports but brings no method: it registers none and defines no "
                              "METHOD = MethodSpec(...); expected the module of a method's core, which ends with "
-                             "register_method(METHOD) or defines METHOD (docs/design.md, \"Adding a fourth method\")")
+                             "register_method(METHOD) or defines METHOD (docs/design.md, \"Adding a method\")")
         brought[name] = found
     return brought
 

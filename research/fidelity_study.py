@@ -189,7 +189,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["screen", "confirm", "table"])
     parser.add_argument("--output_dir", type=Path, default=Path("runs/fidelity"))
-    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
+    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (docs/usage.md, Multi30k)")
     parser.add_argument("--rows", nargs="+", help="screen: these rows only (default: all of SCREEN)")
     parser.add_argument("--choose", nargs="+", default=[], help="confirm: override the choice (rows of SCREEN)")
     parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS),

@@ -40,7 +40,7 @@ ROWS = ["baseline", "dhicm", "eadra", "dea_rhe", "lpea_rhe"]
 #: 2021: Rel_Pos and Localness beside DEA/LPEA+RHE, in their published layouts: Rel_Pos's tables per layer and head,
 #: Localness's whole-query predictor, the recipe names' defaults), its Table 2 (the bias methods with and without
 #: RHE: the RHE rows parse the sources, as SEA's do) and EaDRA's Tables 3-5 (Araabi et al.: Fixed-attention beside
-#: EaDRA; mBART fine-tuning's rows are ``finetune_mbart.py``'s).
+#: EaDRA; mBART fine-tuning's rows are ``hf-headattn finetune``'s).
 PAPER_TABLES = {
     "rhe-table-1": ["baseline", "rel_pos", "localness", "dea_rhe", "lpea_rhe"],
     "rhe-table-2": ["baseline", "rel_pos", "rel_pos_rhe", "localness", "localness_rhe"],
@@ -175,7 +175,7 @@ def main(argv=None) -> None:
     run.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     run.add_argument("--parallel", type=positive_int, default=1, help="runs at a time")
     run.add_argument("--threads", type=positive_int, default=1, help="CPU threads per run")
-    run.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
+    run.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (docs/usage.md, Multi30k)")
     run.add_argument("--source_lang", default="en")
     run.add_argument("--target_lang", default="de")
     run.add_argument("--vocab_size", type=positive_int, default=8000)

@@ -1,5 +1,6 @@
-"""The API reference's configuration (mkdocs.yml): a page per registered method, and every page and documented module
-there. The build itself is ``make docs`` (mkdocs --strict); this only reads files."""
+"""The API reference's configuration (mkdocs.yml): a page per registered method with its guide (the folder's README),
+and every page and documented module there. The build itself is ``make docs`` (mkdocs --strict); this only reads
+files."""
 
 import re
 from pathlib import Path
@@ -16,6 +17,8 @@ HANDLER = next(plugin["mkdocstrings"] for plugin in CONFIG["plugins"]
                if isinstance(plugin, dict) and "mkdocstrings" in plugin)["handlers"]["python"]
 #: ``::: dotted.path`` lines: the objects mkdocstrings renders.
 DIRECTIVE = re.compile(r"^::: (\S+)", re.M)
+#: ``--8<-- "path"`` lines: the files pymdownx.snippets includes (paths from the repository root).
+INCLUDE = re.compile(r'^--8<-- "([^"]+)"', re.M)
 
 
 def nav_pages(entries) -> list[str]:
@@ -64,3 +67,18 @@ def test_each_built_in_method_has_its_page_with_settings_spec_and_kit():
         documented = DIRECTIVE.findall(text)
         assert spec.settings.__module__ in documented and spec.kit in documented, (page, documented)
         assert spec.settings.__name__ in text and "METHOD" in text, page  # the settings class and the spec
+
+
+def test_every_guide_beside_the_code_is_included_in_a_page_and_links_nothing_relative():
+    """Each README of the package (a method's guide, the syntax inputs') is a page of the site, included whole; a
+    relative link in it resolves from the page, not from the README, so there is none (paths are written as code)."""
+    included = {include: page for page in nav_pages(CONFIG["nav"])
+                for include in INCLUDE.findall((DOCS / page).read_text())}
+    guides = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "hf_headattn").rglob("README.md"))
+    assert guides and sorted(included) == guides
+    for spec in registered_methods():
+        if spec.settings.__module__.startswith("hf_headattn."):
+            assert included[f"hf_headattn/methods/{spec.name}/README.md"] == f"methods/{spec.name}.md"
+    for guide in guides:
+        text = re.sub(r"```.*?```", "", (ROOT / guide).read_text(), flags=re.S)
+        assert re.findall(r"\]\((?!https?://)[^)]*\)", text) == [], guide

@@ -1,4 +1,4 @@
-"""docs/design.md's "Adding a fourth method", followed: the toy method (its core ``tests/toy_method.py``, its kit folder
+"""docs/design.md's "Adding a method", followed: the toy method (its core ``tests/toy_method.py``, its kit folder
 ``tests/toy_kit/`` and one registration, as a user's script registers it) with its own input (``toy_gate``, made by
 its kit's hooks), loss and read-out meets the recipes' features and collator, the training recipe and ``translate``
 with no edit of the package, beside SEA's inputs; methods whose inputs conflict are refused naming both. (HF's common

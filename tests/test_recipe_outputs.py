@@ -276,7 +276,7 @@ def test_a_failed_average_leaves_the_output_as_it_was(run, tmp_path, monkeypatch
 
 def test_a_study_session_starts_afresh_only_over_incomplete_checkpoints(tmp_path):
     """The study drivers restart a run whose checkpoints are all incomplete (killed while saving) with
-    --overwrite_output_dir, which train_translation.py now needs there; a complete one is resumed instead."""
+    --overwrite_output_dir, which hf-headattn train now needs there; a complete one is resumed instead."""
     from workshop.sessions import StopRules, session_flags
 
     rules, run = StopRules(patience=1, max_epochs=9, time_cap_minutes=10), tmp_path / "run"

@@ -321,7 +321,7 @@ def test_reproduction_trains_every_row_and_seed_then_tabulates(tmp_path, tokeniz
 
 
 def _fake_run(root, row, seed, bleu, valid_bleus, predictions, data):
-    """A results.json as train_translation.py writes it, with evaluations (eval_loss falls, then rises)."""
+    """A results.json as hf-headattn train writes it, with evaluations (eval_loss falls, then rises)."""
     folder = root / row / f"seed{seed}"
     folder.mkdir(parents=True)
     losses = [3.0, 2.0, 2.5]

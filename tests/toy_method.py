@@ -1,4 +1,4 @@
-"""A toy fourth method's core, written as docs/design.md ("Adding a fourth method") says a new method is: one core
+"""A toy fourth method's core, written as docs/design.md ("Adding a method") says a new method is: one core
 module, one kit folder (here ``tests/toy_kit``: its recipe name, preset, head-importance criterion, analysis and the
 hooks that make its input in the recipes and ``translate``) and one registration line (here the tests register it, as
 a user's script does before running a recipe; a built-in one gets its line in ``hf_headattn/methods/__init__.py``).

@@ -89,7 +89,7 @@ def parse_args(argv=None, prog: str | None = None):
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/prune_heads"))
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results of an earlier run with other settings in --output_dir")
-    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
+    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (docs/usage.md, Multi30k)")
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="de")
     parser.add_argument("--criteria", nargs="+", choices=criteria(),

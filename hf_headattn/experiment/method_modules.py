@@ -13,7 +13,7 @@ with the file's path, or with that name where its folder is on PYTHONPATH.
 The modules are imported by :func:`hf_headattn.registry.import_method_modules` (which says what a module must do, and
 why one that brings no method is refused); a bad one is a usage error (exit 2) naming it. Only the command line
 chooses them: no environment variable or entry point adds methods behind the user's back, and a checkpoint's
-config.json only names the module it needs (docs/design.md, "Adding a fourth method").
+config.json only names the module it needs (docs/design.md, "Adding a method").
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pathlib import Path
 #: The Trainer's checkpoints: its rotation, ``--resume_from_checkpoint true`` and ``--load_best_model_at_end`` read
 #: every one of them, so a new run in the same ``output_dir`` would mix with them.
 CHECKPOINTS = re.compile(r"checkpoint-\d+")
-#: What a Trainer recipe run (``train_translation.py``, ``finetune_mbart.py``) writes into ``--output_dir``: its
+#: What a Trainer command's run (``hf-headattn train``, ``hf-headattn finetune``) writes into ``--output_dir``: its
 #: checkpoints, the final model (weights, configs, the model's code files, training arguments, model card), the
 #: tokenizer's files, ``tokenizer/`` (the scratch tokenizer), ``runs/`` (TensorBoard), ``results.json``,
 #: ``predictions_<split>.txt`` and the entropy reports. A finished run saved without checkpoints (``--save_strategy

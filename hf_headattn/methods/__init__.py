@@ -1,5 +1,5 @@
 """The built-in methods, one folder each (``methods/<name>/``, its README lists its files), one registration line each
-here. How to add a method: docs/design.md, "Adding a fourth method".
+here. How to add a method: docs/design.md, "Adding a method".
 """
 
 # (``from .module import ...``, not ``from . import module``: the remote code is written from that form)

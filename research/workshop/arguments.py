@@ -36,7 +36,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, devices: Mapping[str, dic
     parser.add_argument("--device", choices=sorted(devices), default=next(iter(devices)))
     parser.add_argument("--output_dir", type=Path, help="run folders (checkpoints); default per device")
     parser.add_argument("--results_dir", type=Path, help="the records and tables; default per device")
-    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (README, Multi30k)")
+    parser.add_argument("--multi30k_dir", type=Path, help="default: found or downloaded (docs/usage.md, Multi30k)")
     parser.add_argument("--tokenizer_dir", type=Path, help="default <output_dir>/tokenizer (made when missing)")
     parser.add_argument("--parses_dir", type=Path, help="default <output_dir>/parses (made when missing, spaCy)")
     parser.add_argument("--parallel", type=positive_int,

@@ -95,8 +95,8 @@ def check_identity(path: str | Path, expected: dict) -> None:
 
 
 def training_processes(folder: str | Path) -> list[int]:
-    """Ids of live ``hf-headattn train`` processes (``python -m hf_headattn train``, or release 0.3's
-    ``train_translation.py``) writing into ``folder`` (read from ``/proc``; none found where
+    """Ids of live ``hf-headattn train`` processes (``python -m hf_headattn train``, or the recipe of
+    releases 0.1-0.2, ``train_translation.py``) writing into ``folder`` (read from ``/proc``; none found where
     there is no ``/proc``): a study process killed alone leaves its runs going, and a second one must not join them."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):

@@ -52,9 +52,9 @@ LOGGED = ("loss", "grad_norm", "nll_loss", "dhicm_kl", "eadra_loss")
 
 
 def deepspeed_config(stage: int) -> dict:
-    """README's DeepSpeed config ("Launching": the Trainer's optimizer, scheduler, batch and clipping, ``auto``), with
-    ZeRO-3 partitioning every parameter: by default it keeps those under 100k elements whole on every process
-    (``stage3_param_persistence_threshold``), all of the tiny model's."""
+    """docs/usage.md's DeepSpeed config ("Launching": the Trainer's optimizer, scheduler, batch and clipping,
+    ``auto``), with ZeRO-3 partitioning every parameter: by default it keeps those under 100k elements whole on every
+    process (``stage3_param_persistence_threshold``), all of the tiny model's."""
     zero = {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
