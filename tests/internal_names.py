@@ -370,9 +370,10 @@ HF_NAMES = {"q_proj": r"\bq_proj\b", "out_proj": r"\bout_proj\b", "final_logits_
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
-    return {id(node.body[0].value) for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
-            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    """The bare string statements: docstrings of modules, classes and functions, and those of attributes (the string
+    right after an assignment), which are text, not code."""
+    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
 
 
 def _spelled(node: ast.AST, docstrings: set[int]) -> str | None:

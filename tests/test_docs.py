@@ -2,7 +2,10 @@
 and every page and documented module there. The build itself is ``make docs`` (mkdocs --strict); this only reads
 files."""
 
+import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import yaml
@@ -19,6 +22,8 @@ HANDLER = next(plugin["mkdocstrings"] for plugin in CONFIG["plugins"]
 DIRECTIVE = re.compile(r"^::: (\S+)", re.M)
 #: ``--8<-- "path"`` lines: the files pymdownx.snippets includes (paths from the repository root).
 INCLUDE = re.compile(r'^--8<-- "([^"]+)"', re.M)
+#: A Sphinx role (``:func:`name```), which mkdocstrings would show as written.
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|data|attr|exc|obj|const):`")
 
 
 def nav_pages(entries) -> list[str]:
@@ -82,3 +87,16 @@ def test_every_guide_beside_the_code_is_included_in_a_page_and_links_nothing_rel
     for guide in guides:
         text = re.sub(r"```.*?```", "", (ROOT / guide).read_text(), flags=re.S)
         assert re.findall(r"\]\((?!https?://)[^)]*\)", text) == [], guide
+def test_the_package_docstrings_are_markdown_that_mkdocstrings_renders_as_they_are():
+    """No custom docstring parser: a cross-reference is an autorefs link (``[`title`][dotted.path]``), not a Sphinx
+    role, and an attribute's docstring is the string right after it (griffe's), not ``#:`` comments above it."""
+    found = []
+    for path in sorted((ROOT / "hf_headattn").rglob("*.py")):
+        source, name = path.read_text(), path.relative_to(ROOT)
+        found += [f"{name}:{node.lineno}: a Sphinx role" for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                  and isinstance(node.value.value, str) and SPHINX_ROLE.search(node.value.value)]
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        found += [f"{name}:{token.start[0]}: a #: comment" for token in tokens
+                  if token.type == tokenize.COMMENT and token.string.startswith("#:")]
+    assert found == [], found
