@@ -57,7 +57,7 @@ def test_rows_seeds_and_settings():
         assert eadra["encoder"] == {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 0.02}  # Table 6, as written
         assert eadra["decoder"] == {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 2.0} and "cross" not in eadra
     assert cs.ROWS["dea_rhe"][1]["sea"]["type"] == "dea" and cs.ROWS["lpea_rhe"][1]["sea"]["type"] == "lpea"
-    assert {cs.ROWS[row][1]["sea"]["heads"] for row in ("dea_rhe", "lpea_rhe")} == {"redundant"}
+    assert {cs.ROWS[row][1]["sea"]["head_selection"] for row in ("dea_rhe", "lpea_rhe")} == {"redundant"}
     for _, settings in cs.ROWS.values():  # every row is a valid model
         HeadAttnMarianConfig(**model_shape("tiny"), vocab_size=99, **settings)
 
