@@ -2,11 +2,11 @@
 tensor.
 
 §3.2: a^K_ij = w^K_{clip(j - i, k)}, a^V_ij = w^V_{clip(j - i, k)}, clip(x, k) = max(-k, min(k, x)), the tables
-w^K, w^V of shape (2k+1, d_head), or (H, 2k+1, d_head) with a table per head (row `clip(j - i) + k`, the
+w^K, w^V of shape (2k+1, d_head), or (H, 2k+1, d_head) with a table per head (row ``clip(j - i) + k``, the
 *label*). Eq. 4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d), split as Eq. 5 does
 = q_i k_j^T / sqrt(d) + q_i . w^K_{label_ij} / sqrt(d): the second term is q @ W^K^T (B, H, T, 2k+1), gathered by the
-labels (`key_term`). Eq. 3: z_i = sum_j alpha_ij (v_j + a^V_ij) = (alpha @ V)_i + sum_l (sum_{j: label_ij = l}
-alpha_ij) w^V_l: the per-label sums of alpha (a scatter-add into (B, H, T, 2k+1)) times W^V (`value_term`).
+labels (:func:`key_term`). Eq. 3: z_i = sum_j alpha_ij (v_j + a^V_ij) = (alpha @ V)_i + sum_l (sum_{j: label_ij = l}
+alpha_ij) w^V_l: the per-label sums of alpha (a scatter-add into (B, H, T, 2k+1)) times W^V (:func:`value_term`).
 
 Shapes: B batch, H heads, T queries, S keys, D head dim, L = 2k+1 labels.
 """
@@ -27,27 +27,24 @@ def relative_labels(query_length: int, key_length: int, k: int, device=None) -> 
 
 
 def labels_at(positions: torch.Tensor, key_length: int, k: int) -> torch.Tensor:
-    """clip(j - i, k) + k for queries at `positions` (B, 1, T): LongTensor (B, 1, T, S)."""
+    """clip(j - i, k) + k for queries at ``positions`` (B, 1, T): LongTensor (B, 1, T, S)."""
     keys = torch.arange(key_length, device=positions.device)
     return (keys - positions[..., None]).clamp(-k, k) + k
 
 
 def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor, scaling: float = 1.0) -> torch.Tensor:
-    """q_i . w^K_{label_ij} for every (query, key) pair (Eq. 4's second term), times `scaling` (1 / sqrt(d)),
+    """q_i . w^K_{label_ij} for every (query, key) pair (Eq. 4's second term), times ``scaling`` (1 / sqrt(d)),
     applied to the (B, H, T, L) table before the gather: no (B, H, T, S) operator besides the gather itself.
 
     Parameters
     ----------
     query : (B, H, T, D)
-    table
-        (L, D), w^K (rows w_-k .. w_k), or (H, L, D): one table per head
-    labels
-        LongTensor (T, S) (`relative_labels`) or (B, 1, T, S) (`labels_at`)
+    table : (L, D), w^K (rows w_-k .. w_k), or (H, L, D): one table per head
+    labels : LongTensor (T, S) (:func:`relative_labels`) or (B, 1, T, S) (:func:`labels_at`)
 
     Returns
     -------
-    :
-        (B, H, T, S): q @ W^K^T (B, H, T, L) gathered along its last dimension by the labels.
+    (B, H, T, S): q @ W^K^T (B, H, T, L) gathered along its last dimension by the labels.
     """
     per_label = torch.matmul(query, table.transpose(-1, -2))  # (B, H, T, L)
     if scaling != 1.0:
@@ -68,10 +65,8 @@ def value_term(probs: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -
 
     Parameters
     ----------
-    probs
-        (B, H, T, S), the attention weights alpha
-    table
-        (L, D), w^V, or (H, L, D): one table per head
+    probs : (B, H, T, S), the attention weights alpha
+    table : (L, D), w^V, or (H, L, D): one table per head
     labels : LongTensor (T, S) or (B, 1, T, S)
 
     Returns
