@@ -45,7 +45,7 @@ from ...probabilities import attention_probabilities
 from ...redundancy import checked_dependency_mask, neutral_dependency_mask, redundant_heads_of
 from ...registry import HeadUse, MethodSettings, MethodSpec
 from ...settings_checks import resolve_layers
-from .equations import key_term, value_term
+from .equations import key_term, relative_attention, value_term
 
 NAME = "rel_pos"
 
@@ -137,6 +137,11 @@ class RelativePositions(AttentionMethod):
         if self.settings.heads == "redundant":
             dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), query)
             selected = redundant_heads_of(call, dependency_mask)
+        module = call.module
+        if self.relative_values is not None and selected is None and not (
+                module.training and getattr(module, "dropout", 0.0)):  # both terms in one autograd Function
+            call.take_over(range(query.shape[1]), partial(self.attend_relative, labels=labels))
+            return
         bias = key_term(query, self.relative_keys.to(query.dtype), labels, call.scaling)  # (B, H, T, S)
         call.add_score_bias(bias, heads=selected)
         if self.relative_values is not None:
@@ -160,6 +165,14 @@ class RelativePositions(AttentionMethod):
             extra = extra * selected[:, :, None, None].to(extra.dtype)
         output = torch.matmul(probs, value) + extra
         return output.transpose(1, 2), probs
+
+
+    def attend_relative(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels):
+        """Eq. 3-4 on every head without attention dropout: :func:`~.equations.relative_attention` (the key term in
+        the scores' write with the mask, alpha saved, no other (B, H, T, S) tensor)."""
+        output, weights = relative_attention(query, key, value, self.relative_keys.to(query.dtype),
+                                             self.relative_values.to(query.dtype), labels, attention_mask, scaling)
+        return output.transpose(1, 2), weights
 
 
 def _probabilities(query, key, scaling, attention_mask):
