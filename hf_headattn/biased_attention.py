@@ -48,9 +48,9 @@ class BiasedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, bias, allowed, scaling, masked):
+        mask = bias if allowed is None or masked else torch.where(allowed, bias, torch.finfo(bias.dtype).min)
         # (detached: a mask that requires a gradient sends SDPA to its math path, even here where grad mode is off)
-        mask = bias.detach() if allowed is None or masked else torch.where(allowed, bias, torch.finfo(bias.dtype).min)
-        output, log_sum_exp = cpu_flash_attention(query, key, value, mask, scaling)
+        output, log_sum_exp = cpu_flash_attention(query, key, value, mask.detach(), scaling)
         ctx.save_for_backward(query, key, value, output, log_sum_exp, mask, allowed)
         ctx.scaling, ctx.bias_shape = scaling, bias.shape
         return output
@@ -58,7 +58,7 @@ class BiasedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         query, key, value, output, log_sum_exp, mask, allowed = ctx.saved_tensors
-        scaling = ctx.scaling
+        scaling, mask = ctx.scaling, mask.detach()
         grad_query, grad_key, grad_value = cpu_flash_attention_backward(grad_output, query, key, value, output,
                                                                         log_sum_exp, mask, scaling)
         grad_bias = None

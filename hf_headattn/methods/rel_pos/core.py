@@ -12,9 +12,11 @@ math is in :mod:`hf_headattn.methods.rel_pos.equations`; no (T, S, d) tensor is 
 
 How it runs (``before``): the key term, q @ W^K^T gathered by the relative labels, is a score bias
 (``call.add_score_bias``), so with ``values=False`` SDPA keeps its fast path; the value term needs the probabilities,
-so with ``values=True`` (the paper) the method takes over every head of the layer (``call.take_over``): its
-``attend`` gets the call's mask with every method's score biases in it (its own key term, SEA's masks on a shared
-layer), computes alpha, alpha @ V and the per-label sums of alpha times W^V.
+so with ``values=True`` (the paper) the method takes over every head of the layer (``call.take_over``). With
+``heads="all"`` and no attention dropout its ``attend`` gets the call's mask with the other methods' score biases in
+it and runs both terms in one autograd Function (:func:`~.equations.relative_attention`: the key term gathered with
+the mask in one write, alpha kept, no other (B, H, T, S) tensor); otherwise the key term is a score bias in that mask
+and ``attend`` computes alpha, alpha @ V and the per-label sums of alpha times W^V.
 
 ``heads="redundant"``: the terms apply only to the heads RHE (Eq. 3, 9, 10; :func:`~...redundancy.redundant_heads_of`,
 shared with SEA) marks redundant in each sentence; it reads the forward input ``dependency_mask`` (B, S, S) bool.
