@@ -85,7 +85,7 @@ def _score_gradient(grad_output, query, key, value, mask, allowed, scaling) -> t
     probs = scores.softmax(-1, dtype=dtype)  # (B H, T, S)
     grad_output = grad_output.reshape(-1, length, dim)
     if allowed is not None:  # a row that allows no key: no gradient to its scores
-        keeps = allowed.expand(batch, heads, length, key_length).any(-1, keepdim=True)
+        keeps = allowed.any(-1, keepdim=True).expand(batch, heads, length, 1)
         grad_output = grad_output * keeps.reshape(-1, length, 1)
     grad_probs = torch.bmm(grad_output, value3.mT)
     grad_scores = softmax_backward(grad_probs.to(dtype), probs).to(query.dtype)

@@ -173,7 +173,9 @@ class Localness(AttentionMethod):
                 window_vector = None if self.fixed_window is not None else self.window_vector.float()
                 centre, width = centre_and_window(query.float(), self.weight.float(), self.centre_vector.float(),
                                                   window_vector, lengths, self.fixed_window)
-            base = None if allowed is None else torch.where(allowed, 0.0, torch.finfo(dtype).min)
+            base = None
+            if allowed is not None:  # 0 or the query dtype's minimum (float32 holds bfloat16's too)
+                base = torch.where(allowed, 0.0, torch.full((), torch.finfo(dtype).min, device=query.device))
             return gaussian_bias(centre, width, positions, BIAS_FLOOR if dtype == torch.float16 else None, base)
 
     def before(self, call: AttentionCall) -> None:
@@ -184,8 +186,8 @@ class Localness(AttentionMethod):
             dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), call.query)
             selected = redundant_heads_of(call, dependency_mask)  # (B, H) bool, True = redundant
         allowed = None
-        if call.implementation == "sdpa" and call.query.dtype != torch.float16 and selected is None and \
-                torch.is_grad_enabled():  # SDPA's path of one trainable bias: the mask in the bias's write
+        if call.implementation == "sdpa" and call.query.dtype in (torch.float32, torch.bfloat16) and selected is None \
+                and torch.is_grad_enabled():  # SDPA's path of one trainable bias: the mask in the bias's write
             allowed = call.explicit_mask
             allowed = allowed if allowed is not None and allowed.dtype == torch.bool else None
         bias = self.bias(call.query, self.sentence_tokens(call), allowed)
