@@ -41,6 +41,7 @@ from torch import nn
 from transformers import AttentionInterface
 
 from .attention_call import Attend, AttentionCall, key_allowed
+from .biased_attention import biased_sdpa
 from .context import HeadAttnContext
 from .flex import FLEX, flex_attention_with
 from .head_masks import module_head_mask, scale_heads, scale_weights
@@ -267,6 +268,11 @@ def backend_on_heads(call: AttentionCall, backend, split: HeadSplit | None, drop
                                        dropout)
         mask = call.attention_mask
     else:
+        fast = call._trainable_bias(dropout) if split is None else None
+        if fast is not None:  # one trainable bias on every head (CPU): SDPA's kernel forward, the backward recomputing
+            bias, allowed, masked = fast
+            output = biased_sdpa(query, key, value, bias, allowed, call.scaling, masked)
+            return output.transpose(1, 2).contiguous(), None
         mask = call._backend_mask()
         if split is not None and mask is not None and mask.dim() == 4:
             mask = split.part(mask, 1, 0)

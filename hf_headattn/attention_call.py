@@ -131,6 +131,13 @@ class AttentionCall:
         return self._backend_mask()
 
     @property
+    def explicit_mask(self) -> torch.Tensor | None:
+        """The call's own mask as a tensor, without any method's changes: ``attention_mask`` cut to the keys, bool
+        or additive float, with causality explicit (SDPA's None on a causal module is the causal mask it stands for; a
+        BlockMask the bool mask SDPA would get); None: every key allowed."""
+        return self._explicit_mask()
+
+    @property
     def score_mod(self):
         raise AttributeError("AttentionCall.score_mod is gone: a method adds a score_mod with call.add_score_mod(...) "
                              "(flex attention) or a bias with call.add_score_bias(...), which compose")
@@ -142,7 +149,7 @@ class AttentionCall:
                          "allowed=, heads=), which compose")
 
     def add_score_bias(self, bias: torch.Tensor | None = None, *, allowed: torch.Tensor | None = None,
-                       heads: torch.Tensor | Sequence[int] | None = None) -> None:
+                       heads: torch.Tensor | Sequence[int] | None = None, masked: bool = False) -> None:
         """Add ``bias`` to the attention scores (q k^T * scaling) of ``heads`` and mask them where not ``allowed``;
         on every backend, summed with the other methods' biases.
 
@@ -157,6 +164,9 @@ class AttentionCall:
         heads : None (every head: h = H), a bool tensor (H,) or (B, H) (the heads it applies to, per sentence
             where (B, H): h = H), or a sequence of head numbers (h of them: the bias's head dimension follows their
             order)
+        masked : whether ``bias`` already holds ``finfo.min`` of the query's dtype wherever the call's mask (the
+            mask as the backend gets it, causality explicit) masks: on SDPA, one trainable bias on every head is then
+            the mask SDPA gets as it is, not masked again (one (B, H, T, S) write less; :meth:`_trainable_bias`)
 
         Notes
         -----
@@ -168,7 +178,7 @@ class AttentionCall:
         """
         batch, num_heads, length, _ = self.query.shape
         shape = (batch, num_heads, length, self.key.shape[2])
-        self._scores.append(score_bias(self._method or "a method", bias, allowed, heads, shape))
+        self._scores.append(score_bias(self._method or "a method", bias, allowed, heads, shape, masked))
 
     def add_score_mod(self, score_mod: ScoreMod) -> None:
         """Flex attention only: apply ``score_mod(score, batch, head, query, key) -> score`` (torch's flex
@@ -320,6 +330,25 @@ class AttentionCall:
             made = (self.attention_mask, len(self._scores), self._biased_mask(self.implementation == "sdpa"))
             self._made_mask = made
         return made[2]
+
+    def _trainable_bias(self, dropout: float) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
+        """(bias, allowed, masked) where SDPA runs the call with :func:`~.biased_attention.biased_sdpa`: on the CPU
+        (CUDA's SDPA has a kernel for a mask's gradient), one score bias, on every head, without a hard mask, that
+        needs a gradient, in the query's dtype, the call's mask bool or None, no dropout, as many key/value heads as
+        query heads; else None (the backend gets :meth:`_backend_mask`)."""
+        if self.implementation != "sdpa" or dropout or len(self._scores) != 1 or not torch.is_grad_enabled() or \
+                self.query.device.type != "cpu":
+            return None
+        term = self._scores[0]
+        if not isinstance(term, ScoreBias) or term.bias is None or term.allowed is not None or term.selection is not \
+                None or not term.bias.requires_grad or term.bias.dtype != self.query.dtype:
+            return None
+        if self.key.shape[1] != self.query.shape[1]:
+            return None
+        mask = self._explicit_mask()
+        if mask is not None and mask.dtype != torch.bool:
+            return None
+        return term.bias, mask, term.masked
 
     def _flex_score_mod(self) -> ScoreMod | None:
         """The score changes as one flex ``score_mod`` (None: none), in the order added."""

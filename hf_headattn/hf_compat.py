@@ -40,7 +40,8 @@ __all__ = [
     "init_values_", "init_identity_", "ConfigStandIn", "attention_implementation", "attention_backend",
     "attention_query_input", "dict_outputs",
     "transformers_forward", "config_fields", "legacy_gradient_checkpointing", "CACHE_NAMES", "cache_argument",
-    "replace_stack", "softmax_backward", "assert_async", "linear_cross_entropy", "derived_fingerprint",
+    "replace_stack", "softmax_backward", "cpu_flash_attention", "cpu_flash_attention_backward", "assert_async",
+    "linear_cross_entropy", "derived_fingerprint",
     "random_fingerprint", "get_relative_import_files", "flex_attention_function", "INPUT_PROJECTIONS",
     "OUTPUT_PROJECTION", "set_num_heads", "STACK_LAYERS", "BLOCK_ATTENTION", "logits_bias",
     "additive_mask_allowed", "config_attributes", "TRAINER_STATE_FILE", "TRAINING_STATE_FILES", "checkpoint_world_size",
@@ -259,6 +260,20 @@ def parameter_count(model) -> int:
 def softmax_backward(grad: torch.Tensor, probs: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """The gradient through ``probs = softmax(x, dim)`` of ``grad`` (one fused operator)."""
     return torch.ops.aten._softmax_backward_data(grad, probs, dim, probs.dtype)
+
+
+def cpu_flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA's CPU kernel (what ``F.scaled_dot_product_attention`` runs on CPU tensors without dropout), returning the
+    output (B, H, T, D) and each row's log-sum-exp (B, H, T) for :func:`cpu_flash_attention_backward`."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, attn_mask=mask, scale=scale)
+
+
+def cpu_flash_attention_backward(grad_output, query, key, value, output, log_sum_exp, mask, scale) -> tuple:
+    """The gradients of q, k and v through :func:`cpu_flash_attention` (its kernel's backward, laid out as the
+    inputs)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_output, query, key, value, output, log_sum_exp, 0.0, False, attn_mask=mask, scale=scale)
 
 
 def assert_async(condition: torch.Tensor, message: str) -> None:

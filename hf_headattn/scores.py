@@ -45,6 +45,9 @@ class ScoreBias:
     selection : None (every head), or bool (B or 1, H): the heads the bias applies to, per sentence
     slot : None, or long (H,): with heads given by number, the place of head h in the bias's head dimension (0 for the
         heads it does not apply to; ``selection`` leaves them out)
+    masked : whether ``bias`` already holds ``finfo.min`` of the query's dtype (or less) wherever the call's mask
+        masks (the SDPA path of one trainable bias then uses it as the mask as it is:
+        :meth:`~.attention_call.AttentionCall._trainable_bias`)
     """
 
     owner: str
@@ -52,9 +55,11 @@ class ScoreBias:
     allowed: torch.Tensor | None
     selection: torch.Tensor | None = None
     slot: torch.Tensor | None = None
+    masked: bool = False
 
 
-def score_bias(owner: str, bias: torch.Tensor | None, allowed: torch.Tensor | None, heads, shape: tuple) -> ScoreBias:
+def score_bias(owner: str, bias: torch.Tensor | None, allowed: torch.Tensor | None, heads, shape: tuple,
+               masked: bool = False) -> ScoreBias:
     """A :class:`ScoreBias` from what a method passes to ``add_score_bias``, checked against the call's ``shape`` =
     (B, H, T, S); a ``ValueError`` names the method, the bad value and what was expected.
 
@@ -78,7 +83,7 @@ def score_bias(owner: str, bias: torch.Tensor | None, allowed: torch.Tensor | No
             raise ValueError(f"{owner}: allowed must be a bool tensor (True = attend), got "
                              f"{getattr(allowed, 'dtype', type(allowed).__name__)}")
         allowed = _laid_out(owner, "allowed", allowed, expected)
-    return ScoreBias(owner, bias, allowed, selection, slot)
+    return ScoreBias(owner, bias, allowed, selection, slot, masked)
 
 
 def _device(*tensors) -> torch.device:

@@ -514,6 +514,21 @@ def test_softmax_backward():
     torch.testing.assert_close(hf_compat.softmax_backward(grad, probs.detach()), expected)
 
 
+def test_cpu_flash_attention_cpu_flash_attention_backward():
+    """SDPA's CPU kernel with a float mask, and its backward: SDPA's values and q/k/v gradients."""
+    g = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 3, 4, 5, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.randn(2, 3, 4, 4, generator=g)
+    output, log_sum_exp = hf_compat.cpu_flash_attention(query, key, value, mask, 0.5)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.5)
+    torch.testing.assert_close(output, expected)
+    scores = query @ key.mT * 0.5 + mask
+    torch.testing.assert_close(log_sum_exp, scores.logsumexp(-1))
+    grad = torch.randn(output.shape, generator=g)
+    grads = hf_compat.cpu_flash_attention_backward(grad, query, key, value, output, log_sum_exp, mask, 0.5)
+    torch.testing.assert_close(grads, torch.autograd.grad(expected, (query, key, value), grad))
+
+
 def test_assert_async():
     hf_compat.assert_async(torch.tensor(True), "never")
     with pytest.raises(RuntimeError):

@@ -177,12 +177,15 @@ class Localness(AttentionMethod):
         allowed = key_allowed(call.mask_tensor, call.key.shape[2])
         return None if allowed is None else real_tokens(allowed, call.key.shape[0], call.key.shape[2], call.key.device)
 
-    def bias(self, query: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+    def bias(self, query: torch.Tensor, real: torch.Tensor | None, allowed: torch.Tensor | None = None
+             ) -> torch.Tensor:
         """G (B, n, T, S) for the queries (B, H, T, d_h) of sentences whose real tokens are ``real`` (B, S), n the
-        heads with the bias, in float32 (floored at ``BIAS_FLOOR`` for a float16 query)."""
+        heads with the bias, in float32 (floored at ``BIAS_FLOOR`` for a float16 query); with ``allowed`` (the
+        call's mask, bool (B, 1, T, S)) G is ``finfo.min`` of the query's dtype where it masks (one write)."""
         if real is None:
             real = torch.ones(query.shape[0], query.shape[2], dtype=torch.bool, device=query.device)
         positions, lengths = sentence_positions(real)
+        dtype = query.dtype
         with torch.autocast(query.device.type, enabled=False):
             if self.settings.predictor == "query":
                 whole = query.transpose(1, 2).flatten(2)  # (B, T, H d_h): the query before the head split
@@ -195,7 +198,10 @@ class Localness(AttentionMethod):
                 window_vector = None if self.fixed_window is not None else self.window_vector.float()
                 centre, width = centre_and_window(query.float(), self.weight.float(), self.centre_vector.float(),
                                                   window_vector, lengths, self.fixed_window)
-            return gaussian_bias(centre, width, positions, BIAS_FLOOR if query.dtype == torch.float16 else None)
+            base = None
+            if allowed is not None:  # 0 or the query dtype's minimum (float32 holds bfloat16's too)
+                base = torch.where(allowed, 0.0, torch.full((), torch.finfo(dtype).min, device=query.device))
+            return gaussian_bias(centre, width, positions, BIAS_FLOOR if dtype == torch.float16 else None, base)
 
     def before(self, call: AttentionCall) -> None:
         selected = self.local_heads
@@ -204,8 +210,13 @@ class Localness(AttentionMethod):
         if self.settings.head_selection == "redundant":
             dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), call.query)
             selected = redundant_heads_of(call, dependency_mask)  # (B, H) bool, True = redundant
-        bias = self.bias(call.query, self.sentence_tokens(call))
-        call.add_score_bias(bias.to(call.query.dtype), heads=selected)
+        allowed = None
+        if call.implementation == "sdpa" and call.query.dtype in (torch.float32, torch.bfloat16) and selected is None \
+                and torch.is_grad_enabled():  # SDPA's path of one trainable bias: the mask in the bias's write
+            allowed = call.explicit_mask
+            allowed = allowed if allowed is not None and allowed.dtype == torch.bool else None
+        bias = self.bias(call.query, self.sentence_tokens(call), allowed)
+        call.add_score_bias(bias.to(call.query.dtype), heads=selected, masked=allowed is not None)
 
 
 def build(settings: LocalnessSettings, config, module) -> Localness:

@@ -93,17 +93,20 @@ def centre_and_window(query: torch.Tensor, weight: torch.Tensor, centre_vector: 
 
 
 def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Tensor,
-                  floor: float | None = None) -> torch.Tensor:
+                  floor: float | None = None, base: torch.Tensor | None = None) -> torch.Tensor:
     """G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2 (D_i at least ``MIN_WINDOW``): a concave
     quadratic in j for each query i, 0 at j = P_i. Computed as -r^2 with r = (j - P_i) sqrt(2) / D_i by
-    :class:`GaussianBias` (two (B, H, T, S) operators forward, one backward; only (B, H, T) and (B, S) tensors saved);
+    :class:`GaussianBias` (two (B, H, T, S) operators forward, none backward; r and the result saved);
     ``floor``: a lower bound (``BIAS_FLOOR`` for a bias cast to float16, whose range would make a collapsed window
-    -inf; float32 and bfloat16 hold it finite).
+    -inf; float32 and bfloat16 hold it finite); ``base``: an additive mask added in the same write (0 where a key
+    is allowed, ``finfo.min`` where masked), whose masked entries must get no gradient (as a mask's consumers give
+    them: the softmax's weight there is 0).
 
     Parameters
     ----------
     centre, width : (B, H, T), P_i and D_i
     positions : (B, S), the keys' positions j
+    base : None, or (B or 1, 1, T or 1, S)
 
     Returns
     -------
@@ -111,33 +114,32 @@ def gaussian_bias(centre: torch.Tensor, width: torch.Tensor, positions: torch.Te
     """
     inverse = math.sqrt(2) / width.clamp(min=MIN_WINDOW)  # 1 / (sqrt(2) sigma_i), (B, H, T)
     # (B, H, T) laid out contiguously (the predictor's are transposed views): the bias and r follow their layout
-    bias = GaussianBias.apply(centre.contiguous(), inverse.contiguous(), positions.to(centre.dtype))
+    bias = GaussianBias.apply(centre.contiguous(), inverse.contiguous(), positions.to(centre.dtype), base)
     return bias if floor is None else bias.clamp(min=floor)
 
 
 class GaussianBias(torch.autograd.Function):
-    """-r_ij^2, r_ij = (j - P_i) c_i, from P (B, H, T), c (B, H, T) and the positions j (B, S, no gradient), with
-    r recomputed in the backward instead of saved: dL/dP_i = 2 c_i sum_j g_ij r_ij, dL/dc_i = -(2 / c_i) sum_j g_ij
-    r_ij^2 (g = dL/dG), the sums batched products over the keys of g r (two (B, H, T, S) writes: r and g r)."""
+    """base - r_ij^2, r_ij = (j - P_i) c_i, from P (B, H, T), c (B, H, T), the positions j (B, S) and ``base`` (None:
+    0; an additive mask, finfo.min where masked), those two without gradient, with r and the result saved:
+    dL/dP_i = 2 c_i sum_j g_ij r_ij, dL/dc_i = -(2 / c_i) sum_j g_ij r_ij^2 (g = dL/dG, 0 where ``base`` masks),
+    the sums batched products of g's rows with r and with the result (two (B, H, T, S) writes forward, none
+    backward)."""
 
     @staticmethod
-    def forward(centre, inverse, positions):
+    def forward(ctx, centre, inverse, positions, base=None):
         distance = _scaled_distance(centre, inverse, positions)
-        return torch.addcmul(distance.new_zeros(()), distance, distance, value=-1)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        bias = torch.addcmul(distance.new_zeros(()) if base is None else base, distance, distance, value=-1)
+        ctx.save_for_backward(inverse, distance, bias)
+        return bias
 
     @staticmethod
     def backward(ctx, grad):
-        centre, inverse, positions = ctx.saved_tensors
-        distance = _scaled_distance(centre, inverse, positions)  # r (B, H, T, S), recomputed
-        weighted = distance * grad  # (laid out as r, contiguous)
-        linear = weighted.sum(-1)  # sum_j g r
+        inverse, distance, bias = ctx.saved_tensors
         rows, keys = distance.shape[:-1], distance.shape[-1]
-        square = torch.bmm(weighted.reshape(-1, 1, keys), distance.reshape(-1, keys, 1)).reshape(rows)  # sum_j g r^2
-        return 2 * inverse * linear, -2 * square / inverse, None
+        grad = grad.reshape(-1, 1, keys)
+        linear = torch.bmm(grad, distance.reshape(-1, keys, 1)).reshape(rows)  # sum_j g r
+        square = torch.bmm(grad, bias.reshape(-1, keys, 1)).reshape(rows)  # sum_j g (-r^2) (g 0 where masked)
+        return 2 * inverse * linear, 2 * square / inverse, None, None
 
 
 def _scaled_distance(centre, inverse, positions):

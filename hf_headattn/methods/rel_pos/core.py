@@ -12,9 +12,11 @@ math is in :mod:`hf_headattn.methods.rel_pos.equations`; no (T, S, d) tensor is 
 
 How it runs (``before``): the key term, q @ W^K^T gathered by the relative labels, is a score bias
 (``call.add_score_bias``), so with ``values=False`` SDPA keeps its fast path; the value term needs the probabilities,
-so with ``values=True`` (the paper) the method takes over every head of the layer (``call.take_over``): its
-``attend`` gets the call's mask with every method's score biases in it (its own key term, SEA's masks on a shared
-layer), computes alpha, alpha @ V and the per-label sums of alpha times W^V.
+so with ``values=True`` (the paper) the method takes over every head of the layer (``call.take_over``). With
+``head_selection="all"`` and no attention dropout its ``attend`` gets the call's mask with the other methods' score
+biases in it and runs both terms in one autograd Function (:func:`~.equations.relative_attention`: the key term gathered
+with the mask in one write, alpha kept, no other (B, H, T, S) tensor); otherwise the key term is a score bias in that
+mask and ``attend`` computes alpha, alpha @ V and the per-label sums of alpha times W^V.
 
 ``head_selection="redundant"``: the terms apply only to the heads RHE (Eq. 3, 9, 10;
 :func:`~...redundancy.redundant_heads_of`, shared with SEA) marks redundant in each sentence; it reads the forward
@@ -46,7 +48,7 @@ from ...placement import layers_of, renamed
 from ...probabilities import attention_probabilities
 from ...redundancy import checked_dependency_mask, neutral_dependency_mask, redundant_heads_of
 from ...registry import HeadUse, MethodSettings, MethodSpec
-from .equations import key_term, value_term
+from .equations import key_term, relative_attention, value_term
 
 NAME = "rel_pos"
 
@@ -143,6 +145,11 @@ class RelativePositions(AttentionMethod):
         if self.settings.head_selection == "redundant":
             dependency_mask = checked_dependency_mask(NAME, call.kwargs.get("dependency_mask"), query)
             selected = redundant_heads_of(call, dependency_mask)
+        module = call.module
+        if self.relative_values is not None and selected is None and not (
+                module.training and getattr(module, "dropout", 0.0)):  # both terms in one autograd Function
+            call.take_over(range(query.shape[1]), partial(self.attend_relative, labels=labels))
+            return
         bias = key_term(query, self.relative_keys.to(query.dtype), labels, call.scaling)  # (B, H, T, S)
         call.add_score_bias(bias, heads=selected)
         if self.relative_values is not None:
@@ -166,6 +173,14 @@ class RelativePositions(AttentionMethod):
             extra = extra * selected[:, :, None, None].to(extra.dtype)
         output = torch.matmul(probs, value) + extra
         return output.transpose(1, 2), probs
+
+
+    def attend_relative(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels):
+        """Eq. 3-4 on every head without attention dropout: :func:`~.equations.relative_attention` (the key term in
+        the scores' write with the mask, alpha saved, no other (B, H, T, S) tensor)."""
+        output, weights = relative_attention(query, key, value, self.relative_keys.to(query.dtype),
+                                             self.relative_values.to(query.dtype), labels, attention_mask, scaling)
+        return output.transpose(1, 2), weights
 
 
 def _probabilities(query, key, scaling, attention_mask):

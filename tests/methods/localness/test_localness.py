@@ -1,5 +1,6 @@
 """Localness in the models: the bias the layer adds (float64 loop, padding), the log-weights' concave quadratic,
-SDPA = eager, checkpoints, generation, RHE's per-sentence selection, SEA on the same layer, settings errors."""
+SDPA = eager (values and gradients), checkpoints, generation, RHE's per-sentence selection, SEA on the same layer,
+settings errors."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from transformers import MBartConfig, MBartForConditionalGeneration
 from conftest import TINY, batch, greedy_by_full_forward
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 from hf_headattn.attention import AttentionCall
+from hf_headattn.biased_attention import BiasedAttention
 from hf_headattn.methods.localness import core as localness_core
 from hf_headattn.methods.localness.equations import centre_and_window, sentence_positions
 
@@ -55,9 +57,9 @@ def captured(monkeypatch):
     seen = []
     add = AttentionCall.add_score_bias
 
-    def add_and_keep(call, bias=None, *, allowed=None, heads=None):
+    def add_and_keep(call, bias=None, *, allowed=None, heads=None, masked=False):
         seen.append((call._method, call.query.detach(), bias, heads))
-        return add(call, bias, allowed=allowed, heads=heads)
+        return add(call, bias, allowed=allowed, heads=heads, masked=masked)
 
     monkeypatch.setattr(AttentionCall, "add_score_bias", add_and_keep)
     return seen
@@ -232,16 +234,30 @@ def test_redundant_heads_need_the_dependency_mask(checkpoint):
     run(load(checkpoint, settings={}))  # head_selection="all" needs none
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
-def test_parameters_get_gradients_through_the_backend(checkpoint, backend):
-    model = load(checkpoint, backend, {"encoder_layers": [0]}).train()
-    model(**batch()).loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if ".localness." in n}
-    assert set(grads) == KEYS and all(g is not None and g.abs().sum() > 0 for g in grads.values())
+def test_parameters_get_gradients_through_the_backend(checkpoint, monkeypatch):
+    """SDPA (the bias's gradient from biased_attention's backward, on the padded batch) gives every parameter eager's
+    gradient (autograd through the probabilities)."""
+    fast = []
+    apply = BiasedAttention.apply
+    monkeypatch.setattr(BiasedAttention, "apply", lambda *args: fast.append(1) or apply(*args))
+    grads = {}
+    for backend in ("sdpa", "eager"):
+        model = load(checkpoint, backend, {"encoder_layers": [0]}).train()
+        torch.manual_seed(0)
+        model(**batch()).loss.backward()
+        grads[backend] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert fast == [1]  # SDPA's layer 0 took it
+    ours = {n: g for n, g in grads["sdpa"].items() if ".localness." in n}
+    assert set(ours) == KEYS and all(g.abs().sum() > 0 for g in ours.values())
+    assert grads["sdpa"].keys() == grads["eager"].keys()
+    for name, grad in grads["sdpa"].items():
+        torch.testing.assert_close(grad, grads["eager"][name], atol=1e-5, rtol=1e-4, msg=name)
     # on the redundant heads only: no head redundant, no gradient (zeros, never None)
-    model = load(checkpoint, backend, {"encoder_layers": [0], "head_selection": "redundant"}).train()
-    model(**batch(), dependency_mask=related((0, 1))).loss.backward()
-    assert all(p.grad is None or p.grad.abs().sum() == 0 for n, p in model.named_parameters() if ".localness." in n)
+    for backend in ("sdpa", "eager"):
+        model = load(checkpoint, backend, {"encoder_layers": [0], "head_selection": "redundant"}).train()
+        model(**batch(), dependency_mask=related((0, 1))).loss.backward()
+        assert all(p.grad is None or p.grad.abs().sum() == 0 for n, p in model.named_parameters()
+                   if ".localness." in n)
 
 
 def test_half_precision_stays_finite_with_a_collapsed_window(checkpoint, monkeypatch, captured):

@@ -100,8 +100,9 @@ def test_gradcheck_in_every_input():
 
 
 def test_the_gaussian_bias_function_equals_autograd_through_its_formula():
-    """GaussianBias (r recomputed in the backward, sums as products over the keys): the values and gradients of
-    -((j - P) c)^2 by plain autograd, float64, and its gradcheck (P, c and the upstream gradient random)."""
+    """GaussianBias (r and the bias saved, the backward's sums products over the keys): the values and gradients of
+    -((j - P) c)^2 by plain autograd, float64, and its gradcheck (P, c and the upstream gradient random); with an
+    additive mask in the same write."""
     from hf_headattn.methods.localness.equations import GaussianBias
 
     g = torch.Generator().manual_seed(3)
@@ -116,3 +117,13 @@ def test_the_gaussian_bias_function_equals_autograd_through_its_formula():
     for got, want in zip(torch.autograd.grad(bias, (centre, inverse), upstream), expected):
         torch.testing.assert_close(got, want)
     assert torch.autograd.gradcheck(lambda p, c: GaussianBias.apply(p, c, positions), (centre, inverse))
+    # with the call's mask in the same write (finfo.min where masked, whose entries get no gradient downstream)
+    allowed = torch.rand(2, 1, 5, 7, generator=g) < 0.7
+    base = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
+    masked = GaussianBias.apply(centre, inverse, positions, base)
+    torch.testing.assert_close(masked, torch.where(allowed, by_formula, torch.finfo(torch.float64).min))
+    kept = upstream * allowed
+    by_formula = -((positions[:, None, None, :] - centre[..., None]) * inverse[..., None]) ** 2
+    for got, want in zip(torch.autograd.grad(masked, (centre, inverse), kept),
+                         torch.autograd.grad(by_formula, (centre, inverse), kept)):
+        torch.testing.assert_close(got, want)

@@ -9,7 +9,13 @@ from conftest import TINY
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
 from hf_headattn.attention import headattn_attention_forward
 from hf_headattn.methods.rel_pos import core
-from hf_headattn.methods.rel_pos.equations import key_term, label_sums, relative_labels, value_term
+from hf_headattn.methods.rel_pos.equations import (
+    key_term,
+    label_sums,
+    relative_attention,
+    relative_labels,
+    value_term,
+)
 
 B, H, T, D, K = 2, 4, 5, 4, 2
 REAL = torch.tensor([[True] * 5, [True, True, True, False, False]])  # (B, S): sentence 1 has 3 real tokens
@@ -54,7 +60,8 @@ def test_per_head_tables_are_the_loops():
 
 @pytest.mark.parametrize("per_head", [False, True])
 def test_the_pure_functions_gradcheck(per_head):
-    """float64 gradcheck through the key term's gather and the value term's scatter-add (tables included)."""
+    """float64 gradcheck through the key term's gather and the value term's scatter-add (tables included), and of
+    relative_attention, which equals their composition."""
     g = torch.Generator().manual_seed(1)
     labels = relative_labels(T, T, K)
     table = (H, 2 * K + 1, D) if per_head else (2 * K + 1, D)
@@ -64,6 +71,42 @@ def test_the_pure_functions_gradcheck(per_head):
     assert torch.autograd.gradcheck(lambda q, w: key_term(q, w, labels, 0.125), inputs[:2])
     torch.testing.assert_close(key_term(*inputs[:2], labels, 0.125), key_term(*inputs[:2], labels) * 0.125)
     assert torch.autograd.gradcheck(lambda p, w: value_term(p, w, labels), inputs[2:])
+    # both terms in one Function (the layer's path): the composition of the pure functions, in values and gradients
+    # (the weights' too), with a bool, a trainable float and no mask; gradcheck; a row that allows no key
+    query, key, value = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64).requires_grad_()
+                         for _ in range(3))
+    w_k, w_v = inputs[1], inputs[3]
+    allowed = REAL[:, None, None, :].expand(B, 1, T, T).clone()
+    additive = torch.randn(B, H, T, T, generator=g, dtype=torch.float64).masked_fill(~allowed, -1e300)
+    for mask in (allowed, additive.requires_grad_(), None):
+        tensors = (query, key, value, w_k, w_v) + ((mask,) if mask is not None and mask.requires_grad else ())
+        ours = relative_attention(query, key, value, w_k, w_v, labels, mask, 0.3)
+        expected = composed(query, key, value, w_k, w_v, labels, mask, 0.3)
+        upstream = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in expected]
+        for a, b in zip(ours, expected):
+            torch.testing.assert_close(a, b)
+        for a, b in zip(torch.autograd.grad(ours, tensors, upstream), torch.autograd.grad(expected, tensors, upstream)):
+            torch.testing.assert_close(a, b)
+        if mask is allowed:
+            assert torch.autograd.gradcheck(lambda *x: relative_attention(*x, labels, mask, 0.3), tensors)
+    allowed[1, 0, 2] = False  # a row that allows no key: the key term gets no gradient from it, as with where
+    ours, expected = (f(query, key, value, w_k, w_v, labels, allowed, 0.3)[0] for f in (relative_attention, composed))
+    for a, b in zip(torch.autograd.grad(ours, w_k, upstream[0]), torch.autograd.grad(expected, w_k, upstream[0])):
+        torch.testing.assert_close(a, b)
+
+
+def composed(query, key, value, w_k, w_v, labels, mask, scaling):
+    """Shaw et al.'s attention from the pure functions, as the layer composed them before (the key term masked by
+    where, alpha by the shared helper)."""
+    from hf_headattn.probabilities import attention_probabilities
+
+    bias = key_term(query, w_k, labels, scaling)
+    if mask is not None and mask.dtype == torch.bool:
+        bias = torch.where(mask, bias, torch.finfo(bias.dtype).min)
+    elif mask is not None:
+        bias = bias + mask
+    probs = attention_probabilities(query, key, scaling, bias)
+    return probs @ value + value_term(probs, w_v, labels), probs
 
 
 def module_of(backend, side="encoder", **settings):
