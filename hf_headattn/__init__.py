@@ -1,7 +1,8 @@
 """hf-headattn: attention-head methods for mBART and Marian translation models in HF Transformers.
 
-Importing the package registers the configs and models with the Auto classes. The command line: ``hf-headattn``
-(:mod:`hf_headattn.cli`, the commands in :mod:`hf_headattn.commands`); importing the package reads no command line.
+Importing the package registers the configs and models with the Auto classes. The command line: `hf-headattn`
+([`hf_headattn.cli`][hf_headattn.cli], the commands in `hf_headattn.commands`); importing the package reads no command
+line.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
@@ -33,7 +34,7 @@ install_moved_modules()  # moved module paths (hf_headattn.sea, hf_headattn.anal
 
 
 def __getattr__(name):
-    """``hf_headattn.translate``, imported on first use: the experiment kit is not loaded with the model core."""
+    """`hf_headattn.translate`, imported on first use: the experiment kit is not loaded with the model core."""
     if name == "translate":
         from .experiment.translate import translate
 

@@ -1,35 +1,36 @@
 """How the methods reach the attention modules of mBART and Marian.
 
-The HF attention modules (``MBartAttention``, ``MarianAttention``: the same code) compute q/k/v, call the attention
-function registered under ``config._attn_implementation`` and apply ``out_proj``. We keep that forward untouched and
+The HF attention modules (`MBartAttention`, `MarianAttention`: the same code) compute q/k/v, call the attention
+function registered under `config._attn_implementation` and apply `out_proj`. We keep that forward untouched and
 hook in at the one place transformers 5 designed for it, the attention registry:
 
-* an attention module that carries a method keeps its HF class and ``forward``; it gets a forward pre-hook that hands
+* an attention module that carries a method keeps its HF class and `forward`; it gets a forward pre-hook that hands
   its query-side input on to the attention function as a keyword (as peft hands on its adapter arguments), and a
-  small stand-in for its ``config`` whose ``_attn_implementation`` is :data:`ATTENTION_NAME` (every other attribute
+  small stand-in for its `config` whose `_attn_implementation` is `ATTENTION_NAME` (every other attribute
   reads through to the model config). Every other module is left exactly as HF built it (so with every method off,
-  nothing changes), and the model config keeps the backend the user chose: ``model.config._attn_implementation``
-  still reads ``"sdpa"``/``"eager"``, ``set_attn_implementation`` switches the backend under the methods, and
-  ``config.output_attentions`` and HF's own attention tests work as on the stock model (a model-wide registered name
+  nothing changes), and the model config keeps the backend the user chose: `model.config._attn_implementation`
+  still reads `"sdpa"`/`"eager"`, `set_attn_implementation` switches the backend under the methods, and
+  `config.output_attentions` and HF's own attention tests work as on the stock model (a model-wide registered name
   would break all three);
 * that function runs the methods attached to the module around the backend the *model* is configured with (SDPA,
-  eager or flex attention, :mod:`hf_headattn.flex`; others are refused, and a method may refuse one: ``backends``):
-  ``before`` may add a bias or hard mask to some heads' scores (SEA; :meth:`AttentionCall.add_score_bias`, made into
-  the backend's mask or flex ``score_mod`` by :mod:`hf_headattn.scores`) or take over some heads' attention
-  (:meth:`AttentionCall.take_over`), the backend computes the output of the other heads, ``after`` may read q/k
-  (EaDRA recomputes probabilities only for its heads) and transform the per-head output (DHICM). Two methods' changes
-  compose; a combination that cannot is refused, naming both.
+  eager or flex attention, `hf_headattn.flex`; others are refused, and a method may refuse one: `backends`):
+  `before` may add a bias or hard mask to some heads' scores (SEA;
+  [`AttentionCall.add_score_bias`][hf_headattn.attention_call.AttentionCall.add_score_bias], made into the backend's
+  mask or flex `score_mod` by `hf_headattn.scores`) or take over some heads' attention
+  ([`AttentionCall.take_over`][hf_headattn.attention_call.AttentionCall.take_over]), the backend computes the output of
+  the other heads, `after` may read q/k (EaDRA recomputes probabilities only for its heads) and transform the per-head
+  output (DHICM). Two methods' changes compose; a combination that cannot is refused, naming both.
 
-Per-forward state (loss terms, read-outs) travels in a :class:`HeadAttnContext` passed as the ``headattn_context``
-keyword, which transformers forwards from the model to every attention call.
+Per-forward state (loss terms, read-outs) travels in a [`HeadAttnContext`][hf_headattn.context.HeadAttnContext] passed
+as the `headattn_context` keyword, which transformers forwards from the model to every attention call.
 
-This module is the routing (:func:`route`, :func:`attach_method`, the attention function and how it runs the backend
+This module is the routing (`route`, `attach_method`, the attention function and how it runs the backend
 and the methods' hooks). The rest lives in modules of one concern each, whose public names are re-exported here:
-:mod:`~hf_headattn.context` (the per-forward context), :mod:`~hf_headattn.attention_call` (:class:`AttentionCall`
-and its hooks), :mod:`~hf_headattn.head_split` (head numbers on a device, cutting and joining heads),
-:mod:`~hf_headattn.positions` (the query and key positions of a call), :mod:`~hf_headattn.probabilities` (scores ->
-mask -> softmax, for every method that needs probabilities, and the head-mixing path), :mod:`~hf_headattn.scores`
-(score biases made into each backend's mask or ``score_mod``).
+`context` (the per-forward context), `attention_call` ([`AttentionCall`][hf_headattn.attention_call.AttentionCall]
+and its hooks), `head_split` (head numbers on a device, cutting and joining heads),
+`positions` (the query and key positions of a call), `probabilities` (scores ->
+mask -> softmax, for every method that needs probabilities, and the head-mixing path), `scores`
+(score biases made into each backend's mask or `score_mod`).
 """
 
 from __future__ import annotations
@@ -57,27 +58,28 @@ from .probabilities import mixed_attention
 from .scores import ScoreBias, on_heads
 from .sites import AttentionSite
 
-#: Re-exported: the names other modules (and plug-ins, through :mod:`hf_headattn.plugin`) import from here.
 __all__ = [
     "ATTENTION_NAME", "SUPPORTED_BACKENDS", "Attend", "AttentionCall", "AttentionMethod", "HeadAttnContext",
     "HeadIndex", "HeadSplit", "attach_method", "backend_on_heads", "check_loss_terms_get_gradients", "constant",
     "headattn_attention_forward", "key_allowed", "route", "run_attention", "run_mixed",
 ]
+"""Re-exported: the names other modules (and plug-ins, through [`hf_headattn.plugin`][hf_headattn.plugin]) import from
+here."""
 
-#: The registry name of our attention function, unique to this copy of the code: a checkpoint loaded with
-#: ``trust_remote_code`` brings its own copy of this module, which registers its own function under its own name, so
-#: loading it never changes the function that models built from another copy run.
 ATTENTION_NAME = f"headattn:{__name__}"
-#: The model backends the methods run around (tested); others are refused with an error naming these.
+"""The registry name of our attention function, unique to this copy of the code: a checkpoint loaded with
+`trust_remote_code` brings its own copy of this module, which registers its own function under its own name, so
+loading it never changes the function that models built from another copy run."""
 SUPPORTED_BACKENDS = ("sdpa", "eager", FLEX)
+"""The model backends the methods run around (tested); others are refused with an error naming these."""
 
 
 def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext | None, methods) -> None:
     """Refuse an attention call that would record loss terms without gradients: the model's forward records
     gradients but this layer runs without, as under reentrant gradient checkpointing
-    (``activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})``, and ``{}`` where
-    torch defaults to it). Its recomputation in the backward pass comes too late for the loss, so ``dhicm_kl`` and
-    ``eadra_loss`` would silently get no gradient."""
+    (`activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})`, and `{}` where
+    torch defaults to it). Its recomputation in the backward pass comes too late for the loss, so `dhicm_kl` and
+    `eadra_loss` would silently get no gradient."""
     if context is None or not context.grad_enabled or torch.is_grad_enabled() or not module.training:
         return
     terms = [type(method).__name__ for method in methods if method.records_loss_terms]
@@ -90,28 +92,28 @@ def check_loss_terms_get_gradients(module: nn.Module, context: HeadAttnContext |
 
 
 class _RoutedConfig(ConfigStandIn, attention_function=ATTENTION_NAME):
-    """The ``config`` of a routed attention module: it reads its attention function from :data:`ATTENTION_NAME`."""
+    """The `config` of a routed attention module: it reads its attention function from `ATTENTION_NAME`."""
 
 
 def _pass_query_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Forward pre-hook of an attention module that carries a method: hand its query-side input
-    (``hidden_states``, HF's first parameter) on to the attention function as ``headattn_hidden_states``.
+    (`hidden_states`, HF's first parameter) on to the attention function as `headattn_hidden_states`.
 
-    HF's attention ``forward`` passes its ``**kwargs`` on to the attention function, as peft passes its adapter
+    HF's attention `forward` passes its `**kwargs` on to the attention function, as peft passes its adapter
     arguments; so nothing of HF's signature is restated here beyond the name and place of that first parameter.
     """
     return args, {**kwargs, "headattn_hidden_states": attention_query_input(args, kwargs)}
 
 
 def route(module: nn.Module, model_config, side: str, layer: int, kind: str) -> None:
-    """Route an HF attention module's calls to :data:`ATTENTION_NAME` (a :class:`~.hf_compat.ConfigStandIn` for its
-    ``config``), and tag it:
-    ``headattn_side`` ("encoder"/"decoder"), ``headattn_layer``, ``headattn_kind`` ("self"/"cross"),
-    ``headattn_name`` (its path in the base model), the buffer ``headattn_head_mask`` (the mask kept on the model,
-    :mod:`hf_headattn.head_masks`) and ``headattn_heads`` (its heads' original numbers once pruned, a
-    :class:`HeadIndex`, :mod:`hf_headattn.pruning`), both ``None`` at first. Every attention module of an
-    hf-headattn model is routed: without a method or a head mask, the function calls the backend unchanged.
-    Idempotent."""
+    """Route an HF attention module's calls to `ATTENTION_NAME` (a `ConfigStandIn` for its
+    `config`), and tag it:
+    `headattn_side` ("encoder"/"decoder"), `headattn_layer`, `headattn_kind` ("self"/"cross"),
+    `headattn_name` (its path in the base model), the buffer `headattn_head_mask` (the mask kept on the model,
+    [`hf_headattn.head_masks`][hf_headattn.head_masks]) and `headattn_heads` (its heads' original numbers once pruned, a
+    [`HeadIndex`][hf_headattn.head_split.HeadIndex], [`hf_headattn.pruning`][hf_headattn.pruning]), both `None` at
+    first. Every attention module of an hf-headattn model is routed: without a method or a head mask, the function calls
+    the backend unchanged. Idempotent."""
     if isinstance(module.config, ConfigStandIn):
         return
     module.headattn_side, module.headattn_layer, module.headattn_kind = side, layer, kind
@@ -123,12 +125,12 @@ def route(module: nn.Module, model_config, side: str, layer: int, kind: str) -> 
 
 
 def attach_method(module: nn.Module, name: str, method: nn.Module) -> None:
-    """Attach ``method`` (an ``nn.Module`` with ``before``/``after`` hooks) to a routed HF attention module as
-    ``name``.
+    """Attach `method` (an `nn.Module` with `before`/`after` hooks) to a routed HF attention module as
+    `name`.
 
-    Its parameters appear under ``<module path>.<name>.*`` (e.g. ``...self_attn.dhicm.w``), so they are saved, loaded
-    and selected for optimizer groups or PEFT by name. The module keeps its HF class and ``forward``; the first method
-    attached adds the pre-hook :func:`_pass_query_input`.
+    Its parameters appear under `<module path>.<name>.*` (e.g. `...self_attn.dhicm.w`), so they are saved, loaded
+    and selected for optimizer groups or PEFT by name. The module keeps its HF class and `forward`; the first method
+    attached adds the pre-hook `_pass_query_input`.
     """
     if not module.headattn_methods:
         module.register_forward_pre_hook(_pass_query_input, with_kwargs=True)
@@ -148,7 +150,7 @@ def headattn_attention_forward(
     headattn_context: HeadAttnContext | None = None,
     **kwargs,
 ):
-    """The attention function registered as :data:`ATTENTION_NAME`: the model's backend, with the module's head mask
+    """The attention function registered as `ATTENTION_NAME`: the model's backend, with the module's head mask
     and methods around it (the backend alone, unchanged, when the module has neither)."""
     implementation = attention_implementation(module.config.model_config)
     head_mask = module_head_mask(module, kwargs)
@@ -195,14 +197,14 @@ def headattn_attention_forward(
 
 
 def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.Tensor, Any]:
-    """The call's attention after the methods' ``before`` hooks: the backend with their score changes on the heads
-    no method took over, each taken-over group of heads by its method's ``attend``, put back in head order. Without
+    """The call's attention after the methods' `before` hooks: the backend with their score changes on the heads
+    no method took over, each taken-over group of heads by its method's `attend`, put back in head order. Without
     a taken-over head this is the backend alone (its mask unchanged where no method changed the scores).
 
-    The heads are cut and joined as :class:`HeadSplit` plans it: where every group is a run of consecutive heads in
+    The heads are cut and joined as `HeadSplit` plans it: where every group is a run of consecutive heads in
     ascending order (e.g. heads 0-1 taken over, 2-3 the backend's), q/k/v are split into views and the outputs only
     concatenated in the order of their first heads; other groups are gathered with index tensors made once. Once a
-    method mixed heads, every head runs on the mixing path instead (:func:`run_mixed`)."""
+    method mixed heads, every head runs on the mixing path instead (`run_mixed`)."""
     if call._mixes:
         return run_mixed(call, dropout)
     if not call._taken:
@@ -239,9 +241,10 @@ def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.T
 
 
 def run_mixed(call: AttentionCall, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The call's attention once a method mixed heads (:meth:`AttentionCall.mix_scores` / ``mix_weights``): every head
-    on the mixing path (:func:`~.probabilities.mixed_attention`), the score biases and the mask in one tensor on the
-    mixed scores. Heads taken over, or a raw flex ``score_mod`` (no tensor form), beside a mixing are refused."""
+    """The call's attention once a method mixed heads
+    ([`AttentionCall.mix_scores`][hf_headattn.attention_call.AttentionCall.mix_scores] / `mix_weights`): every head on
+    the mixing path (`mixed_attention`), the score biases and the mask in one tensor on the mixed scores. Heads taken
+    over, or a raw flex `score_mod` (no tensor form), beside a mixing are refused."""
     mixers = ", ".join(repr(name) for name in dict.fromkeys(owner for _, owner, _ in call._mixes))
     if call._taken:
         raise ValueError(f"{call.module.headattn_name}: {mixers} mixes the heads, which needs every head's scores, "
@@ -257,8 +260,8 @@ def run_mixed(call: AttentionCall, dropout: float) -> tuple[torch.Tensor, torch.
 
 def backend_on_heads(call: AttentionCall, backend, split: HeadSplit | None, dropout: float, qkv=None):
     """The backend with the methods' score changes (SDPA/eager with the mask made for them,
-    :meth:`AttentionCall._backend_mask`; flex attention with their ``score_mod``): on every head (``split`` None), or
-    on the first group of ``split`` (the heads no method took over), whose q/k/v are ``qkv``."""
+    `AttentionCall._backend_mask`; flex attention with their `score_mod`): on every head (`split` None), or
+    on the first group of `split` (the heads no method took over), whose q/k/v are `qkv`."""
     query, key, value = (call.query, call.key, call.value) if qkv is None else qkv
     if call.is_flex:
         score_mod = call._flex_score_mod()
@@ -283,47 +286,49 @@ def backend_on_heads(call: AttentionCall, backend, split: HeadSplit | None, drop
 class AttentionMethod(nn.Module):
     """Base class of a method attached to an attention module: both hooks do nothing by default.
 
-    ``records_loss_terms``: whether the method records terms of the training objective (they need gradients).
-    ``out_proj_per_head``: whether the module's ``out_proj`` still reads the concatenated heads (pruning then takes
-    its columns of the pruned heads). ``backends``: the model backends the method runs on (a call on another is
-    refused with an error naming them); on flex attention ``call.attention_mask`` is a BlockMask, which
-    ``call.mask_tensor`` gives as a tensor.
+    `records_loss_terms`: whether the method records terms of the training objective (they need gradients).
+    `out_proj_per_head`: whether the module's `out_proj` still reads the concatenated heads (pruning then takes
+    its columns of the pruned heads). `backends`: the model backends the method runs on (a call on another is
+    refused with an error naming them); on flex attention `call.attention_mask` is a BlockMask, which
+    `call.mask_tensor` gives as a tensor.
 
-    Head masks and pruning (:mod:`hf_headattn.head_masks`, :mod:`hf_headattn.pruning`): ``after`` gets the per-head
-    output already scaled by the call's ``head_mask``; a method that mixes heads or keeps per-head state treats a
-    head masked with 0 as pruned (so that pruning it gives the same outputs and loss), and :meth:`prune_heads` drops
-    the per-head state of pruned heads.
+    Head masks and pruning ([`hf_headattn.head_masks`][hf_headattn.head_masks],
+    [`hf_headattn.pruning`][hf_headattn.pruning]): `after` gets the per-head output already scaled by the call's
+    `head_mask`; a method that mixes heads or keeps per-head state treats a head masked with 0 as pruned (so that
+    pruning it gives the same outputs and loss), and [`prune_heads`][hf_headattn.attention.AttentionMethod.prune_heads]
+    drops the per-head state of pruned heads.
     """
 
     records_loss_terms = False
     backends = SUPPORTED_BACKENDS
     out_proj_per_head = True
-    #: why the module's heads cannot be pruned with this method on it (None: they can); ``prune_heads`` then refuses
-    #: the model with it, naming the module, before anything changes
     pruning_refused: str | None = None
+    """why the module's heads cannot be pruned with this method on it (None: they can); `prune_heads` then refuses
+    the model with it, naming the module, before anything changes"""
 
     def init_weights(self, std: float) -> None:
-        """Initialise the method's own ``nn.Parameter``s with transformers' initialisers (``hf_compat.init_normal_``,
-        ``init_zeros_``, ``init_ones_``, which skip parameters loaded from a checkpoint); ``std`` is the model's
-        ``init_std``."""
+        """Initialise the method's own `nn.Parameter`s with transformers' initialisers (`hf_compat.init_normal_`,
+        `init_zeros_`, `init_ones_`, which skip parameters loaded from a checkpoint); `std` is the model's
+        `init_std`."""
 
     def prune_heads(self, keep: torch.Tensor) -> None:
-        """The module keeps only the heads ``keep`` (current numbers, sorted): drop per-head state of the others."""
+        """The module keeps only the heads `keep` (current numbers, sorted): drop per-head state of the others."""
 
     def before(self, call: AttentionCall) -> None:
         """Runs before the backend, on q/k/v (B, H, T or S, D) and the mask as transformers passes them (None, bool
-        True = attend, or additive float with ``finfo.min``; a BlockMask on flex attention). Changes the attention
-        with the call's hooks, which compose with the other methods': ``call.add_score_bias(bias, allowed=,
-        heads=)`` (a bias or hard mask on some heads' scores, every backend), ``call.add_score_mod(score_mod)``
-        (flex attention only), ``call.take_over(heads, attend)`` (computes those heads itself),
-        ``call.mix_scores(matrix)`` / ``call.mix_weights(matrix)`` (mixes the heads before / after the softmax); or
-        replaces ``call.attention_mask`` (or q/k/v). ``call.query_positions`` / ``key_positions`` /
-        ``relative_positions`` give the tokens' positions (right under a cache). See :class:`AttentionCall`."""
+        True = attend, or additive float with `finfo.min`; a BlockMask on flex attention). Changes the attention
+        with the call's hooks, which compose with the other methods': `call.add_score_bias(bias, allowed=,
+        heads=)` (a bias or hard mask on some heads' scores, every backend), `call.add_score_mod(score_mod)`
+        (flex attention only), `call.take_over(heads, attend)` (computes those heads itself),
+        `call.mix_scores(matrix)` / `call.mix_weights(matrix)` (mixes the heads before / after the softmax); or
+        replaces `call.attention_mask` (or q/k/v). `call.query_positions` / `key_positions` /
+        `relative_positions` give the tokens' positions (right under a cache). See
+        [`AttentionCall`][hf_headattn.attention_call.AttentionCall]."""
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
         """Runs after the backend on the per-head output (B, T, H, D), contiguous, every head's (the taken-over ones
-        put back in place), scaled by the head mask; returns what ``out_proj`` receives. ``call.mask_tensor`` is then
-        the mask with the score biases in it (refused on flex attention once a method added a raw ``score_mod``)."""
+        put back in place), scaled by the head mask; returns what `out_proj` receives. `call.mask_tensor` is then
+        the mask with the score biases in it (refused on flex attention once a method added a raw `score_mod`)."""
         return attn_output
 
 

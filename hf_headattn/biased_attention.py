@@ -1,14 +1,14 @@
 """SDPA with a trainable additive score bias on the CPU, at the cost of one (B, H, T, S) write forward
-(:func:`biased_sdpa`, :class:`BiasedAttention`).
+(`biased_sdpa`, `BiasedAttention`).
 
-A float ``attn_mask`` that requires a gradient sends torch's SDPA to its math path on the CPU (scores, softmax,
+A float `attn_mask` that requires a gradient sends torch's SDPA to its math path on the CPU (scores, softmax,
 their backward: about a dozen (B, H, T, S) tensors a call; CUDA's memory-efficient kernel gives the mask's gradient
-itself). :class:`BiasedAttention` instead runs SDPA's CPU kernel on the mask (the bias with the call's bool mask in
-it, ``finfo.min`` where masked: what :func:`~.scores.biased_mask` makes, or the bias itself where it holds the mask
+itself). `BiasedAttention` instead runs SDPA's CPU kernel on the mask (the bias with the call's bool mask in
+it, `finfo.min` where masked: what `biased_mask` makes, or the bias itself where it holds the mask
 already) forward, and its backward for q, k and v; the bias's gradient dS comes from recomputed probabilities:
 scores (the mask added by the same product), softmax, dP = dO V^T and softmax's backward, four (B, H, T, S) writes.
 The attention function takes it on SDPA for one trainable bias on every head (Localness, Rel_Pos's key term)
-without dropout (:meth:`~.attention_call.AttentionCall._trainable_bias`).
+without dropout (`_trainable_bias`).
 
 Values and gradients are the math path's; a query row that allows no key (its output the mean of the values, the
 bias masked out) gets SDPA's kernel's gradients to q, k and v, and none to its bias.
@@ -25,14 +25,18 @@ from .hf_compat import cpu_flash_attention, cpu_flash_attention_backward, softma
 
 def biased_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor,
                 allowed: torch.Tensor | None, scaling: float, masked: bool = False) -> torch.Tensor:
-    """softmax(q k^T * scaling + bias, masked where not ``allowed``) @ v, through :class:`BiasedAttention`.
+    """softmax(q k^T * scaling + bias, masked where not `allowed`) @ v, through `BiasedAttention`.
 
     Parameters
     ----------
-    query : (B, H, T, D); key, value : (B, H, S, D)
-    bias : float, broadcastable to (B, H, T, S), in the query's dtype (trainable)
-    allowed : None (every key) or bool broadcastable to (B, H, T, S), True = attend
-    masked : whether ``bias`` holds ``finfo.min`` (or less) where not ``allowed`` already: it is then the mask
+    query
+        (B, H, T, D); key, value : (B, H, S, D)
+    bias
+        float, broadcastable to (B, H, T, S), in the query's dtype (trainable)
+    allowed
+        None (every key) or bool broadcastable to (B, H, T, S), True = attend
+    masked
+        whether `bias` holds `finfo.min` (or less) where not `allowed` already: it is then the mask
 
     Returns
     -------
@@ -93,7 +97,7 @@ def _score_gradient(grad_output, query, key, value, mask, allowed, scaling) -> t
 
 
 def _summed_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """``grad`` summed over the dimensions ``shape`` broadcasts (the gradient of a broadcast input)."""
+    """`grad` summed over the dimensions `shape` broadcasts (the gradient of a broadcast input)."""
     if grad.shape == shape:
         return grad
     dims = tuple(i for i, (size, full) in enumerate(zip(shape, grad.shape)) if size == 1 and full != 1)

@@ -1,16 +1,16 @@
-"""The ``hf-headattn`` command, the package's one entry point: its commands as subcommands of one console script, as
-``accelerate`` and ``huggingface-cli`` have them (pyproject.toml's ``[project.scripts]``).
+"""The `hf-headattn` command, the package's one entry point: its commands as subcommands of one console script, as
+`accelerate` and `huggingface-cli` have them (pyproject.toml's `[project.scripts]`).
 
     hf-headattn --help                    # the commands, one line each
     hf-headattn train --help              # a command's flags
     hf-headattn train --method dhicm --output_dir outputs/dhicm ...
     python -m hf_headattn train ...       # the same (torchrun -m hf_headattn train ...)
 
-Each command is the ``main(argv, prog)`` of one module of :mod:`hf_headattn.commands` (:data:`COMMANDS`), over the
-library of :mod:`hf_headattn.experiment`; a command's module is imported only when it runs, so ``--help`` and a
-mistyped command load no model code. Nothing reads the command line when the package is imported: ``python -m`` of a
-command's module is a one-line usage error naming the command to run (:func:`refuse_python_m`, from the module's
-``__main__`` guard).
+Each command is the `main(argv, prog)` of one module of `hf_headattn.commands` ([`COMMANDS`][hf_headattn.cli.COMMANDS]),
+over the library of `hf_headattn.experiment`; a command's module is imported only when it runs, so `--help` and a
+mistyped command load no model code. Nothing reads the command line when the package is imported: `python -m` of a
+command's module is a one-line usage error naming the command to run
+([`refuse_python_m`][hf_headattn.cli.refuse_python_m], from the module's `__main__` guard).
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ PROG = "hf-headattn"
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: the module whose ``main(argv, prog)`` runs it and the line ``hf-headattn --help`` gives it."""
+    """One subcommand: the module whose `main(argv, prog)` runs it and the line `hf-headattn --help` gives it."""
 
     module: str
     summary: str
 
 
-#: The subcommands, in the order ``--help`` lists them: one module each in ``hf_headattn/commands/``.
 COMMANDS = {
     "train": Command("hf_headattn.commands.train", "train and score a translation model with any of the methods"),
     "finetune": Command("hf_headattn.commands.finetune", "fine-tune an mBART checkpoint with EaDRA and score it"),
@@ -46,6 +45,7 @@ COMMANDS = {
     "parse": Command("hf_headattn.commands.parse", "parse the sources once into CoNLL-U files for SEA/RHE (spaCy)"),
     "demo": Command("hf_headattn.commands.demo", "baseline, DHICM and EaDRA on Multi30k En-De on the CPU (make demo)"),
 }
+"""The subcommands, in the order `--help` lists them: one module each in `hf_headattn/commands/`."""
 
 DESCRIPTION = ("Attention-head methods for mBART and Marian models in HF Transformers: DHICM, SEA+RHE and EaDRA, and\n"
                "the papers' comparison systems fixed attention, Rel_Pos and Localness (hf-headattn train\n"
@@ -56,8 +56,8 @@ EPILOG = textwrap.fill(
 
 
 def make_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The parser of the command line before the command: its ``--help`` (the commands, one line each, whatever the
-    terminal's width), ``--version`` and usage errors; what follows the command is the command's own to parse."""
+    """The parser of the command line before the command: its `--help` (the commands, one line each, whatever the
+    terminal's width), `--version` and usage errors; what follows the command is the command's own to parse."""
     width = max(map(len, COMMANDS))
     listing = "\n".join(f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items())
     parser = argparse.ArgumentParser(prog=prog, usage="%(prog)s [-h] [--version] <command> ...",
@@ -68,8 +68,8 @@ def make_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    """Run ``argv`` (default ``sys.argv[1:]``): ``<command> [its flags]``, ``--help`` or ``--version``. Returns the
-    exit status (0) for the console script; ``--help``, ``--version`` and a usage error exit (``SystemExit``: 0, 0,
+    """Run `argv` (default `sys.argv[1:]`): `<command> [its flags]`, `--help` or `--version`. Returns the
+    exit status (0) for the console script; `--help`, `--version` and a usage error exit (`SystemExit`: 0, 0,
     2), as a command's own do."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 def refuse_python_m(module: str) -> None:
-    """``python -m <module>`` of a command's module (its ``if __name__ == "__main__"`` guard calls this with its
-    ``__spec__.name``): a one-line usage error naming the command to run instead, exit 2. The commands run through
-    :func:`main` only."""
+    """`python -m <module>` of a command's module (its `if __name__ == "__main__"` guard calls this with its
+    `__spec__.name`): a one-line usage error naming the command to run instead, exit 2. The commands run through
+    [`main`][hf_headattn.cli.main] only."""
     name = next(name for name, command in COMMANDS.items() if command.module == module)
     sys.stderr.write(f"python -m {module}: not a command; run {PROG} {name} ... (or python -m hf_headattn {name} ...; "
                      f"{PROG} {name} --help for its flags)\n")

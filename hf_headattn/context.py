@@ -1,7 +1,8 @@
-"""The state of one forward pass that every attention call of an hf-headattn model shares (:class:`HeadAttnContext`).
+"""The state of one forward pass that every attention call of an hf-headattn model shares
+([`HeadAttnContext`][hf_headattn.context.HeadAttnContext]).
 
-The model's ``forward`` makes one and passes it as the ``headattn_context`` keyword, which transformers forwards from
-the model to every attention call (:mod:`hf_headattn.attention`).
+The model's `forward` makes one and passes it as the `headattn_context` keyword, which transformers forwards from
+the model to every attention call (`hf_headattn.attention`).
 """
 
 from __future__ import annotations
@@ -14,20 +15,20 @@ import torch
 class HeadAttnContext:
     """State of one forward pass, shared by all attention modules that carry a method.
 
-    ``flags``: the read-out flags (``MethodSpec.flags``) set in this forward, e.g. ``"output_head_importance"``.
+    `flags`: the read-out flags (`MethodSpec.flags`) set in this forward, e.g. `"output_head_importance"`.
 
-    ``record(key, value)`` collects, per key, one entry per module call (e.g. ``"dhicm_kl"``: ``(name, tensor)`` pairs);
-    the model reduces them into output fields after the forward. ``source_mask`` (B, S) and ``target_mask`` (B, T)
-    are True at real (non-padding) tokens; ``None`` means every token is real. ``grad_enabled``: whether the forward
-    that created the context records gradients (see :func:`check_loss_terms_get_gradients`). ``compute_losses``: False
-    when no loss is needed (``generate``, inference without labels): the regularizers then do no work.
-    ``past_length``: the number of target positions the key/value cache held before this forward (0 without a
-    cache; None where no model forward made the context), which :attr:`~.attention_call.AttentionCall.query_positions`
-    reads.
+    `record(key, value)` collects, per key, one entry per module call (e.g. `"dhicm_kl"`: `(name, tensor)` pairs);
+    the model reduces them into output fields after the forward. `source_mask` (B, S) and `target_mask` (B, T)
+    are True at real (non-padding) tokens; `None` means every token is real. `grad_enabled`: whether the forward
+    that created the context records gradients (see `check_loss_terms_get_gradients`). `compute_losses`: False
+    when no loss is needed (`generate`, inference without labels): the regularizers then do no work.
+    `past_length`: the number of target positions the key/value cache held before this forward (0 without a
+    cache; None where no model forward made the context), which
+    [`query_positions`][hf_headattn.attention_call.AttentionCall.query_positions] reads.
 
-    Deliberately not a dataclass: FSDP2 (``fully_shard``) rebuilds the dataclasses, dicts and lists among a sharded
+    Deliberately not a dataclass: FSDP2 (`fully_shard`) rebuilds the dataclasses, dicts and lists among a sharded
     layer's arguments that hold tensors needing gradients, so a later layer would record into a copy (and a
-    ``defaultdict`` cannot even be rebuilt); a plain object is passed through as it is.
+    `defaultdict` cannot even be rebuilt); a plain object is passed through as it is.
     """
 
     def __init__(self, flags=frozenset(), source_mask: torch.Tensor | None = None,
@@ -41,7 +42,8 @@ class HeadAttnContext:
         self.past_length: int | None = None  # the target positions cached before this forward (None: not known)
 
     def record(self, key: str, value: Any) -> None:
-        """Add ``value`` to the records of ``key`` (read back in order with :attr:`records`).
+        """Add `value` to the records of `key` (read back in order with
+        [`records`][hf_headattn.context.HeadAttnContext.records]).
 
         Kept as a chain of pairs (value, the chain before), not as a list: torch.compile guards on the length of a
         list that a compiled frame appends to, so under regional compilation (one code object for every layer)
@@ -50,11 +52,11 @@ class HeadAttnContext:
         self._chains[key] = (value, self._chains.get(key))
 
     def has(self, key: str) -> bool:
-        """Whether anything was recorded under ``key`` in this forward."""
+        """Whether anything was recorded under `key` in this forward."""
         return key in self._chains
 
     def recorded(self, key: str) -> list:
-        """The values recorded under ``key``, in the order recorded (``[]``: none), what a ``collect`` reads."""
+        """The values recorded under `key`, in the order recorded (`[]`: none), what a `collect` reads."""
         values, chain = [], self._chains.get(key)
         while chain is not None:
             value, chain = chain
@@ -63,11 +65,12 @@ class HeadAttnContext:
 
     @property
     def records(self) -> dict[str, list]:
-        """``{key: [values in the order recorded]}`` for every key (:meth:`recorded` reads one)."""
+        """`{key: [values in the order recorded]}` for every key
+        ([`recorded`][hf_headattn.context.HeadAttnContext.recorded] reads one)."""
         return {key: self.recorded(key) for key in self._chains}
 
     def target_tokens(self) -> torch.Tensor | None:
-        """The batch's real target tokens, ``target_mask.sum()`` (None without a target mask), counted once per
+        """The batch's real target tokens, `target_mask.sum()` (None without a target mask), counted once per
         forward for every method that normalises by it."""
         if self.target_mask is None:
             return None

@@ -1,32 +1,32 @@
-"""Head masks: scale each attention head's output before ``out_proj`` (transformers 4's ``head_mask``, removed in 5).
+"""Head masks: scale each attention head's output before `out_proj` (transformers 4's `head_mask`, removed in 5).
 
-One mask per component (:mod:`hf_headattn.sites`), each (layers, heads) in the model's *original* head numbering (a
-pruned head keeps its number, see :mod:`hf_headattn.pruning`):
+One mask per component (`hf_headattn.sites`), each (layers, heads) in the model's *original* head numbering (a
+pruned head keeps its number, see [`hf_headattn.pruning`][hf_headattn.pruning]):
 
-* ``"encoder"``: encoder self-attention, forward argument ``head_mask``;
-* ``"decoder"``: decoder self-attention, ``decoder_head_mask``;
-* ``"cross"``: cross-attention, ``cross_attn_head_mask``.
+* `"encoder"`: encoder self-attention, forward argument `head_mask`;
+* `"decoder"`: decoder self-attention, `decoder_head_mask`;
+* `"cross"`: cross-attention, `cross_attn_head_mask`.
 
-A forward argument may also be (batch, layers, heads), one mask per sentence (what ``generate`` expands for beams);
-its batch must be the batch that reaches those attention modules (the source's for ``head_mask``, the target's for
-the others). A mask kept on the model (:meth:`set_head_mask`) applies to every forward and to ``generate``; with a
-forward argument too, their product applies. Every value must be finite and in [0, 1] (checked once per forward, not
-under ``torch.compile``: :func:`check_head_mask`).
+A forward argument may also be (batch, layers, heads), one mask per sentence (what `generate` expands for beams);
+its batch must be the batch that reaches those attention modules (the source's for `head_mask`, the target's for
+the others). A mask kept on the model ([`set_head_mask`][hf_headattn.head_masks.set_head_mask]) applies to every forward
+and to `generate`; with a forward argument too, their product applies. Every value must be finite and in [0, 1] (checked
+once per forward, not under `torch.compile`: [`check_head_mask`][hf_headattn.head_masks.check_head_mask]).
 
 What a value m_h means, one rule for every method: m_h is the share of head h that is kept.
 
-* Head h outputs ``m_h * O_h`` (Michel et al.'s xi_h; every method's ``after`` gets the scaled outputs).
+* Head h outputs `m_h * O_h` (Michel et al.'s xi_h; every method's `after` gets the scaled outputs).
 * Where a method sums, averages or normalises over heads, head h's term there is weighted by m_h: EaDRA's
   regularizers of head h are multiplied by m_h (Eq. 9), DHICM's softmax over the heads weighs head h by
-  m_h exp(s_h) (Eq. 1, :func:`masked_logits`).
-* Where a method counts heads (DHICM's uniform reference in Eq. 4 and its ``scaled_out_proj`` factor H), a head
-  counts when m_h > 0 (:func:`live_heads`).
+  m_h exp(s_h) (Eq. 1, [`masked_logits`][hf_headattn.head_masks.masked_logits]).
+* Where a method counts heads (DHICM's uniform reference in Eq. 4 and its `scaled_out_proj` factor H), a head
+  counts when m_h > 0 ([`live_heads`][hf_headattn.head_masks.live_heads]).
 
 So 1 keeps a head unchanged, 0 removes it everywhere exactly as pruning it does (outputs, loss terms, gradients),
-and values between weaken it continuously. The mask is differentiable: with ``requires_grad`` its gradient is the
+and values between weaken it continuously. The mask is differentiable: with `requires_grad` its gradient is the
 head importance of Michel et al. (2019). With the eager backend, returned attention weights are scaled alike
 (transformers 4 did so); flex attention's log-sum-exp, which it returns instead of weights on CUDA, is left as it is
-(:func:`scale_weights`).
+([`scale_weights`][hf_headattn.head_masks.scale_weights]).
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ from torch import nn
 from .hf_compat import INPUT_PROJECTIONS
 from .sites import COMPONENTS, component_of, component_shape
 
-#: Each component's forward argument.
 ARGUMENTS_BY_COMPONENT = {"encoder": "head_mask", "decoder": "decoder_head_mask", "cross": "cross_attn_head_mask"}
-#: The forward arguments, in :data:`ARGUMENTS_BY_COMPONENT` order.
+"""Each component's forward argument."""
 ARGUMENTS = tuple(ARGUMENTS_BY_COMPONENT.values())
+"""The forward arguments, in [`ARGUMENTS_BY_COMPONENT`][hf_headattn.head_masks.ARGUMENTS_BY_COMPONENT] order."""
 
 
 def check_head_mask(mask, config, component: str, name: str, per_sentence: bool = True, batch: int | None = None,
                     values: bool = True) -> torch.Tensor:
-    """``mask`` if it is a valid ``component`` mask, else a ``ValueError`` naming ``name``, what it got and what was
-    expected: a floating tensor of shape (layers, heads), or (batch, layers, heads) with ``per_sentence`` (its batch
-    ``batch``, that of the input it meets, when given), with ``values`` also finite values in [0, 1]
-    (:func:`check_values`)."""
+    """`mask` if it is a valid `component` mask, else a `ValueError` naming `name`, what it got and what was
+    expected: a floating tensor of shape (layers, heads), or (batch, layers, heads) with `per_sentence` (its batch
+    `batch`, that of the input it meets, when given), with `values` also finite values in [0, 1]
+    ([`check_values`][hf_headattn.head_masks.check_values])."""
     layers, heads = component_shape(config, component)
     shapes = f"(layers, heads) = {(layers, heads)}" + (" or (batch, layers, heads)" if per_sentence else "")
     if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
@@ -69,8 +69,8 @@ def check_head_mask(mask, config, component: str, name: str, per_sentence: bool 
 
 
 def check_values(masks: dict[str, torch.Tensor]) -> None:
-    """A ``ValueError`` naming the first of ``masks`` ({name: mask}) with a value that is not finite or not in
-    [0, 1], and those values. One fused check with one host sync for all of them; none under ``torch.compile`` (a
+    """A `ValueError` naming the first of `masks` ({name: mask}) with a value that is not finite or not in
+    [0, 1], and those values. One fused check with one host sync for all of them; none under `torch.compile` (a
     data-dependent branch would break the graph) and no autograd use (a mask may require gradients)."""
     if not masks or torch.compiler.is_compiling():
         return
@@ -87,10 +87,10 @@ def check_values(masks: dict[str, torch.Tensor]) -> None:
 
 
 def input_batches(values: dict) -> dict[str, int | None]:
-    """{component: the batch that reaches its attention modules} in a forward with the arguments ``values``: the
-    source's (``input_ids``, ``inputs_embeds`` or ``encoder_outputs``) for ``"encoder"``, the target's
-    (``decoder_input_ids``, ``decoder_inputs_embeds``; else the source's, which mBART shifts into the target) for
-    ``"decoder"`` and ``"cross"``; None where the arguments do not say."""
+    """{component: the batch that reaches its attention modules} in a forward with the arguments `values`: the
+    source's (`input_ids`, `inputs_embeds` or `encoder_outputs`) for `"encoder"`, the target's
+    (`decoder_input_ids`, `decoder_inputs_embeds`; else the source's, which mBART shifts into the target) for
+    `"decoder"` and `"cross"`; None where the arguments do not say."""
     def batch_of(*names):
         for name in names:
             value = values.get(name)
@@ -105,8 +105,9 @@ def input_batches(values: dict) -> dict[str, int | None]:
 
 
 def check_forward_masks(values: dict, config) -> None:
-    """The head-mask forward arguments among ``values`` (a forward's arguments) checked by :func:`check_head_mask`,
-    each against the batch it meets (:func:`input_batches`), their values in one fused check."""
+    """The head-mask forward arguments among `values` (a forward's arguments) checked by
+    [`check_head_mask`][hf_headattn.head_masks.check_head_mask], each against the batch it meets
+    ([`input_batches`][hf_headattn.head_masks.input_batches]), their values in one fused check."""
     batches = input_batches(values)
     masks = {argument: check_head_mask(values[argument], config, component, argument, batch=batches[component],
                                        values=False)
@@ -125,7 +126,7 @@ def module_rows(mask: torch.Tensor, module: nn.Module) -> torch.Tensor:
 
 def module_head_mask(module: nn.Module, kwargs: dict) -> torch.Tensor | None:
     """The head mask of one attention call, (1 or batch, heads): the module's kept mask times the forward
-    argument's rows; ``None`` when neither is set. The forward arguments are removed from ``kwargs``."""
+    argument's rows; `None` when neither is set. The forward arguments are removed from `kwargs`."""
     given = {component: kwargs.pop(argument, None)
              for component, argument in ARGUMENTS_BY_COMPONENT.items()}[component_of(module)]
     kept = module.headattn_head_mask
@@ -144,8 +145,8 @@ def scale_weights(attn_weights: torch.Tensor | None, head_mask: torch.Tensor) ->
     """The backend's second output with the head mask (1 or B, H) applied where it is attention weights.
 
     Attention weights (B, H, T, S), as the eager backend returns them, are multiplied by the mask. Anything else
-    passes unchanged: ``None`` (SDPA, flex attention on the CPU) and flex attention's log-sum-exp (B, H, T) of each
-    query's scores, which transformers' ``flex_attention_forward`` returns instead of weights off the CPU (on CUDA).
+    passes unchanged: `None` (SDPA, flex attention on the CPU) and flex attention's log-sum-exp (B, H, T) of each
+    query's scores, which transformers' `flex_attention_forward` returns instead of weights off the CPU (on CUDA).
     The mask scales a head's output after its softmax, so the scores and their log-sum-exp are what they were
     without it (a masked head's lse is the unmasked one's, as its probabilities are); multiplying a log by m_h would
     be meaningless, and the (1 or B, H, 1, 1) mask does not broadcast over (B, H, T)."""
@@ -155,16 +156,16 @@ def scale_weights(attn_weights: torch.Tensor | None, head_mask: torch.Tensor) ->
 
 
 def live_heads(head_mask: torch.Tensor | None, heads: int) -> torch.Tensor | int:
-    """The number of heads a mask leaves (entries > 0), (1 or B,), or ``heads`` without a mask: what a method that
+    """The number of heads a mask leaves (entries > 0), (1 or B,), or `heads` without a mask: what a method that
     mixes heads counts instead of H, so that a masked head counts as a pruned one."""
     return heads if head_mask is None else (head_mask > 0).sum(-1)
 
 
 def masked_logits(logits: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
-    """Logits over heads (..., H) for a softmax over the heads with masked heads left out: ``logit + log m``, the
-    most negative float where ``m = 0`` (a masked head gets weight exactly 0, the others are renormalised, as
-    after pruning it). ``head_mask`` (1 or B, H) broadcasts over the middle dimensions of (B, ..., H) logits.
-    Gradients to the mask are finite everywhere (0 at ``m = 0``)."""
+    """Logits over heads (..., H) for a softmax over the heads with masked heads left out: `logit + log m`, the
+    most negative float where `m = 0` (a masked head gets weight exactly 0, the others are renormalised, as
+    after pruning it). `head_mask` (1 or B, H) broadcasts over the middle dimensions of (B, ..., H) logits.
+    Gradients to the mask are finite everywhere (0 at `m = 0`)."""
     if head_mask is None:
         return logits
     m = head_mask.to(logits.dtype).view(head_mask.shape[0], *([1] * (logits.dim() - 2)), head_mask.shape[-1])
@@ -173,8 +174,8 @@ def masked_logits(logits: torch.Tensor, head_mask: torch.Tensor | None) -> torch
 
 
 def set_head_mask(model: nn.Module, component: str, mask: torch.Tensor | None) -> None:
-    """Keep a (layers, heads) mask of ``component`` on ``model``'s attention modules (``None``: remove it); it applies
-    to every forward and ``generate`` until removed, and moves with the model (a non-persistent buffer: not saved)."""
+    """Keep a (layers, heads) mask of `component` on `model`'s attention modules (`None`: remove it); it applies
+    to every forward and `generate` until removed, and moves with the model (a non-persistent buffer: not saved)."""
     if component not in COMPONENTS:
         raise ValueError(f"head mask component must be one of {list(COMPONENTS)}, got {component!r}")
     if mask is not None:
@@ -186,7 +187,7 @@ def set_head_mask(model: nn.Module, component: str, mask: torch.Tensor | None) -
 
 
 def get_head_mask(model: nn.Module, component: str) -> torch.Tensor | None:
-    """The (layers, heads) mask of ``component`` kept on ``model`` (0 at pruned heads), or ``None``."""
+    """The (layers, heads) mask of `component` kept on `model` (0 at pruned heads), or `None`."""
     modules = attention_modules(model, component)
     if all(module.headattn_head_mask is None for module in modules):
         return None
@@ -198,13 +199,13 @@ def get_head_mask(model: nn.Module, component: str) -> torch.Tensor | None:
 
 
 def routed_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """``{module name: attention module}`` of an hf-headattn model (or stack): the modules
-    :func:`hf_headattn.attention.route` tagged."""
+    """`{module name: attention module}` of an hf-headattn model (or stack): the modules
+    `hf_headattn.attention.route` tagged."""
     return {module.headattn_name: module for module in model.modules() if hasattr(module, "headattn_layer")}
 
 
 def attention_modules(model: nn.Module, component: str) -> list[nn.Module]:
-    """The attention modules of ``component`` in ``model`` (routed ones: hf-headattn models), in layer order."""
+    """The attention modules of `component` in `model` (routed ones: hf-headattn models), in layer order."""
     found = [module for module in routed_modules(model).values() if component_of(module) == component]
     return sorted(found, key=lambda module: module.headattn_layer)
 

@@ -1,8 +1,9 @@
 """Head numbers on a device, and how an attention call's heads are cut into groups and put back in order.
 
-:class:`HeadIndex` keeps head numbers with their index tensor made once per device (:func:`constant`);
-:class:`HeadSplit` plans how q/k/v are cut among the backend and the methods that take heads over
-(:meth:`~.attention_call.AttentionCall.take_over`) and how their per-head results are joined.
+[`HeadIndex`][hf_headattn.head_split.HeadIndex] keeps head numbers with their index tensor made once per device
+([`constant`][hf_headattn.head_split.constant]); `HeadSplit` plans how q/k/v are cut among the backend and the methods
+that take heads over ([`take_over`][hf_headattn.attention_call.AttentionCall.take_over]) and how their per-head results
+are joined.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ _CONSTANTS: dict[tuple, torch.Tensor] = {}
 
 
 def constant(values: tuple, dtype: torch.dtype, device) -> torch.Tensor:
-    """``values`` (host numbers or flags) as a 1-D tensor on ``device``, made once per (values, dtype, device): one
+    """`values` (host numbers or flags) as a 1-D tensor on `device`, made once per (values, dtype, device): one
     made at every call would be a copy to the device each time. Under torch.compile a constant of the graph (filling
     the cache would change what the compiled graph guards on, and recompile it)."""
     if torch.compiler.is_compiling():
@@ -25,16 +26,17 @@ def constant(values: tuple, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 class HeadIndex:
-    """Head numbers kept as a tuple, with their index tensor made once per device (:func:`constant`).
+    """Head numbers kept as a tuple, with their index tensor made once per device
+    ([`constant`][hf_headattn.head_split.constant]).
 
-    Not a buffer: ``from_pretrained`` builds the modules on the meta device and leaves a non-persistent buffer made
-    in ``__init__`` uninitialised."""
+    Not a buffer: `from_pretrained` builds the modules on the meta device and leaves a non-persistent buffer made
+    in `__init__` uninitialised."""
 
     def __init__(self, numbers):
         self.numbers = tuple(int(number) for number in numbers)
 
     def on(self, device: torch.device) -> torch.Tensor:
-        """The numbers as a LongTensor on ``device`` (:func:`constant`)."""
+        """The numbers as a LongTensor on `device` ([`constant`][hf_headattn.head_split.constant])."""
         return constant(self.numbers, torch.long, device)
 
     def __len__(self) -> int:
@@ -49,11 +51,11 @@ class HeadSplit:
     """How a call's heads are cut into groups (the backend's heads, each method's taken-over heads: tuples of head
     numbers that together hold every head once) and their per-head results put back in head order.
 
-    A group of consecutive ascending heads is cut as a view (``narrow``), another one with ``index_select``. Where
-    every group is such a run, q/k/v are cut in one ``split`` (its backward: one ``cat``) and the groups' results,
-    concatenated in the order of their first heads, are in head order: one ``cat``, or none for a single group;
-    else they are concatenated and put in head order with an ``index_select``. Index tensors are made once per
-    device (:class:`HeadIndex`), a split once per grouping (:meth:`of`)."""
+    A group of consecutive ascending heads is cut as a view (`narrow`), another one with `index_select`. Where
+    every group is such a run, q/k/v are cut in one `split` (its backward: one `cat`) and the groups' results,
+    concatenated in the order of their first heads, are in head order: one `cat`, or none for a single group;
+    else they are concatenated and put in head order with an `index_select`. Index tensors are made once per
+    device ([`HeadIndex`][hf_headattn.head_split.HeadIndex]), a split once per grouping (`of`)."""
 
     _made: dict[tuple[tuple[int, ...], ...], HeadSplit] = {}
 
@@ -69,7 +71,7 @@ class HeadSplit:
 
     @classmethod
     def of(cls, groups: tuple[tuple[int, ...], ...]) -> HeadSplit:
-        """The split of ``groups``, made once (and afresh while torch.compile traces: a constant of the graph)."""
+        """The split of `groups`, made once (and afresh while torch.compile traces: a constant of the graph)."""
         if torch.compiler.is_compiling():
             return cls(groups)
         made = cls._made.get(groups)
@@ -80,11 +82,11 @@ class HeadSplit:
         return made
 
     def index(self, i: int, device: torch.device) -> torch.Tensor:
-        """Group ``i``'s head numbers as a LongTensor on ``device``."""
+        """Group `i`'s head numbers as a LongTensor on `device`."""
         return self.indexes[i].on(device)
 
     def part(self, tensor: torch.Tensor | None, dim: int, i: int) -> torch.Tensor | None:
-        """Group ``i``'s heads of ``tensor`` along ``dim`` (``tensor`` itself where it is None or has size 1 there:
+        """Group `i`'s heads of `tensor` along `dim` (`tensor` itself where it is None or has size 1 there:
         it broadcasts)."""
         group = self.groups[i]
         if tensor is None or tensor.shape[dim] == 1:
@@ -94,7 +96,7 @@ class HeadSplit:
         return tensor if len(group) == tensor.shape[dim] else tensor.narrow(dim, group[0], len(group))
 
     def parts(self, tensor: torch.Tensor | None, dim: int) -> list:
-        """Every group's heads of ``tensor`` along ``dim``, in the groups' order (``tensor`` itself for each where it
+        """Every group's heads of `tensor` along `dim`, in the groups' order (`tensor` itself for each where it
         is None or has size 1 there)."""
         if tensor is None or tensor.shape[dim] == 1:
             return [tensor] * len(self.groups)
@@ -106,7 +108,7 @@ class HeadSplit:
         return parts
 
     def join(self, parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-        """The groups' results (in the groups' order, each with its heads along ``dim``) as one, in head order."""
+        """The groups' results (in the groups' order, each with its heads along `dim`) as one, in head order."""
         if self.runs:
             return parts[0] if len(parts) == 1 else torch.cat([parts[i] for i in self.by_first], dim)
         joined = parts[0] if len(parts) == 1 else torch.cat(parts, dim)

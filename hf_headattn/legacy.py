@@ -1,12 +1,13 @@
-"""Release 0.1's config fields, read into today's: the flat fields (``dhicm_encoder_layers``, ``sea_type``,
-``rhe_prune``, ...; each method's ``MethodSpec.legacy_fields``) move into the methods' dicts, with a
-:class:`~hf_headattn.deprecation.HeadAttnDeprecationWarning` naming the release that removes them
-(:data:`FLAT_FIELDS_REMOVED_IN`), wherever a config gets them: built (:func:`translate_kwargs`), loaded
-(:func:`translate_flat_fields` on the file, :func:`translate_pretrained_kwargs` on ``from_pretrained``'s keyword
-arguments) or assigned (:func:`assign_flat_field`). A file written by release 0.1 keeps release 0.1's readings of
-the settings whose default has changed since (``MethodSpec.legacy_defaults``): :func:`written_by_release_0_1`
-tells, by the release a file records (``headattn_version``, :func:`recorded_release`) or, where it records none
-(releases 0.1 and 0.2 wrote none), by its fields. :mod:`hf_headattn.configuration` calls these; nothing else does.
+"""Release 0.1's config fields, read into today's: the flat fields (`dhicm_encoder_layers`, `sea_type`,
+`rhe_prune`, ...; each method's `MethodSpec.legacy_fields`) move into the methods' dicts, with a
+`HeadAttnDeprecationWarning` naming the release that removes them
+(`FLAT_FIELDS_REMOVED_IN`), wherever a config gets them: built (`translate_kwargs`), loaded
+(`translate_flat_fields` on the file, `translate_pretrained_kwargs` on `from_pretrained`'s keyword
+arguments) or assigned (`assign_flat_field`). A file written by release 0.1 keeps release 0.1's readings of
+the settings whose default has changed since (`MethodSpec.legacy_defaults`): `written_by_release_0_1`
+tells, by the release a file records (`headattn_version`, `recorded_release`) or, where it records none
+(releases 0.1 and 0.2 wrote none), by its fields. [`hf_headattn.configuration`][hf_headattn.configuration] calls these;
+nothing else does.
 """
 
 from __future__ import annotations
@@ -28,23 +29,23 @@ from .registry import registered_methods
 
 logger = logging.get_logger(__name__)
 
-#: The first release that saves the methods' dicts: files recorded by an earlier one are release 0.1's.
 FIRST_RELEASE_WITH_DICTS = (0, 2)
-#: The release that stops reading the flat fields (saved files live long on the Hub: two releases of warnings).
+"""The first release that saves the methods' dicts: files recorded by an earlier one are release 0.1's."""
 FLAT_FIELDS_REMOVED_IN = "0.5"
-#: What a saved config.json records of the defaults its method dicts rely on (``MethodSpec.older_files_defaults``):
-#: ``{method: {setting: value}}``, written by ``to_dict`` (a file without it predates those settings).
+"""The release that stops reading the flat fields (saved files live long on the Hub: two releases of warnings)."""
 DEFAULTS_RECORD = "headattn_defaults"
+"""What a saved config.json records of the defaults its method dicts rely on (`MethodSpec.older_files_defaults`):
+`{method: {setting: value}}`, written by `to_dict` (a file without it predates those settings)."""
 
 
 def flat_fields() -> dict[str, tuple]:
-    """Release 0.1's flat config fields: ``{flat name: (method spec, settings key)}``."""
+    """Release 0.1's flat config fields: `{flat name: (method spec, settings key)}`."""
     return {flat: (spec, key) for spec in registered_methods() for flat, key in spec.legacy_fields.items()}
 
 
 def recorded_release(version, where: str) -> tuple[int, ...]:
-    """The release numbers of a recorded ``headattn_version`` (e.g. ``"0.2.1"`` -> ``(0, 2, 1)``; pre-releases of 0.2
-    count as 0.2); a ``ValueError`` naming ``where`` unless it is a version string."""
+    """The release numbers of a recorded `headattn_version` (e.g. `"0.2.1"` -> `(0, 2, 1)`; pre-releases of 0.2
+    count as 0.2); a `ValueError` naming `where` unless it is a version string."""
     try:
         if not isinstance(version, str):
             raise InvalidVersion
@@ -55,9 +56,9 @@ def recorded_release(version, where: str) -> tuple[int, ...]:
 
 
 def written_by_release_0_1(values: Mapping, where: str = "config.json") -> bool:
-    """Whether saved config fields ``values`` were written by release 0.1: by their ``headattn_version`` when they
+    """Whether saved config fields `values` were written by release 0.1: by their `headattn_version` when they
     record one (< 0.2), else by their fields: release 0.1's flat fields and no dict field of a method that has flat
-    fields (later releases save those, ``null`` when off)."""
+    fields (later releases save those, `null` when off)."""
     version = values.get("headattn_version")
     if version is not None:
         return recorded_release(version, f"{where}: headattn_version") < FIRST_RELEASE_WITH_DICTS
@@ -67,18 +68,18 @@ def written_by_release_0_1(values: Mapping, where: str = "config.json") -> bool:
 
 
 def translate_flat_fields(values: dict, where: str, saved_file: bool = False, stacklevel: int = 4) -> None:
-    """Move release 0.1's flat fields in ``values`` (config fields: a loaded ``config.json`` or keyword arguments)
-    into their methods' dicts, in place, with one deprecation warning naming them (``stacklevel`` as
-    ``warnings.warn``'s, from this function).
+    """Move release 0.1's flat fields in `values` (config fields: a loaded `config.json` or keyword arguments)
+    into their methods' dicts, in place, with one deprecation warning naming them (`stacklevel` as
+    `warnings.warn`'s, from this function).
 
     * A flat field at its default leaves an off method off (release 0.1 saved every field, defaults included).
-    * A method given both ways (its dict and its flat fields) is refused: a ``ValueError`` naming both.
-    * A config file saved by release 0.1 (``saved_file`` and :func:`written_by_release_0_1`: its recorded
-      ``headattn_version`` is < 0.2, or it records none and has release 0.1's fields) keeps release 0.1's values of
-      the settings whose default has changed since (``MethodSpec.legacy_defaults``), for the methods it switches on.
+    * A method given both ways (its dict and its flat fields) is refused: a `ValueError` naming both.
+    * A config file saved by release 0.1 (`saved_file` and `written_by_release_0_1`: its recorded
+      `headattn_version` is < 0.2, or it records none and has release 0.1's fields) keeps release 0.1's values of
+      the settings whose default has changed since (`MethodSpec.legacy_defaults`), for the methods it switches on.
       No other config does: not a file recorded by 0.2 or later, whatever its fields, nor keyword arguments.
-    * A saved file's method dict that lacks a setting of ``MethodSpec.older_files_defaults`` gets the value it was
-      trained with: the default the file records (:data:`DEFAULTS_RECORD`, which ``to_dict`` writes) where it
+    * A saved file's method dict that lacks a setting of `MethodSpec.older_files_defaults` gets the value it was
+      trained with: the default the file records (`DEFAULTS_RECORD`, which `to_dict` writes) where it
       differs from today's, and the spec's older value where the file records none (it predates the setting).
     """
     known = flat_fields()
@@ -108,9 +109,9 @@ def translate_flat_fields(values: dict, where: str, saved_file: bool = False, st
 
 
 def newer_spellings(spec, values: Mapping, where: str) -> tuple[dict, list[tuple[str, str]]]:
-    """``values`` (a method's settings dict) in today's spellings (``MethodSpec.older_spellings``: the placement
-    vocabulary's, :mod:`hf_headattn.placement`) and the ``(old, new)`` spellings renamed; a ``ValueError`` naming
-    ``where`` for a dict that gives both spellings."""
+    """`values` (a method's settings dict) in today's spellings (`MethodSpec.older_spellings`: the placement
+    vocabulary's, `hf_headattn.placement`) and the `(old, new)` spellings renamed; a `ValueError` naming
+    `where` for a dict that gives both spellings."""
     if spec.older_spellings is None or not isinstance(values, Mapping):
         return values, []
     try:
@@ -120,8 +121,8 @@ def newer_spellings(spec, values: Mapping, where: str) -> tuple[dict, list[tuple
 
 
 def translate_older_spellings(spec, values, where: str):
-    """:func:`newer_spellings` of ``values``, with one deprecation warning naming the older spellings and their
-    replacements (removed in :data:`~.deprecation.NEXT_RELEASE`), pointed at the first caller outside hf-headattn,
+    """`newer_spellings` of `values`, with one deprecation warning naming the older spellings and their
+    replacements (removed in `NEXT_RELEASE`), pointed at the first caller outside hf-headattn,
     transformers and the dataclass machinery that set it."""
     newer, renamed = newer_spellings(spec, values, where)
     if renamed:
@@ -133,7 +134,7 @@ def translate_older_spellings(spec, values, where: str):
 
 
 def _outside_caller() -> int:
-    """``warn_deprecated``'s ``stacklevel`` (from its caller) of the first frame outside hf-headattn's package,
+    """`warn_deprecated`'s `stacklevel` (from its caller) of the first frame outside hf-headattn's package,
     transformers, huggingface_hub and the standard library's dataclasses."""
     inside = (str(Path(__file__).parent), f"{os.sep}transformers{os.sep}", f"{os.sep}huggingface_hub{os.sep}",
               f"{os.sep}dataclasses.py", "<string>")
@@ -144,8 +145,8 @@ def _outside_caller() -> int:
 
 
 def older_file_settings(spec, given: Mapping, record) -> dict:
-    """The settings of ``spec.older_files_defaults`` that a saved dict ``given`` lacks and that must be set to keep
-    the behaviour it was trained with: the value ``record`` (the file's :data:`DEFAULTS_RECORD`) gives for the
+    """The settings of `spec.older_files_defaults` that a saved dict `given` lacks and that must be set to keep
+    the behaviour it was trained with: the value `record` (the file's `DEFAULTS_RECORD`) gives for the
     method, else the spec's older value; those equal to today's default are left out (the dict then saves as it
     was loaded)."""
     recorded = record.get(spec.name, {}) if isinstance(record, Mapping) else {}
@@ -155,9 +156,9 @@ def older_file_settings(spec, given: Mapping, record) -> dict:
 
 
 def relied_on_defaults(specs_and_settings, values: Mapping) -> dict:
-    """``{method: {setting: value}}``: the settings of ``MethodSpec.older_files_defaults`` that the saved dicts in
-    ``values`` leave to their defaults, with the values the resolved settings hold (what ``to_dict`` records as
-    :data:`DEFAULTS_RECORD`)."""
+    """`{method: {setting: value}}`: the settings of `MethodSpec.older_files_defaults` that the saved dicts in
+    `values` leave to their defaults, with the values the resolved settings hold (what `to_dict` records as
+    `DEFAULTS_RECORD`)."""
     record = {}
     for spec, settings in specs_and_settings:
         given = values.get(spec.name)
@@ -169,8 +170,8 @@ def relied_on_defaults(specs_and_settings, values: Mapping) -> dict:
 
 
 def translate_pretrained_kwargs(config_dict: dict, kwargs: dict, where: str) -> None:
-    """``from_pretrained(path, sea_type="dea")``: release 0.1's flat fields among ``kwargs`` (taken out) each update
-    their method's dict as saved in ``config_dict``, given back in ``kwargs`` as that dict's keyword argument."""
+    """`from_pretrained(path, sea_type="dea")`: release 0.1's flat fields among `kwargs` (taken out) each update
+    their method's dict as saved in `config_dict`, given back in `kwargs` as that dict's keyword argument."""
     flat = {key: kwargs.pop(key) for key in kwargs.keys() & flat_fields()}
     if not flat:
         return
@@ -183,8 +184,8 @@ def translate_pretrained_kwargs(config_dict: dict, kwargs: dict, where: str) -> 
 
 
 def translate_kwargs(config, kwargs: dict) -> None:
-    """``Config(..., dhicm_kl_weight=0.3)``: release 0.1's flat fields among the keyword arguments ``kwargs`` (taken
-    out) set their methods' dicts on ``config``; a key named like a flat field that is none is named in a warning."""
+    """`Config(..., dhicm_kl_weight=0.3)`: release 0.1's flat fields among the keyword arguments `kwargs` (taken
+    out) set their methods' dicts on `config`; a key named like a flat field that is none is named in a warning."""
     where = f"{type(config).__name__}(...)"
     legacy = {key: kwargs.pop(key) for key in kwargs.keys() & flat_fields()}
     if legacy:
@@ -196,9 +197,9 @@ def translate_kwargs(config, kwargs: dict) -> None:
 
 
 def assign_flat_field(config, key: str, value) -> None:
-    """``config.dhicm_kl_weight = 0.5`` (release 0.1's spelling): ``config.dhicm = {**config.dhicm,
-    "kl_weight": 0.5}``, with the deprecation warning; validated, and refused by a model built before, as such an
-    assignment is. At its default it leaves an off method off (as in :func:`translate_flat_fields`)."""
+    """`config.dhicm_kl_weight = 0.5` (release 0.1's spelling): `config.dhicm = {**config.dhicm,
+    "kl_weight": 0.5}`, with the deprecation warning; validated, and refused by a model built before, as such an
+    assignment is. At its default it leaves an off method off (as in `translate_flat_fields`)."""
     spec, setting = flat_fields()[key]
     translated = {key: value}
     # (+ the config's __setattr__ and strict's)
@@ -220,7 +221,7 @@ def _default(setting):
 
 
 def _warn_unknown_flat_fields(values: Mapping, where: str) -> None:
-    """Warn about keys named like a method's flat field (``dhicm_*``, ``sea_*``, ...) that are none: misspelt, they
+    """Warn about keys named like a method's flat field (`dhicm_*`, `sea_*`, ...) that are none: misspelt, they
     would be kept on the config and do nothing."""
     known = flat_fields()
     prefixes = tuple({f"{flat.split('_')[0]}_" for flat in known} | {f"{spec.name}_" for spec in registered_methods()})

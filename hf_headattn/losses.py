@@ -15,23 +15,29 @@ IGNORE_INDEX = -100
 def label_smoothed_nll_loss(
     logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.0, ignore_index: int = IGNORE_INDEX
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Label-smoothed cross-entropy, summed over the target tokens that are not ``ignore_index``.
+    """Label-smoothed cross-entropy, summed over the target tokens that are not `ignore_index`.
 
     loss_t = (1 - epsilon) * (-log p(y_t)) + epsilon * mean_v(-log p(v)), the form of Szegedy et al. (2016) that
-    fairseq, ``torch.nn.CrossEntropyLoss(label_smoothing=...)`` and HF's ``LabelSmoother`` use.
+    fairseq, `torch.nn.CrossEntropyLoss(label_smoothing=...)` and HF's `LabelSmoother` use.
 
     Parameters
     ----------
-    logits : (B, T, V) tensor; half precision is computed in float32, chunk by chunk (:func:`chunked_smoothed_nll`:
-        no float32 copy of the logits, nor of their log-probabilities, is kept).
-    labels : (B, T) long tensor; ``ignore_index`` marks positions that do not count.
-    epsilon : smoothing in [0, 1).
+    logits : (B, T, V) tensor; half precision is computed in float32, chunk by chunk
+        ([`chunked_smoothed_nll`][hf_headattn.losses.chunked_smoothed_nll]: no float32 copy of the logits, nor of their
+        log-probabilities, is kept).
+    labels
+        (B, T) long tensor; `ignore_index` marks positions that do not count.
+    epsilon
+        smoothing in [0, 1).
 
     Returns
     -------
-    loss_sum : scalar, sum over counted tokens of the smoothed loss.
-    nll_sum : scalar, sum over counted tokens of -log p(y_t) (equals ``loss_sum`` when ``epsilon == 0``).
-    num_tokens : scalar long tensor, the number of counted tokens.
+    loss_sum :
+        scalar, sum over counted tokens of the smoothed loss.
+    nll_sum :
+        scalar, sum over counted tokens of -log p(y_t) (equals `loss_sum` when `epsilon == 0`).
+    num_tokens :
+        scalar long tensor, the number of counted tokens.
     """
     logits = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
     labels = labels.reshape(-1)
@@ -61,10 +67,10 @@ def total_objective(
 ) -> torch.Tensor:
     """The objective the optimizer sees: the token loss plus the methods' (already weighted) terms.
 
-    Without ``num_items_in_batch`` this is ``loss_sum / num_tokens + method_term``. When the Trainer passes
-    ``num_items_in_batch`` (the label tokens of the whole accumulated, all-process batch), the token loss is divided by
+    Without `num_items_in_batch` this is `loss_sum / num_tokens + method_term`. When the Trainer passes
+    `num_items_in_batch` (the label tokens of the whole accumulated, all-process batch), the token loss is divided by
     it, so gradient accumulation and DDP give exactly the gradient of one big batch; each method term, a mean over its
-    micro-batch, is weighted by the micro-batch's share of tokens, ``num_tokens / num_items_in_batch``, so the
+    micro-batch, is weighted by the micro-batch's share of tokens, `num_tokens / num_items_in_batch`, so the
     accumulated objective holds the token-weighted mean of the terms (equal to the full-batch term when the micro-
     batches carry equal token counts). A batch without label tokens gives 0, not NaN (the denominator is at least 1).
     """
@@ -83,36 +89,37 @@ def total_objective(
 #   z_{t,y} = h_t . W_y + b_y and zbar_t = h_t . mean_v(W_v) + mean_v(b_v) need no (N, V) tensor.
 # ----------------------------------------------------------------------------------------------------------------
 
-#: Rows of a chunk are chosen so that one chunk's float32 logits take about this many bytes (a (rows, V) buffer; the
-#: forward holds about three of them with a gradient). Measured on the CPU (docs/results/benchmarks.md, "The loss
-#: without the logits").
 CHUNK_BYTES = 64 * 2**20
+"""Rows of a chunk are chosen so that one chunk's float32 logits take about this many bytes (a (rows, V) buffer; the
+forward holds about three of them with a gradient). Measured on the CPU (docs/results/benchmarks.md, "The loss
+without the logits")."""
 
 
 def chunk_rows(num_rows: int, vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Rows per chunk: ``chunk_bytes`` of float32 logits, at least 1, at most ``num_rows``."""
+    """Rows per chunk: `chunk_bytes` of float32 logits, at least 1, at most `num_rows`."""
     return max(1, min(num_rows, chunk_bytes // (4 * vocab_size)))
 
 
-#: On CUDA a chunk's float32 logits take about this many bytes: each chunk adds its (V, d) weight gradient into the
-#: float32 sum (a read and a write of 4 V d bytes, 1 GiB at mBART's vocabulary), so few large chunks. The loss without
-#: logits of mbart-large 8x512 took 2.08x stock's step on an H100 with 61 chunks of 64 MiB (torch 2.11, the logits
-#: recomputed in the backward); 512 MiB gives 8 chunks. To be settled by ``benchmarks/gpu.sh`` (mbart-no-logits).
 CUDA_CHUNK_BYTES = 512 * 2**20
+"""On CUDA a chunk's float32 logits take about this many bytes: each chunk adds its (V, d) weight gradient into the
+float32 sum (a read and a write of 4 V d bytes, 1 GiB at mBART's vocabulary), so few large chunks. The loss without
+logits of mbart-large 8x512 took 2.08x stock's step on an H100 with 61 chunks of 64 MiB (torch 2.11, the logits
+recomputed in the backward); 512 MiB gives 8 chunks. To be settled by `benchmarks/gpu.sh` (mbart-no-logits)."""
 
 
 def chunk_bytes_for(device: torch.device) -> int:
-    """The float32 bytes of one chunk's logits on ``device``: :data:`CUDA_CHUNK_BYTES` on CUDA, else
-    :data:`CHUNK_BYTES`."""
+    """The float32 bytes of one chunk's logits on `device`: [`CUDA_CHUNK_BYTES`][hf_headattn.losses.CUDA_CHUNK_BYTES] on
+    CUDA, else [`CHUNK_BYTES`][hf_headattn.losses.CHUNK_BYTES]."""
     return CUDA_CHUNK_BYTES if device.type == "cuda" else CHUNK_BYTES
 
 
 def smoothed_nll_terms(logits: torch.Tensor, labels: torch.Tensor, epsilon: float, ignore_index: int = IGNORE_INDEX):
-    """Per-token terms of one chunk of (n, V) logits (computed in ``logits``' dtype: pass float32 or float64).
+    """Per-token terms of one chunk of (n, V) logits (computed in `logits`' dtype: pass float32 or float64).
 
-    Returns ``(loss (n,), nll (n,), lse (n,))``: ``nll_t = lse_t - z_{t,y}``, ``loss_t = nll_t + epsilon *
-    (z_{t,y} - mean_v z_{t,v})`` (= ``(1 - eps) * nll_t + eps * mean_v(-log p_v)``), both 0 where ``labels`` is
-    ``ignore_index``; ``lse_t = logsumexp_v z_{t,v}``, what the backward needs (:func:`smoothed_nll_grad`)."""
+    Returns `(loss (n,), nll (n,), lse (n,))`: `nll_t = lse_t - z_{t,y}`, `loss_t = nll_t + epsilon *
+    (z_{t,y} - mean_v z_{t,v})` (= `(1 - eps) * nll_t + eps * mean_v(-log p_v)`), both 0 where `labels` is
+    `ignore_index`; `lse_t = logsumexp_v z_{t,v}`, what the backward needs
+    ([`smoothed_nll_grad`][hf_headattn.losses.smoothed_nll_grad])."""
     keep = labels.ne(ignore_index)
     lse = logits.logsumexp(-1)
     label_logit = logits.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
@@ -122,9 +129,10 @@ def smoothed_nll_terms(logits: torch.Tensor, labels: torch.Tensor, epsilon: floa
 
 
 def smoothed_nll_grad(logits, lse, labels, epsilon, grad_loss, grad_nll, ignore_index: int = IGNORE_INDEX):
-    """Gradient w.r.t. one chunk of (n, V) logits of ``grad_loss * sum_t loss_t + grad_nll * sum_t nll_t``
-    (:func:`smoothed_nll_terms`): ``(grad_loss + grad_nll) * p - (grad_loss * (1 - eps) + grad_nll) * onehot(y) -
-    grad_loss * eps / V`` per counted row, 0 for an ignored one; ``p = exp(z - lse)``. Overwrites ``logits``."""
+    """Gradient w.r.t. one chunk of (n, V) logits of `grad_loss * sum_t loss_t + grad_nll * sum_t nll_t`
+    ([`smoothed_nll_terms`][hf_headattn.losses.smoothed_nll_terms]): `(grad_loss + grad_nll) * p - (grad_loss * (1 -
+    eps) + grad_nll) * onehot(y) - grad_loss * eps / V` per counted row, 0 for an ignored one; `p = exp(z -
+    lse)`. Overwrites `logits`."""
     keep = labels.ne(ignore_index).unsqueeze(-1)
     grad = logits.sub_(lse.unsqueeze(-1)).exp_().mul_(grad_loss + grad_nll)
     if epsilon:
@@ -140,22 +148,22 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def chunked_smoothed_nll(logits: torch.Tensor, labels: torch.Tensor, epsilon: float,
                          rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss_sum, nll_sum)`` of (N, V) half-precision logits (labels (N,)), computed in float32 chunk by chunk
-    (``rows`` a chunk, 0: :func:`chunk_rows`).
+    """`(loss_sum, nll_sum)` of (N, V) half-precision logits (labels (N,)), computed in float32 chunk by chunk
+    (`rows` a chunk, 0: [`chunk_rows`][hf_headattn.losses.chunk_rows]).
 
-    What ``label_smoothed_nll_loss`` of half-precision logits uses instead of a float32 copy of all of them (and of
+    What `label_smoothed_nll_loss` of half-precision logits uses instead of a float32 copy of all of them (and of
     their log-probabilities, which autograd would keep): it saves the logits themselves (the model returns them
     anyway) and the (N,) logsumexp, and recomputes each chunk's probabilities in the backward
-    (:func:`smoothed_nll_grad`). Two custom operators, forward and backward, as
-    :func:`chunked_linear_smoothed_nll` is one: ``torch.compile`` sees one operation each, not a loop over a number
-    of chunks that each new length changes (as an ``autograd.Function`` it compiled a tiny model cast to bf16 again
-    at every batch length: 5 graphs in 5 batches, against stock's 2)."""
+    ([`smoothed_nll_grad`][hf_headattn.losses.smoothed_nll_grad]). Two custom operators, forward and backward, as
+    [`chunked_linear_smoothed_nll`][hf_headattn.losses.chunked_linear_smoothed_nll] is one: `torch.compile` sees one
+    operation each, not a loop over a number of chunks that each new length changes (as an `autograd.Function` it
+    compiled a tiny model cast to bf16 again at every batch length: 5 graphs in 5 batches, against stock's 2)."""
     sums, _ = _SMOOTHED_NLL(logits, labels, float(epsilon), int(rows))
     return sums[0], sums[1]
 
 
 def _smoothed_nll_forward(logits, labels, epsilon: float, rows: int):
-    """``(sums, lse)``: sums (2,) = loss_sum and nll_sum, lse (N,), both in float32 (float64 for float64 logits)."""
+    """`(sums, lse)`: sums (2,) = loss_sum and nll_sum, lse (N,), both in float32 (float64 for float64 logits)."""
     acc, rows = _accumulation_dtype(logits.dtype), rows or chunk_rows(*logits.shape)
     sums = torch.zeros(2, dtype=acc, device=logits.device)
     lse = torch.empty(logits.shape[0], dtype=acc, device=logits.device)
@@ -172,7 +180,7 @@ def _smoothed_nll_fake(logits, labels, epsilon, rows):
 
 
 def _smoothed_nll_backward(logits, labels, lse, grad_sums, epsilon: float, rows: int):
-    """The gradient w.r.t. the (N, V) logits of ``grad_sums . (loss_sum, nll_sum)``, in the logits' dtype."""
+    """The gradient w.r.t. the (N, V) logits of `grad_sums . (loss_sum, nll_sum)`, in the logits' dtype."""
     rows = rows or chunk_rows(*logits.shape)
     grad = torch.empty_like(logits)
     for start in range(0, logits.shape[0], rows):
@@ -197,18 +205,19 @@ def _smoothed_nll_grads(ctx, grad_sums, grad_lse):
 
 def chunked_linear_smoothed_nll(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                 labels: torch.Tensor, epsilon: float, rows: int = 0) -> tuple[torch.Tensor, ...]:
-    """``(loss_sum, nll_sum)`` of the logits ``hidden @ weight.T + bias`` (hidden (N, d), labels (N,)), chunk by chunk
-    over the N rows (``rows`` a chunk, 0: :func:`chunk_rows`): the (N, V) logits never exist.
+    """`(loss_sum, nll_sum)` of the logits `hidden @ weight.T + bias` (hidden (N, d), labels (N,)), chunk by chunk
+    over the N rows (`rows` a chunk, 0: [`chunk_rows`][hf_headattn.losses.chunk_rows]): the (N, V) logits never exist.
 
     When a gradient is wanted, the forward computes it too, as torch's op and Liger Kernel do: each chunk's logits
     once (one (n, d) x (d, V) product in the inputs' dtype, i.e. autocast's), their float32 statistics and gradient
-    (:func:`smoothed_nll_grad`), then the gradients of ``hidden`` (n, d, in its dtype) and ``weight`` (summed over
-    the chunks in float32, :func:`add_weight_grad`), two more products in the inputs' dtype. The backward only scales
-    the kept gradients of ``loss_sum`` (:func:`scale_kept_grads`); in evaluation (no grad) nothing of it is done.
-    Our own, used where ``torch.nn.functional.linear_cross_entropy`` cannot be (see
-    :func:`linear_label_smoothed_nll_loss`). A custom operator, as torch's is: ``torch.compile`` sees one operation,
-    not a loop over a number of chunks that each new length changes (an ``autograd.Function`` compiled a tiny model
-    again at every batch length under bf16 autocast)."""
+    ([`smoothed_nll_grad`][hf_headattn.losses.smoothed_nll_grad]), then the gradients of `hidden` (n, d, in its dtype)
+    and `weight` (summed over the chunks in float32, [`add_weight_grad`][hf_headattn.losses.add_weight_grad]), two more
+    products in the inputs' dtype. The backward only scales the kept gradients of `loss_sum`
+    ([`scale_kept_grads`][hf_headattn.losses.scale_kept_grads]); in evaluation (no grad) nothing of it is done. Our own,
+    used where `torch.nn.functional.linear_cross_entropy` cannot be (see
+    [`linear_label_smoothed_nll_loss`][hf_headattn.losses.linear_label_smoothed_nll_loss]). A custom operator, as
+    torch's is: `torch.compile` sees one operation, not a loop over a number of chunks that each new length changes (an
+    `autograd.Function` compiled a tiny model again at every batch length under bf16 autocast)."""
     need = torch.is_grad_enabled() and hidden.requires_grad, torch.is_grad_enabled() and weight.requires_grad, \
         torch.is_grad_enabled() and bias is not None and bias.requires_grad
     sums, *_ = _LINEAR_NLL(hidden, weight, bias, labels, float(epsilon), int(rows), *need)
@@ -217,8 +226,8 @@ def chunked_linear_smoothed_nll(hidden: torch.Tensor, weight: torch.Tensor, bias
 
 def _linear_nll_forward(hidden, weight, bias, labels, epsilon: float, rows: int, need_hidden: bool,
                         need_weight: bool, need_bias: bool):
-    """``(sums, grad_hidden, grad_weight, grad_bias)``: sums (2,) = loss_sum and nll_sum in float32 (float64 for
-    float64 inputs); the gradients of ``loss_sum`` (an empty tensor where not needed): hidden's in its dtype,
+    """`(sums, grad_hidden, grad_weight, grad_bias)`: sums (2,) = loss_sum and nll_sum in float32 (float64 for
+    float64 inputs); the gradients of `loss_sum` (an empty tensor where not needed): hidden's in its dtype,
     weight's and bias's in the sums' dtype."""
     acc, rows = _accumulation_dtype(hidden.dtype), rows or chunk_rows(hidden.shape[0], weight.shape[0],
                                                                       chunk_bytes_for(hidden.device))
@@ -246,11 +255,11 @@ def _linear_nll_forward(hidden, weight, bias, labels, epsilon: float, rows: int,
 
 
 def scale_kept_grads(grad_sums, grads, hidden, weight, labels, epsilon: float):
-    """The gradients of ``grad_sums . (loss_sum, nll_sum)`` from the kept gradients ``grads`` of ``loss_sum``
-    (hidden's, weight's, bias's; None where not wanted) without a product of the logits: ``nll_t = loss_t - eps *
-    (z_{t,y} - mean_v z_{t,v})``, whose logits' gradient ``eps * (1/V - onehot(y))`` per counted row is (n, d)
-    and (V,) work: ``eps * (mean_v W_v - W_y)`` for ``h_t``, ``eps * (s / V - sum_{t: y_t = v} h_t)`` for ``W_v``
-    (``s``: the counted rows' sum), ``eps * (n / V - count_v)`` for ``b_v``. Hidden's gradient in its dtype, the
+    """The gradients of `grad_sums . (loss_sum, nll_sum)` from the kept gradients `grads` of `loss_sum`
+    (hidden's, weight's, bias's; None where not wanted) without a product of the logits: `nll_t = loss_t - eps *
+    (z_{t,y} - mean_v z_{t,v})`, whose logits' gradient `eps * (1/V - onehot(y))` per counted row is (n, d)
+    and (V,) work: `eps * (mean_v W_v - W_y)` for `h_t`, `eps * (s / V - sum_{t: y_t = v} h_t)` for `W_v`
+    (`s`: the counted rows' sum), `eps * (n / V - count_v)` for `b_v`. Hidden's gradient in its dtype, the
     weight's and bias's in the weight's dtype, each rounded once from float32."""
     grad_loss, grad_nll = grad_sums[0], grad_sums[1]
     grad_hidden, grad_weight, grad_bias = grads
@@ -306,8 +315,8 @@ def _linear_nll_grads(ctx, grad_sums, *grads_of_grads):
 
 
 def _custom_op(name: str, function, schema: str, fake):
-    """``function`` as the operator ``hf_headattn::<name>_<this module's name>``: unique to this copy of the code (a
-    checkpoint's remote code brings its own, as for :data:`~hf_headattn.attention.ATTENTION_NAME`)."""
+    """`function` as the operator `hf_headattn::<name>_<this module's name>`: unique to this copy of the code (a
+    checkpoint's remote code brings its own, as for `ATTENTION_NAME`)."""
     module = re.sub(r"\W", "_", __name__)
     op = torch.library.custom_op(f"hf_headattn::{name}_{module}", function, mutates_args=(), schema=schema)
     op.register_fake(fake)
@@ -331,9 +340,9 @@ _SMOOTHED_NLL.register_autograd(_smoothed_nll_grads, setup_context=_smoothed_nll
 
 
 def add_weight_grad(grad_weight: torch.Tensor, grad: torch.Tensor, hidden: torch.Tensor) -> None:
-    """``grad_weight += grad.T @ hidden`` for one chunk: the product in ``hidden``'s dtype (``grad`` is already
+    """`grad_weight += grad.T @ hidden` for one chunk: the product in `hidden`'s dtype (`grad` is already
     rounded to it, what the logits path's one (V, N) x (N, d) product multiplies; half precision: bf16 inputs,
-    float32 accumulation inside the product, as autocast's matmul), summed over the chunks in ``grad_weight``'s
+    float32 accumulation inside the product, as autocast's matmul), summed over the chunks in `grad_weight`'s
     float32, so the result is rounded to the weight's dtype once per chunk's product, never summed in bf16. Summed in
     bf16 chunk by chunk, the tied embedding's gradient of a tiny mBART under bf16 autocast was 0.47% off the logits
     path's (20 chunks), against 0.19% between stock steps taken whole and in two micro-batches."""
@@ -344,14 +353,15 @@ def add_weight_grad(grad_weight: torch.Tensor, grad: torch.Tensor, hidden: torch
 
 
 def _torch_linear_cross_entropy(hidden: torch.Tensor):
-    """``torch.nn.functional.linear_cross_entropy`` and its options class, or None where torch lacks them (before
-    2.13, the oldest ``pyproject`` declares, e.g. 2.11 on the lent GPUs) or ``hidden`` is half precision: then
-    :func:`chunked_linear_smoothed_nll` computes the loss. Torch's computes the gradients in its forward, as ours does,
-    but cannot smooth labels in its chunked path (the identity in
-    :func:`linear_label_smoothed_nll_loss` adds it). Of bf16 inputs (torch 2.13) it sums the loss and the weight's
-    gradient in bf16 across chunks, and scales its gradients of the sum in bf16: under bf16 autocast a tiny mBART's
-    loss was 0.17-0.20% off the logits path's (``eval_loss``, early stopping and model selection would differ by
-    path) and its gradients 0.36-0.60% (stock steps, whole and in two micro-batches: 0.17%)."""
+    """`torch.nn.functional.linear_cross_entropy` and its options class, or None where torch lacks them (before
+    2.13, the oldest `pyproject` declares, e.g. 2.11 on the lent GPUs) or `hidden` is half precision: then
+    [`chunked_linear_smoothed_nll`][hf_headattn.losses.chunked_linear_smoothed_nll] computes the loss. Torch's computes
+    the gradients in its forward, as ours does, but cannot smooth labels in its chunked path (the identity in
+    [`linear_label_smoothed_nll_loss`][hf_headattn.losses.linear_label_smoothed_nll_loss] adds it). Of bf16 inputs
+    (torch 2.13) it sums the loss and the weight's gradient in bf16 across chunks, and scales its gradients of the sum
+    in bf16: under bf16 autocast a tiny mBART's loss was 0.17-0.20% off the logits path's (`eval_loss`, early stopping
+    and model selection would differ by path) and its gradients 0.36-0.60% (stock steps, whole and in two micro-batches:
+    0.17%)."""
     return None if hidden.dtype in (torch.float16, torch.bfloat16) else linear_cross_entropy()
 
 
@@ -359,25 +369,33 @@ def linear_label_smoothed_nll_loss(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
     epsilon: float = 0.0, rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`label_smoothed_nll_loss` of the logits ``hidden @ weight.T + bias``, without computing them all.
+    """[`label_smoothed_nll_loss`][hf_headattn.losses.label_smoothed_nll_loss] of the logits `hidden @ weight.T + bias`,
+    without computing them all.
 
     Parameters
     ----------
-    hidden : (..., d) tensor, e.g. the decoder's (B, T, d) final hidden states.
-    weight : (V, d) output projection (the LM head's weight); bias: (V,) or None.
-    labels : (...) long tensor, ``IGNORE_INDEX`` where a position does not count.
-    epsilon : label smoothing in [0, 1).
-    rows : rows per chunk; default :func:`chunk_rows`.
+    hidden
+        (..., d) tensor, e.g. the decoder's (B, T, d) final hidden states.
+    weight
+        (V, d) output projection (the LM head's weight); bias: (V,) or None.
+    labels
+        (...) long tensor, `IGNORE_INDEX` where a position does not count.
+    epsilon
+        label smoothing in [0, 1).
+    rows
+        rows per chunk; default [`chunk_rows`][hf_headattn.losses.chunk_rows].
 
     Returns
     -------
-    ``(loss_sum, nll_sum, num_tokens)`` as :func:`label_smoothed_nll_loss` does (float32 sums; float64 for
-    float64 inputs). For float32 and float64 inputs, where torch has ``F.linear_cross_entropy`` (torch >= 2.13), its
-    chunked path gives ``nll_sum`` (it computes the gradients in its forward, so no matmul is repeated) and the
-    smoothing term is added by the identity ``loss_t = nll_t + eps * (z_{t,y} - mean_v z_{t,v})``, whose two logits
-    are (n, d) dot products; elsewhere, half-precision inputs included (torch's sums them in their dtype,
-    :func:`_torch_linear_cross_entropy`), :func:`chunked_linear_smoothed_nll` computes both sums in float32, the values
-    of the logits path. Under autocast the inputs are cast to its dtype first, as ``F.linear`` would be.
+    :
+        `(loss_sum, nll_sum, num_tokens)` as [`label_smoothed_nll_loss`][hf_headattn.losses.label_smoothed_nll_loss]
+        does (float32 sums; float64 for float64 inputs). For float32 and float64 inputs, where torch has
+        `F.linear_cross_entropy` (torch >= 2.13), its chunked path gives `nll_sum` (it computes the gradients in its
+        forward, so no matmul is repeated) and the smoothing term is added by the identity
+        `loss_t = nll_t + eps * (z_{t,y} - mean_v z_{t,v})`, whose two logits are (n, d) dot products; elsewhere,
+        half-precision inputs included (torch's sums them in their dtype, `_torch_linear_cross_entropy`),
+        [`chunked_linear_smoothed_nll`][hf_headattn.losses.chunked_linear_smoothed_nll] computes both sums in float32,
+        the values of the logits path. Under autocast the inputs are cast to its dtype first, as `F.linear` would be.
     """
     if torch.is_autocast_enabled(hidden.device.type):
         dtype = torch.get_autocast_dtype(hidden.device.type)
@@ -401,9 +419,9 @@ def linear_label_smoothed_nll_loss(
 
 
 def label_minus_mean_logit_sum(hidden, weight, bias, labels) -> torch.Tensor:
-    """``sum_t [y_t counts] (z_{t,y_t} - mean_v z_{t,v})`` for ``z = hidden @ weight.T + bias`` (hidden (N, d),
-    labels (N,)), in float32 or float64, from (N, d) and (V,) products only: ``z_{t,y} = h_t . W_y + b_y`` and
-    ``sum_t mean_v z_{t,v} = mean_v(W_v . s) + n * mean_v(b_v)`` with ``s = sum_t h_t`` over the n counted rows."""
+    """`sum_t [y_t counts] (z_{t,y_t} - mean_v z_{t,v})` for `z = hidden @ weight.T + bias` (hidden (N, d),
+    labels (N,)), in float32 or float64, from (N, d) and (V,) products only: `z_{t,y} = h_t . W_y + b_y` and
+    `sum_t mean_v z_{t,v} = mean_v(W_v . s) + n * mean_v(b_v)` with `s = sum_t h_t` over the n counted rows."""
     acc = _accumulation_dtype(hidden.dtype)
     keep = labels.ne(IGNORE_INDEX)
     counted = hidden.to(acc) * keep.unsqueeze(-1)  # (N, d)

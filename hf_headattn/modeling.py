@@ -1,14 +1,17 @@
 """HeadAttn mBART and Marian models: the HF models with the methods attached to their attention modules.
 
 Identical to the HF parents except:
-* ``__init__`` routes the attention modules to our attention function and attaches the configured methods to the
-  chosen ones (:mod:`hf_headattn.attention`), then prunes the heads ``config.pruned_heads`` names
-  (:mod:`hf_headattn.pruning`); with every method off nothing is attached and no head is pruned, and the model
-  computes exactly what the HF model does (same modules and weights; the function calls the backend unchanged);
-* it keeps head masks (:meth:`set_head_mask`, :mod:`hf_headattn.head_masks`) and prunes heads (:meth:`prune_heads`);
-* ``forward`` creates a :class:`~hf_headattn.attention.HeadAttnContext`, passes it (and the syntax inputs) down with
+* `__init__` routes the attention modules to our attention function and attaches the configured methods to the
+  chosen ones (`hf_headattn.attention`), then prunes the heads `config.pruned_heads` names
+  ([`hf_headattn.pruning`][hf_headattn.pruning]); with every method off nothing is attached and no head is pruned, and
+  the model computes exactly what the HF model does (same modules and weights; the function calls the backend
+  unchanged);
+* it keeps head masks ([`set_head_mask`][hf_headattn.head_masks.set_head_mask],
+[`hf_headattn.head_masks`][hf_headattn.head_masks]) and prunes heads ([`prune_heads`][hf_headattn.pruning.prune_heads]);
+* `forward` creates a [`HeadAttnContext`][hf_headattn.context.HeadAttnContext], passes it (and the syntax inputs) down
+with
   the keyword arguments transformers already forwards to every attention call, and returns the methods' terms and
-  read-outs; the LM heads compute label-smoothed cross-entropy themselves and add the methods' terms to ``loss``.
+  read-outs; the LM heads compute label-smoothed cross-entropy themselves and add the methods' terms to `loss`.
 """
 
 # No `from __future__ import annotations`: HF's tooling reads `**kwargs: Unpack[TransformersKwargs]` from the
@@ -48,10 +51,10 @@ from .sites import AttentionSite
 
 
 def _method_output_fields(cls: type) -> type:
-    """``cls`` with one field per output field of the registered methods (``MethodSpec.outputs``), sorted by name,
-    default None, each described in the docstring by its method's spec (applied before ``@dataclass``; the built-in
+    """`cls` with one field per output field of the registered methods (`MethodSpec.outputs`), sorted by name,
+    default None, each described in the docstring by its method's spec (applied before `@dataclass`; the built-in
     methods are registered by then, through the import of the configs). Fields of methods registered later are set
-    as items (and so attributes) of the output (:func:`with_method_fields`)."""
+    as items (and so attributes) of the output (`with_method_fields`)."""
     descriptions = {name: text for spec in registered_methods() for name, text in spec.outputs.items()}
     for name in sorted(descriptions):
         cls.__annotations__[name] = torch.Tensor | dict | None
@@ -63,28 +66,28 @@ def _method_output_fields(cls: type) -> type:
 @dataclass
 @_method_output_fields
 class HeadAttnOutputMixin:
-    """The registered methods' output fields, each ``None`` when its method is off or it was not asked for:"""
+    """The registered methods' output fields, each `None` when its method is off or it was not asked for:"""
 
 
 # The HF class comes last in the bases so that its fields come first: `outputs[0]` and `to_tuple()` start as HF's.
 @dataclass
 class HeadAttnSeq2SeqModelOutput(HeadAttnOutputMixin, Seq2SeqModelOutput):
-    """``Seq2SeqModelOutput`` plus the methods' fields."""
+    """`Seq2SeqModelOutput` plus the methods' fields."""
 
 
 @dataclass
 class HeadAttnSeq2SeqLMOutput(HeadAttnOutputMixin, Seq2SeqLMOutput):
-    """``Seq2SeqLMOutput`` whose ``loss`` is the total objective, plus ``nll_loss`` (mean token NLL, unsmoothed)
+    """`Seq2SeqLMOutput` whose `loss` is the total objective, plus `nll_loss` (mean token NLL, unsmoothed)
     and the methods' fields."""
 
     nll_loss: torch.FloatTensor | None = None
 
 
 def attach_methods(base_model: nn.Module, config, settings: dict, sides=("encoder", "decoder")) -> None:
-    """Route every attention module of ``sides`` to our attention function (:func:`~.attention.route`), attach every
-    method switched on (``settings``: {name: resolved settings}) to its modules, run the methods' ``prepare_stack``
-    on the stacks of the sides they are placed on, then prune the heads ``config.pruned_heads`` names
-    (:mod:`hf_headattn.pruning`)."""
+    """Route every attention module of `sides` to our attention function (`route`), attach every
+    method switched on (`settings`: {name: resolved settings}) to its modules, run the methods' `prepare_stack`
+    on the stacks of the sides they are placed on, then prune the heads `config.pruned_heads` names
+    ([`hf_headattn.pruning`][hf_headattn.pruning])."""
     for site in AttentionSite.in_model(base_model, sides):
         route(site.module(base_model), config, *site)
     for spec in registered_methods():
@@ -117,26 +120,26 @@ def collect_method_outputs(context: HeadAttnContext, settings: dict) -> tuple[di
 
 
 def with_method_fields(output, fields: dict):
-    """``output`` with the methods' fields set (as items, so that fields no dataclass declares are kept too)."""
+    """`output` with the methods' fields set (as items, so that fields no dataclass declares are kept too)."""
     for name, value in fields.items():
         output[name] = value
     return output
 
 
 def _token_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A (B, L) padding mask as bool; ``None`` for none, and for a 4-D (B, 1, T, S) attention mask (e.g. what
-    ``generate(..., cache_implementation="static")`` passes as ``decoder_attention_mask``), which is no per-token mask:
+    """A (B, L) padding mask as bool; `None` for none, and for a 4-D (B, 1, T, S) attention mask (e.g. what
+    `generate(..., cache_implementation="static")` passes as `decoder_attention_mask`), which is no per-token mask:
     the methods then read the padding from the mask each attention call gets."""
     return mask.bool() if mask is not None and mask.dim() == 2 else None
 
 
 def forward_signature(cls, extra: tuple = ()) -> inspect.Signature:
-    """The forward signature of the HF model ``cls`` derives from, as the installed transformers release defines it,
-    plus the registered methods' inputs (default None) and read-out flags (default False), and ``extra``.
+    """The forward signature of the HF model `cls` derives from, as the installed transformers release defines it,
+    plus the registered methods' inputs (default None) and read-out flags (default False), and `extra`.
 
-    Nothing of HF's signature is restated here: ``generate`` and the Trainer read this one (``__signature__``), so
-    they pass the methods' inputs on, and a release that renames an HF argument (5.24: ``past_key_values`` ->
-    ``cache``) needs no change here.
+    Nothing of HF's signature is restated here: `generate` and the Trainer read this one (`__signature__`), so
+    they pass the methods' inputs on, and a release that renames an HF argument (5.24: `past_key_values` ->
+    `cache`) needs no change here.
     """
     parameters = list(inspect.signature(transformers_forward(cls)).parameters.values())
     var_keyword = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
@@ -149,9 +152,9 @@ def forward_signature(cls, extra: tuple = ()) -> inspect.Signature:
 
 
 class _DerivedForwardSignature:
-    """Gives each model class that defines ``_headattn_forward`` a ``forward`` of its own (unless it writes one)
-    whose ``__signature__`` is :func:`forward_signature`; it is recomputed when a model is built, so that methods
-    registered after the class was made are named too. ``_bind`` reads the arguments by that signature."""
+    """Gives each model class that defines `_headattn_forward` a `forward` of its own (unless it writes one)
+    whose `__signature__` is `forward_signature`; it is recomputed when a model is built, so that methods
+    registered after the class was made are named too. `_bind` reads the arguments by that signature."""
 
     forward_extra: tuple[str, ...] = ()
     _headattn_forward = None  # the models' forward body (HF's signature plus the methods'): set by the model classes
@@ -175,7 +178,7 @@ class _DerivedForwardSignature:
             cls.forward.__signature__ = cls._forward_signature
 
     def _bind(self, args: tuple, kwargs: dict) -> dict:
-        """The forward's arguments by name (those given), the HF ones and ours alike, with ``**kwargs`` merged in."""
+        """The forward's arguments by name (those given), the HF ones and ours alike, with `**kwargs` merged in."""
         arguments = self._forward_signature.bind(self, *args, **kwargs).arguments
         arguments.pop("self")
         for parameter in self._forward_signature.parameters.values():
@@ -197,7 +200,7 @@ def check_length(config, name: str, positions: int) -> None:
 def check_encoder_inputs(encoder: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook of the encoder: the source's length against the position embeddings, and the encoder's head
     mask (shape, batch, values) where the encoder runs outside the model's forward, which checks it already
-    (``generate`` runs the encoder directly)."""
+    (`generate` runs the encoder directly)."""
     source = kwargs.get("input_ids", args[0] if args else None)
     source = kwargs.get("inputs_embeds") if source is None else source
     if source is not None:
@@ -232,11 +235,11 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
 
     def _attach_methods(self, config) -> None:
         """Rebuild each encoder/decoder that carries methods or pruned heads as our stack class, which attaches its
-        side's methods and prunes its heads; route the attention modules of the others (:func:`attach_methods`).
+        side's methods and prunes its heads; route the attention modules of the others (`attach_methods`).
 
-        So ``model.get_encoder()`` (or ``get_decoder()``) is a real ``HeadAttnMBartEncoder`` (...), and saved on its
-        own it reloads with its methods' weights and shapes (the stock ``MBartEncoder`` would drop them). The stock
-        stack HF built is replaced before any weight is loaded (``from_pretrained`` builds on the meta device)."""
+        So `model.get_encoder()` (or `get_decoder()`) is a real `HeadAttnMBartEncoder` (...), and saved on its
+        own it reloads with its methods' weights and shapes (the stock `MBartEncoder` would drop them). The stock
+        stack HF built is replaced before any weight is loaded (`from_pretrained` builds on the meta device)."""
         base = self.base_model
         ours = {side for spec in registered_methods() if spec.name in self.headattn_settings
                 for side, _, _ in spec.placements(self.headattn_settings[spec.name], config)}
@@ -246,25 +249,25 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
         attach_methods(base, config, {}, sides=tuple(side for side in ("encoder", "decoder") if side not in ours))
 
     def set_head_mask(self, component: str, mask: torch.Tensor | None) -> None:
-        """Keep a (layers, heads) head mask of ``component`` ("encoder", "decoder", "cross") on the model, for every
-        forward and ``generate`` (``None`` removes it); see :mod:`hf_headattn.head_masks`."""
+        """Keep a (layers, heads) head mask of `component` ("encoder", "decoder", "cross") on the model, for every
+        forward and `generate` (`None` removes it); see [`hf_headattn.head_masks`][hf_headattn.head_masks]."""
         set_head_mask(self, component, mask)
 
     def get_head_mask(self, component: str) -> torch.Tensor | None:
-        """The (layers, heads) head mask of ``component`` kept on the model (0 at pruned heads), or ``None``."""
+        """The (layers, heads) head mask of `component` kept on the model (0 at pruned heads), or `None`."""
         return get_head_mask(self, component)
 
     def prune_heads(self, heads: dict) -> dict:
-        """Remove attention heads: ``{module name: [original head numbers]}``, e.g.
-        ``{"encoder.layers.0.self_attn": [1, 5]}``; recorded in ``config.pruned_heads`` (see
-        :mod:`hf_headattn.pruning`). Returns the updated record."""
+        """Remove attention heads: `{module name: [original head numbers]}`, e.g.
+        `{"encoder.layers.0.self_attn": [1, 5]}`; recorded in `config.pruned_heads` (see
+        [`hf_headattn.pruning`][hf_headattn.pruning]). Returns the updated record."""
         record = prune_heads(self, heads)
         self.headattn_pruned_heads = self.config.pruned_heads
         return record
 
     def save_pretrained(self, save_directory, is_main_process=True, state_dict=None, *args, **kwargs):
-        """``PreTrainedModel.save_pretrained``; refused (a ``ValueError``, nothing written) for a model whose weights
-        DeepSpeed ZeRO-3 partitions, unless ``state_dict`` gives them whole: it would write empty tensors."""
+        """`PreTrainedModel.save_pretrained`; refused (a `ValueError`, nothing written) for a model whose weights
+        DeepSpeed ZeRO-3 partitions, unless `state_dict` gives them whole: it would write empty tensors."""
         partitioned = zero3_partitioned(self) if state_dict is None else None
         if partitioned is not None:
             raise ValueError(
@@ -279,8 +282,8 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
     def initialize_weights(self):
         """HF's initialisation, then the methods' parameters.
 
-        The attention modules live in the inner HF model (e.g. a stock ``MBartModel``), whose own ``_init_weights``
-        does not know the methods, so they are initialised here; HF's ``initialization`` functions skip parameters
+        The attention modules live in the inner HF model (e.g. a stock `MBartModel`), whose own `_init_weights`
+        does not know the methods, so they are initialised here; HF's `initialization` functions skip parameters
         loaded from a checkpoint, so this initialises exactly the new (missing) ones.
         """
         super().initialize_weights()
@@ -315,7 +318,7 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
 
     def _check_lengths(self, values: dict) -> None:
         """The target's length (with the cache's) against the position embeddings; the source's is checked by the
-        encoder's pre-hook (:func:`check_encoder_inputs`), which ``generate`` passes too."""
+        encoder's pre-hook (`check_encoder_inputs`), which `generate` passes too."""
         cache = cache_argument(values)
         target = values.get("decoder_input_ids")
         target = values.get("decoder_inputs_embeds") if target is None else target
@@ -323,9 +326,10 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
             check_length(self.config, "target", target.shape[1] + (cache.get_seq_length() if cache is not None else 0))
 
     def _run_hf_forward(self, values: dict, target_mask, compute_losses: bool = True, base_only: bool = False) -> tuple:
-        """Run the HF forward with the methods' inputs and a fresh :class:`HeadAttnContext` passed down to every
-        attention call; returns ``(HF outputs, output fields of the methods, their weighted objective term or None,
-        return_dict)``. ``base_only``: run the base model (``self.model``) instead, without the LM head."""
+        """Run the HF forward with the methods' inputs and a fresh
+        [`HeadAttnContext`][hf_headattn.context.HeadAttnContext] passed down to every attention call; returns `(HF
+        outputs, output fields of the methods, their weighted objective term or None,
+        return_dict)`. `base_only`: run the base model (`self.model`) instead, without the LM head."""
         self._check_settings_unchanged()
         return_dict = values.pop("return_dict", None)
         self._check_lengths(values)
@@ -351,10 +355,10 @@ class HeadAttnPreTrainedMixin(_DerivedForwardSignature):
 
 class HeadAttnModelMixin(HeadAttnPreTrainedMixin):
     def _headattn_forward(self, *args, **kwargs) -> HeadAttnSeq2SeqModelOutput | tuple:
-        """The HF forward (all of its arguments), plus the methods' inputs (e.g. SEA's ``dependency_mask``,
-        ``phrase_positions``) and read-out flags (``output_head_importance``, ``output_redundant_heads``).
+        """The HF forward (all of its arguments), plus the methods' inputs (e.g. SEA's `dependency_mask`,
+        `phrase_positions`) and read-out flags (`output_head_importance`, `output_redundant_heads`).
 
-        With ``return_dict=False`` (argument or config) a tuple, as from the HF model, followed by the methods'
+        With `return_dict=False` (argument or config) a tuple, as from the HF model, followed by the methods'
         fields that are set.
         """
         values = self._bind(args, kwargs)
@@ -370,19 +374,19 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
         raise NotImplementedError
 
     def _headattn_forward(self, *args, **kwargs) -> HeadAttnSeq2SeqLMOutput | tuple:
-        """The HF forward (all of its arguments), plus the methods' inputs and read-out flags; ``loss`` is the total
+        """The HF forward (all of its arguments), plus the methods' inputs and read-out flags; `loss` is the total
         objective.
 
-        ``loss = label-smoothed NLL (config.label_smoothing) + the methods' weighted terms``, normalised by
-        ``num_items_in_batch`` when the Trainer passes it (exact gradient accumulation and DDP, see
-        :func:`hf_headattn.losses.total_objective`). With ``return_dict=False`` (argument or config) a tuple, as
-        from the HF model, followed by the methods' fields and ``nll_loss`` that are set.
+        `loss = label-smoothed NLL (config.label_smoothing) + the methods' weighted terms`, normalised by
+        `num_items_in_batch` when the Trainer passes it (exact gradient accumulation and DDP, see
+        [`hf_headattn.losses.total_objective`][hf_headattn.losses.total_objective]). With `return_dict=False` (argument
+        or config) a tuple, as from the HF model, followed by the methods' fields and `nll_loss` that are set.
 
-        ``skip_logits`` (Liger Kernel's convention): True computes the loss from the decoder's last hidden states
+        `skip_logits` (Liger Kernel's convention): True computes the loss from the decoder's last hidden states
         and the output projection without the (B, T, V) logits
-        (:func:`~hf_headattn.losses.linear_label_smoothed_nll_loss`; ``logits`` is then None; labels are required);
-        False always returns the logits; None (default) skips them when training with labels and
-        ``config.loss_without_logits`` is on.
+        ([`linear_label_smoothed_nll_loss`][hf_headattn.losses.linear_label_smoothed_nll_loss]; `logits` is then None;
+        labels are required); False always returns the logits; None (default) skips them when training with labels and
+        `config.loss_without_logits` is on.
         """
         values = self._bind(args, kwargs)
         labels, num_items_in_batch = values.pop("labels", None), values.pop("num_items_in_batch", None)
@@ -417,7 +421,7 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
         return output if return_dict else output.to_tuple()
 
     def _skips_logits(self, skip_logits: bool | None, labels: torch.Tensor | None) -> bool:
-        """Whether this forward computes the loss without the logits (see ``_headattn_forward``)."""
+        """Whether this forward computes the loss without the logits (see `_headattn_forward`)."""
         if skip_logits is None:
             return (self.training and labels is not None and getattr(self.config, "loss_without_logits", False)
                     and self._output_projection() is not None)
@@ -432,8 +436,8 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
         return skip_logits
 
     def _output_projection(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(weight (V, d), bias (V,))`` of ``logits = lm_head(h) + final_logits_bias``, or None where the LM head
-        is not a plain ``nn.Linear`` (e.g. wrapped by PEFT's LoRA or quantized), whose weight alone is not the
+        """`(weight (V, d), bias (V,))` of `logits = lm_head(h) + final_logits_bias`, or None where the LM head
+        is not a plain `nn.Linear` (e.g. wrapped by PEFT's LoRA or quantized), whose weight alone is not the
         projection: the loss then goes through the logits."""
         head = self.get_output_embeddings()
         if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
@@ -443,22 +447,22 @@ class HeadAttnLMMixin(HeadAttnPreTrainedMixin):
 
 
 class HeadAttnMBartModel(HeadAttnModelMixin, MBartModel):
-    """``MBartModel`` with the hf-headattn methods; identical to it with every method off."""
+    """`MBartModel` with the hf-headattn methods; identical to it with every method off."""
 
     config_class = HeadAttnMBartConfig
 
 
 class HeadAttnMBartForConditionalGeneration(HeadAttnLMMixin, MBartForConditionalGeneration):
-    """``MBartForConditionalGeneration`` with the hf-headattn methods; identical to it with every method off.
+    """`MBartForConditionalGeneration` with the hf-headattn methods; identical to it with every method off.
 
-    Loads stock mBART checkpoints: ``HeadAttnMBartForConditionalGeneration.from_pretrained(
-    "facebook/mbart-large-50", dhicm={"decoder_layers": [-1]})`` (method settings as keyword arguments).
+    Loads stock mBART checkpoints: `HeadAttnMBartForConditionalGeneration.from_pretrained(
+    "facebook/mbart-large-50", dhicm={"decoder_layers": [-1]})` (method settings as keyword arguments).
     """
 
     config_class = HeadAttnMBartConfig
 
     def _shift_labels(self, labels):
-        """mBART's ``shift_tokens_right``, except that a row without any target token (all -100, e.g. a target
+        """mBART's `shift_tokens_right`, except that a row without any target token (all -100, e.g. a target
         truncated away) becomes all padding instead of an IndexError (mBART indexes each row's last real token)."""
         pad = self.config.pad_token_id
         tokens = labels.masked_fill(labels == IGNORE_INDEX, pad)
@@ -468,18 +472,18 @@ class HeadAttnMBartForConditionalGeneration(HeadAttnLMMixin, MBartForConditional
         return shifted
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        """What ``DataCollatorForSeq2Seq`` calls: the same shift as the forward's."""
+        """What `DataCollatorForSeq2Seq` calls: the same shift as the forward's."""
         return self._shift_labels(labels)
 
 
 class HeadAttnMarianModel(HeadAttnModelMixin, MarianModel):
-    """``MarianModel`` with the hf-headattn methods; identical to it with every method off."""
+    """`MarianModel` with the hf-headattn methods; identical to it with every method off."""
 
     config_class = HeadAttnMarianConfig
 
 
 class HeadAttnMarianMTModel(HeadAttnLMMixin, MarianMTModel):
-    """``MarianMTModel`` with the hf-headattn methods; identical to it with every method off."""
+    """`MarianMTModel` with the hf-headattn methods; identical to it with every method off."""
 
     config_class = HeadAttnMarianConfig
 
@@ -488,8 +492,8 @@ class HeadAttnMarianMTModel(HeadAttnLMMixin, MarianMTModel):
 
 
 class HeadAttnStackMixin(HeadAttnPreTrainedMixin):
-    """An encoder or decoder of our models on its own (what ``get_encoder()``/``get_decoder()`` return when it
-    carries methods): built with its side's methods, so ``type(encoder).from_pretrained`` of a saved one keeps them."""
+    """An encoder or decoder of our models on its own (what `get_encoder()`/`get_decoder()` return when it
+    carries methods): built with its side's methods, so `type(encoder).from_pretrained` of a saved one keeps them."""
 
     headattn_side: str
 
@@ -514,8 +518,8 @@ class HeadAttnMarianDecoder(HeadAttnStackMixin, MarianDecoder):
     config_class, headattn_side = HeadAttnMarianConfig, "decoder"
 
 
-#: The stock stacks and the class each becomes when it carries methods.
 STACK_CLASSES = {
     MBartEncoder: HeadAttnMBartEncoder, MBartDecoder: HeadAttnMBartDecoder,
     MarianEncoder: HeadAttnMarianEncoder, MarianDecoder: HeadAttnMarianDecoder,
 }
+"""The stock stacks and the class each becomes when it carries methods."""

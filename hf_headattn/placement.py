@@ -3,17 +3,17 @@ on which heads, read by one resolver (errors name the field, the bad value and w
 
 | field | values | meaning |
 |---|---|---|
-| ``encoder_layers`` | ``"all"``, layer numbers (negative from the end), None | encoder self-attention, None: none |
-| ``decoder_layers`` | the same | decoder self-attention |
-| ``cross_layers`` | the same | decoder cross-attention |
-| ``heads`` | ``"all"``, head numbers (negative from the end) | which heads of a placed module |
-| ``head_selection`` | ``"all"``, ``"redundant"`` | all of them or, per sentence, the ones RHE finds redundant |
+| `encoder_layers` | `"all"`, layer numbers (negative from the end), None | encoder self-attention, None: none |
+| `decoder_layers` | the same | decoder self-attention |
+| `cross_layers` | the same | decoder cross-attention |
+| `heads` | `"all"`, head numbers (negative from the end) | which heads of a placed module |
+| `head_selection` | `"all"`, `"redundant"` | all of them or, per sentence, the ones RHE finds redundant |
 
 A method has the fields of the attention kinds and head choices it supports, each default its paper's layout. A
-method may name a layout of its own (:func:`layers_of`'s ``layouts``: Localness's ``"lower_half"``, DHICM's
-``cross_layers="decoder_layers"``). The spellings these replace (``layers``, ``decoder``/``cross`` switches, a head
-mode or a count in ``heads``, None for every layer) load with a deprecation warning (``MethodSpec.older_spellings``,
-:func:`renamed`, translated by :mod:`hf_headattn.legacy`).
+method may name a layout of its own ([`layers_of`][hf_headattn.placement.layers_of]'s `layouts`: Localness's
+`"lower_half"`, DHICM's `cross_layers="decoder_layers"`). The spellings these replace (`layers`, `decoder`/`cross`
+switches, a head mode or a count in `heads`, None for every layer) load with a deprecation warning
+(`MethodSpec.older_spellings`, [`renamed`][hf_headattn.placement.renamed], translated by `hf_headattn.legacy`).
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from collections.abc import Callable, Iterable, Mapping
 
 from .settings_checks import resolve_layers
 
-#: The layer fields: field -> (side, kind) of the attention modules it places on.
 LAYER_FIELDS = {"encoder_layers": ("encoder", "self"), "decoder_layers": ("decoder", "self"),
                 "cross_layers": ("decoder", "cross")}
-#: ``head_selection``'s values: every head of ``heads``, or those RHE (Zhang et al. 2021, Eq. 10) finds redundant.
+"""The layer fields: field -> (side, kind) of the attention modules it places on."""
 HEAD_SELECTIONS = ("all", "redundant")
+"""`head_selection`'s values: every head of `heads`, or those RHE (Zhang et al. 2021, Eq. 10) finds redundant."""
 
 
 def layers_of(value, count: int, name: str,
               layouts: Mapping[str, Callable[[int], Iterable[int]]] | None = None) -> list[int]:
-    """The layer numbers a layer field's ``value`` names in a stack of ``count`` layers, sorted and distinct:
-    ``"all"`` every layer, a list its numbers (negative ones count from the end), None none (not placed), a name of
-    ``layouts`` (``{name: layers(count)}``, the method's own layouts) what it gives. ``ValueError`` naming ``name``
+    """The layer numbers a layer field's `value` names in a stack of `count` layers, sorted and distinct:
+    `"all"` every layer, a list its numbers (negative ones count from the end), None none (not placed), a name of
+    `layouts` (`{name: layers(count)}`, the method's own layouts) what it gives. `ValueError` naming `name`
     and the bad value otherwise."""
     if value is None:
         return []
@@ -50,8 +50,8 @@ def layers_of(value, count: int, name: str,
 
 
 def heads_of(value, count: int, name: str) -> list[int]:
-    """The head numbers ``heads``'s ``value`` names in a module of ``count`` heads, sorted and distinct: ``"all"``
-    every head, a non-empty list its numbers (negative ones count from the end). ``ValueError`` otherwise."""
+    """The head numbers `heads`'s `value` names in a module of `count` heads, sorted and distinct: `"all"`
+    every head, a non-empty list its numbers (negative ones count from the end). `ValueError` otherwise."""
     if value == "all":
         return list(range(count))
     if isinstance(value, (list, tuple)) and value and all(
@@ -62,7 +62,7 @@ def heads_of(value, count: int, name: str) -> list[int]:
 
 
 def check_head_selection(value, name: str) -> None:
-    """``ValueError`` unless ``value`` is one of :data:`HEAD_SELECTIONS`."""
+    """`ValueError` unless `value` is one of [`HEAD_SELECTIONS`][hf_headattn.placement.HEAD_SELECTIONS]."""
     if value not in HEAD_SELECTIONS:
         raise ValueError(f"{name} must be one of {HEAD_SELECTIONS} (every head of heads, or those RHE finds "
                          f"redundant), got {value!r}")
@@ -71,9 +71,10 @@ def check_head_selection(value, name: str) -> None:
 def layer_placements(settings, config, name: str,
                      layouts: Mapping[str, Callable[[int], Iterable[int]]] | None = None) -> list[tuple[str, int, str]]:
     """The attention modules a method's settings place it on, from its layer fields (the default of
-    ``MethodSpec.placements``): those of :data:`LAYER_FIELDS` the settings have, each read by :func:`layers_of`
-    (``layouts`` as there). Returns ``[(side, layer, kind), ...]``, encoder first, then each decoder layer's
-    self-attention before its cross-attention; a bad value is a ``ValueError`` naming ``<name>.<field>``."""
+    `MethodSpec.placements`): those of `LAYER_FIELDS` the settings have, each read by
+    [`layers_of`][hf_headattn.placement.layers_of] (`layouts` as there). Returns `[(side, layer, kind), ...]`, encoder
+    first, then each decoder layer's self-attention before its cross-attention; a bad value is a `ValueError` naming
+    `<name>.<field>`."""
     sites = []
     for field, (side, kind) in LAYER_FIELDS.items():
         if hasattr(settings, field):
@@ -84,9 +85,9 @@ def layer_placements(settings, config, name: str,
 
 def renamed(values: Mapping, old: str, new: str, convert: Callable = lambda value: value,
             notes: list | None = None) -> dict:
-    """``values`` (a settings dict) with the older spelling ``old`` given as ``new`` (its value through ``convert``,
-    which may return a dict of several new fields), and ``(old, new)`` added to ``notes``: the pieces of a
-    ``MethodSpec.older_spellings``. Both spellings given: a ``ValueError`` naming them."""
+    """`values` (a settings dict) with the older spelling `old` given as `new` (its value through `convert`,
+    which may return a dict of several new fields), and `(old, new)` added to `notes`: the pieces of a
+    `MethodSpec.older_spellings`. Both spellings given: a `ValueError` naming them."""
     values = dict(values)
     if old not in values:
         return values

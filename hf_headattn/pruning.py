@@ -1,22 +1,23 @@
-"""Head pruning: physically remove attention heads (transformers 4's ``prune_heads``, removed in 5).
+"""Head pruning: physically remove attention heads (transformers 4's `prune_heads`, removed in 5).
 
-``prune_heads(model, {"encoder.layers.0.self_attn": [1, 5], ...})`` removes those heads: the rows of ``q_proj``,
-``k_proj``, ``v_proj`` and the columns of ``out_proj`` (when ``out_proj`` reads the concatenated heads; DHICM's
-paper mode reads its d_m-dimensional mixture instead, so it keeps ``out_proj``), and every per-head thing a method
-keeps (:meth:`~hf_headattn.attention.AttentionMethod.prune_heads`: EaDRA's regularized heads). Heads are named by
-their original numbers, before any pruning, so importances and masks keep their coordinates across pruning steps.
+`prune_heads(model, {"encoder.layers.0.self_attn": [1, 5], ...})` removes those heads: the rows of `q_proj`,
+`k_proj`, `v_proj` and the columns of `out_proj` (when `out_proj` reads the concatenated heads; DHICM's
+paper mode reads its d_m-dimensional mixture instead, so it keeps `out_proj`), and every per-head thing a method
+keeps ([`prune_heads`][hf_headattn.attention.AttentionMethod.prune_heads]: EaDRA's regularized heads). Heads are named
+by their original numbers, before any pruning, so importances and masks keep their coordinates across pruning steps.
 
-The pruned heads are recorded in ``config.pruned_heads`` (``{module name: [original head numbers]}``), so
-``save_pretrained``/``from_pretrained``, remote code and PEFT build the smaller modules. A pruned model equals the
-unpruned one with those heads masked (:mod:`hf_headattn.head_masks`): logits, loss and generated tokens.
+The pruned heads are recorded in `config.pruned_heads` (`{module name: [original head numbers]}`), so
+`save_pretrained`/`from_pretrained`, remote code and PEFT build the smaller modules. A pruned model equals the
+unpruned one with those heads masked ([`hf_headattn.head_masks`][hf_headattn.head_masks]): logits, loss and generated
+tokens.
 
-Pruning every head of a module is refused (a ``ValueError``): the papers' remaining-heads accounting (Michel et al.
+Pruning every head of a module is refused (a `ValueError`): the papers' remaining-heads accounting (Michel et al.
 2019, Voita et al. 2019) never removes a whole attention sub-layer, and the methods that mix heads need one.
 
 A model wrapped with PEFT adapters (LoRA on the projections, the methods' modules saved with the adapter) is refused
-too, before anything changes: prune first, then attach the adapters (or ``merge_and_unload()``, prune, re-attach). So
+too, before anything changes: prune first, then attach the adapters (or `merge_and_unload()`, prune, re-attach). So
 is a model whose weights DeepSpeed ZeRO-3 partitions (each process holds a shard): prune the saved full weights; a
-pruned checkpoint then loads under ZeRO-3 (``from_pretrained`` builds the pruned projections partitioned).
+pruned checkpoint then loads under ZeRO-3 (`from_pretrained` builds the pruned projections partitioned).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from .sites import AttentionSite, component_shape
 
 
 def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
-    """A ``ValueError`` unless ``model`` carries no PEFT adapters, its weights are not partitioned by DeepSpeed ZeRO-3
-    and ``modules`` (attention modules) have plain ``nn.Linear`` projections and hf-headattn methods: pruning cuts
-    those in place, and a wrapped one (LoRA's ``lora_A``/``lora_B``, a ``ModulesToSaveWrapper``'s copies) would be
+    """A `ValueError` unless `model` carries no PEFT adapters, its weights are not partitioned by DeepSpeed ZeRO-3
+    and `modules` (attention modules) have plain `nn.Linear` projections and hf-headattn methods: pruning cuts
+    those in place, and a wrapped one (LoRA's `lora_A`/`lora_B`, a `ModulesToSaveWrapper`'s copies) would be
     left half-pruned, a partitioned one cut from this process's shard."""
     partitioned = zero3_partitioned(model)
     if partitioned is not None:
@@ -67,15 +68,15 @@ def check_prunable(model: nn.Module, modules: Iterable[nn.Module]) -> None:
                                  "pruned")
 
 
-#: The prefix PEFT puts before the wrapped model's module names (``PeftModel.base_model.model``).
 PEFT_PREFIX = "base_model.model."
+"""The prefix PEFT puts before the wrapped model's module names (`PeftModel.base_model.model`)."""
 
 
 def module_aliases(model: nn.Module) -> dict[str, str]:
-    """``{name: base-model name}`` of every name :func:`prune_heads` accepts for ``model``'s attention modules: the
-    base-model name itself (``encoder.layers.0.self_attn``), every path under which ``model`` holds the module
-    (``model.encoder.layers.0.self_attn``; all of them, where a module is shared), and each of those with or without
-    PEFT's :data:`PEFT_PREFIX` (the names a ``PeftModel`` gives the same module)."""
+    """`{name: base-model name}` of every name [`prune_heads`][hf_headattn.pruning.prune_heads] accepts for `model`'s
+    attention modules: the base-model name itself (`encoder.layers.0.self_attn`), every path under which `model` holds
+    the module (`model.encoder.layers.0.self_attn`; all of them, where a module is shared), and each of those with or
+    without PEFT's [`PEFT_PREFIX`][hf_headattn.pruning.PEFT_PREFIX] (the names a `PeftModel` gives the same module)."""
     aliases = {module.headattn_name: module.headattn_name for module in routed_modules(model).values()}
     aliases.update({path: module.headattn_name for path, module in model.named_modules(remove_duplicate=False)
                     if hasattr(module, "headattn_layer")})
@@ -85,9 +86,10 @@ def module_aliases(model: nn.Module) -> dict[str, str]:
 
 
 def requested_heads(model: nn.Module, heads: Mapping) -> dict[str, tuple[list[int], str]]:
-    """``heads`` merged per module: ``{base-model name: (sorted distinct head numbers, where)}``, each key resolved to
-    its module first (:func:`module_aliases`), so that two names of one module add up; ``where`` names the keys, for
-    messages. A ``ValueError`` for an unknown key, a bad number or a merged list that leaves the module no head."""
+    """`heads` merged per module: `{base-model name: (sorted distinct head numbers, where)}`, each key resolved to
+    its module first ([`module_aliases`][hf_headattn.pruning.module_aliases]), so that two names of one module add up;
+    `where` names the keys, for messages. A `ValueError` for an unknown key, a bad number or a merged list that leaves
+    the module no head."""
     aliases, merged = module_aliases(model), {}
     for path, numbers in heads.items():
         name = aliases.get(path) if isinstance(path, str) else None
@@ -104,13 +106,13 @@ def requested_heads(model: nn.Module, heads: Mapping) -> dict[str, tuple[list[in
 
 
 def pruned_numbers(module: nn.Module, total: int) -> list[int]:
-    """The original numbers of the heads ``module`` (one of ``total`` heads before pruning) no longer has."""
+    """The original numbers of the heads `module` (one of `total` heads before pruning) no longer has."""
     return sorted(set(range(total)) - set(head_numbers(module)))
 
 
 def modules_record(model: nn.Module) -> dict[str, list[int]]:
-    """``{module name: [original head numbers]}`` of the heads ``model``'s attention modules no longer have (modules
-    that have all theirs left out): what ``config.pruned_heads`` holds while it agrees with the modules."""
+    """`{module name: [original head numbers]}` of the heads `model`'s attention modules no longer have (modules
+    that have all theirs left out): what `config.pruned_heads` holds while it agrees with the modules."""
     record = {}
     for name, module in routed_modules(model).items():
         numbers = pruned_numbers(module, component_shape(model.config, AttentionSite.parse(name).component)[1])
@@ -120,18 +122,18 @@ def modules_record(model: nn.Module) -> dict[str, list[int]]:
 
 
 def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
-    """Remove ``heads`` (``{module name: [original head numbers]}``) from ``model`` in place and record them in
-    ``model.config.pruned_heads``; returns the updated record.
+    """Remove `heads` (`{module name: [original head numbers]}`) from `model` in place and record them in
+    `model.config.pruned_heads`; returns the updated record.
 
-    Module names are relative to the base model (``"encoder.layers.0.self_attn"``), the model's own paths
-    (``"model.encoder.layers.0.self_attn"``) or PEFT's (``"base_model.model.model.encoder..."``), see
-    :func:`module_aliases`. Every key is resolved to its module first and the heads given for one module under
-    several names are merged. A head already pruned, a number out of range, the last head of a module (in the merged
-    list, with the heads pruned before) and a ``config.pruned_heads`` that disagrees with the modules are refused
-    with a ``ValueError``, before anything changes. The record is then read back from the pruned modules, so the
-    record, the config and the modules agree and ``save_pretrained`` writes what ``from_pretrained`` can build. Prune
-    before wrapping the model with PEFT adapters (which wrap the projections): a PEFT model is refused (see
-    :func:`check_prunable`).
+    Module names are relative to the base model (`"encoder.layers.0.self_attn"`), the model's own paths
+    (`"model.encoder.layers.0.self_attn"`) or PEFT's (`"base_model.model.model.encoder..."`), see
+    [`module_aliases`][hf_headattn.pruning.module_aliases]. Every key is resolved to its module first and the heads
+    given for one module under several names are merged. A head already pruned, a number out of range, the last head of
+    a module (in the merged list, with the heads pruned before) and a `config.pruned_heads` that disagrees with the
+    modules are refused with a `ValueError`, before anything changes. The record is then read back from the pruned
+    modules, so the record, the config and the modules agree and `save_pretrained` writes what `from_pretrained` can
+    build. Prune before wrapping the model with PEFT adapters (which wrap the projections): a PEFT model is refused (see
+    [`check_prunable`][hf_headattn.pruning.check_prunable]).
     """
     if not isinstance(heads, Mapping):
         raise ValueError(f"prune_heads expects a dict {{module name: [head numbers]}}, e.g. "
@@ -165,9 +167,9 @@ def prune_heads(model: nn.Module, heads: Mapping[str, Iterable[int]]) -> dict[st
 
 
 def apply_pruned_heads(model: nn.Module, record: Mapping[str, list[int]]) -> None:
-    """Prune a freshly built model as ``record`` (``config.pruned_heads``) says, before its weights are loaded (with
-    DeepSpeed ZeRO-3, ``from_pretrained`` builds it partitioned: the projections are then built anew at their pruned
-    shapes, see :func:`_select`)."""
+    """Prune a freshly built model as `record` (`config.pruned_heads`) says, before its weights are loaded (with
+    DeepSpeed ZeRO-3, `from_pretrained` builds it partitioned: the projections are then built anew at their pruned
+    shapes, see `_select`)."""
     modules = routed_modules(model)
     for name, numbers in record.items():
         if name in modules:  # a stack built alone holds one side
@@ -175,7 +177,7 @@ def apply_pruned_heads(model: nn.Module, record: Mapping[str, list[int]]) -> Non
 
 
 def prune_module(module: nn.Module, numbers: list[int]) -> None:
-    """Remove the heads with original numbers ``numbers`` (present in the module) from one attention module."""
+    """Remove the heads with original numbers `numbers` (present in the module) from one attention module."""
     original = head_numbers(module)
     cpu = torch.device("cpu")  # (explicitly: from_pretrained builds under a meta device context)
     keep = torch.tensor([i for i, number in enumerate(original) if number not in numbers], device=cpu)
@@ -194,13 +196,13 @@ def prune_module(module: nn.Module, numbers: list[int]) -> None:
 
 
 def _select(module: nn.Module, name: str, index: torch.Tensor, dim: int) -> None:
-    """Keep the output rows (``dim`` 0, and the bias) or input columns (``dim`` 1) ``index`` of the ``nn.Linear``
-    ``module.<name>``.
+    """Keep the output rows (`dim` 0, and the bias) or input columns (`dim` 1) `index` of the `nn.Linear`
+    `module.<name>`.
 
-    A projection DeepSpeed ZeRO-3 holds partitioned is one ``from_pretrained`` builds under ``deepspeed.zero.Init``
-    (:func:`prune_heads` refuses a partitioned model): it holds no weights yet, only this process's share of a
-    placeholder, so it is built anew at its pruned shape, which ``deepspeed.zero.Init`` partitions, and the checkpoint's
-    weights are loaded into it."""
+    A projection DeepSpeed ZeRO-3 holds partitioned is one `from_pretrained` builds under `deepspeed.zero.Init`
+    ([`prune_heads`][hf_headattn.pruning.prune_heads] refuses a partitioned model): it holds no weights yet, only this
+    process's share of a placeholder, so it is built anew at its pruned shape, which `deepspeed.zero.Init` partitions,
+    and the checkpoint's weights are loaded into it."""
     linear = getattr(module, name)
     if zero3_partitioned(linear) is not None:
         shape = (len(index), linear.in_features) if dim == 0 else (linear.out_features, len(index))

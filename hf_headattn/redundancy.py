@@ -1,5 +1,5 @@
 """RHE, redundant head identification (Zhang et al. 2021, Eq. 3, 5, 9, 10), shared: SEA applies its masks to the heads
-it finds redundant, and so may any method that adds a bias to the scores (``head_selection="redundant"``, e.g. relative
+it finds redundant, and so may any method that adds a bias to the scores (`head_selection="redundant"`, e.g. relative
 positions, Localness; RHE's Table 2). One implementation, in the shared layer, so that no method imports another's
 math.
 
@@ -24,7 +24,7 @@ def real_tokens(allowed: torch.Tensor | None, batch: int, length: int, device) -
     """(B, S) bool, True at real tokens: the keys some query may attend to (bidirectional padding masks).
 
     In encoder self-attention queries and keys are the same tokens, so this is also the query mask. It is read from
-    the mask itself so that ``generate()``, which runs the encoder without the model's context, sees the same tokens.
+    the mask itself so that `generate()`, which runs the encoder without the model's context, sees the same tokens.
     """
     if allowed is None:
         return torch.ones(batch, length, dtype=torch.bool, device=device)
@@ -78,7 +78,7 @@ def syntactic_attention(probs: torch.Tensor, dependency_mask: torch.Tensor,
 
 def head_statistics(probs: torch.Tensor, dependency_mask: torch.Tensor,
                     query_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 3 and Eq. 9 at once, as :func:`head_confidence` and :func:`syntactic_attention` give them, in 15 operators
+    """Eq. 3 and Eq. 9 at once, as `head_confidence` and `syntactic_attention` give them, in 15 operators
     against their 30 (issue 63: each one a kernel launch): both are means over the real queries, so the query weights
     1/n (0 at padding) are made once, and Eq. 9's mean is one batched product over the (T, S) pairs with the weights
     folded into the related pairs (no (B, H, T, S) product is formed). In float32 or wider,
@@ -92,7 +92,8 @@ def head_statistics(probs: torch.Tensor, dependency_mask: torch.Tensor,
 
     Returns
     -------
-    (h_conf, syn_attn), FloatTensors of shape (B, H)
+    :
+        (h_conf, syn_attn), FloatTensors of shape (B, H)
     """
     batch, heads, length, keys = probs.shape
     with torch.autocast(probs.device.type, enabled=False):
@@ -118,7 +119,8 @@ def redundant_heads(h_conf: torch.Tensor, syn_attn: torch.Tensor) -> torch.Tenso
 
     Returns
     -------
-    BoolTensor, shape (B, H), True = redundant
+    :
+        BoolTensor, shape (B, H), True = redundant
     """
     return syn_attn <= torch.sigmoid(h_conf)
 
@@ -132,7 +134,8 @@ def dependency_allowed(dependency_mask: torch.Tensor) -> torch.Tensor:
 
     Returns
     -------
-    BoolTensor, shape (B, T, S): ``dependency_mask`` with the diagonal set.
+    :
+        BoolTensor, shape (B, T, S): `dependency_mask` with the diagonal set.
     """
     eye = torch.eye(*dependency_mask.shape[-2:], dtype=torch.bool, device=dependency_mask.device)
     return dependency_mask | eye
@@ -141,7 +144,7 @@ def dependency_allowed(dependency_mask: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:
     """Eq. 3, 9, 10 on the plain attention of one encoder self-attention call: (B, H) bool, True = redundant.
-    ``dependency_mask`` (B, T, S) bool, the sentence's head-dependent pairs (SEA's input ``dependency_mask``).
+    `dependency_mask` (B, T, S) bool, the sentence's head-dependent pairs (SEA's input `dependency_mask`).
 
     Computed once per call: two methods on one module (SEA and Localness+RHE) get the same selection, from the plain
     attention, whichever runs first (the second would otherwise read a mask the first changed)."""
@@ -153,8 +156,8 @@ def redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> to
     return selection
 
 
-#: ``call.state`` key of the call's RHE selection: (the dependency mask it was computed for, (B, H) bool).
 _SELECTION = "rhe_redundant"
+"""`call.state` key of the call's RHE selection: (the dependency mask it was computed for, (B, H) bool)."""
 
 
 def _redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> torch.Tensor:
@@ -168,14 +171,14 @@ def _redundant_heads_of(call: AttentionCall, dependency_mask: torch.Tensor) -> t
 
 
 def neutral_dependency_mask(batch_size: int, length: int) -> dict[str, torch.Tensor]:
-    """A ``dependency_mask`` that changes nothing: every pair related, so RHE finds no head redundant (Eq. 10). The
-    ``MethodSpec.neutral_inputs`` of a bias method with ``head_selection="redundant"``."""
+    """A `dependency_mask` that changes nothing: every pair related, so RHE finds no head redundant (Eq. 10). The
+    `MethodSpec.neutral_inputs` of a bias method with `head_selection="redundant"`."""
     return {"dependency_mask": torch.ones(batch_size, length, length, dtype=torch.bool)}
 
 
 def checked_dependency_mask(owner: str, tensor, query: torch.Tensor) -> torch.Tensor:
-    """``tensor`` if it is a valid ``dependency_mask`` for RHE in this call ((B, S, S) bool on the query's device),
-    else a ``ValueError`` naming ``owner`` (the method with ``head_selection="redundant"``), what it got and what was
+    """`tensor` if it is a valid `dependency_mask` for RHE in this call ((B, S, S) bool on the query's device),
+    else a `ValueError` naming `owner` (the method with `head_selection="redundant"`), what it got and what was
     expected."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(

@@ -1,16 +1,17 @@
-"""The method registry: one :class:`MethodSpec` per method names everything the model needs from it.
+"""The method registry: one [`MethodSpec`][hf_headattn.registry.MethodSpec] per method names everything the model needs
+from it.
 
-A method's core defines a settings dataclass (a :class:`MethodSettings`), an
-:class:`~hf_headattn.attention.AttentionMethod` and a ``MethodSpec`` (the built-in ones in
-``hf_headattn/methods/<name>/core.py``, one line in :mod:`hf_headattn.methods` registering each; one outside the
-package through :mod:`hf_headattn.plugin`; how: docs/design.md, "Adding a method"). The config, the model
-and the Trainer's logging read the registry; the recipes, the model card and the analyses read the method's kit
-(``MethodSpec.kit``, :mod:`hf_headattn.experiment.kit`), found through it; nothing else lists the methods. (The peft
+A method's core defines a settings dataclass (a [`MethodSettings`][hf_headattn.registry.MethodSettings]), an
+[`AttentionMethod`][hf_headattn.attention.AttentionMethod] and a `MethodSpec` (the built-in ones in
+`hf_headattn/methods/<name>/core.py`, one line in `hf_headattn.methods` registering each; one outside the
+package through [`hf_headattn.plugin`][hf_headattn.plugin]; how: docs/design.md, "Adding a method"). The config, the
+model and the Trainer's logging read the registry; the recipes, the model card and the analyses read the method's kit
+(`MethodSpec.kit`, `hf_headattn.experiment.kit`), found through it; nothing else lists the methods. (The peft
 tuners are the model: one config dataclass per method, validated when it is built, and one registration call.)
 
-Settings live on the model config under the method's name, as a read-only dict (JSON in ``config.json``), e.g.
-``config.dhicm = {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.1, ...}``; ``None`` = off. The
-config resolves them once, when set, into the method's frozen settings dataclass (``config.headattn_settings``).
+Settings live on the model config under the method's name, as a read-only dict (JSON in `config.json`), e.g.
+`config.dhicm = {"encoder_layers": [-1], "decoder_layers": [-1], "kl_weight": 0.1, ...}`; `None` = off. The
+config resolves them once, when set, into the method's frozen settings dataclass (`config.headattn_settings`).
 """
 
 from __future__ import annotations
@@ -39,17 +40,19 @@ class MethodSettings:
     """Base of the methods' settings: frozen dataclasses built from a dict, type-checked, resolved against the model
     config.
 
-    Subclasses are ``@dataclass(frozen=True)`` (:func:`register_method` checks it); each field's annotation is checked
-    (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, ``list[...]``, ``dict``, another ``MethodSettings`` class
-    given as a dict, ``X | None``), then :meth:`resolved` checks ranges and consistency and fills in what depends on
-    the model (e.g. EaDRA's per-component defaults). Every error is a ``ValueError`` naming ``<method>.<field>``, the
-    bad value and what was expected. The config resolves each method's settings once, when they (or the model shape
-    they depend on) are set, and the model is built from the resolved objects.
+    Subclasses are `@dataclass(frozen=True)` ([`register_method`][hf_headattn.registry.register_method] checks it); each
+    field's annotation is checked (`int`, `float`, `bool`, `str`, `Literal[...]`, `list[...]`, `dict`, another
+    `MethodSettings` class given as a dict, `X | None`), then [`resolved`][hf_headattn.registry.MethodSettings.resolved]
+    checks ranges and consistency and fills in what depends on the model (e.g. EaDRA's per-component defaults). Every
+    error is a `ValueError` naming `<method>.<field>`, the bad value and what was expected. The config resolves each
+    method's settings once, when they (or the model shape they depend on) are set, and the model is built from the
+    resolved objects.
     """
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], name: str, model_config) -> MethodSettings:
-        """The settings of ``values`` (a dict from the config), type-checked and :meth:`resolved`."""
+        """The settings of `values` (a dict from the config), type-checked and
+        [`resolved`][hf_headattn.registry.MethodSettings.resolved]."""
         if not isinstance(values, Mapping):
             raise ValueError(f"{name} must be a dict of settings (or None for off), got {values!r}")
         known = {f.name for f in dataclasses.fields(cls) if f.init}
@@ -63,10 +66,9 @@ class MethodSettings:
 
     @classmethod
     def without_unknown(cls, values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        """``values`` without the keys that are no field of ``cls``, also inside nested settings given as dicts (e.g.
-        EaDRA's components), and those keys (``"cross.new_key"``): for a config written by a newer release, whose new
-        settings this release does not know (:meth:`HeadAttnSettings._drop_newer_settings
-        <hf_headattn.configuration.HeadAttnSettings._drop_newer_settings>`)."""
+        """`values` without the keys that are no field of `cls`, also inside nested settings given as dicts (e.g.
+        EaDRA's components), and those keys (`"cross.new_key"`): for a config written by a newer release, whose new
+        settings this release does not know (`HeadAttnSettings._drop_newer_settings`)."""
         known, hints = {f.name for f in dataclasses.fields(cls) if f.init}, typing.get_type_hints(cls)
         kept, dropped = {}, []
         for key, value in values.items():
@@ -82,12 +84,13 @@ class MethodSettings:
 
     def resolved(self, model_config, name: str) -> MethodSettings:
         """These settings checked against the model config (e.g. layer indices), with what depends on it filled in
-        (a new object: settings are frozen); raise ``ValueError``. The default: :meth:`validate`, then ``self``."""
+        (a new object: settings are frozen); raise `ValueError`. The default:
+        [`validate`][hf_headattn.registry.MethodSettings.validate], then `self`."""
         self.validate(model_config, name)
         return self
 
     def validate(self, model_config, name: str) -> None:
-        """Range and consistency checks that need the model config (e.g. layer indices); raise ``ValueError``."""
+        """Range and consistency checks that need the model config (e.g. layer indices); raise `ValueError`."""
 
     def switched_on(self) -> bool:
         """Whether these settings ask for anything (e.g. SEA needs a type or pruning); settings that do not are
@@ -97,7 +100,8 @@ class MethodSettings:
 
 
 def _nested_settings(annotation) -> type[MethodSettings] | None:
-    """The :class:`MethodSettings` class a field's annotation names (alone or in a union), else None."""
+    """The [`MethodSettings`][hf_headattn.registry.MethodSettings] class a field's annotation names (alone or in a
+    union), else None."""
     for candidate in (annotation, *typing.get_args(annotation)):
         if isinstance(candidate, type) and issubclass(candidate, MethodSettings):
             return candidate
@@ -105,7 +109,7 @@ def _nested_settings(annotation) -> type[MethodSettings] | None:
 
 
 def check_type(value, annotation, name: str) -> None:
-    """Raise ``ValueError`` unless ``value`` matches ``annotation`` (bools are not numbers; ints are floats)."""
+    """Raise `ValueError` unless `value` matches `annotation` (bools are not numbers; ints are floats)."""
     if not _matches(value, annotation):
         raise ValueError(f"{name} must be {describe_type(annotation)}, got {value!r}")
 
@@ -139,64 +143,65 @@ def _matches(value, annotation) -> bool:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """What a method contributes to the model (its core; what the recipes know of it is its kit, ``kit``).
+    """What a method contributes to the model (its core; what the recipes know of it is its kit, `kit`).
 
-    name: the config field holding its settings, the attribute of its module on an attention module, and the prefix
-        of its parameters (``...self_attn.<name>.*``).
-    settings: its :class:`MethodSettings` dataclass.
-    placements: ``placements(settings, model_config) -> [(side, layer, kind), ...]`` with side "encoder"/"decoder",
+    - `name`: the config field holding its settings, the attribute of its module on an attention module, and the prefix
+        of its parameters (`...self_attn.<name>.*`).
+    - `settings`: its [`MethodSettings`][hf_headattn.registry.MethodSettings] dataclass.
+    - `placements`: `placements(settings, model_config) -> [(side, layer, kind), ...]` with side "encoder"/"decoder",
         kind "self"/"cross"; an empty list means the settings place the method nowhere (refused: it would be off).
-        Default (None): :func:`~.placement.layer_placements`, from the settings' fields ``encoder_layers``,
-        ``decoder_layers``, ``cross_layers`` (the placement vocabulary, :mod:`hf_headattn.placement`: "all", layer
-        numbers, None: not placed).
-    build: ``build(settings, model_config, attention_module, *, num_heads, head_dim) -> AttentionMethod``, called once
-        per placement (:meth:`make`); the keywords are optional: ``num_heads`` (the module's heads as the config
-        gives them: methods are built before :mod:`~hf_headattn.pruning` prunes, which then calls the method's
-        ``prune_heads``) and ``head_dim`` (the size of one head) are passed only if ``build`` names them (or takes
-        ``**kwargs``), so a ``build(settings, config, module)`` of an earlier release works as before.
-    collect: ``collect(context, settings) -> (output fields, weighted objective term or None)`` after each forward.
-        Default (None): :func:`no_outputs` (none, and no objective term). Only ``name``, ``settings`` and ``build``
-        are required: ``MethodSpec(NAME, Settings, build=build)``.
-    runs_after / runs_before: names of methods whose hooks must run before / after this method's on an attention
-        module that carries both (a method not registered is ignored). Each attention call runs every ``before``
-        hook, then the backend, then every ``after`` hook, the methods in :func:`registered_methods` order: the
-        registration order, moved as these constraints ask; a cycle is refused when the method is registered.
-        (How the built-in methods interact on one module: docs/design.md.)
-    inputs: forward arguments (batch columns) it reads, ``None`` when not given; the model's ``forward`` names them
-        (so that ``generate`` and the Trainer pass them on) and hands them to every attention call.
-    flags: boolean forward arguments (default False) that ask for read-outs, e.g. ``output_head_importance``; the
-        methods see the ones set in ``HeadAttnContext.flags``.
-    neutral_inputs: ``neutral_inputs(batch_size, source_length) -> {input: tensor}``, values of ``inputs`` that change
-        nothing (``translate`` gives them to sentences it cannot prepare the inputs for, e.g. unparsable ones).
-    outputs: output field -> description; fields that are training read-outs, never predictions (the Trainer keeps
-        them out of ``logits``).
-    logged: the output fields logged as loss components (dict fields flattened as ``<field>/<key>``); the other
-        output fields are the read-outs that ``flags`` ask for (:func:`readout`).
-    legacy_fields: flat config fields of release 0.1 -> settings field, so old saved configs still load.
-    legacy_defaults: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
+        Default (None): [`layer_placements`][hf_headattn.placement.layer_placements], from the settings' fields
+        `encoder_layers`, `decoder_layers`, `cross_layers` (the placement vocabulary, `hf_headattn.placement`: "all",
+        layer numbers, None: not placed).
+    - `build`: `build(settings, model_config, attention_module, *, num_heads, head_dim) -> AttentionMethod`, called once
+        per placement ([`make`][hf_headattn.registry.MethodSpec.make]); the keywords are optional: `num_heads` (the
+        module's heads as the config gives them: methods are built before [`pruning`][hf_headattn.pruning] prunes, which
+        then calls the method's `prune_heads`) and `head_dim` (the size of one head) are passed only if `build` names
+        them (or takes `**kwargs`), so a `build(settings, config, module)` of an earlier release works as before.
+    - `collect`: `collect(context, settings) -> (output fields, weighted objective term or None)` after each forward.
+        Default (None): `no_outputs` (none, and no objective term). Only `name`, `settings` and `build`
+        are required: `MethodSpec(NAME, Settings, build=build)`.
+    - `runs_after` / `runs_before`: names of methods whose hooks must run before / after this method's on an attention
+        module that carries both (a method not registered is ignored). Each attention call runs every `before`
+        hook, then the backend, then every `after` hook, the methods in
+        [`registered_methods`][hf_headattn.registry.registered_methods] order: the registration order, moved as these
+        constraints ask; a cycle is refused when the method is registered. (How the built-in methods interact on one
+        module: docs/design.md.)
+    - `inputs`: forward arguments (batch columns) it reads, `None` when not given; the model's `forward` names them
+        (so that `generate` and the Trainer pass them on) and hands them to every attention call.
+    - `flags`: boolean forward arguments (default False) that ask for read-outs, e.g. `output_head_importance`; the
+        methods see the ones set in `HeadAttnContext.flags`.
+    - `neutral_inputs`: `neutral_inputs(batch_size, source_length) -> {input: tensor}`, values of `inputs` that change
+        nothing (`translate` gives them to sentences it cannot prepare the inputs for, e.g. unparsable ones).
+    - `outputs`: output field -> description; fields that are training read-outs, never predictions (the Trainer keeps
+        them out of `logits`).
+    - `logged`: the output fields logged as loss components (dict fields flattened as `<field>/<key>`); the other
+        output fields are the read-outs that `flags` ask for ([`readout`][hf_headattn.registry.readout]).
+    - `legacy_fields`: flat config fields of release 0.1 -> settings field, so old saved configs still load.
+    - `legacy_defaults`: settings whose default changed since release 0.1, with release 0.1's value: a checkpoint saved
         by release 0.1 keeps the behaviour it was trained with.
-    older_files_defaults: settings added, with a new default, after configs with the method had been saved, each
-        with what a saved dict that lacks it was trained with (e.g. Localness's ``{"predictor": "head"}``): ``to_dict``
-        records the defaults a dict relies on (``headattn_defaults`` in config.json), so a saved dict that lacks one
+    - `older_files_defaults`: settings added, with a new default, after configs with the method had been saved, each
+        with what a saved dict that lacks it was trained with (e.g. Localness's `{"predictor": "head"}`): `to_dict`
+        records the defaults a dict relies on (`headattn_defaults` in config.json), so a saved dict that lacks one
         and a file that records none predate the setting, and load with this value.
-    older_spellings: ``older_spellings(values) -> (values, [(old, new), ...])``: a settings dict with the spellings
-        the method used before the shared placement vocabulary (:mod:`hf_headattn.placement`) given in today's
-        (:func:`~.placement.renamed`), and what it renamed; the config warns about those (removed in 0.4,
-        :func:`hf_headattn.legacy.translate_older_spellings`) and keeps the new dict. None: nothing renamed.
-    prepare_stack: ``prepare_stack(settings, model_config, side, stack)``, called once when a model (or a stack on its
+    - `older_spellings`: `older_spellings(values) -> (values, [(old, new), ...])`: a settings dict with the spellings
+        the method used before the shared placement vocabulary (`hf_headattn.placement`) given in today's
+        ([`renamed`][hf_headattn.placement.renamed]), and what it renamed; the config warns about those (removed in 0.4,
+        `hf_headattn.legacy.translate_older_spellings`) and keeps the new dict. None: nothing renamed.
+    - `prepare_stack`: `prepare_stack(settings, model_config, side, stack)`, called once when a model (or a stack on its
         own) is built, for each side ("encoder", "decoder") the method is placed on, with that side's HF stack
-        (``MBartEncoder``, ...), after the methods are attached and before any weight is loaded: a change to the
-        model outside attention (e.g. Rel_Pos's ``absolute_positions=False`` mutes the position embeddings with
-        :func:`hf_headattn.model_hooks.mute_module`). It must keep the stack's parameters (checkpoints load as
-        before) and be idempotent. None: the method changes attention only.
-    head_use: ``head_use(settings, model_config, site) -> HeadUse``: what the method does to the heads of the
-        attention module ``site`` ((side, layer, kind), one of its placements), for the check of two methods on one
-        module (:func:`meeting_conflict`, when the config is built); None: it only biases scores or reads or
+        (`MBartEncoder`, ...), after the methods are attached and before any weight is loaded: a change to the
+        model outside attention (e.g. Rel_Pos's `absolute_positions=False` mutes the position embeddings with
+        [`hf_headattn.model_hooks.mute_module`][hf_headattn.model_hooks.mute_module]). It must keep the stack's
+        parameters (checkpoints load as before) and be idempotent. None: the method changes attention only.
+    - `head_use`: `head_use(settings, model_config, site) -> HeadUse`: what the method does to the heads of the
+        attention module `site` ((side, layer, kind), one of its placements), for the check of two methods on one
+        module (`meeting_conflict`, when the config is built); None: it only biases scores or reads or
         changes outputs, which composes with every method.
-    kit: the import path of the method's kit module (``KIT = MethodKit(...)``: recipe names, presets, model card
-        line, head-importance criterion; :mod:`hf_headattn.experiment.kit`), or ``None``: the module that defines
-        the settings class, if it has a ``KIT`` (a method kept in one module). Only the experiment kit
-        imports it: the model, and the code ``save_pretrained`` ships, never do.
+    - `kit`: the import path of the method's kit module (`KIT = MethodKit(...)`: recipe names, presets, model card
+        line, head-importance criterion; `hf_headattn.experiment.kit`), or `None`: the module that defines
+        the settings class, if it has a `KIT` (a method kept in one module). Only the experiment kit
+        imports it: the model, and the code `save_pretrained` ships, never do.
     """
 
     name: str
@@ -230,7 +235,8 @@ class MethodSpec:
             object.__setattr__(self, "collect", no_outputs)
 
     def make(self, settings: MethodSettings, model_config, module) -> Any:
-        """:attr:`build` on the attention ``module``, with the ``num_heads`` and ``head_dim`` keywords it names."""
+        """[`build`][hf_headattn.registry.MethodSpec.build] on the attention `module`, with the `num_heads` and
+        `head_dim` keywords it names."""
         offered = {"num_heads": component_shape(model_config, component_of(module))[1], "head_dim": module.head_dim}
         wanted = _keywords(self.build)
         return self.build(settings, model_config, module, **{key: value for key, value in offered.items()
@@ -238,9 +244,9 @@ class MethodSpec:
 
 
 class LayerPlacements:
-    """The default ``MethodSpec.placements``: :func:`~.placement.layer_placements` of the settings' layer fields
-    (``encoder_layers``, ``decoder_layers``, ``cross_layers``; "all", layer numbers, None: not placed), errors naming
-    the method."""
+    """The default `MethodSpec.placements`: [`layer_placements`][hf_headattn.placement.layer_placements] of the
+    settings' layer fields (`encoder_layers`, `decoder_layers`, `cross_layers`; "all", layer numbers, None: not placed),
+    errors naming the method."""
 
     def __init__(self, name: str):
         self.name = name
@@ -253,12 +259,12 @@ class LayerPlacements:
 
 
 def no_outputs(context, settings: MethodSettings) -> tuple[dict, None]:
-    """The default ``MethodSpec.collect``: no output fields, no objective term."""
+    """The default `MethodSpec.collect`: no output fields, no objective term."""
     return {}, None
 
 
 def _keywords(function: Callable) -> set[str] | None:
-    """The names ``function`` takes as keywords, or None where it takes any (``**kwargs``)."""
+    """The names `function` takes as keywords, or None where it takes any (`**kwargs`)."""
     parameters = inspect.signature(function).parameters.values()
     if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
         return None
@@ -268,13 +274,13 @@ def _keywords(function: Callable) -> set[str] | None:
 
 @dataclass(frozen=True)
 class HeadUse:
-    """What a method does to some heads of one attention module (``MethodSpec.head_use``); head numbers, sorted.
+    """What a method does to some heads of one attention module (`MethodSpec.head_use`); head numbers, sorted.
 
-    takes_over: the heads it computes itself (``call.take_over``): no other method may take them over too.
-    fixes: the heads whose weights are its own, no softmax of the scores (fixed patterns): other methods' score
+    - `takes_over`: the heads it computes itself (`call.take_over`): no other method may take them over too.
+    - `fixes`: the heads whose weights are its own, no softmax of the scores (fixed patterns): other methods' score
         biases do not reach them, and their probabilities cannot be recomputed from q and k.
-    reads_scores: the heads whose probabilities it recomputes from q, k and the mask (EaDRA's regularizer).
-    mixes: the heads it mixes (``call.mix_scores`` / ``mix_weights``; talking-heads attention: all of them): every
+    - `reads_scores`: the heads whose probabilities it recomputes from q, k and the mask (EaDRA's regularizer).
+    - `mixes`: the heads it mixes (`call.mix_scores` / `mix_weights`; talking-heads attention: all of them): every
         head then runs on the mixing path, so no other method may take a head over, and the mixed heads'
         probabilities are no softmax of their own q and k.
     """
@@ -286,7 +292,7 @@ class HeadUse:
 
 
 def meeting_conflict(first: str, first_use: HeadUse, second: str, second_use: HeadUse, where: str) -> str | None:
-    """Why the methods ``first`` and ``second`` cannot run on the attention module ``where`` with those head uses
+    """Why the methods `first` and `second` cannot run on the attention module `where` with those head uses
     (a sentence naming both, the module and the heads), or None: they compose there."""
     both = sorted(set(first_use.takes_over) & set(second_use.takes_over))
     if both:
@@ -310,8 +316,8 @@ def meeting_conflict(first: str, first_use: HeadUse, second: str, second_use: He
 
 
 def check_meetings(resolved: Mapping[str, MethodSettings], model_config) -> None:
-    """Refuse two switched-on methods (``resolved``: name -> settings, in registry order) that cannot compose on an
-    attention module both are placed on (:func:`meeting_conflict`): a ``ValueError`` naming both methods and the
+    """Refuse two switched-on methods (`resolved`: name -> settings, in registry order) that cannot compose on an
+    attention module both are placed on (`meeting_conflict`): a `ValueError` naming both methods and the
     module, when the config is built, whatever the backend."""
     from .sites import AttentionSite  # (sites imports transformers' model classes: not at registry import)
 
@@ -335,8 +341,8 @@ _REGISTRY: dict[str, MethodSpec] = {}
 
 
 def register_method(spec: MethodSpec) -> MethodSpec:
-    """Register ``spec`` (re-registering a name replaces it). Returns it, so a module can end with
-    ``METHOD = register_method(MethodSpec(...))``."""
+    """Register `spec` (re-registering a name replaces it). Returns it, so a module can end with
+    `METHOD = register_method(MethodSpec(...))`."""
     if not dataclasses.is_dataclass(spec.settings) or not spec.settings.__dataclass_params__.frozen:
         raise ValueError(f"method {spec.name!r}: its settings class {spec.settings.__name__} must be a "
                          "@dataclass(frozen=True) (the model keeps the object it was built with)")
@@ -355,19 +361,19 @@ def unregister_method(name: str) -> None:
 
 
 def import_method_modules(names: Iterable[str]) -> dict[str, list[str]]:
-    """Import the modules ``names`` that bring methods kept outside the package, so that they are registered: what
-    the recipes' ``--method_modules`` does before it parses their flags. Each is a dotted module name
-    (``my_pkg.my_method``, installed or on PYTHONPATH) or the path of a ``.py`` file (``my_method.py``,
-    ``plugins/my_method.py``), imported as the module its file name gives (``my_method``: :func:`module_of_file`).
-    Returns ``{name as given: [names of the methods it brought]}``.
+    """Import the modules `names` that bring methods kept outside the package, so that they are registered: what
+    the recipes' `--method_modules` does before it parses their flags. Each is a dotted module name
+    (`my_pkg.my_method`, installed or on PYTHONPATH) or the path of a `.py` file (`my_method.py`,
+    `plugins/my_method.py`), imported as the module its file name gives (`my_method`: `module_of_file`).
+    Returns `{name as given: [names of the methods it brought]}`.
 
-    A module brings the methods it registers when imported (``register_method(METHOD)`` at its end, docs/design.md,
-    "Adding a method") and the registered specs it holds; one that registers none but defines ``METHOD`` (a
-    :class:`MethodSpec`, the name a method's core module gives its spec) has that registered, so a core module is
-    named the same way whether or not it registers itself. A module that brings no method is refused, not warned
-    about: naming it has no other purpose, so it is a mistake (a kit module, a misspelt submodule) that would
-    otherwise surface later as an unknown ``--method`` or a checkpoint that does not load. Every error is a
-    ``ValueError`` naming the module and why (an import that fails: its exception, and where it was raised).
+    A module brings the methods it registers when imported (`register_method(METHOD)` at its end, docs/design.md,
+    "Adding a method") and the registered specs it holds; one that registers none but defines `METHOD` (a
+    [`MethodSpec`][hf_headattn.registry.MethodSpec], the name a method's core module gives its spec) has that
+    registered, so a core module is named the same way whether or not it registers itself. A module that brings no
+    method is refused, not warned about: naming it has no other purpose, so it is a mistake (a kit module, a misspelt
+    submodule) that would otherwise surface later as an unknown `--method` or a checkpoint that does not load. Every
+    error is a `ValueError` naming the module and why (an import that fails: its exception, and where it was raised).
     """
     brought: dict[str, list[str]] = {}
     for name in names:
@@ -396,11 +402,11 @@ def import_method_modules(names: Iterable[str]) -> dict[str, list[str]]:
 
 
 def module_of_file(path: str) -> str:
-    """The module name a method's ``.py`` file is imported as: its file name without ``.py`` (``plugins/my_method.py``
-    -> ``my_method``), with its folder added to the end of ``sys.path``, as ``python plugins/my_method.py`` would
+    """The module name a method's `.py` file is imported as: its file name without `.py` (`plugins/my_method.py`
+    -> `my_method`), with its folder added to the end of `sys.path`, as `python plugins/my_method.py` would
     (so its own imports of modules beside it work, and processes the data loader starts import it too). A
-    checkpoint records that name (``headattn_method_modules``), not the path, which would not hold on another
-    machine: it loads again with the file's path or, its folder on PYTHONPATH, the name. ``ValueError`` for a path
+    checkpoint records that name (`headattn_method_modules`), not the path, which would not hold on another
+    machine: it loads again with the file's path or, its folder on PYTHONPATH, the name. `ValueError` for a path
     that is no file, a file name that is no module name, or a name another module has taken."""
     file = Path(path).expanduser().resolve()
     name = file.stem
@@ -425,7 +431,7 @@ def module_of_file(path: str) -> str:
 
 
 def _raised_at(error: BaseException, name: str) -> str:
-    """`` (at file:line)``: where ``error`` was raised (its innermost frame outside the import machinery); nothing
+    """` (at file:line)`: where `error` was raised (its innermost frame outside the import machinery); nothing
     for the named module (or its package) not found, whose message says all."""
     if isinstance(error, ModuleNotFoundError) and error.name and f"{name}.".startswith(f"{error.name}."):
         return ""
@@ -435,7 +441,7 @@ def _raised_at(error: BaseException, name: str) -> str:
 
 def registered_methods() -> list[MethodSpec]:
     """The registered methods in the order their hooks run: registration order, each method after those its
-    ``runs_after`` names and before those its ``runs_before`` names (a stable topological order)."""
+    `runs_after` names and before those its `runs_before` names (a stable topological order)."""
     specs = list(_REGISTRY.values())
     earlier = {spec.name: set() for spec in specs}  # name -> the methods that must run before it
     for spec in specs:
@@ -456,13 +462,13 @@ def registered_methods() -> list[MethodSpec]:
 
 
 def active_methods(model_config) -> list[MethodSpec]:
-    """The registered methods switched on in ``model_config`` (an hf-headattn config; none on a stock one)."""
+    """The registered methods switched on in `model_config` (an hf-headattn config; none on a stock one)."""
     on = getattr(model_config, "headattn_settings", {})
     return [spec for spec in registered_methods() if spec.name in on]
 
 
 def readout_fields() -> list[str]:
-    """Every method output field (training read-outs, kept out of ``logits`` at evaluation)."""
+    """Every method output field (training read-outs, kept out of `logits` at evaluation)."""
     return [name for spec in registered_methods() for name in spec.outputs]
 
 
@@ -471,20 +477,20 @@ def logged_fields() -> list[str]:
 
 
 def method_inputs() -> list[str]:
-    """Every method's forward inputs (``MethodSpec.inputs``), e.g. SEA's ``dependency_mask``, each once: methods may
-    read the same input (RHE's ``dependency_mask``, for SEA and for a bias method with
-    ``head_selection="redundant"``)."""
+    """Every method's forward inputs (`MethodSpec.inputs`), e.g. SEA's `dependency_mask`, each once: methods may
+    read the same input (RHE's `dependency_mask`, for SEA and for a bias method with
+    `head_selection="redundant"`)."""
     return list(dict.fromkeys(name for spec in registered_methods() for name in spec.inputs))
 
 
 def readout_flags() -> list[str]:
-    """Every method's read-out flags (``MethodSpec.flags``), e.g. ``output_head_importance``."""
+    """Every method's read-out flags (`MethodSpec.flags`), e.g. `output_head_importance`."""
     return [name for spec in registered_methods() for name in spec.flags]
 
 
 def readout(spec: MethodSpec) -> tuple[str, str]:
-    """``(flag, output field)`` of a method with one read-out: its one flag and its one output field that is no loss
-    component (not ``logged``), e.g. ``("output_head_importance", "head_importances")``; what an analysis of that
+    """`(flag, output field)` of a method with one read-out: its one flag and its one output field that is no loss
+    component (not `logged`), e.g. `("output_head_importance", "head_importances")`; what an analysis of that
     read-out asks for and reads."""
     fields = [name for name in spec.outputs if name not in spec.logged]
     if len(spec.flags) != 1 or len(fields) != 1:

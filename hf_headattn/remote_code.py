@@ -1,21 +1,21 @@
-"""What a checkpoint's remote code carries: the model core written flat, and the ``auto_map`` that names it.
+"""What a checkpoint's remote code carries: the model core written flat, and the `auto_map` that names it.
 
-A user without the package loads a saved folder with ``trust_remote_code=True``: transformers' loader fetches the
-module ``auto_map`` names (``modeling.py``) and, recursively, the modules it imports relatively, as flat sibling
-files (``from .x import`` means ``x.py`` beside it: its dynamic modules know no subpackages). The package keeps each
-method in its own folder (``methods/<name>/``), so the copy cannot be HF's (``custom_object_save`` copies files as
-they are). Instead a config's ``save_pretrained`` writes the core itself (:func:`ship`): every module that
-``configuration.py`` and ``modeling.py`` import relatively, each under a flat name (:func:`flat_name`:
-``methods/dhicm/core.py`` becomes ``dhicm_core.py``) with its relative imports rewritten to those names. The
+A user without the package loads a saved folder with `trust_remote_code=True`: transformers' loader fetches the
+module `auto_map` names (`modeling.py`) and, recursively, the modules it imports relatively, as flat sibling
+files (`from .x import` means `x.py` beside it: its dynamic modules know no subpackages). The package keeps each
+method in its own folder (`methods/<name>/`), so the copy cannot be HF's (`custom_object_save` copies files as
+they are). Instead a config's `save_pretrained` writes the core itself (`ship`): every module that
+`configuration.py` and `modeling.py` import relatively, each under a flat name (`flat_name`:
+`methods/dhicm/core.py` becomes `dhicm_core.py`) with its relative imports rewritten to those names. The
 experiment kit is never reached (the core names kits by strings), so a checkpoint carries the model's code only.
-The rewriting is line-based, as HF's own reading of imports is (``from .x import`` at a line's start).
+The rewriting is line-based, as HF's own reading of imports is (`from .x import` at a line's start).
 
-Why not keep the core flat beside ``modeling.py`` as before: a method's code then lived in three trees. Why not
+Why not keep the core flat beside `modeling.py` as before: a method's code then lived in three trees. Why not
 vendor a flat copy in the package: two copies drift. Written at save time from the one copy, the folder holds what
-ran (tested: every method, and two together, loaded in a process that cannot import ``hf_headattn``).
+ran (tested: every method, and two together, loaded in a process that cannot import `hf_headattn`).
 
 The same code runs when the model was itself loaded as remote code (its modules are then flat already, and
-:func:`flat_name` maps each to itself), so a remote-code model saved again carries the same files.
+`flat_name` maps each to itself), so a remote-code model saved again carries the same files.
 """
 
 from __future__ import annotations
@@ -23,25 +23,25 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-#: The folder of the package (or of a flat remote copy of it).
 ROOT = Path(__file__).resolve().parent
-#: The modules ``auto_map`` names: the configs and the models.
+"""The folder of the package (or of a flat remote copy of it)."""
 ENTRY_MODULES = ("configuration", "modeling")
-#: A relative import at a line's start (inside a function too), as transformers' loader reads them.
+"""The modules `auto_map` names: the configs and the models."""
 RELATIVE_IMPORT = re.compile(r"^(\s*from\s+)(\.+)([\w.]*)(\s+import\b)", re.MULTILINE)
+"""A relative import at a line's start (inside a function too), as transformers' loader reads them."""
 
 
 def auto_map(config) -> dict[str, str]:
-    """The ``auto_map`` of a saved config: the Auto classes -> ``"<flat module>.<class>"`` of its config class and its
-    models (``config.headattn_model_classes``: the Auto class -> the model class's name)."""
+    """The `auto_map` of a saved config: the Auto classes -> `"<flat module>.<class>"` of its config class and its
+    models (`config.headattn_model_classes`: the Auto class -> the model class's name)."""
     return {"AutoConfig": f"configuration.{type(config).__name__}",
             **{auto_class: f"modeling.{name}" for auto_class, name in config.headattn_model_classes.items()}}
 
 
 def flat_name(path: Path, root: Path = ROOT) -> str:
-    """The flat module name of a core module file: its path under ``root`` joined by ``_``, without the ``methods``
-    folder and ``__init__`` (``methods/dhicm/core.py`` -> ``dhicm_core``, ``methods/__init__.py`` -> ``methods``,
-    ``attention.py`` -> ``attention``)."""
+    """The flat module name of a core module file: its path under `root` joined by `_`, without the `methods`
+    folder and `__init__` (`methods/dhicm/core.py` -> `dhicm_core`, `methods/__init__.py` -> `methods`,
+    `attention.py` -> `attention`)."""
     parts = list(path.resolve().relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -51,7 +51,7 @@ def flat_name(path: Path, root: Path = ROOT) -> str:
 
 
 def _imported_file(path: Path, dots: str, module: str, root: Path) -> Path:
-    """The file a relative import in ``path`` names (a module file, or a package's ``__init__.py``)."""
+    """The file a relative import in `path` names (a module file, or a package's `__init__.py`)."""
     base = path.parent
     for _ in range(len(dots) - 1):
         base = base.parent
@@ -64,7 +64,7 @@ def _imported_file(path: Path, dots: str, module: str, root: Path) -> Path:
 
 
 def core_files(root: Path = ROOT) -> dict[str, Path]:
-    """``{flat name: file}`` of the entry modules and every module they import relatively, recursively; two files
+    """`{flat name: file}` of the entry modules and every module they import relatively, recursively; two files
     with one flat name are refused. (In a remote copy, transformers' loader puts the config's modules and the
     model's in folders of their own: the entry module missing there is left to its own class's save, HF's.)"""
     found: dict[str, Path] = {}
@@ -87,8 +87,8 @@ def core_files(root: Path = ROOT) -> dict[str, Path]:
 
 
 def flattened(path: Path, root: Path = ROOT) -> str:
-    """The text of ``path`` with each relative import naming the flat module (``from ...attention import`` ->
-    ``from .attention import``)."""
+    """The text of `path` with each relative import naming the flat module (`from ...attention import` ->
+    `from .attention import`)."""
 
     def flat(match: re.Match) -> str:
         target = _imported_file(path, match.group(2), match.group(3), root)
@@ -97,17 +97,17 @@ def flattened(path: Path, root: Path = ROOT) -> str:
     return RELATIVE_IMPORT.sub(flat, path.read_text(encoding="utf-8"))
 
 
-#: The flat modules that releases up to 0.3 shipped (HF's copy of the package's then flat modules) and the core no
-#: longer has: a folder saved again must not keep them, which a push to the Hub would upload.
 FORMER_FLAT_NAMES = ("dhicm", "eadra", "eadra_math", "eadra_triton", "fused_passes", "modeling_eadra_triton", "sea",
                      "sea_math")
-#: What marks a file as this package's code (each former flat module has one of these).
+"""The flat modules that releases up to 0.3 shipped (HF's copy of the package's then flat modules) and the core no
+longer has: a folder saved again must not keep them, which a push to the Hub would upload."""
 OURS = re.compile(r"^\s*from\s+\.|hf_headattn|hf-headattn|HeadAttn", re.MULTILINE)
+"""What marks a file as this package's code (each former flat module has one of these)."""
 
 
 def remove_former(folder, shipped=()) -> list[Path]:
-    """Remove from ``folder`` the flat modules an earlier release shipped (:data:`FORMER_FLAT_NAMES`) that the core
-    ``shipped`` now does not, and only where the file is this package's code (:data:`OURS`): a user's own file of
+    """Remove from `folder` the flat modules an earlier release shipped (`FORMER_FLAT_NAMES`) that the core
+    `shipped` now does not, and only where the file is this package's code (`OURS`): a user's own file of
     that name stays. The removed files."""
     removed = []
     for name in FORMER_FLAT_NAMES:
@@ -121,8 +121,8 @@ def remove_former(folder, shipped=()) -> list[Path]:
 
 
 def ship(folder) -> list[Path]:
-    """Write the model core into ``folder``, flat (:func:`core_files`, :func:`flattened`); the written files. The flat
-    modules an earlier release shipped there and the core no longer has are removed (:func:`remove_former`)."""
+    """Write the model core into `folder`, flat (`core_files`, `flattened`); the written files. The flat
+    modules an earlier release shipped there and the core no longer has are removed (`remove_former`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []

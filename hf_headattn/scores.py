@@ -1,26 +1,26 @@
-"""Score biases on chosen heads, made into what each backend takes (the shared layer under ``AttentionCall``).
+"""Score biases on chosen heads, made into what each backend takes (the shared layer under `AttentionCall`).
 
-A method's ``before`` hook adds a bias to the attention scores of some heads
-(:meth:`~.attention.AttentionCall.add_score_bias`: SEA's DEA/LPEA masks, a Gaussian locality bias, a relative-position
-term); the attention function turns every bias of the call into what its backend takes, so that two methods' biases
-add up and no method imports another's math:
+A method's `before` hook adds a bias to the attention scores of some heads
+([`add_score_bias`][hf_headattn.attention_call.AttentionCall.add_score_bias]: SEA's DEA/LPEA masks, a Gaussian locality
+bias, a relative-position term); the attention function turns every bias of the call into what its backend takes, so
+that two methods' biases add up and no method imports another's math:
 
-* SDPA and eager: one mask tensor (:func:`biased_mask`), the call's mask with the biases in it, of H heads only where
+* SDPA and eager: one mask tensor (`biased_mask`), the call's mask with the biases in it, of H heads only where
   a bias differs between heads (else (B, 1, T, S)); bool (True = attend) where the backend takes bool (SDPA) and the
-  one bias is a hard mask, else additive float with ``finfo.min`` where masked (what eager needs, and SDPA with a
+  one bias is a hard mask, else additive float with `finfo.min` where masked (what eager needs, and SDPA with a
   float bias);
-* flex attention: a ``score_mod`` over (sentence, head, query, key) that reads each bias tensor by index
-  (:func:`biased_score_mod`), so a compact bias ((B, 1, T, S), or only the chosen heads') never becomes (B, H, T, S);
+* flex attention: a `score_mod` over (sentence, head, query, key) that reads each bias tensor by index
+  (`biased_score_mod`), so a compact bias ((B, 1, T, S), or only the chosen heads') never becomes (B, H, T, S);
   the padding and causality stay in transformers' block mask.
 
-One bias (a :class:`ScoreBias`) is ``score + bias`` where ``allowed`` and ``-inf`` elsewhere, on its heads. A query
+One bias (a `ScoreBias`) is `score + bias` where `allowed` and `-inf` elsewhere, on its heads. A query
 row whose allowed keys are all masked by the call's own mask (e.g. a padding row) keeps the call's mask alone on that
 bias's heads, the bias left out: a hard mask never leaves a row with nothing to attend to (SEA's rule for padding rows,
 which the paper does not cover). Two hard masks that together leave a row empty give that row the call's mask back on
-SDPA/eager (so a real query never attends to padding); on flex attention, whose ``score_mod`` applies them one by
+SDPA/eager (so a real query never attends to padding); on flex attention, whose `score_mod` applies them one by
 one, such a row gets -inf everywhere (no weight on padding either; no built-in pair gives one).
 
-Shapes: B batch, H the call's heads (after pruning, the heads of ``query``), T queries, S keys.
+Shapes: B batch, H the call's heads (after pruning, the heads of `query`), T queries, S keys.
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ from dataclasses import dataclass
 
 import torch
 
-#: A flex attention ``score_mod``: (score, batch, head, query, key) -> score.
 ScoreMod = Callable[..., torch.Tensor]
+"""A flex attention `score_mod`: (score, batch, head, query, key) -> score."""
 
 
 @dataclass(frozen=True, eq=False)
 class ScoreBias:
     """One method's change to the scores of some heads, checked and in a fixed layout (made by
-    :func:`score_bias`).
+    `score_bias`).
 
     owner : the method's name (errors name it)
     bias : None or float (B or 1, h or 1, T or 1, S or 1), added to the scores (finite)
     allowed : None or bool, the same layout: where False the score becomes -inf (a hard mask)
     selection : None (every head), or bool (B or 1, H): the heads the bias applies to, per sentence
     slot : None, or long (H,): with heads given by number, the place of head h in the bias's head dimension (0 for the
-        heads it does not apply to; ``selection`` leaves them out)
-    masked : whether ``bias`` already holds ``finfo.min`` of the query's dtype (or less) wherever the call's mask
+        heads it does not apply to; `selection` leaves them out)
+    masked : whether `bias` already holds `finfo.min` of the query's dtype (or less) wherever the call's mask
         masks (the SDPA path of one trainable bias then uses it as the mask as it is:
-        :meth:`~.attention_call.AttentionCall._trainable_bias`)
+        `_trainable_bias`)
     """
 
     owner: str
@@ -60,11 +60,11 @@ class ScoreBias:
 
 def score_bias(owner: str, bias: torch.Tensor | None, allowed: torch.Tensor | None, heads, shape: tuple,
                masked: bool = False) -> ScoreBias:
-    """A :class:`ScoreBias` from what a method passes to ``add_score_bias``, checked against the call's ``shape`` =
-    (B, H, T, S); a ``ValueError`` names the method, the bad value and what was expected.
+    """A `ScoreBias` from what a method passes to `add_score_bias`, checked against the call's `shape` =
+    (B, H, T, S); a `ValueError` names the method, the bad value and what was expected.
 
-    ``heads``: None (every head), a bool tensor (H,) or (B, H) (a selection, per sentence where (B, H)), or a sequence
-    of head numbers (h of them, distinct, in [0, H)). ``bias``/``allowed`` broadcast to (B, h, T, S), h = H for None or
+    `heads`: None (every head), a bool tensor (H,) or (B, H) (a selection, per sentence where (B, H)), or a sequence
+    of head numbers (h of them, distinct, in [0, H)). `bias`/`allowed` broadcast to (B, h, T, S), h = H for None or
     a selection, the number of heads given otherwise (sizes 1 broadcast; fewer than 4 dimensions are aligned right).
     """
     batch, num_heads, length, key_length = shape
@@ -91,7 +91,7 @@ def _device(*tensors) -> torch.device:
 
 
 def _laid_out(owner: str, name: str, tensor: torch.Tensor, expected: tuple) -> torch.Tensor:
-    """``tensor`` with 4 dimensions (1s added on the left), each 1 or the expected size."""
+    """`tensor` with 4 dimensions (1s added on the left), each 1 or the expected size."""
     shape = tuple(tensor.shape)
     if tensor.dim() > 4 or any(size not in (1, want) for size, want in zip(shape[::-1], expected[::-1])):
         raise ValueError(f"{owner}: {name} of shape {shape} does not broadcast to (batch, heads, query, key) = "
@@ -119,7 +119,7 @@ def _heads(owner: str, heads, batch: int, num_heads: int, device) -> tuple:
 
 
 def head_numbers(owner: str, heads: Sequence[int], num_heads: int) -> tuple[int, ...]:
-    """``heads`` as a tuple of distinct head numbers in [0, num_heads), or a ``ValueError`` naming ``owner``."""
+    """`heads` as a tuple of distinct head numbers in [0, num_heads), or a `ValueError` naming `owner`."""
     try:
         numbers = tuple(int(head) for head in heads)
     except (TypeError, ValueError):
@@ -141,16 +141,19 @@ def biased_mask(mask: torch.Tensor | None, biases: Sequence[ScoreBias], dtype: t
     ----------
     mask : None, bool (True = attend) or additive float (finfo.min where masked), (B or 1, 1 or H, T, S)
         The call's mask cut to the keys, causality explicit (None: every key allowed).
-    biases : the call's :class:`ScoreBias` es, at least one, in the order added (they add up)
-    dtype : of an additive result (the query's)
+    biases
+        the call's `ScoreBias` es, at least one, in the order added (they add up)
+    dtype
+        of an additive result (the query's)
     boolean : whether a bool result is taken (SDPA); it is returned when the mask is None or bool and the one bias is
-        a hard mask (``allowed`` only), else the result is additive float (two hard masks may leave a row empty,
+        a hard mask (`allowed` only), else the result is additive float (two hard masks may leave a row empty,
         which a bool mask would make NaN in SDPA)
 
     Returns
     -------
-    (B or 1, 1 or H, T, S): (B, H, ...) only where a bias applies to some heads or differs between them. Biases that
-    all name the same heads (one method's, usually) are combined at their own size and spread over the heads once.
+    :
+        (B or 1, 1 or H, T, S): (B, H, ...) only where a bias applies to some heads or differs between them. Biases that
+        all name the same heads (one method's, usually) are combined at their own size and spread over the heads once.
     """
     allowed = _allowed(mask)
     added = None if mask is None or mask.dtype == torch.bool else mask.to(dtype)
@@ -189,7 +192,7 @@ def _allowed(mask: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _keeps(term_allowed: torch.Tensor | None, allowed: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, 1 or h, T, 1) bool: the rows where the hard mask ``term_allowed`` leaves a key that ``allowed`` (the call's
+    """(B, 1 or h, T, 1) bool: the rows where the hard mask `term_allowed` leaves a key that `allowed` (the call's
     mask) allows; elsewhere the bias is left out. None: no hard mask (the bias applies to every row)."""
     if term_allowed is None:
         return None
@@ -198,7 +201,7 @@ def _keeps(term_allowed: torch.Tensor | None, allowed: torch.Tensor | None) -> t
 
 
 def _kept_bias(term: ScoreBias, keeps: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """The bias in ``dtype``, 0 on the rows its hard mask leaves to the call's mask (a finite bias times 0 or 1: one
+    """The bias in `dtype`, 0 on the rows its hard mask leaves to the call's mask (a finite bias times 0 or 1: one
     operator, its gradient the same)."""
     if term.bias is None:
         return None
@@ -217,8 +220,8 @@ def _plus(first, second):
 
 
 def _finished(allowed, added, dtype: torch.dtype, boolean: bool) -> torch.Tensor | None:
-    """The mask from what is allowed and what is added: ``allowed`` itself (bool), or additive ``finfo.min`` where
-    not allowed (set by ``masked_fill``/``where``, never added: adding to ``finfo.min`` could overflow to -inf)."""
+    """The mask from what is allowed and what is added: `allowed` itself (bool), or additive `finfo.min` where
+    not allowed (set by `masked_fill`/`where`, never added: adding to `finfo.min` could overflow to -inf)."""
     if boolean or (allowed is None and added is None):
         return allowed
     low = torch.finfo(dtype).min
@@ -230,7 +233,7 @@ def _finished(allowed, added, dtype: torch.dtype, boolean: bool) -> torch.Tensor
 
 
 def _spread(values: torch.Tensor, term: ScoreBias, neutral) -> torch.Tensor:
-    """``values`` (of the bias's heads) on the call's heads: the bias's heads get theirs, the others ``neutral``
+    """`values` (of the bias's heads) on the call's heads: the bias's heads get theirs, the others `neutral`
     (a tensor, or the value that changes nothing: True for a hard mask, 0 for a bias)."""
     if term.selection is None:
         return values
@@ -245,10 +248,10 @@ def _spread(values: torch.Tensor, term: ScoreBias, neutral) -> torch.Tensor:
 
 
 def biased_score_mod(biases: Sequence[ScoreBias], allowed: torch.Tensor | None) -> ScoreMod:
-    """The biases as one flex ``score_mod``, each read by index (no (B, H, T, S) tensor): what :func:`biased_mask`
+    """The biases as one flex `score_mod`, each read by index (no (B, H, T, S) tensor): what `biased_mask`
     adds to the scores, the call's own mask staying in the block mask.
 
-    ``allowed``: the call's mask as bool (B, 1, T, S) (the block mask's :func:`~.flex.dense_mask`) or None, read only
+    `allowed`: the call's mask as bool (B, 1, T, S) (the block mask's `dense_mask`) or None, read only
     for the rows a hard mask leaves to it (computed here, (B, 1 or h, T)).
     """
     return compose_score_mods([_score_mod(term, allowed) for term in biases])
@@ -274,12 +277,12 @@ def _score_mod(term: ScoreBias, allowed: torch.Tensor | None) -> ScoreMod:
 
 
 def _at(tensor: torch.Tensor, *index):
-    """``tensor[index]``, with index 0 along the dimensions of size 1 (they broadcast)."""
+    """`tensor[index]`, with index 0 along the dimensions of size 1 (they broadcast)."""
     return tensor[tuple(position if size > 1 else 0 for position, size in zip(index, tensor.shape))]
 
 
 def compose_score_mods(score_mods: Sequence[ScoreMod]) -> ScoreMod:
-    """One ``score_mod`` that applies ``score_mods`` in order (each to the score the one before returned)."""
+    """One `score_mod` that applies `score_mods` in order (each to the score the one before returned)."""
     if len(score_mods) == 1:
         return score_mods[0]
 
@@ -292,8 +295,8 @@ def compose_score_mods(score_mods: Sequence[ScoreMod]) -> ScoreMod:
 
 
 def on_heads(score_mod: ScoreMod, heads: torch.Tensor) -> ScoreMod:
-    """``score_mod`` (over the call's heads) for a flex call on the heads ``heads`` (long (h,)) only: head h of that
-    call is head ``heads[h]`` of the call."""
+    """`score_mod` (over the call's heads) for a flex call on the heads `heads` (long (h,)) only: head h of that
+    call is head `heads[h]` of the call."""
 
     def renumbered(score, batch, head, query, key):
         return score_mod(score, batch, heads[head], query, key)

@@ -1,6 +1,6 @@
-"""Checks of the config's settings, shared by the methods' settings and ``config.pruned_heads``
-(:func:`check_pruned_heads`, which the config runs when the field is set and :mod:`hf_headattn.pruning` when it
-prunes): each error names the field, the bad value and what was expected."""
+"""Checks of the config's settings, shared by the methods' settings and `config.pruned_heads`
+(`check_pruned_heads`, which the config runs when the field is set and [`hf_headattn.pruning`][hf_headattn.pruning] when
+it prunes): each error names the field, the bad value and what was expected."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .sites import AttentionSite, component_shape
 def resolve_layers(indices: Iterable[int] | None, num_layers: int, name: str) -> list[int]:
     """Layer indices (negative ones count from the end, as in Python) as a sorted list of distinct non-negative ones.
 
-    Raises ``ValueError`` for an index outside ``[-num_layers, num_layers)``; ``None`` gives ``[]``.
+    Raises `ValueError` for an index outside `[-num_layers, num_layers)`; `None` gives `[]`.
     """
     if indices is None:
         return []
@@ -33,7 +33,7 @@ def resolve_layers(indices: Iterable[int] | None, num_layers: int, name: str) ->
 
 
 def check_range(value, name: str, low: float, high: float | None = None, *, high_open: bool = False) -> None:
-    """Raise ``ValueError`` unless ``low <= value`` (and ``value <= high``, or ``< high`` when ``high_open``)."""
+    """Raise `ValueError` unless `low <= value` (and `value <= high`, or `< high` when `high_open`)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low
     if ok and high is not None:
         ok = value < high if high_open else value <= high
@@ -50,7 +50,7 @@ def check_choice(value, name: str, choices: Iterable) -> None:
 
 @functools.cache
 def allowed_values(settings_class: type, field: str) -> tuple:
-    """The values a settings field's ``Literal`` annotation allows (``None`` too where the field is optional): the
+    """The values a settings field's `Literal` annotation allows (`None` too where the field is optional): the
     one place they are listed."""
     hint = typing.get_type_hints(settings_class)[field]
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
@@ -60,7 +60,7 @@ def allowed_values(settings_class: type, field: str) -> tuple:
 
 
 def describe_type(annotation) -> str:
-    """A settings annotation in words, for error messages: ``list[int] | None`` -> "a list of integers or None"."""
+    """A settings annotation in words, for error messages: `list[int] | None` -> "a list of integers or None"."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is type(None):
         return "None"
@@ -77,8 +77,8 @@ def describe_type(annotation) -> str:
 
 
 def check_pruned_heads(value, config, where: str = "pruned_heads") -> dict[str, list[int]]:
-    """``value`` as ``{module name: sorted original head numbers}`` if valid, else a ``ValueError`` naming the bad
-    entry and what was expected (``None`` or ``{}``: nothing pruned)."""
+    """`value` as `{module name: sorted original head numbers}` if valid, else a `ValueError` naming the bad
+    entry and what was expected (`None` or `{}`: nothing pruned)."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -97,8 +97,8 @@ def check_pruned_heads(value, config, where: str = "pruned_heads") -> dict[str, 
 
 
 def check_head_numbers(heads, total: int, where: str) -> list[int]:
-    """``heads`` (a list, tuple or set, or a 1-d integer array or tensor, of head numbers: ints, numpy integers or
-    0-d integer arrays/tensors) as sorted distinct ints, else a ``ValueError`` naming what was given."""
+    """`heads` (a list, tuple or set, or a 1-d integer array or tensor, of head numbers: ints, numpy integers or
+    0-d integer arrays/tensors) as sorted distinct ints, else a `ValueError` naming what was given."""
     expected = f"a list of head numbers in [0, {total - 1}] (the original numbering)"
     if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable) or getattr(heads, "ndim", 1) != 1:
         raise ValueError(f"{where} must be {expected}, got {heads!r}")
@@ -112,7 +112,7 @@ def check_head_numbers(heads, total: int, where: str) -> list[int]:
 
 
 def _head_number(value) -> int | None:
-    """``value`` as an int if it is an integer (a Python or numpy integer, a 0-d integer array or tensor; no bool,
+    """`value` as an int if it is an integer (a Python or numpy integer, a 0-d integer array or tensor; no bool,
     no float), else None."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()  # numpy scalars and 0-d arrays/tensors: a Python int, float or bool
@@ -120,5 +120,5 @@ def _head_number(value) -> int | None:
 
 
 def _listed(heads) -> list:
-    """``heads`` as a list of Python scalars, for messages."""
+    """`heads` as a list of Python scalars, for messages."""
     return [h.item() if getattr(h, "ndim", None) == 0 and hasattr(h, "item") else h for h in heads]

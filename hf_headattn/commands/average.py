@@ -1,5 +1,5 @@
-"""`hf-headattn average`: average the weights of a run's last N checkpoints into a model that ``from_pretrained`` loads
-(RHE, Appendix A.1; the averaging itself: :mod:`hf_headattn.experiment.averaging`).
+"""`hf-headattn average`: average the weights of a run's last N checkpoints into a model that `from_pretrained` loads
+(RHE, Appendix A.1; the averaging itself: `hf_headattn.experiment.averaging`).
 
     # the last 10 checkpoint-<step> folders of a Trainer run (in step order)
     hf-headattn average --run_dir outputs/rhe --last 10 --output_dir outputs/rhe/averaged
@@ -8,12 +8,12 @@
     hf-headattn average --checkpoints outputs/a/checkpoint-900 outputs/a/checkpoint-1000 \\
         --output_dir outputs/a/averaged
 
-Train with ``--save_strategy epoch`` (or steps) and no ``--save_total_limit`` below N, so the checkpoints exist.
-Writes the averaged model, the last checkpoint's tokenizer files and ``averaged_from.json`` into ``--output_dir``,
+Train with `--save_strategy epoch` (or steps) and no `--save_total_limit` below N, so the checkpoints exist.
+Writes the averaged model, the last checkpoint's tokenizer files and `averaged_from.json` into `--output_dir`,
 whole: into a hidden sibling folder first, renamed when complete, so a failure leaves nothing. Every argument is checked
-before a weight is read (a bad one is a usage error, exit 2): ``--output_dir`` is never the run folder, one of the
+before a weight is read (a bad one is a usage error, exit 2): `--output_dir` is never the run folder, one of the
 averaged checkpoints or a folder holding one, and a folder holding anything else (another checkpoint, an earlier
-average) only with ``--overwrite``, which replaces that folder.
+average) only with `--overwrite`, which replaces that folder.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from hf_headattn.experiment.outputs import check_output_dir
 
 def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
     """The arguments, all checked (the checkpoints' configs and tensor shapes read, no weights): a bad one is a
-    usage error naming it. ``args.checkpoints`` is then the list to average. ``prog``: the name the usage and errors
+    usage error naming it. `args.checkpoints` is then the list to average. `prog`: the name the usage and errors
     give (default the script's, argparse's)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,7 +59,7 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
 
 
 def main(argv=None, prog: str | None = None) -> dict:
-    """Average the checkpoints that ``argv`` (default ``sys.argv[1:]``) names: which ones, and where to."""
+    """Average the checkpoints that `argv` (default `sys.argv[1:]`) names: which ones, and where to."""
     args = parse_args(argv, prog)
     checkpoints = args.checkpoints
     average_checkpoints(checkpoints, args.output_dir, overwrite=args.overwrite)

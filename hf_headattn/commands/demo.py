@@ -126,7 +126,7 @@ def pictures(args, methods) -> list[Path]:
 
 
 def main(argv=None, prog: str | None = None) -> None:
-    """The demo on ``argv`` (default ``sys.argv[1:]``); ``prog``: the name its usage and errors give (default the
+    """The demo on `argv` (default `sys.argv[1:]`); `prog`: the name its usage and errors give (default the
     script's, argparse's)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

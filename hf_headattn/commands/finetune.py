@@ -2,9 +2,9 @@
 sacreBLEU.
 
 The paper fine-tunes mBART with EaDRA on the encoder self-attention (Table 5), with Table 6's WMT En-De 100k alphas
-and only two regularized heads per layer; that is the default ``--eadra``. Any mBART checkpoint (hub name or folder:
-``facebook/mbart-large-50``, ``facebook/mbart-large-cc25``, a fine-tuned one) and any parallel data
-(``hf_headattn.experiment.data.load_parallel_dataset``: a hub dataset, local TSV / JSON lines / ``PREFIX.<lang>`` files,
+and only two regularized heads per layer; that is the default `--eadra`. Any mBART checkpoint (hub name or folder:
+`facebook/mbart-large-50`, `facebook/mbart-large-cc25`, a fine-tuned one) and any parallel data
+(`hf_headattn.experiment.data.load_parallel_dataset`: a hub dataset, local TSV / JSON lines / `PREFIX.<lang>` files,
 or Multi30k) work:
 
     hf-headattn finetune --model_name_or_path facebook/mbart-large-50 \\
@@ -16,13 +16,13 @@ or Multi30k) work:
     # EaDRA_enc+dec (Table 5's second row); --eadra null fine-tunes the plain model (the baseline)
     ... --eadra '{"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2}}'
 
-Writes ``results.json`` (sacreBLEU BLEU/chrF with signatures against the raw references of each test split, the
-settings, the log history with the EaDRA terms) and ``predictions_<split>.txt`` into ``--output_dir``; with
-``--entropy_report`` also the encoder self-attention entropy per layer and head on the validation split before and
-after fine-tuning (``encoder_entropy_{before,after}.{json,png}``, the paper's Table 2 and Figure 1).
+Writes `results.json` (sacreBLEU BLEU/chrF with signatures against the raw references of each test split, the
+settings, the log history with the EaDRA terms) and `predictions_<split>.txt` into `--output_dir`; with
+`--entropy_report` also the encoder self-attention entropy per layer and head on the validation split before and
+after fine-tuning (`encoder_entropy_{before,after}.{json,png}`, the paper's Table 2 and Figure 1).
 
-An ``--output_dir`` that holds ``checkpoint-N`` folders of an earlier run is refused unless
-``--overwrite_output_dir`` (they are removed before training) or ``--resume_from_checkpoint`` (``true``: the latest
+An `--output_dir` that holds `checkpoint-N` folders of an earlier run is refused unless
+`--overwrite_output_dir` (they are removed before training) or `--resume_from_checkpoint` (`true`: the latest
 of them; or a checkpoint folder), which continues that run; one that is the model or data it reads is refused always.
 """
 
@@ -97,7 +97,7 @@ def entropy_report(trainer, features, name: str, output_dir: str) -> dict:
 
 
 def main(argv=None, prog: str | None = None) -> dict:
-    """The fine-tuning run of ``argv`` (default ``sys.argv[1:]``): its ``results.json``. ``prog``: the name its usage
+    """The fine-tuning run of `argv` (default `sys.argv[1:]`): its `results.json`. `prog`: the name its usage
     and errors give (default the script's, argparse's)."""
     parser = RecipeArgumentParser((ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments),
                                   prog=prog, description=__doc__)

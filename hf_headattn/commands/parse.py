@@ -3,18 +3,18 @@ reads.
 
 SEA/RHE need dependency parses of the sources. Parsing needs spaCy; training may run where spaCy is not installed
 (a GPU box, a cluster image). Parse here with the same data flags as the training run, then train there with
-``--syntax_parses_dir``:
+`--syntax_parses_dir`:
 
     hf-headattn parse --source_lang en --target_lang de \\
         --output_dir parses/multi30k_en
     hf-headattn train --method lpea_rhe \\
         --syntax_parses_dir parses/multi30k_en ...
 
-Writes ``<output_dir>/<split>.<source_lang>.conllu`` per split (sentence ``k`` parses example ``k``); a line that
-spaCy would split into several sentences is parsed as one, as in training. ``parser.json`` names the spaCy pipeline;
-the training run records it in the model's config (``syntax_parser``), so the model translates raw text with it.
+Writes `<output_dir>/<split>.<source_lang>.conllu` per split (sentence `k` parses example `k`); a line that
+spaCy would split into several sentences is parsed as one, as in training. `parser.json` names the spaCy pipeline;
+the training run records it in the model's config (`syntax_parser`), so the model translates raw text with it.
 The folder is written whole (into a hidden sibling first, renamed when complete, so an interrupted run leaves
-nothing); an ``--output_dir`` that holds anything is refused unless ``--overwrite``, which replaces it, and one that is
+nothing); an `--output_dir` that holds anything is refused unless `--overwrite`, which replaces it, and one that is
 (or holds) the data it parses is refused always.
 """
 
@@ -49,7 +49,7 @@ class ParseArguments:
 
 
 def main(argv=None, prog: str | None = None) -> dict[str, str]:
-    """Parse the sources that ``argv`` (default ``sys.argv[1:]``) names: ``{split: CoNLL-U file}``. ``prog``: the name
+    """Parse the sources that `argv` (default `sys.argv[1:]`) names: `{split: CoNLL-U file}`. `prog`: the name
     its usage and errors give (default the script's, argparse's)."""
     parser = RecipeArgumentParser((ParallelDataArguments, ParseArguments), prog=prog, description=__doc__)
     data_args, parse_args = parser.parse_args_into_dataclasses(args=argv)

@@ -1,32 +1,32 @@
 """`hf-headattn prune`: iterative head pruning of a trained translation model, one curve per importance criterion.
 
 As Michel et al. (2019, §6.1): each step prunes a share of the remaining heads, the least important by the criterion
-(``hf_headattn.experiment.analysis.head_ranking``: gradient, confidence, entropy, random, and the criteria of the
+(`hf_headattn.experiment.analysis.head_ranking`: gradient, confidence, entropy, random, and the criteria of the
 methods the model carries, dhicm and rhe), optionally fine-tunes for N steps, recomputes the importance (unless
-``--no_recompute``) and scores the validation set. Importance is computed on training sentences, choices are made on
-validation, and ``--test_split`` is read once, for the chosen model only. ``--model_dir`` is an hf-headattn model
-with its tokenizer (a training run's ``--output_dir``: the run's final or, with ``--load_best_model_at_end``, best
-weights); a stock mBART/Marian checkpoint is refused (convert it first: ``HeadAttnMarianMTModel.from_pretrained`` loads
-it, ``save_pretrained`` writes it as ours). The criteria ``dhicm`` and ``rhe`` need a model that carries DHICM,
-resp. SEA with RHE. A model with a method kept outside the package needs ``--method_modules`` (the module that
-registers it; its criterion is then one of ``--criteria``).
+`--no_recompute`) and scores the validation set. Importance is computed on training sentences, choices are made on
+validation, and `--test_split` is read once, for the chosen model only. `--model_dir` is an hf-headattn model
+with its tokenizer (a training run's `--output_dir`: the run's final or, with `--load_best_model_at_end`, best
+weights); a stock mBART/Marian checkpoint is refused (convert it first: `HeadAttnMarianMTModel.from_pretrained` loads
+it, `save_pretrained` writes it as ours). The criteria `dhicm` and `rhe` need a model that carries DHICM,
+resp. SEA with RHE. A model with a method kept outside the package needs `--method_modules` (the module that
+registers it; its criterion is then one of `--criteria`).
 
 Every argument (criteria against the model, shares, counts, folders) is checked before anything is read, evaluated,
 written or deleted: a bad one is a usage error (exit 2). A rerun with the same settings continues the run; an
-``--output_dir`` that holds the results of a run with other settings is refused unless ``--overwrite``, which prints
+`--output_dir` that holds the results of a run with other settings is refused unless `--overwrite`, which prints
 what it replaces and deletes it once the model and the data have loaded (the new run then writes its own).
 
-Writes to ``--output_dir``:
-* ``pruning.json``: per criterion and step, the share of heads pruned, the heads, BLEU, chrF, parameters and
-  ``generate`` sentences/s; per criterion the largest share within 0.5 BLEU of the unpruned model on validation; the
-  best criterion (the largest such share; ties: the higher BLEU); after ``--test_split``, test BLEU/chrF of the
-  chosen model and of the unpruned one, and their ``generate`` throughput on the test sources, timed alternately
-  ``--timing_repeats`` times in the same run (``throughput_ratio``: the median ratio). A restart skips the criteria
+Writes to `--output_dir`:
+* `pruning.json`: per criterion and step, the share of heads pruned, the heads, BLEU, chrF, parameters and
+  `generate` sentences/s; per criterion the largest share within 0.5 BLEU of the unpruned model on validation; the
+  best criterion (the largest such share; ties: the higher BLEU); after `--test_split`, test BLEU/chrF of the
+  chosen model and of the unpruned one, and their `generate` throughput on the test sources, timed alternately
+  `--timing_repeats` times in the same run (`throughput_ratio`: the median ratio). A restart skips the criteria
   already done (same settings), and never reads the test set twice.
-* ``criteria/<criterion>/``: per criterion, the model at its largest share within the tolerance (fine-tuned, with
-  ``--finetune_steps``: AdamW steps on shuffled training sentences after each pruning step);
-* ``pruning.png``: validation BLEU against the share of heads pruned, one curve per criterion;
-* ``model/``: the model pruned by the best criterion at its chosen share, its tokenizer, and a model card that says
+* `criteria/<criterion>/`: per criterion, the model at its largest share within the tolerance (fine-tuned, with
+  `--finetune_steps`: AdamW steps on shuffled training sentences after each pruning step);
+* `pruning.png`: validation BLEU against the share of heads pruned, one curve per criterion;
+* `model/`: the model pruned by the best criterion at its chosen share, its tokenizer, and a model card that says
   what was pruned and why.
 
     hf-headattn prune --model_dir runs/converged/screen/baseline/seed1 \\
@@ -74,12 +74,12 @@ from hf_headattn.experiment.recipe_parts import collator, prepare_features
 from hf_headattn.experiment.tokenization import load_tokenizer
 from hf_headattn.sites import COMPONENTS, component_shape
 
-#: What a run writes into --output_dir.
 EARLIER = ("pruning.json", "criteria", "model", "pruning.png")
+"""What a run writes into --output_dir."""
 
 
 def parse_args(argv=None, prog: str | None = None):
-    """The arguments of ``argv`` (default ``sys.argv[1:]``), every one checked before anything is read; ``prog``: the
+    """The arguments of `argv` (default `sys.argv[1:]`), every one checked before anything is read; `prog`: the
     name the usage and errors give (default the script's, argparse's)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,7 +128,7 @@ def parse_args(argv=None, prog: str | None = None):
 
 
 def identity(args) -> dict:
-    """The settings that make a run the run it is (``pruning.json``'s ``settings``): a restart with the same ones
+    """The settings that make a run the run it is (`pruning.json`'s `settings`): a restart with the same ones
     continues it."""
     keys = ("model_dir", "source_lang", "target_lang", "step_share", "max_share", "no_recompute", "finetune_steps",
             "finetune_learning_rate", "finetune_samples", "importance_samples", "eval_samples", "num_beams",
@@ -165,7 +165,7 @@ def check_args(parser, args) -> None:
 
 
 def check_model(parser, args) -> None:
-    """``--model_dir`` holds an hf-headattn model with the methods that ``--criteria`` read, and its tokenizer."""
+    """`--model_dir` holds an hf-headattn model with the methods that `--criteria` read, and its tokenizer."""
     if not (args.model_dir / "config.json").is_file():
         parser.error(f"--model_dir {args.model_dir} holds no config.json; expected a saved model and its tokenizer "
                      "(a training run's --output_dir)")
@@ -176,7 +176,7 @@ def check_model(parser, args) -> None:
 
 
 def check_config(parser, args) -> None:
-    """An hf-headattn config that carries the methods of ``--criteria``."""
+    """An hf-headattn config that carries the methods of `--criteria`."""
     try:
         config = AutoConfig.from_pretrained(args.model_dir)
     except (OSError, ValueError) as error:
@@ -197,8 +197,8 @@ def check_config(parser, args) -> None:
 
 
 def earlier_results(parser, args) -> list[str]:
-    """What an earlier run in ``--output_dir`` left with other settings (``[]``: none, or a restart of this run),
-    refused unless ``--overwrite``."""
+    """What an earlier run in `--output_dir` left with other settings (`[]`: none, or a restart of this run),
+    refused unless `--overwrite`."""
     found = [name for name in EARLIER if (args.output_dir / name).exists()]
     try:
         stored = json.loads((args.output_dir / "pruning.json").read_text()).get("settings") if found else None
@@ -251,11 +251,11 @@ class Study:
                 "batch_size": self.args.batch_size}
 
     def criterion_dir(self, criterion: str) -> Path:
-        """Where the model pruned by ``criterion`` at its largest share within the tolerance is kept."""
+        """Where the model pruned by `criterion` at its largest share within the tolerance is kept."""
         return self.args.output_dir / "criteria" / criterion
 
     def chosen_model(self, criterion: str, record: dict):
-        """The model pruned (and fine-tuned) by ``criterion`` as in ``record``."""
+        """The model pruned (and fine-tuned) by `criterion` as in `record`."""
         if not record["pruned"]:
             return self.load()
         folder = self.criterion_dir(criterion)
@@ -284,8 +284,8 @@ class Study:
 
 
 def candidate_heads(study: Study, results: dict) -> dict[str, torch.Tensor] | None:
-    """With ``--common_heads``, the heads that all the criteria score on the unpruned model (``common_heads``),
-    recorded in ``results`` as ``{component: [[layer, head], ...]}``; else None (every head)."""
+    """With `--common_heads`, the heads that all the criteria score on the unpruned model (`common_heads`),
+    recorded in `results` as `{component: [[layer, head], ...]}`; else None (every head)."""
     if not study.args.common_heads:
         return None
     if "common_heads" not in results:
@@ -352,8 +352,8 @@ def save_chosen(study: Study, criterion: str, record: dict, results: dict) -> Pa
 
 
 def test_once(study: Study, criterion: str, record: dict, results: dict, path: Path) -> None:
-    """Test BLEU of the chosen model and of the unpruned one; then their ``generate`` throughput on the test
-    sources, timed alternately (``throughput_ratio``); never twice."""
+    """Test BLEU of the chosen model and of the unpruned one; then their `generate` throughput on the test
+    sources, timed alternately (`throughput_ratio`); never twice."""
     if "test" in results:
         print(f"the test set was read before ({results['test']['split']}); not again")
         return
@@ -382,7 +382,7 @@ def plot(results: dict, path: Path) -> Path:
 
 
 def replace_earlier(args) -> None:
-    """Delete what ``earlier_results`` found (``--overwrite``), saying so first."""
+    """Delete what `earlier_results` found (`--overwrite`), saying so first."""
     if not args.replaced:
         return
     print(f"--overwrite: replacing the earlier run's {args.replaced} in {args.output_dir}", flush=True)
@@ -392,7 +392,7 @@ def replace_earlier(args) -> None:
 
 
 def main(argv=None, prog: str | None = None) -> dict:
-    """The pruning run of ``argv`` (default ``sys.argv[1:]``): ``pruning.json``'s results."""
+    """The pruning run of `argv` (default `sys.argv[1:]`): `pruning.json`'s results."""
     args = parse_args(argv, prog)  # every check: nothing is read, evaluated, written or deleted before them
     path = args.output_dir / "pruning.json"
     study = Study(args)

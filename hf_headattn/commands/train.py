@@ -1,6 +1,6 @@
 """`hf-headattn train`: train and evaluate a translation model with any combination of the hf-headattn methods.
 
-In the style of HF's ``run_translation.py`` (its common flags keep their names), plus the method settings:
+In the style of HF's `run_translation.py` (its common flags keep their names), plus the method settings:
 
     # Multi30k En-De from scratch (no data flag: Multi30k, found or downloaded), DHICM on, on the CPU
     hf-headattn train --source_lang en --target_lang de \\
@@ -20,20 +20,21 @@ In the style of HF's ``run_translation.py`` (its common flags keep their names),
     # a method kept outside the package: its module is imported first, so --method and its own flags know it
     hf-headattn train --method_modules my_pkg.my_method --method my_method --output_dir outputs/mine
 
-An interrupted run continues with ``--resume_from_checkpoint true`` (the latest ``checkpoint-N`` in ``--output_dir``)
-or ``--resume_from_checkpoint <checkpoint folder>``. Without it, an ``--output_dir`` that holds ``checkpoint-N``
-folders is refused unless ``--overwrite_output_dir`` (start afresh: they are removed before training); one that is
+An interrupted run continues with `--resume_from_checkpoint true` (the latest `checkpoint-N` in `--output_dir`)
+or `--resume_from_checkpoint <checkpoint folder>`. Without it, an `--output_dir` that holds `checkpoint-N`
+folders is refused unless `--overwrite_output_dir` (start afresh: they are removed before training); one that is
 the model, tokenizer or data the run reads is refused always.
 
-Writes ``results.json`` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
-``predictions_<split>.txt`` per test split into ``--output_dir``. ``train_time_s`` is this run's wall time in
-``Trainer.train`` (after a resume: the resumed part only); ``total_train_time_s`` adds the time of the runs before,
-up to the resumed checkpoint (each checkpoint keeps it in ``train_time.json``; null for a checkpoint written before
-that file was); ``resumed_from`` names that checkpoint, its step and that earlier time (null: not resumed). Loss
-components are logged beside ``loss`` (``--report_to tensorboard`` for TensorBoard).
+Writes `results.json` (sacreBLEU/chrF with signatures per test split, settings, train time) and one
+`predictions_<split>.txt` per test split into `--output_dir`. `train_time_s` is this run's wall time in
+`Trainer.train` (after a resume: the resumed part only); `total_train_time_s` adds the time of the runs before,
+up to the resumed checkpoint (each checkpoint keeps it in `train_time.json`; null for a checkpoint written before
+that file was); `resumed_from` names that checkpoint, its step and that earlier time (null: not resumed). Loss
+components are logged beside `loss` (`--report_to tensorboard` for TensorBoard).
 
-The module is the command's :func:`main` (which the demo, :mod:`.demo`, runs once per model); its arguments and the
-method settings they give are the kit's :mod:`hf_headattn.experiment.train_arguments`.
+The module is the command's `main` (which the demo, `demo`, runs once per model); its arguments and the
+method settings they give are the kit's
+[`hf_headattn.experiment.train_arguments`][hf_headattn.experiment.train_arguments].
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ logger = logging.getLogger("train_translation")
 
 
 def main(argv=None, prog: str | None = None) -> dict:
-    """The training run of ``argv`` (default ``sys.argv[1:]``): its ``results.json``. ``prog``: the name its usage and
+    """The training run of `argv` (default `sys.argv[1:]`): its `results.json`. `prog`: the name its usage and
     errors give (default the script's, argparse's)."""
     parser, parsed, options = parse_recipe_arguments(
         (ModelArguments, DataArguments, OutputArguments, Seq2SeqTrainingArguments), argv, prog=prog,

@@ -1,18 +1,18 @@
 """`hf-headattn translate`: translate raw text with a trained model, one line in, one line out, in order (like
-``marian-decoder`` or ``fairseq-interactive``); any method, SEA/RHE included (the sources are parsed with the parser
-saved with the model). The translation itself: ``hf_headattn.translate``.
+`marian-decoder` or `fairseq-interactive`); any method, SEA/RHE included (the sources are parsed with the parser
+saved with the model). The translation itself: `hf_headattn.translate`.
 
     hf-headattn translate --model_name_or_path outputs/lpea_rhe < sources.en > translations.de
     hf-headattn translate --model_name_or_path outputs/lpea_rhe --input test.en --output test.de \\
         --num_beams 5 --batch_size 64 --reference test.de.ref      # also prints sacreBLEU and chrF
 
 An empty line gives an empty line. A line the parser (or the alignment to the tokenizer) cannot handle stops the run
-with its line number; with ``--on_parse_error skip`` it is translated without syntax enhancement (and named on
-stderr), never dropped. Lines longer than ``--max_source_length`` (default: the model's limit) are truncated, with a
-warning naming them. Input is read as UTF-8 unless ``--encoding`` says otherwise. The progress bar and the scores go
-to stderr. ``--output`` replaces an existing file, as ``>`` would, but never the input, the reference or a file of the
+with its line number; with `--on_parse_error skip` it is translated without syntax enhancement (and named on
+stderr), never dropped. Lines longer than `--max_source_length` (default: the model's limit) are truncated, with a
+warning naming them. Input is read as UTF-8 unless `--encoding` says otherwise. The progress bar and the scores go
+to stderr. `--output` replaces an existing file, as `>` would, but never the input, the reference or a file of the
 model's or tokenizer's folder (a usage error, before anything is read). A model trained with a method kept outside the
-package needs the module that registers it: ``--method_modules my_pkg.my_method``.
+package needs the module that registers it: `--method_modules my_pkg.my_method`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from hf_headattn.experiment.tokenization import load_tokenizer
 
 
 def read_lines(path: str, encoding: str = "utf-8", errors: str = "strict") -> list[str]:
-    """Lines of a text file (``-``: stdin), decoded as ``bytes.decode(encoding, errors)``, split at ``\\n`` only
-    (not at the other characters ``str.splitlines`` breaks at, such as U+2028, which may stand inside a sentence); a
-    trailing ``\\r`` is dropped. Bytes that do not decode stop the run naming the file and the line."""
+    """Lines of a text file (`-`: stdin), decoded as `bytes.decode(encoding, errors)`, split at `\\n` only
+    (not at the other characters `str.splitlines` breaks at, such as U+2028, which may stand inside a sentence); a
+    trailing `\\r` is dropped. Bytes that do not decode stop the run naming the file and the line."""
     data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     try:
         text = data.decode(encoding, errors)
@@ -64,8 +64,8 @@ def write_lines(path: str, lines: list[str]) -> None:
 
 
 def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
-    """The arguments of ``argv`` (default ``sys.argv[1:]``), checked against the files and the model's config before
-    anything is read; ``prog``: the name the usage and errors give (default the script's, argparse's)."""
+    """The arguments of `argv` (default `sys.argv[1:]`), checked against the files and the model's config before
+    anything is read; `prog`: the name the usage and errors give (default the script's, argparse's)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_name_or_path", required=True, help="Saved model folder or Hub name")
@@ -117,7 +117,7 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
 
 
 def check_files(parser, args) -> None:
-    """The input and reference files exist and ``--output`` is none of the run's inputs; without ``--input``,
+    """The input and reference files exist and `--output` is none of the run's inputs; without `--input`,
     standard input is open (a hint where it is a terminal)."""
     for flag, path in (("--input", args.input), ("--reference", args.reference)):
         if path not in (None, "-") and not Path(path).is_file():
@@ -138,7 +138,7 @@ def check_files(parser, args) -> None:
 
 
 def main(argv=None, prog: str | None = None) -> list[str]:
-    """Translate the lines that ``argv`` (default ``sys.argv[1:]``) names: the translations, in order."""
+    """Translate the lines that `argv` (default `sys.argv[1:]`) names: the translations, in order."""
     args = parse_args(argv, prog)
     sources = read_lines(args.input, args.encoding, args.encoding_errors)
     references = read_lines(args.reference, args.encoding, args.encoding_errors) if args.reference else None

@@ -1,4 +1,4 @@
-"""The recipes' argparse checks: ``type=`` functions that turn a bad value into a usage error (exit 2) naming it
+"""The recipes' argparse checks: `type=` functions that turn a bad value into a usage error (exit 2) naming it
 and what was expected."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from .multi30k import Multi30kError, find_multi30k
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """``--help`` with each flag's default (as ``HfArgumentParser`` shows them) and the description as written (a
+    """`--help` with each flag's default (as `HfArgumentParser` shows them) and the description as written (a
     command's module docstring, its example commands line by line)."""
 
 
 class RecipeArgumentParser(HfArgumentParser):
-    """``HfArgumentParser`` whose usage error is the one line that says what is wrong (argparse's own prints the
-    usage of every flag first: some 40 lines with ``Seq2SeqTrainingArguments``), and where ``--help`` is; its
-    ``--help`` shows a ``description`` as written (:class:`HelpFormatter`)."""
+    """`HfArgumentParser` whose usage error is the one line that says what is wrong (argparse's own prints the
+    usage of every flag first: some 40 lines with `Seq2SeqTrainingArguments`), and where `--help` is; its
+    `--help` shows a `description` as written (`HelpFormatter`)."""
 
     def __init__(self, dataclass_types, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -76,7 +76,7 @@ def existing_file(text: str) -> Path:
 
 
 def multi30k_folder(parser: argparse.ArgumentParser, folder: str | Path | None, languages) -> Path:
-    """:func:`.multi30k.find_multi30k` for a recipe's ``--multi30k_dir`` (None: found or downloaded); a folder that
+    """`multi30k.find_multi30k` for a recipe's `--multi30k_dir` (None: found or downloaded); a folder that
     lacks the files, or no copy at all, is a usage error naming what to do."""
     try:
         return find_multi30k(folder, languages=languages, argument="--multi30k_dir")

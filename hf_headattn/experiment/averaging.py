@@ -4,11 +4,11 @@
     theta_avg = (1 / N) * sum_{i=1..N} theta_i      for every floating-point tensor
 
 computed in float64 and stored in the checkpoints' dtype; other tensors (integer buffers) come from the last
-checkpoint. The checkpoints must share one architecture: their configs (minus :data:`IGNORED_CONFIG_FIELDS`) and
-their tensors' names and shapes must agree. The result is written with ``save_pretrained`` beside the last
-checkpoint's tokenizer files, so ``from_pretrained`` loads it like any checkpoint. The output folder is written whole
-(:func:`~hf_headattn.experiment.outputs.replacing_dir`): never one of the checkpoints or a folder holding one, and a
-folder holding anything (an earlier model) only with ``overwrite``, which replaces it.
+checkpoint. The checkpoints must share one architecture: their configs (minus `IGNORED_CONFIG_FIELDS`) and
+their tensors' names and shapes must agree. The result is written with `save_pretrained` beside the last
+checkpoint's tokenizer files, so `from_pretrained` loads it like any checkpoint. The output folder is written whole
+(`replacing_dir`): never one of the checkpoints or a folder holding one, and a
+folder holding anything (an earlier model) only with `overwrite`, which replaces it.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from transformers import AutoModelForSeq2SeqLM
 from ..hf_compat import TRAINING_STATE_FILES, ZERO_TO_FP32, zero3_enabled
 from .outputs import check_output_dir, replacing_dir
 
-#: Config fields that differ between checkpoints of one architecture without meaning anything.
 IGNORED_CONFIG_FIELDS = ("transformers_version", "headattn_version", "_name_or_path", "dtype", "torch_dtype",
                          "_commit_hash")
+"""Config fields that differ between checkpoints of one architecture without meaning anything."""
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
 def last_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
-    """The last ``last`` ``checkpoint-<step>`` folders of a Trainer run, in step order (``checkpoint-1000`` after
-    ``checkpoint-200``)."""
+    """The last `last` `checkpoint-<step>` folders of a Trainer run, in step order (`checkpoint-1000` after
+    `checkpoint-200`)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
@@ -82,7 +82,7 @@ def _config(checkpoint: Path) -> dict:
 
 
 def check_same_architecture(checkpoints: list[Path]) -> None:
-    """Raise ``ValueError`` naming the first config field or tensor in which a checkpoint differs from the first."""
+    """Raise `ValueError` naming the first config field or tensor in which a checkpoint differs from the first."""
     reference, first = checkpoints[0], _config(checkpoints[0])
     shapes = _shapes(reference)
     for other in checkpoints[1:]:
@@ -117,8 +117,8 @@ def average_state_dict(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def check_checkpoints(checkpoints: list[str | Path]) -> list[Path]:
-    """``checkpoints`` as paths, if they are folders of one architecture (configs and tensor headers read, no
-    weights); else a ``FileNotFoundError`` or ``ValueError`` naming the one at fault."""
+    """`checkpoints` as paths, if they are folders of one architecture (configs and tensor headers read, no
+    weights); else a `FileNotFoundError` or `ValueError` naming the one at fault."""
     checkpoints = [Path(path) for path in checkpoints]
     if not checkpoints:
         raise ValueError("no checkpoints to average; expected at least one checkpoint folder")
@@ -131,14 +131,14 @@ def check_checkpoints(checkpoints: list[str | Path]) -> list[Path]:
 
 def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, model_class=AutoModelForSeq2SeqLM,
                         overwrite: bool = False):
-    """Average ``checkpoints`` into ``output_dir`` (``save_pretrained``, plus the last one's tokenizer files),
+    """Average `checkpoints` into `output_dir` (`save_pretrained`, plus the last one's tokenizer files),
     written whole: nothing of it remains if this fails.
 
-    Returns the averaged model. Raises ``ValueError`` for an empty list, checkpoints of different architectures, an
-    ``output_dir`` that is or holds one of them, or (unless ``overwrite``, which replaces it) one that holds anything,
-    and in a process where a DeepSpeed ZeRO-3 config is alive (``from_pretrained`` would partition the model).
-    Checkpoints of a DeepSpeed run hold the weights when it gathered them (``stage3_gather_16bit_weights_on_model_save``
-    with ZeRO-3); DeepSpeed's own files (``global_step<N>``, ``latest``, its scripts) are not copied.
+    Returns the averaged model. Raises `ValueError` for an empty list, checkpoints of different architectures, an
+    `output_dir` that is or holds one of them, or (unless `overwrite`, which replaces it) one that holds anything,
+    and in a process where a DeepSpeed ZeRO-3 config is alive (`from_pretrained` would partition the model).
+    Checkpoints of a DeepSpeed run hold the weights when it gathered them (`stage3_gather_16bit_weights_on_model_save`
+    with ZeRO-3); DeepSpeed's own files (`global_step<N>`, `latest`, its scripts) are not copied.
     """
     checkpoints = list(checkpoints)
     check_output_dir(output_dir, {"checkpoint": checkpoints}, overwrite=overwrite, overwrite_flag="overwrite=True",

@@ -1,10 +1,10 @@
 """Which registered methods compose on one attention module: the table in docs/design.md ("Two methods on one
-attention module"), generated from the registry (``tests/test_docs.py`` checks that the file holds this output).
+attention module"), generated from the registry (`tests/test_docs.py` checks that the file holds this output).
 
-Each method is taken with the settings of its recipe name (``--method <name>``: its kit's ``method_names``, the
+Each method is taken with the settings of its recipe name (`--method <name>`: its kit's `method_names`, the
 entry named after the method, else its first), on one encoder self-attention layer of Transformer-base (8 heads);
 a pair is refused when the config is built where their declared head uses conflict
-(:func:`~hf_headattn.registry.meeting_conflict`: both take over a head, or one reads the probabilities of heads the
+(`meeting_conflict`: both take over a head, or one reads the probabilities of heads the
 other fixes), and composes otherwise.
 """
 
@@ -18,15 +18,15 @@ from ..sites import AttentionSite
 from .kit import kits
 from .presets import MODEL_SHAPES
 
-#: The attention module the table places every pair on.
 SITE = AttentionSite("encoder", 0, "self")
-#: The markers around the table in docs/design.md.
+"""The attention module the table places every pair on."""
 BEGIN = "<!-- compatibility table: hf_headattn.experiment.compatibility.compatibility_table() -->"
+"""The markers around the table in docs/design.md."""
 END = "<!-- end of the compatibility table -->"
 
 
 def recipe_settings() -> dict[str, tuple[str, dict]]:
-    """``{method: (recipe name, its settings)}`` for every registered method whose kit has a recipe name."""
+    """`{method: (recipe name, its settings)}` for every registered method whose kit has a recipe name."""
     chosen = {}
     for kit in kits():
         names = kit.method_names
@@ -37,7 +37,8 @@ def recipe_settings() -> dict[str, tuple[str, dict]]:
 
 
 def head_uses(config) -> dict[str, HeadUse]:
-    """Each method's :class:`HeadUse` on :data:`SITE` with its recipe settings (an empty one: no declaration)."""
+    """Each method's [`HeadUse`][hf_headattn.registry.HeadUse] on `SITE` with its recipe settings (an empty one: no
+    declaration)."""
     uses = {}
     for spec in registered_methods():
         recipe = recipe_settings().get(spec.name)
@@ -49,7 +50,7 @@ def head_uses(config) -> dict[str, HeadUse]:
 
 
 def compatibility_table() -> str:
-    """The markdown table (between :data:`BEGIN` and :data:`END`) and the refusals' messages."""
+    """The markdown table (between `BEGIN` and `END`) and the refusals' messages."""
     config = HeadAttnMarianConfig(**MODEL_SHAPES["base"])
     uses = head_uses(config)
     names = list(uses)

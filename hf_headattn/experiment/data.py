@@ -1,18 +1,18 @@
 """Parallel data loading for the training recipes.
 
-Every loader returns a :class:`datasets.DatasetDict` with one column, ``translation``, holding
-``{source_lang: str, target_lang: str}`` per row: the format of HF's ``run_translation.py`` and of
-hub datasets such as ``wmt16``.
+Every loader returns a `datasets.DatasetDict` with one column, `translation`, holding
+`{source_lang: str, target_lang: str}` per row: the format of HF's `run_translation.py` and of
+hub datasets such as `wmt16`.
 
 Sources
 -------
-- a hub dataset (``dataset_name`` + ``dataset_config_name``) through :func:`datasets.load_dataset`;
-- local files (``data_files={split: path}``): ``.tsv``, ``.jsonl``/``.json`` (JSON lines with a
-  ``translation`` field), or a prefix ``P`` of plain parallel text files ``P.<src>`` / ``P.<tgt>``;
-  each may be gzipped (``.gz``);
+- a hub dataset (`dataset_name` + `dataset_config_name`) through `datasets.load_dataset`;
+- local files (`data_files={split: path}`): `.tsv`, `.jsonl`/`.json` (JSON lines with a
+  `translation` field), or a prefix `P` of plain parallel text files `P.<src>` / `P.<tgt>`;
+  each may be gzipped (`.gz`);
 - Multi30k (Elliott et al. 2016, "Multi30K: Multilingual English-German Image Descriptions") from a
-  directory of ``{train,val,test_2016_flickr}.<lang>.gz`` files (``multi30k_dir``), found or downloaded by
-  :func:`.multi30k.find_multi30k`.
+  directory of `{train,val,test_2016_flickr}.<lang>.gz` files (`multi30k_dir`), found or downloaded by
+  `multi30k.find_multi30k`.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ _LANG_CODE = re.compile(r"^[a-z]{2,3}([_-][A-Za-z]{2,4})?$")
 
 
 def _open_text(path: Path):
-    """Open a (possibly gzipped) UTF-8 file; lines end at ``\\n`` only (no other Unicode breaks)."""
+    """Open a (possibly gzipped) UTF-8 file; lines end at `\\n` only (no other Unicode breaks)."""
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8", newline="\n")
     return open(path, encoding="utf-8", newline="\n")
 
 
 def _read_lines(path: Path) -> list[str]:
-    """All lines of ``path`` without their line ending (``\\n`` or ``\\r\\n``)."""
+    """All lines of `path` without their line ending (`\\n` or `\\r\\n`)."""
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     try:
@@ -55,7 +55,7 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def _stem(path: Path) -> str:
-    """File name without ``.gz`` and lower-cased, for format detection."""
+    """File name without `.gz` and lower-cased, for format detection."""
     name = path.name.lower()
     return name[:-3] if name.endswith(".gz") else name
 
@@ -67,7 +67,7 @@ def _missing_language(lang: str, available, where) -> ValueError:
 def _read_tsv(path: Path, src_lang: str, tgt_lang: str) -> list[dict]:
     """Rows of a two-column TSV (source, target) or of a TSV whose header names its languages.
 
-    The first line is a header when it contains ``src_lang`` or ``tgt_lang`` as a field, or when every
+    The first line is a header when it contains `src_lang` or `tgt_lang` as a field, or when every
     field looks like a language code.
     """
     lines = _read_lines(path)
@@ -93,7 +93,7 @@ def _read_tsv(path: Path, src_lang: str, tgt_lang: str) -> list[dict]:
 
 
 def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> list[dict]:
-    """Rows of a JSON-lines file whose objects carry ``{"translation": {lang: text, ...}}``."""
+    """Rows of a JSON-lines file whose objects carry `{"translation": {lang: text, ...}}`."""
     rows = []
     for n, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
@@ -120,7 +120,7 @@ def _lang_file(prefix: Path, lang: str) -> Path | None:
 
 
 def _prefix_languages(prefix: Path) -> list[str]:
-    """Languages ``L`` for which ``prefix.L`` or ``prefix.L.gz`` exists."""
+    """Languages `L` for which `prefix.L` or `prefix.L.gz` exists."""
     if not prefix.parent.is_dir():
         return []
     langs = set()
@@ -133,7 +133,7 @@ def _prefix_languages(prefix: Path) -> list[str]:
 
 
 def _read_parallel_text(prefix: Path, src_lang: str, tgt_lang: str) -> list[dict]:
-    """Rows from the line-aligned files ``prefix.<src_lang>[.gz]`` and ``prefix.<tgt_lang>[.gz]``."""
+    """Rows from the line-aligned files `prefix.<src_lang>[.gz]` and `prefix.<tgt_lang>[.gz]`."""
     files = {lang: _lang_file(prefix, lang) for lang in (src_lang, tgt_lang)}
     available = _prefix_languages(prefix)
     if not available:
@@ -154,20 +154,20 @@ def _read_parallel_text(prefix: Path, src_lang: str, tgt_lang: str) -> list[dict
 
 
 def read_parallel_file(path: str | Path, src_lang: str, tgt_lang: str) -> list[dict]:
-    """Read one local parallel file (or prefix) into ``[{src_lang: ..., tgt_lang: ...}, ...]``.
+    """Read one local parallel file (or prefix) into `[{src_lang: ..., tgt_lang: ...}, ...]`.
 
     Parameters
     ----------
     path : str or Path
-        ``*.tsv[.gz]``, ``*.jsonl[.gz]`` / ``*.json[.gz]`` (JSON lines), or a prefix ``P`` of
-        ``P.<src_lang>[.gz]`` and ``P.<tgt_lang>[.gz]``.
+        `*.tsv[.gz]`, `*.jsonl[.gz]` / `*.json[.gz]` (JSON lines), or a prefix `P` of
+        `P.<src_lang>[.gz]` and `P.<tgt_lang>[.gz]`.
     src_lang, tgt_lang : str
-        Language keys, e.g. ``"en"`` and ``"de"``.
+        Language keys, e.g. `"en"` and `"de"`.
 
     Returns
     -------
     list of dict
-        One ``{src_lang: str, tgt_lang: str}`` per example, in file order.
+        One `{src_lang: str, tgt_lang: str}` per example, in file order.
     """
     path = Path(path)
     stem = _stem(path)
@@ -184,7 +184,7 @@ def _to_dataset(rows: list[dict], src_lang: str, tgt_lang: str) -> datasets.Data
 
 
 def _from_hub(name, config_name, src_lang, tgt_lang, **load_kwargs) -> datasets.DatasetDict:
-    """Hub dataset with a ``translation`` column, or with one column per language."""
+    """Hub dataset with a `translation` column, or with one column per language."""
     raw = datasets.load_dataset(name, config_name, **load_kwargs)
     out = {}
     for split, ds in raw.items():
@@ -232,29 +232,29 @@ def load_parallel_dataset(
     max_predict_samples: int | None = None,
     **load_kwargs,
 ) -> datasets.DatasetDict:
-    """Load a parallel corpus as a ``DatasetDict`` with a ``translation`` column.
+    """Load a parallel corpus as a `DatasetDict` with a `translation` column.
 
-    Give exactly one of ``dataset_name``, ``data_files`` and ``multi30k_dir``.
+    Give exactly one of `dataset_name`, `data_files` and `multi30k_dir`.
 
     Parameters
     ----------
     src_lang, tgt_lang : str
-        Language keys of the source and target side (``"en"``, ``"de"``, ...).
+        Language keys of the source and target side (`"en"`, `"de"`, ...).
     dataset_name, dataset_config_name : str, optional
-        Hub dataset, passed to :func:`datasets.load_dataset` with ``load_kwargs`` (``cache_dir``,
-        ``revision``, ``token``...). Its splits need a ``translation`` column or one column per language.
+        Hub dataset, passed to `datasets.load_dataset` with `load_kwargs` (`cache_dir`,
+        `revision`, `token`...). Its splits need a `translation` column or one column per language.
     data_files : mapping of str to path, optional
-        Split name -> local file; see :func:`read_parallel_file` for the formats.
+        Split name -> local file; see `read_parallel_file` for the formats.
     multi30k_dir : path, optional
-        Directory with ``{train,val,test_2016_flickr}.<lang>.gz``; loaded as the splits ``train``,
-        ``validation`` and ``test_2016_flickr``.
+        Directory with `{train,val,test_2016_flickr}.<lang>.gz`; loaded as the splits `train`,
+        `validation` and `test_2016_flickr`.
     max_train_samples, max_eval_samples, max_predict_samples : int, optional
-        Keep the first N examples of ``train``, of ``validation``, and of every other split.
+        Keep the first N examples of `train`, of `validation`, and of every other split.
 
     Returns
     -------
     datasets.DatasetDict
-        Rows ``{"translation": {src_lang: str, tgt_lang: str}}``.
+        Rows `{"translation": {src_lang: str, tgt_lang: str}}`.
     """
     sources = {"dataset_name": dataset_name, "data_files": data_files, "multi30k_dir": multi30k_dir}
     given = [k for k, v in sources.items() if v is not None]
@@ -302,27 +302,27 @@ def tokenize_parallel(
     batch_size: int = 1000,
     num_proc: int | None = None,
 ):
-    """Tokenize a ``translation`` dataset into ``input_ids``, ``attention_mask`` and ``labels``.
+    """Tokenize a `translation` dataset into `input_ids`, `attention_mask` and `labels`.
 
-    The ``preprocess_function`` of ``run_translation.py``: batched ``tokenizer(sources, truncation=True)``
-    and ``tokenizer(text_target=targets, truncation=True)``, each with its own maximum length, no padding
-    (``DataCollatorForSeq2Seq`` pads and masks labels with -100). The raw columns are removed. For
-    multilingual tokenizers (mBART) set ``tokenizer.src_lang``/``tgt_lang`` to their codes (``"en_XX"``) first.
+    The `preprocess_function` of `run_translation.py`: batched `tokenizer(sources, truncation=True)`
+    and `tokenizer(text_target=targets, truncation=True)`, each with its own maximum length, no padding
+    (`DataCollatorForSeq2Seq` pads and masks labels with -100). The raw columns are removed. For
+    multilingual tokenizers (mBART) set `tokenizer.src_lang`/`tgt_lang` to their codes (`"en_XX"`) first.
 
     Parameters
     ----------
     dataset : datasets.Dataset or datasets.DatasetDict
-        Rows with ``{"translation": {src_lang: str, tgt_lang: str}}``.
+        Rows with `{"translation": {src_lang: str, tgt_lang: str}}`.
     tokenizer : transformers.PreTrainedTokenizerBase
     src_lang, tgt_lang : str
-        Keys of the ``translation`` dicts.
+        Keys of the `translation` dicts.
     max_source_length, max_target_length : int
         Truncation lengths (in tokens, special tokens included) of inputs and labels.
 
     Returns
     -------
     datasets.Dataset or datasets.DatasetDict
-        Same splits and row order, columns ``input_ids``, ``attention_mask``, ``labels``.
+        Same splits and row order, columns `input_ids`, `attention_mask`, `labels`.
     """
     for key, n in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -2,9 +2,9 @@
 
 Scores are detokenised sacreBLEU (Post 2018, "A Call for Clarity in Reporting BLEU Scores"); report them
 with their signatures. Significance is sacreBLEU's own paired bootstrap resampling (Koehn 2004,
-"Statistical Significance Tests for Machine Translation Evaluation"), ``sacrebleu.significance.PairedTest``.
-The study recipes' tables of runs over seeds: :func:`per_seed_p_values`, :func:`mean_sd`, :func:`per_seed` and
-:func:`markdown_table`.
+"Statistical Significance Tests for Machine Translation Evaluation"), `sacrebleu.significance.PairedTest`.
+The study recipes' tables of runs over seeds: `per_seed_p_values`, `mean_sd`, `per_seed` and
+`markdown_table`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def compute_translation_metrics(predictions: Sequence[str], references: Sequence
     Returns
     -------
     dict
-        ``bleu``, ``chrf`` (floats, 0-100), ``bleu_signature``, ``chrf_signature`` (str), and the BLEU
-        details ``bleu_precisions``, ``bleu_bp``, ``sys_len``, ``ref_len``.
+        `bleu`, `chrf` (floats, 0-100), `bleu_signature`, `chrf_signature` (str), and the BLEU
+        details `bleu_precisions`, `bleu_bp`, `sys_len`, `ref_len`.
     """
     _check_pair(predictions, references)
     bleu, chrf = BLEU(), CHRF()
@@ -66,7 +66,7 @@ def compute_translation_metrics(predictions: Sequence[str], references: Sequence
 
 @contextmanager
 def _sacrebleu_seed(seed: int | None):
-    """sacrebleu reads its resampling seed from ``SACREBLEU_SEED``; set it for the duration of a test."""
+    """sacrebleu reads its resampling seed from `SACREBLEU_SEED`; set it for the duration of a test."""
     old = os.environ.get("SACREBLEU_SEED")
     os.environ["SACREBLEU_SEED"] = "none" if seed is None else str(seed)
     try:
@@ -79,7 +79,7 @@ def _sacrebleu_seed(seed: int | None):
 
 
 def _as_floats(result, fields) -> dict:
-    """Plain floats (JSON-serialisable) from a ``sacrebleu.significance.Result``."""
+    """Plain floats (JSON-serialisable) from a `sacrebleu.significance.Result`."""
     return {f: None if getattr(result, f) is None else float(getattr(result, f)) for f in fields}
 
 
@@ -97,25 +97,28 @@ def paired_bootstrap(
 
     Parameters
     ----------
-    baseline_predictions : sequence of str
+    baseline_predictions
+        sequence of str
     system_predictions : mapping of str to sequence of str
-        System name -> predictions, each aligned with ``references``.
-    references : sequence of str
+        System name -> predictions, each aligned with `references`.
+    references
+        sequence of str
     n_samples : int
         Bootstrap resamples (sacreBLEU's default is 1000).
     seed : int or None
         Resampling seed (sacreBLEU's default 12345); None draws from the OS. 0 is refused because
         sacreBLEU 2.6 treats a zero seed as "unseeded" for the system resamples.
-    metrics : sequence of {"bleu", "chrf"}
+    metrics
+        sequence of {"bleu", "chrf"}
     baseline_name : str
 
     Returns
     -------
     dict
-        ``{"signatures": {metric: str}, "baseline": {metric: {"score", "mean", "ci"}},
-        "systems": {name: {metric: {"score", "p_value", "mean", "ci"}}}}``; ``mean`` and ``ci`` are the
-        bootstrap mean and the half-width of its 95% interval, ``p_value`` tests "no difference to the baseline".
-        A system scoring exactly the baseline's score gets ``p_value`` 1.0: sacreBLEU 2.6 counts resampled
+        `{"signatures": {metric: str}, "baseline": {metric: {"score", "mean", "ci"}},
+        "systems": {name: {metric: {"score", "p_value", "mean", "ci"}}}}`; `mean` and `ci` are the
+        bootstrap mean and the half-width of its 95% interval, `p_value` tests "no difference to the baseline".
+        A system scoring exactly the baseline's score gets `p_value` 1.0: sacreBLEU 2.6 counts resampled
         differences strictly above the observed one, which gives the smallest p-value, 1/(n_samples+1), to a
         system identical to the baseline.
     """
@@ -157,16 +160,16 @@ def paired_bootstrap(
 
 def per_seed_p_values(baseline: Mapping[int, Sequence[str]], system: Mapping[int, Sequence[str]],
                       references: Sequence[str], metric: str = "bleu") -> list[float]:
-    """For each seed of ``system`` that ``baseline`` also has, in ascending order, the p-value of the system's
-    predictions against the baseline's of the same seed (:func:`paired_bootstrap` with its defaults: 1000 resamples,
-    seed 12345). ``baseline`` and ``system`` map seeds to predictions aligned with ``references``."""
+    """For each seed of `system` that `baseline` also has, in ascending order, the p-value of the system's
+    predictions against the baseline's of the same seed (`paired_bootstrap` with its defaults: 1000 resamples,
+    seed 12345). `baseline` and `system` map seeds to predictions aligned with `references`."""
     return [paired_bootstrap(baseline[seed], {"system": system[seed]}, references,
                              metrics=(metric,))["systems"]["system"][metric]["p_value"]
             for seed in sorted(system) if seed in baseline]
 
 
 def mean_sd(values: Iterable[float]) -> str:
-    """``"mean ± sd"`` to two decimals, sd the sample standard deviation (0.00 for one value); nan values (runs
+    """`"mean ± sd"` to two decimals, sd the sample standard deviation (0.00 for one value); nan values (runs
     without the value) are left out, and "n/a" stands for none."""
     values = [value for value in values if not math.isnan(value)]
     if not values:
@@ -176,29 +179,29 @@ def mean_sd(values: Iterable[float]) -> str:
 
 
 def per_seed(values: Iterable[float], spec: str = ".2f") -> str:
-    """The values one per seed, formatted with ``spec`` and joined by " / " ("-" for none)."""
+    """The values one per seed, formatted with `spec` and joined by " / " ("-" for none)."""
     return " / ".join(format(value, spec) for value in values) or "-"
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A markdown table: the ``header`` cells, then a line per row of cells (each written with ``str``)."""
+    """A markdown table: the `header` cells, then a line per row of cells (each written with `str`)."""
     head, *body = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
     return "\n".join([head, "|---" * len(header) + "|", *body])
 
 
 def make_compute_metrics(tokenizer):
-    """Build ``compute_metrics`` for ``Seq2SeqTrainer(..., predict_with_generate=True)``.
+    """Build `compute_metrics` for `Seq2SeqTrainer(..., predict_with_generate=True)`.
 
     Parameters
     ----------
     tokenizer : transformers.PreTrainedTokenizerBase
-        Decodes generated ids and labels; its ``pad_token_id`` replaces the ``IGNORE_INDEX`` padding.
+        Decodes generated ids and labels; its `pad_token_id` replaces the `IGNORE_INDEX` padding.
 
     Returns
     -------
     callable
-        ``compute_metrics(eval_preds) -> {"bleu", "chrf", "gen_len"}`` where ``eval_preds`` is an
-        ``EvalPrediction`` or a ``(predictions, label_ids)`` pair; ``gen_len`` is the mean number of
+        `compute_metrics(eval_preds) -> {"bleu", "chrf", "gen_len"}` where `eval_preds` is an
+        `EvalPrediction` or a `(predictions, label_ids)` pair; `gen_len` is the mean number of
         non-pad generated tokens.
     """
     pad_id = tokenizer.pad_token_id

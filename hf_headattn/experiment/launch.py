@@ -1,10 +1,10 @@
-"""The Trainer recipes under a launcher of several processes (``torchrun``, ``accelerate launch --multi_gpu``).
+"""The Trainer recipes under a launcher of several processes (`torchrun`, `accelerate launch --multi_gpu`).
 
 On a machine without an accelerator the Trainer's defaults would train each launched process on its own (accelerate
-picks DDP only for devices it knows: ``--use_cpu --ddp_backend gloo`` are needed for the CPU), every one of them into
-the same ``--output_dir``: :func:`cpu_launch_defaults` makes those two flags the defaults there, and
-:func:`check_launch` refuses a launch whose training arguments still run the processes apart (e.g. ``--use_cpu
-false``). With DeepSpeed the same holds: its batch arithmetic (``train_batch_size`` = micro batch x accumulation x
+picks DDP only for devices it knows: `--use_cpu --ddp_backend gloo` are needed for the CPU), every one of them into
+the same `--output_dir`: `cpu_launch_defaults` makes those two flags the defaults there, and
+`check_launch` refuses a launch whose training arguments still run the processes apart (e.g. `--use_cpu
+false`). With DeepSpeed the same holds: its batch arithmetic (`train_batch_size` = micro batch x accumulation x
 processes) needs the Trainer to count the processes.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 
 def launched_processes() -> int:
-    """How many processes the launcher started, this one among them (its ``WORLD_SIZE``; 1 without a launcher)."""
+    """How many processes the launcher started, this one among them (its `WORLD_SIZE`; 1 without a launcher)."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
@@ -31,8 +31,8 @@ def without_accelerator() -> bool:
 
 
 def cpu_launch_defaults(parser) -> bool:
-    """Under a launcher of several processes on a machine without an accelerator, make ``--use_cpu true --ddp_backend
-    gloo`` the defaults of ``parser`` (an argparse parser with ``TrainingArguments``' flags; flags given still win),
+    """Under a launcher of several processes on a machine without an accelerator, make `--use_cpu true --ddp_backend
+    gloo` the defaults of `parser` (an argparse parser with `TrainingArguments`' flags; flags given still win),
     so that the launch trains as DDP over gloo. Returns whether it did."""
     if launched_processes() > 1 and without_accelerator():
         parser.set_defaults(use_cpu=True, ddp_backend="gloo")
@@ -41,8 +41,8 @@ def cpu_launch_defaults(parser) -> bool:
 
 
 def check_launch(training_args) -> None:
-    """A ``ValueError`` naming the flags when a launcher started several processes but ``training_args`` train each on
-    its own: not in the Trainer's distributed mode (e.g. ``--use_cpu false`` on the CPU; with ``--ddp_backend`` the
+    """A `ValueError` naming the flags when a launcher started several processes but `training_args` train each on
+    its own: not in the Trainer's distributed mode (e.g. `--use_cpu false` on the CPU; with `--ddp_backend` the
     processes even join a group, yet each trains alone), or counting other processes than the launcher's."""
     launched = launched_processes()
     mode = training_args.parallel_mode.value  # transformers' ParallelMode: "distributed" for DDP, FSDP, DeepSpeed

@@ -1,9 +1,9 @@
-"""The methods' own forward inputs in the recipes and ``translate``: the hooks of the switched-on methods' kits
-(:class:`~.kit.MethodKit`'s ``columns``, ``recipe_arguments``, ``prepare_features``, ``collate``; ``translate``
-calls ``inference_inputs``) composed, so that no shared module names a method.
+"""The methods' own forward inputs in the recipes and `translate`: the hooks of the switched-on methods' kits
+([`MethodKit`][hf_headattn.experiment.kit.MethodKit]'s `columns`, `recipe_arguments`, `prepare_features`, `collate`;
+`translate` calls `inference_inputs`) composed, so that no shared module names a method.
 
-Several methods with inputs of their own compose: each adds its own feature columns, each ``collate`` adds its own
-forward inputs to the one padded batch, and ``translate`` merges each text's columns from every method. What cannot
+Several methods with inputs of their own compose: each adds its own feature columns, each `collate` adds its own
+forward inputs to the one padded batch, and `translate` merges each text's columns from every method. What cannot
 compose is refused naming both methods: two kits that declare one column or one recipe flag, or two collate hooks
 that make one input.
 """
@@ -24,7 +24,7 @@ _HOOKS = ("check_inputs", "prepare_features", "collate", "inference_inputs")
 
 
 def _owners(found: Iterable[MethodKit], names: Callable[[MethodKit], Iterable[str]], what: str) -> dict[str, str]:
-    """``{name: method}`` over ``found``; a name two methods claim is refused, naming both."""
+    """`{name: method}` over `found`; a name two methods claim is refused, naming both."""
     owners: dict[str, str] = {}
     for kit in found:
         for name in names(kit):
@@ -39,8 +39,8 @@ def _makes_inputs(kit: MethodKit) -> bool:
 
 
 def _readers(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{provider or lending method: {method: its settings}}``: who makes the inputs of each switched-on method that
-    takes them from a shared provider or another kit (``MethodKit.inputs_from``); a name that is neither is refused."""
+    """`{provider or lending method: {method: its settings}}`: who makes the inputs of each switched-on method that
+    takes them from a shared provider or another kit (`MethodKit.inputs_from`); a name that is neither is refused."""
     every = kits()
     providers = input_providers()
     lenders = {*providers, *(kit.name for kit in every if _makes_inputs(kit))}
@@ -60,9 +60,9 @@ def _readers(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def input_kits(settings: Mapping[str, Any]) -> list[MethodKit]:
     """The input providers and kits (providers first, then the registry's order) whose hooks make the inputs that
-    ``settings`` (config fields, e.g. a recipe's settings or ``config.to_dict()``) need: of each switched-on method
+    `settings` (config fields, e.g. a recipe's settings or `config.to_dict()`) need: of each switched-on method
     (not None) that makes inputs of its own (columns or a hook), and each provider or method a switched-on one takes
-    its inputs from (``MethodKit.inputs_from``), each once."""
+    its inputs from (`MethodKit.inputs_from`), each once."""
     readers = _readers(settings)
     found = [provider for name, provider in input_providers().items() if name in readers]
     found += [kit for kit in kits() if kit.name in readers or (settings.get(kit.name) is not None
@@ -72,8 +72,8 @@ def input_kits(settings: Mapping[str, Any]) -> list[MethodKit]:
 
 
 def input_settings(kit: MethodKit, settings: Mapping[str, Any], method_settings: Callable[[str], Any] | None = None):
-    """What ``kit``'s hooks are given as ``settings``: a provider's, ``{method: settings}`` of the switched-on methods
-    that read its inputs (``method_settings(name)`` where given, e.g. the model's config, else ``settings[name]``);
+    """What `kit`'s hooks are given as `settings`: a provider's, `{method: settings}` of the switched-on methods
+    that read its inputs (`method_settings(name)` where given, e.g. the model's config, else `settings[name]`);
     a method's kit, its own settings dict (None where it is off and makes another's inputs)."""
     def own(name):
         value = method_settings(name) if method_settings is not None else None
@@ -85,27 +85,27 @@ def input_settings(kit: MethodKit, settings: Mapping[str, Any], method_settings:
 
 
 def recipe_argument_classes() -> list[type]:
-    """The input providers' and the registered kits' ``recipe_arguments`` dataclasses, for a recipe's
-    ``HfArgumentParser`` (after its own); two that define one flag are refused, naming both."""
+    """The input providers' and the registered kits' `recipe_arguments` dataclasses, for a recipe's
+    `HfArgumentParser` (after its own); two that define one flag are refused, naming both."""
     found = [kit for kit in [*input_providers().values(), *kits()] if kit.recipe_arguments is not None]
     _owners(found, lambda kit: [f.name for f in dataclasses.fields(kit.recipe_arguments)], "recipe flag")
     return [kit.recipe_arguments for kit in found]
 
 
 def method_options(parsed: Sequence) -> dict[str, Any]:
-    """``{flag: value}`` of parsed ``recipe_arguments`` objects: :func:`prepare_method_features`'s ``options``."""
+    """`{flag: value}` of parsed `recipe_arguments` objects: `prepare_method_features`'s `options`."""
     return {f.name: getattr(args, f.name) for args in parsed for f in dataclasses.fields(args)}
 
 
 def input_flags(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"--<flag>": value}`` of the methods' recipe flags that name paths a run reads (each ``recipe_arguments``
-    class lists them in its ``input_flags`` class variable), for :func:`~.outputs.check_output_dir`'s ``inputs``."""
+    """`{"--<flag>": value}` of the methods' recipe flags that name paths a run reads (each `recipe_arguments`
+    class lists them in its `input_flags` class variable), for `check_output_dir`'s `inputs`."""
     return {f"--{name}": options.get(name) for cls in recipe_argument_classes()
             for name in getattr(cls, "input_flags", ())}
 
 
 def _arguments(kit: MethodKit, options: Mapping[str, Any]):
-    """The kit's ``recipe_arguments`` object from the flat ``options`` (its defaults for flags not given)."""
+    """The kit's `recipe_arguments` object from the flat `options` (its defaults for flags not given)."""
     if kit.recipe_arguments is None:
         return None
     names = {f.name for f in dataclasses.fields(kit.recipe_arguments) if f.init}
@@ -114,15 +114,16 @@ def _arguments(kit: MethodKit, options: Mapping[str, Any]):
 
 @dataclass(frozen=True)
 class FeatureJob:
-    """What a kit's ``prepare_features`` is given besides the data.
+    """What a kit's `prepare_features` is given besides the data.
 
     tokenizer, source, target, max_source_length, max_target_length, num_proc: as the features were tokenized
-        (:func:`~.data.tokenize_parallel`; ``source``/``target`` are keys of the ``translation`` pairs).
-    settings: the method's settings dict (the recipe's); None where the method is off and its kit makes the inputs
-        of another that takes them from it (``MethodKit.inputs_from``); an input provider's: ``{method: settings}``
+        (`tokenize_parallel`; `source`/`target` are keys of the `translation` pairs).
+
+    - `settings`: the method's settings dict (the recipe's); None where the method is off and its kit makes the inputs
+        of another that takes them from it (`MethodKit.inputs_from`); an input provider's: `{method: settings}`
         of the switched-on methods that read its inputs.
-    args: its ``recipe_arguments`` object (defaults for the flags not given), or None.
-    config: the model's config, on which the kit records what inference needs to make the same inputs; None (e.g.
+    - `args`: its `recipe_arguments` object (defaults for the flags not given), or None.
+    - `config`: the model's config, on which the kit records what inference needs to make the same inputs; None (e.g.
         features for an analysis): nothing is recorded.
     """
 
@@ -147,7 +148,7 @@ def _known_options(options: Mapping[str, Any]) -> None:
 
 def check_method_inputs(raw: datasets.DatasetDict, settings: Mapping[str, Any], source: str,
                         options: Mapping[str, Any]) -> None:
-    """Run the ``check_inputs`` hooks of the kits that ``settings`` need (:func:`input_kits`) on the data ``raw``, so
+    """Run the `check_inputs` hooks of the kits that `settings` need (`input_kits`) on the data `raw`, so
     that a recipe refuses inputs that do not fit it (e.g. too few parses) before it writes anything."""
     _known_options(options)
     for kit in input_kits(settings):
@@ -159,8 +160,8 @@ def check_method_inputs(raw: datasets.DatasetDict, settings: Mapping[str, Any], 
 
 def prepare_method_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, settings: Mapping[str, Any],
                             job: Mapping[str, Any], options: Mapping[str, Any]) -> datasets.DatasetDict:
-    """``features`` with the columns of every method that ``settings`` switch on (their kits' ``prepare_features``,
-    in registry order). ``job``: :class:`FeatureJob`'s fields but ``settings`` and ``args``; ``options``: the kits'
+    """`features` with the columns of every method that `settings` switch on (their kits' `prepare_features`,
+    in registry order). `job`: `FeatureJob`'s fields but `settings` and `args`; `options`: the kits'
     recipe flags by name (unknown names are refused)."""
     _known_options(options)
     for kit in input_kits(settings):
@@ -178,12 +179,12 @@ def prepare_method_features(raw: datasets.DatasetDict, features: datasets.Datase
 
 @dataclass
 class MethodInputsCollator(DataCollatorForSeq2Seq):
-    """``DataCollatorForSeq2Seq`` plus the switched-on methods' own forward inputs.
+    """`DataCollatorForSeq2Seq` plus the switched-on methods' own forward inputs.
 
-    Identical to the parent except: the ``columns`` of ``kits`` are taken out of every feature before the parent pads
-    the rest, then each kit's ``collate`` hook adds its forward inputs to the padded batch, given the features (its
-    columns included) and its settings (``method_settings[name]``, default ``{}``; None: the method is off and its
-    kit makes another's inputs, ``MethodKit.inputs_from``). An input made twice is refused, naming who made it
+    Identical to the parent except: the `columns` of `kits` are taken out of every feature before the parent pads
+    the rest, then each kit's `collate` hook adds its forward inputs to the padded batch, given the features (its
+    columns included) and its settings (`method_settings[name]`, default `{}`; None: the method is off and its
+    kit makes another's inputs, `MethodKit.inputs_from`). An input made twice is refused, naming who made it
     first.
     """
 
@@ -211,9 +212,9 @@ class MethodInputsCollator(DataCollatorForSeq2Seq):
 
 
 def method_collator(tokenizer, model, settings: Mapping[str, Any], **kwargs) -> DataCollatorForSeq2Seq:
-    """The batch collator for ``settings`` (config fields): ``DataCollatorForSeq2Seq`` (``kwargs`` passed on), or
-    :class:`MethodInputsCollator` where a method that makes inputs is on; each method's collate hook gets its
-    settings from the model's config (so that inference reads them as training did), else from ``settings`` (None
+    """The batch collator for `settings` (config fields): `DataCollatorForSeq2Seq` (`kwargs` passed on), or
+    `MethodInputsCollator` where a method that makes inputs is on; each method's collate hook gets its
+    settings from the model's config (so that inference reads them as training did), else from `settings` (None
     where its method is off and it makes another's inputs)."""
     found = input_kits(settings)
     if not found:

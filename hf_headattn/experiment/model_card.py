@@ -35,7 +35,7 @@ runs the modeling code stored beside the weights; read it first.
 
 
 def method_settings_of(config) -> dict:
-    """The config's method settings and loss settings that differ from the defaults (``{}``: a stock model, whose
+    """The config's method settings and loss settings that differ from the defaults (`{}`: a stock model, whose
     config has neither)."""
     settings = {spec.name: getattr(config, spec.name) for spec in active_methods(config)}
     if getattr(config, "label_smoothing", None):
@@ -44,8 +44,8 @@ def method_settings_of(config) -> dict:
 
 
 def write_model_card(model, output_dir: str | Path, name: str, scores: dict | None = None) -> Path:
-    """Write ``README.md`` for ``model`` into ``output_dir``; ``scores`` maps test sets to metric dicts
-    (e.g. :func:`hf_headattn.experiment.evaluation.compute_translation_metrics` results)."""
+    """Write `README.md` for `model` into `output_dir`; `scores` maps test sets to metric dicts
+    (e.g. `hf_headattn.experiment.evaluation.compute_translation_metrics` results)."""
     settings = method_settings_of(model.config)
     active = active_methods(model.config)
     methods = "\n".join(f"- **{spec.name}**: {kit_of(spec).paper}" for spec in active)

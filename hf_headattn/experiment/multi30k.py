@@ -1,35 +1,35 @@
 """Where the Multi30k data comes from: one resolver for every recipe, the demo, the notebooks and the tests.
 
 Multi30k task 1 (Elliott et al. 2016, "Multi30K: Multilingual English-German Image Descriptions"): the raw files
-``{train,val,test_2016_flickr}.{en,de,fr,cs}.gz`` of the public repository ``multi30k/dataset`` (``data/task1/raw/``).
+`{train,val,test_2016_flickr}.{en,de,fr,cs}.gz` of the public repository `multi30k/dataset` (`data/task1/raw/`).
 
-:func:`find_multi30k` looks, in this order, at
+`find_multi30k` looks, in this order, at
 
-1. the folder passed in (``--multi30k_dir``, ``multi30k_dir=``);
-2. the environment variable ``HF_HEADATTN_DATA`` (the Multi30k folder, or a folder holding ``multi30k/``);
-3. ``../shared/data/multi30k`` beside the repository (a development checkout);
-4. the cache, ``$XDG_CACHE_HOME/hf_headattn/multi30k`` (default ``~/.cache/hf_headattn/multi30k``);
+1. the folder passed in (`--multi30k_dir`, `multi30k_dir=`);
+2. the environment variable `HF_HEADATTN_DATA` (the Multi30k folder, or a folder holding `multi30k/`);
+3. `../shared/data/multi30k` beside the repository (a development checkout);
+4. the cache, `$XDG_CACHE_HOME/hf_headattn/multi30k` (default `~/.cache/hf_headattn/multi30k`);
 
-and otherwise downloads the files into the cache from :data:`MULTI30K_URL` (``HF_HEADATTN_MULTI30K_URL`` names a
-mirror laid out as the repository's ``data/task1/raw/``), each checked against its pinned SHA-256 before it is
+and otherwise downloads the files into the cache from `MULTI30K_URL` (`HF_HEADATTN_MULTI30K_URL` names a
+mirror laid out as the repository's `data/task1/raw/`), each checked against its pinned SHA-256 before it is
 renamed into place, so the cache never holds a partial or altered file.
 
-Every file it returns is checked, wherever it was found: ``X.gz`` against :data:`SHA256`, a plain ``X`` in its place
-against :data:`TEXT_SHA256` (the decompressed text's), and only the requested languages' files. A file is hashed once
+Every file it returns is checked, wherever it was found: `X.gz` against `SHA256`, a plain `X` in its place
+against `TEXT_SHA256` (the decompressed text's), and only the requested languages' files. A file is hashed once
 per path, size and modification time: the ones found good are recorded in
-``$XDG_CACHE_HOME/hf_headattn/verified-multi30k.json`` (written through a temporary file and a rename); a record that
+`$XDG_CACHE_HOME/hf_headattn/verified-multi30k.json` (written through a temporary file and a rename); a record that
 cannot be read or written only means hashing again, never an error. A file that fails the check is never used:
 
-- in a folder the user named (``multi30k_dir``, ``HF_HEADATTN_DATA``): :class:`Multi30kChecksumError` naming the
+- in a folder the user named (`multi30k_dir`, `HF_HEADATTN_DATA`): `Multi30kChecksumError` naming the
   file, both checksums and the remedy; no fall-through to another copy, since the user chose that folder;
-- in ``../shared`` beside the repository (no one's explicit choice): a warning, then the cache or the download, as
+- in `../shared` beside the repository (no one's explicit choice): a warning, then the cache or the download, as
   if that copy were absent (the simpler choice);
-- in the cache: a warning, then it is downloaded again (verified); with ``download=False``,
-  :class:`Multi30kChecksumError`.
+- in the cache: a warning, then it is downloaded again (verified); with `download=False`,
+  `Multi30kChecksumError`.
 
-Every failure is a :class:`Multi30kError` (an ``OSError``) with a one-line message naming the file or place and the
-remedy: :class:`Multi30kNotFoundError` (no copy, a failed or cut download, an unusable cache) or
-:class:`Multi30kChecksumError` (a damaged file that cannot be replaced).
+Every failure is a `Multi30kError` (an `OSError`) with a one-line message naming the file or place and the
+remedy: `Multi30kNotFoundError` (no copy, a failed or cut download, an unusable cache) or
+`Multi30kChecksumError` (a damaged file that cannot be replaced).
 """
 
 from __future__ import annotations
@@ -53,15 +53,14 @@ __all__ = ["DATA_ENV", "LANGUAGES", "MULTI30K_URL", "SHA256", "SPLITS", "TEST_SP
            "Multi30kChecksumError", "Multi30kError", "Multi30kNotFoundError", "cache_dir", "fetch_verified",
            "file_names", "find_multi30k"]
 
-#: The public repository's raw task-1 files.
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+"""The public repository's raw task-1 files."""
 DATA_ENV, URL_ENV = "HF_HEADATTN_DATA", "HF_HEADATTN_MULTI30K_URL"
 LANGUAGES = ("en", "de", "fr", "cs")
-#: The test set the recipes score (read once, after every choice is made on ``validation``).
 TEST_SPLIT = "test_2016_flickr"
-#: DatasetDict split name -> file prefix.
+"""The test set the recipes score (read once, after every choice is made on `validation`)."""
 SPLITS = {"train": "train", "validation": "val", TEST_SPLIT: TEST_SPLIT}
-#: SHA-256 of each file as the public repository serves it.
+"""DatasetDict split name -> file prefix."""
 SHA256 = {
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
@@ -76,7 +75,7 @@ SHA256 = {
     "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
     "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
 }
-#: SHA-256 of each file's decompressed text (a plain ``train.en`` in place of ``train.en.gz``), keyed as :data:`SHA256`.
+"""SHA-256 of each file as the public repository serves it."""
 TEXT_SHA256 = {
     "train.en.gz": "460a15fbd157e34a7a9957ee388c1ca247fe47af3ef25fb50442af6c274e0fc6",
     "train.de.gz": "2c2b73fd2b548fbcde3a875e0a78d6ee94d498bfdee6bd3eae3945779e9ddf72",
@@ -91,12 +90,13 @@ TEXT_SHA256 = {
     "test_2016_flickr.fr.gz": "cb3160d69b002bb638e66cc7612fcd56cb0af82eadc9c142dedc438afb885ef6",
     "test_2016_flickr.cs.gz": "45adb85f688de8407fddcbe1b36dca15d12aab868149b337e2576f2d6d2ff8d8",
 }
-#: ``../shared/data/multi30k`` beside the repository this package was installed from (a development checkout).
+"""SHA-256 of each file's decompressed text (a plain `train.en` in place of `train.en.gz`), keyed as `SHA256`."""
 BESIDE_REPOSITORY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multi30k"
+"""`../shared/data/multi30k` beside the repository this package was installed from (a development checkout)."""
 
 
 class Multi30kError(OSError):
-    """Multi30k could not be provided (every error of :func:`find_multi30k`; the message names the remedy)."""
+    """Multi30k could not be provided (every error of `find_multi30k`; the message names the remedy)."""
 
 
 class Multi30kNotFoundError(Multi30kError, FileNotFoundError):
@@ -104,22 +104,22 @@ class Multi30kNotFoundError(Multi30kError, FileNotFoundError):
 
 
 class Multi30kChecksumError(Multi30kError):
-    """A file's SHA-256 is not the pinned one and it cannot be replaced (a user's folder, ``download=False``, a
+    """A file's SHA-256 is not the pinned one and it cannot be replaced (a user's folder, `download=False`, a
     download: nothing is kept)."""
 
 
 def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/hf_headattn/multi30k`` (``~/.cache/hf_headattn/multi30k`` by default)."""
+    """`$XDG_CACHE_HOME/hf_headattn/multi30k` (`~/.cache/hf_headattn/multi30k` by default)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_headattn" / "multi30k"
 
 
 def file_names(languages: Iterable[str] = LANGUAGES) -> list[str]:
-    """The gzipped files of every split for ``languages``."""
+    """The gzipped files of every split for `languages`."""
     return [f"{prefix}.{lang}.gz" for prefix in SPLITS.values() for lang in languages]
 
 
 def _missing(folder: Path, names: list[str]) -> list[str]:
-    """The files of ``names`` that ``folder`` lacks (a file counts gzipped or not)."""
+    """The files of `names` that `folder` lacks (a file counts gzipped or not)."""
     return [name for name in names if not (folder / name).is_file() and not (folder / name[:-3]).is_file()]
 
 
@@ -132,12 +132,12 @@ def _file_sha256(path: Path) -> str:
 
 
 def _record_path() -> Path:
-    """The record of the files found good: ``$XDG_CACHE_HOME/hf_headattn/verified-multi30k.json``."""
+    """The record of the files found good: `$XDG_CACHE_HOME/hf_headattn/verified-multi30k.json`."""
     return cache_dir().parent / "verified-multi30k.json"
 
 
 def _read_record() -> dict:
-    """resolved path -> ``[size, mtime_ns, sha256]`` of each file found good; empty where unreadable."""
+    """resolved path -> `[size, mtime_ns, sha256]` of each file found good; empty where unreadable."""
     try:
         record = json.loads(_record_path().read_text())
     except (OSError, ValueError):
@@ -146,8 +146,8 @@ def _read_record() -> dict:
 
 
 def _write_record(record: dict, paths: dict[Path, str]) -> None:
-    """Add ``paths`` (path -> its pinned SHA-256, found good) to ``record`` and write it whole or not at all
-    (:func:`~.outputs.write_json_atomic`); a cache that cannot hold it only means hashing again next time."""
+    """Add `paths` (path -> its pinned SHA-256, found good) to `record` and write it whole or not at all
+    (`write_json_atomic`); a cache that cannot hold it only means hashing again next time."""
     with contextlib.suppress(OSError):
         for path, sha256 in paths.items():
             stat = path.stat()
@@ -156,8 +156,8 @@ def _write_record(record: dict, paths: dict[Path, str]) -> None:
 
 
 def _damaged(folder: Path, names: list[str]) -> list[tuple[str, Path, str]]:
-    """``(name, path, "<path> has SHA-256 <actual>, expected <pinned>")`` for each file of ``names`` in ``folder``
-    (gzipped against :data:`SHA256`, plain against :data:`TEXT_SHA256`) that fails its check; a file without a pin
+    """`(name, path, "<path> has SHA-256 <actual>, expected <pinned>")` for each file of `names` in `folder`
+    (gzipped against `SHA256`, plain against `TEXT_SHA256`) that fails its check; a file without a pin
     (a language Multi30k lacks) is not checked. Files found good are recorded, and a recorded one is not hashed."""
     record, good, damaged = _read_record(), {}, []
     for name in names:
@@ -182,8 +182,8 @@ def _damaged(folder: Path, names: list[str]) -> list[tuple[str, Path, str]]:
 
 
 def _checked_folder(folder: Path, names: list[str], origin: str, leave: str) -> Path:
-    """``folder`` if it holds ``names``, each passing its check; a folder given explicitly that does not is an error,
-    not a fall-through (``leave``: how to stop using it)."""
+    """`folder` if it holds `names`, each passing its check; a folder given explicitly that does not is an error,
+    not a fall-through (`leave`: how to stop using it)."""
     if not folder.is_dir():
         raise Multi30kNotFoundError(f"{origin} {str(folder)!r} is not a folder; expected the Multi30k files "
                                     f"({', '.join(names[:3])}, ...)")
@@ -200,7 +200,7 @@ def _checked_folder(folder: Path, names: list[str], origin: str, leave: str) -> 
 
 
 def _prepare_cache(cache: Path, damaged: list[Path]) -> None:
-    """Create ``cache``, check that it takes a file, and remove its ``damaged`` files; an error names the way out."""
+    """Create `cache`, check that it takes a file, and remove its `damaged` files; an error names the way out."""
     try:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=cache):
@@ -216,7 +216,7 @@ def _prepare_cache(cache: Path, damaged: list[Path]) -> None:
 
 def find_multi30k(multi30k_dir: str | os.PathLike | None = None, *, languages: Iterable[str] = LANGUAGES,
                   download: bool = True, timeout: float = 30.0, argument: str = "multi30k_dir") -> Path:
-    """The folder holding Multi30k's files for ``languages``, found or downloaded, each file checked against its
+    """The folder holding Multi30k's files for `languages`, found or downloaded, each file checked against its
     pinned SHA-256 (order and checks in the module docstring).
 
     Parameters
@@ -224,13 +224,13 @@ def find_multi30k(multi30k_dir: str | os.PathLike | None = None, *, languages: I
     multi30k_dir : path, optional
         A folder given by the user; when given, it must hold the files, intact (no fall-through to other places).
     languages : iterable of str
-        The languages needed (``"en"``, ``"de"``, ``"fr"``, ``"cs"``); only their files are checked or downloaded.
+        The languages needed (`"en"`, `"de"`, `"fr"`, `"cs"`); only their files are checked or downloaded.
     download : bool
         Download missing or damaged files into the cache when no intact copy is found.
     timeout : float
         Seconds to wait for the server on each request.
     argument : str
-        How the caller names ``multi30k_dir`` in its messages (a recipe: ``"--multi30k_dir"``).
+        How the caller names `multi30k_dir` in its messages (a recipe: `"--multi30k_dir"`).
 
     Raises
     ------
@@ -238,7 +238,7 @@ def find_multi30k(multi30k_dir: str | os.PathLike | None = None, *, languages: I
         A given folder lacks the files, or no copy exists and the download failed or was cut short, or the cache
         cannot be written (the message names the ways to provide the data).
     Multi30kChecksumError
-        A file in a given folder, a damaged cached file with ``download=False``, or a downloaded file differs from
+        A file in a given folder, a damaged cached file with `download=False`, or a downloaded file differs from
         its pinned SHA-256 (the message names the file, both checksums and the remedy).
 
     Warns
@@ -299,9 +299,9 @@ def _how_to_provide(reason: str, base: str) -> str:
 
 
 def fetch_verified(url: str, destination: Path, sha256: str, *, timeout: float = 30.0) -> Path:
-    """Download ``url`` to ``destination`` through a temporary file beside it, renamed only once its SHA-256 equals
-    ``sha256``; on any failure the temporary file is removed and ``destination`` is untouched. A transfer cut short
-    (fewer bytes than the server announced) raises :class:`Multi30kError` saying so, and to retry."""
+    """Download `url` to `destination` through a temporary file beside it, renamed only once its SHA-256 equals
+    `sha256`; on any failure the temporary file is removed and `destination` is untouched. A transfer cut short
+    (fewer bytes than the server announced) raises `Multi30kError` saying so, and to retry."""
     partial = destination.with_name(f".{destination.name}.part-{os.getpid()}")
     digest, received, total = hashlib.sha256(), 0, None
     try:

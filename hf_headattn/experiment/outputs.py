@@ -1,20 +1,20 @@
 """Where the recipes write: an output folder that holds the run's own inputs or earlier results is refused by name,
 and a folder is written whole or not at all.
 
-Each recipe that writes a folder checks it with :func:`check_output_dir` before it reads anything. Refused always
+Each recipe that writes a folder checks it with `check_output_dir` before it reads anything. Refused always
 (its overwrite flag included): a file; a folder that *is* one of the run's inputs (the model it starts from, a
 checkpoint it averages, its data); a folder whose replaced part holds an input (the overwrite would delete it).
 Refused unless the overwrite flag is given: a folder holding earlier results, i.e. the entries the recipe writes
-(``results``, a regular expression of entry names; None: any entry, for a recipe that replaces the whole folder).
-The Trainer recipes follow HF ``run_translation.py``'s convention: an earlier run's entries
-(:data:`TRAINER_RESULTS`: ``checkpoint-<step>`` folders, a finished model, its tokenizer and results) are refused
-unless ``--overwrite_output_dir`` (they are removed before training, so the runs do not mix) or
-``--resume_from_checkpoint`` (which continues them). A recipe that writes one file checks it with
-:func:`check_output_file` (never one of its inputs).
+(`results`, a regular expression of entry names; None: any entry, for a recipe that replaces the whole folder).
+The Trainer recipes follow HF `run_translation.py`'s convention: an earlier run's entries
+(`TRAINER_RESULTS`: `checkpoint-<step>` folders, a finished model, its tokenizer and results) are refused
+unless `--overwrite_output_dir` (they are removed before training, so the runs do not mix) or
+`--resume_from_checkpoint` (which continues them). A recipe that writes one file checks it with
+`check_output_file` (never one of its inputs).
 
-:func:`replacing_dir` writes a folder whole: into a hidden sibling ``.<name>.tmp-<pid>``, renamed to the output
+`replacing_dir` writes a folder whole: into a hidden sibling `.<name>.tmp-<pid>`, renamed to the output
 folder once complete (an earlier one is removed only then); on failure the sibling is removed and the output
-folder is as before. :func:`write_json_atomic` writes a JSON file whole or not at all (a temporary file renamed).
+folder is as before. `write_json_atomic` writes a JSON file whole or not at all (a temporary file renamed).
 """
 
 from __future__ import annotations
@@ -28,28 +28,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: The Trainer's checkpoints: its rotation, ``--resume_from_checkpoint true`` and ``--load_best_model_at_end`` read
-#: every one of them, so a new run in the same ``output_dir`` would mix with them.
 CHECKPOINTS = re.compile(r"checkpoint-\d+")
-#: What a Trainer command's run (``hf-headattn train``, ``hf-headattn finetune``) writes into ``--output_dir``: its
-#: checkpoints, the final model (weights, configs, the model's code files, training arguments, model card), the
-#: tokenizer's files, ``tokenizer/`` (the scratch tokenizer), ``runs/`` (TensorBoard), ``results.json``,
-#: ``predictions_<split>.txt`` and the entropy reports. A finished run saved without checkpoints (``--save_strategy
-#: no``) is an earlier run as much as one with them. Other entries (a log the shell or a launcher writes there, a
-#: launcher's own record) are not the recipe's.
+"""The Trainer's checkpoints: its rotation, `--resume_from_checkpoint true` and `--load_best_model_at_end` read
+every one of them, so a new run in the same `output_dir` would mix with them."""
 TRAINER_RESULTS = re.compile(
     r"checkpoint-\d+|runs|tokenizer|README\.md|predictions_.+\.txt|(all_|train_|eval_)?results\.json"
     r"|(generation_)?config\.json|model(-\d+-of-\d+)?\.safetensors(\.index\.json)?|pytorch_model.*\.bin"
     r"|training_args\.bin|(tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)\.json"
     r"|(source|target)\.spm|sentencepiece\.bpe\.model|spiece\.model|encoder_entropy_.+|\w+\.py")
-#: The data flags the recipes read (:class:`~hf_headattn.experiment.recipe_parts.ParallelDataArguments`); the
-#: methods' input flags: :func:`~hf_headattn.experiment.method_inputs.input_flags`.
+"""What a Trainer command's run (`hf-headattn train`, `hf-headattn finetune`) writes into `--output_dir`: its
+checkpoints, the final model (weights, configs, the model's code files, training arguments, model card), the
+tokenizer's files, `tokenizer/` (the scratch tokenizer), `runs/` (TensorBoard), `results.json`,
+`predictions_<split>.txt` and the entropy reports. A finished run saved without checkpoints (`--save_strategy
+no`) is an earlier run as much as one with them. Other entries (a log the shell or a launcher writes there, a
+launcher's own record) are not the recipe's."""
 DATA_FLAGS = ("multi30k_dir", "train_file", "validation_file", "test_file")
+"""The data flags the recipes read
+([`ParallelDataArguments`][hf_headattn.experiment.recipe_parts.ParallelDataArguments]); the methods' input flags:
+`input_flags`."""
 
 
 @dataclass
 class OutputArguments:
-    """The Trainer recipes' ``--overwrite_output_dir`` (transformers 5 dropped it from ``TrainingArguments``)."""
+    """The Trainer recipes' `--overwrite_output_dir` (transformers 5 dropped it from `TrainingArguments`)."""
 
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Start afresh in an --output_dir that holds an earlier run (its checkpoint-<step> folders, or its "
@@ -58,19 +59,19 @@ class OutputArguments:
 
 
 def flag_inputs(args, names) -> dict[str, object]:
-    """``{"--<name>": value}`` of the attributes ``names`` of ``args`` (an argparse namespace or dataclass), for
-    :func:`check_output_dir`'s ``inputs``."""
+    """`{"--<name>": value}` of the attributes `names` of `args` (an argparse namespace or dataclass), for
+    `check_output_dir`'s `inputs`."""
     return {f"--{name}": getattr(args, name, None) for name in names}
 
 
 def _existing(value) -> list[Path]:
-    """``value`` (a path, several, or None) as the paths among them that exist (a Hub name does not)."""
+    """`value` (a path, several, or None) as the paths among them that exist (a Hub name does not)."""
     values = [value] if isinstance(value, (str, os.PathLike)) or value is None else list(value)
     return [Path(v) for v in values if v is not None and str(v) and Path(v).exists()]
 
 
 def earlier_results(output_dir, results: re.Pattern | None = None) -> list[Path]:
-    """The entries of ``output_dir`` whose names ``results`` matches (None: every entry), sorted; [] for a folder
+    """The entries of `output_dir` whose names `results` matches (None: every entry), sorted; [] for a folder
     that is missing or holds none."""
     folder = Path(output_dir)
     if not folder.is_dir():
@@ -86,12 +87,12 @@ def _listed(entries: list[Path]) -> str:
 def check_output_dir(output_dir, inputs: Mapping[str, object] = {}, *,
                      results: re.Pattern | Iterable[str] | None = None, overwrite: bool = False,
                      overwrite_flag: str = "--overwrite", option: str = "--output_dir", hint: str = "") -> list[Path]:
-    """A ``ValueError`` naming ``output_dir`` and what was expected, if a run must not write there (see the module
-    docstring); else the earlier results that ``overwrite`` lets it replace (``[]``: none).
+    """A `ValueError` naming `output_dir` and what was expected, if a run must not write there (see the module
+    docstring); else the earlier results that `overwrite` lets it replace (`[]`: none).
 
-    ``inputs``: ``{flag: path, several paths or None}`` the run reads (paths that do not exist are skipped: Hub
-    names). ``results``: the names of what the recipe writes, a regular expression or the names themselves (None: it
-    replaces the whole folder). ``hint`` ends the refusal of earlier results (another way out)."""
+    `inputs`: `{flag: path, several paths or None}` the run reads (paths that do not exist are skipped: Hub
+    names). `results`: the names of what the recipe writes, a regular expression or the names themselves (None: it
+    replaces the whole folder). `hint` ends the refusal of earlier results (another way out)."""
     if results is not None and not isinstance(results, re.Pattern):
         results = re.compile("|".join(re.escape(name) for name in results))
     out = Path(output_dir)
@@ -118,7 +119,7 @@ def check_output_dir(output_dir, inputs: Mapping[str, object] = {}, *,
 
 
 def check_writable(folder, option: str = "--output_dir") -> None:
-    """A ``ValueError`` naming ``folder`` if a run cannot make it or write into it: it (or the nearest part of its path
+    """A `ValueError` naming `folder` if a run cannot make it or write into it: it (or the nearest part of its path
     that exists) is a file, or a folder this process may not write into (a read-only file system, no permission)."""
     folder = Path(os.path.abspath(folder))
     existing = next(path for path in (folder, *folder.parents) if path.exists())
@@ -140,9 +141,9 @@ def _read_only(path: Path) -> bool:
 
 def check_trainer_output_dir(output_dir, inputs: Mapping[str, object], overwrite_output_dir: bool,
                              resume=None) -> list[Path]:
-    """:func:`check_output_dir` for a Trainer recipe (HF ``run_translation.py``'s convention): an earlier run's
-    entries (:data:`TRAINER_RESULTS`: its checkpoints, or the finished model, tokenizer and results) are refused
-    unless ``overwrite_output_dir`` or ``resume`` (the resolved ``--resume_from_checkpoint``; None: not resuming).
+    """`check_output_dir` for a Trainer recipe (HF `run_translation.py`'s convention): an earlier run's
+    entries (`TRAINER_RESULTS`: its checkpoints, or the finished model, tokenizer and results) are refused
+    unless `overwrite_output_dir` or `resume` (the resolved `--resume_from_checkpoint`; None: not resuming).
     Returns the entries to remove before training: all of the earlier run's when starting afresh over them (its
     tokenizer included, so that none is reused), none when resuming."""
     checkpoints = earlier_results(output_dir, CHECKPOINTS)
@@ -154,9 +155,9 @@ def check_trainer_output_dir(output_dir, inputs: Mapping[str, object], overwrite
 
 
 def check_output_file(output, inputs: Mapping[str, object], option: str = "--output") -> None:
-    """A ``ValueError`` naming ``output`` (a file to write, ``-``: standard output) if it is one of ``inputs``
-    (``{flag: path(s) or None}``: files, or folders it must not lie in), a folder, or in a folder that does not
-    exist; an existing other file is replaced, as a shell's ``>`` would."""
+    """A `ValueError` naming `output` (a file to write, `-`: standard output) if it is one of `inputs`
+    (`{flag: path(s) or None}`: files, or folders it must not lie in), a folder, or in a folder that does not
+    exist; an existing other file is replaced, as a shell's `>` would."""
     if output in (None, "-"):
         return
     path = Path(output)
@@ -173,7 +174,7 @@ def check_output_file(output, inputs: Mapping[str, object], option: str = "--out
 
 
 def remove_entries(entries: Iterable[Path], say: Callable[[str], None] = print) -> None:
-    """Delete ``entries`` (what :func:`check_output_dir` found and the overwrite flag replaces), saying so first."""
+    """Delete `entries` (what `check_output_dir` found and the overwrite flag replaces), saying so first."""
     entries = list(entries)
     if entries:
         say(f"replacing the earlier run's {_listed(entries)} in {entries[0].parent}")
@@ -183,8 +184,8 @@ def remove_entries(entries: Iterable[Path], say: Callable[[str], None] = print) 
 
 @contextmanager
 def removed_on_failure(path):
-    """A block after which ``path`` (a folder the block may make, e.g. a run's scratch tokenizer) is removed if the
-    block fails (a usage error's ``SystemExit`` included) and ``path`` did not exist before it: a run that fails
+    """A block after which `path` (a folder the block may make, e.g. a run's scratch tokenizer) is removed if the
+    block fails (a usage error's `SystemExit` included) and `path` did not exist before it: a run that fails
     before it starts leaves nothing that makes its rerun an "earlier run"."""
     path = Path(path)
     existed = path.exists() or path.is_symlink()
@@ -198,9 +199,9 @@ def removed_on_failure(path):
 
 @contextmanager
 def replacing_dir(output_dir):
-    """Yield a new hidden sibling folder ``.<name>.tmp-<pid>`` of ``output_dir`` to write into; when the block
-    completes it becomes ``output_dir`` (an earlier ``output_dir`` is removed then), when it fails it is removed and
-    ``output_dir`` is as it was."""
+    """Yield a new hidden sibling folder `.<name>.tmp-<pid>` of `output_dir` to write into; when the block
+    completes it becomes `output_dir` (an earlier `output_dir` is removed then), when it fails it is removed and
+    `output_dir` is as it was."""
     out = Path(os.path.abspath(output_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
     temp, old = (out.parent / f".{out.name}.{kind}-{os.getpid()}" for kind in ("tmp", "old"))

@@ -9,12 +9,12 @@ from torch import nn
 from ..attention import AttentionMethod
 from ..hf_compat import INPUT_PROJECTIONS, OUTPUT_PROJECTION
 
-#: LoRA's default targets: every attention module's projections.
 DEFAULT_TARGETS = (*INPUT_PROJECTIONS, OUTPUT_PROJECTION)
+"""LoRA's default targets: every attention module's projections."""
 
 
 def method_modules_to_save(model: nn.Module) -> list[str]:
-    """Names (as PEFT's ``modules_to_save`` matches them) of the attached methods that have parameters."""
+    """Names (as PEFT's `modules_to_save` matches them) of the attached methods that have parameters."""
     names = set()
     for path, module in model.named_modules():
         if isinstance(module, AttentionMethod) and any(True for _ in module.parameters()):
@@ -23,10 +23,10 @@ def method_modules_to_save(model: nn.Module) -> list[str]:
 
 
 def lora_config(model: nn.Module, target_modules: Sequence[str] = DEFAULT_TARGETS, **lora_kwargs):
-    """A ``peft.LoraConfig`` for a HeadAttn model: LoRA on ``target_modules``, and the methods' new parameters
-    (DHICM's W/U/V, LPEA's embeddings, ...) fully trained and saved via ``modules_to_save``.
+    """A `peft.LoraConfig` for a HeadAttn model: LoRA on `target_modules`, and the methods' new parameters
+    (DHICM's W/U/V, LPEA's embeddings, ...) fully trained and saved via `modules_to_save`.
 
-    Raises ``ValueError`` naming any target that matches no ``nn.Linear`` of the model, with the names that do.
+    Raises `ValueError` naming any target that matches no `nn.Linear` of the model, with the names that do.
     """
     from peft import LoraConfig, TaskType
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def pyplot():
-    """``matplotlib.pyplot`` on the Agg backend (files only, no display needed)."""
+    """`matplotlib.pyplot` on the Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,7 +16,7 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Lay out, write as PNG (creating the folder) and close ``fig``; returns the path."""
+    """Lay out, write as PNG (creating the folder) and close `fig`; returns the path."""
     plt = pyplot()
     fig.tight_layout()
     path = Path(path)

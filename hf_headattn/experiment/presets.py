@@ -1,26 +1,26 @@
 """Named method settings, model shapes and the papers' presets for the recipes: small diffs over one default.
 
-A preset (:func:`paper_presets`, from the methods' kits; ``--preset NAME`` in the recipes, several joined with "+",
+A preset (`paper_presets`, from the methods' kits; `--preset NAME` in the recipes, several joined with "+",
 later ones winning) holds
 
-* ``flags``: values of recipe flags (``--model_shape``, ``--method``, ``--dropout``, ``--attention_dropout``,
-  ``--label_smoothing``, ``--num_beams``, ``--early_stopping_patience``) and of ``Seq2SeqTrainingArguments``
-  (``--learning_rate``, ``--lr_scheduler_type``, ...);
-* ``config``: config fields without a flag (attention heads, feed-forward size, activation and DHICM dropout, EaDRA
+* `flags`: values of recipe flags (`--model_shape`, `--method`, `--dropout`, `--attention_dropout`,
+  `--label_smoothing`, `--num_beams`, `--early_stopping_patience`) and of `Seq2SeqTrainingArguments`
+  (`--learning_rate`, `--lr_scheduler_type`, ...);
+* `config`: config fields without a flag (attention heads, feed-forward size, activation and DHICM dropout, EaDRA
   alphas, LPEA's k).
 
 Precedence in the recipes, later wins:
 
 1. the recipe's defaults;
-2. what early stopping needs, when ``--early_stopping_patience`` is given (by you or a preset): evaluate and save each
-   epoch, keep the best checkpoint by validation loss (:data:`EARLY_STOPPING_FLAGS`);
-3. the preset's ``flags``;
+2. what early stopping needs, when `--early_stopping_patience` is given (by you or a preset): evaluate and save each
+   epoch, keep the best checkpoint by validation loss (`EARLY_STOPPING_FLAGS`);
+3. the preset's `flags`;
 4. the flags you pass.
 
-``HfArgumentParser`` cannot tell a default from a value you typed, so :func:`expand_argv` puts 2 and 3 *before* your
+`HfArgumentParser` cannot tell a default from a value you typed, so `expand_argv` puts 2 and 3 *before* your
 flags on the command line, where argparse lets the last occurrence of a flag win. For config fields without a flag:
-the method's fields < the preset's ``config`` < ``--method_settings``. Architecture fields (heads, feed-forward size)
-apply to models trained from scratch, over ``--model_shape``; with a pretrained checkpoint they are refused.
+the method's fields < the preset's `config` < `--method_settings`. Architecture fields (heads, feed-forward size)
+apply to models trained from scratch, over `--model_shape`; with a pretrained checkpoint they are refused.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .kit import Preset, kits, merge_settings
 
 
 def method_names() -> dict[str, dict]:
-    """Recipe method names -> config fields, from the registered methods' kits (``MethodKit.method_names``; plus
+    """Recipe method names -> config fields, from the registered methods' kits (`MethodKit.method_names`; plus
     "baseline")."""
     names = {"baseline": {}}
     for kit in kits():
@@ -46,7 +46,6 @@ def method_names() -> dict[str, dict]:
     return names
 
 
-#: Model shapes for training from scratch (Marian-style, shared embeddings).
 MODEL_SHAPES: dict[str, dict] = {
     # CPU-sized: trains on Multi30k in minutes.
     "tiny": dict(d_model=128, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
@@ -58,12 +57,13 @@ MODEL_SHAPES: dict[str, dict] = {
     "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
                  decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048),
 }
+"""Model shapes for training from scratch (Marian-style, shared embeddings)."""
 
 
 def method_settings(spec: str) -> dict:
-    """Config fields for a method name (``MethodKit.method_names`` of the registered methods, or "baseline") or a
-    "+"-joined combination of names; names that set the same field to different values (e.g. ``dea_rhe+lpea_rhe``:
-    ``sea``) are refused.
+    """Config fields for a method name (`MethodKit.method_names` of the registered methods, or "baseline") or a
+    "+"-joined combination of names; names that set the same field to different values (e.g. `dea_rhe+lpea_rhe`:
+    `sea`) are refused.
 
     >>> method_settings("dhicm+dea_rhe")["sea"]["type"]
     'dea'
@@ -89,10 +89,10 @@ def _did_you_mean(name: str, names) -> str:
 
 
 def check_setting_keys(settings: Mapping, config_class: type | None = None) -> None:
-    """Raise ``ValueError`` for keys of ``settings`` that are neither a field of ``config_class`` (default
-    :class:`~hf_headattn.HeadAttnMarianConfig`; the pretrained model's config class for a checkpoint), nor one of
-    its ``attribute_map`` aliases, nor a registered method's settings field. A misspelled key would otherwise be
-    stored on the config and ignored; release 0.1's flat fields are pointed to their method's dict.
+    """Raise `ValueError` for keys of `settings` that are neither a field of `config_class` (default
+    [`HeadAttnMarianConfig`][hf_headattn.configuration.HeadAttnMarianConfig]; the pretrained model's config class for a
+    checkpoint), nor one of its `attribute_map` aliases, nor a registered method's settings field. A misspelled key
+    would otherwise be stored on the config and ignored; release 0.1's flat fields are pointed to their method's dict.
 
     >>> check_setting_keys({"dhicm_dropot": 0.1})  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
@@ -114,12 +114,12 @@ def check_setting_keys(settings: Mapping, config_class: type | None = None) -> N
         raise ValueError(f"unknown settings {unknown}{hint}: expected fields of {config_class.__name__}")
 
 
-#: The config fields a model shape fixes; a search or a preset may override them (models trained from scratch only).
 ARCHITECTURE_FIELDS = tuple(MODEL_SHAPES["base"])
+"""The config fields a model shape fixes; a search or a preset may override them (models trained from scratch only)."""
 
 
 def model_shape(name: str | Mapping) -> dict:
-    """The config fields of a named shape, or of ``{"shape": NAME, **overrides}`` (of ``ARCHITECTURE_FIELDS``).
+    """The config fields of a named shape, or of `{"shape": NAME, **overrides}` (of `ARCHITECTURE_FIELDS`).
 
     >>> model_shape({"shape": "tiny", "encoder_attention_heads": 2})["encoder_attention_heads"]
     2
@@ -139,7 +139,7 @@ def model_shape(name: str | Mapping) -> dict:
 
 
 def split_architecture(shape: str, settings: dict) -> tuple[str | dict, dict]:
-    """``(shape for model_shape, settings without architecture fields)``: the architecture fields move into the shape.
+    """`(shape for model_shape, settings without architecture fields)`: the architecture fields move into the shape.
 
     >>> split_architecture("tiny", {"encoder_ffn_dim": 64, "dropout": 0.3})
     ({'shape': 'tiny', 'encoder_ffn_dim': 64}, {'dropout': 0.3})
@@ -150,7 +150,7 @@ def split_architecture(shape: str, settings: dict) -> tuple[str | dict, dict]:
 
 
 def refuse_architecture(settings: dict, model_name_or_path: str) -> None:
-    """Raise ``ValueError`` if ``settings`` change the architecture of a pretrained checkpoint."""
+    """Raise `ValueError` if `settings` change the architecture of a pretrained checkpoint."""
     fields = sorted(key for key in settings if key in ARCHITECTURE_FIELDS)
     if fields:
         raise ValueError(
@@ -163,24 +163,24 @@ def refuse_architecture(settings: dict, model_name_or_path: str) -> None:
 # The papers' tables live in their method's kit (``MethodKit.presets``, hf_headattn/methods/<name>/);
 # the training flags they share are here.
 
-#: Transformer-base training (Vaswani et al. 2017, §5.3-5.4), which EaDRA (§4.2) and RHE (Appendix A.1) follow:
-#: Adam (0.9, 0.98, 1e-9), inverse-square-root decay after 4000 warm-up steps with the peak of their schedule,
-#: d_model^-0.5 * 4000^-0.5 = 7e-4; dropout 0.1, label smoothing 0.1. Their ~25k-token batches have no flag here.
 TRANSFORMER_BASE = {
     "model_shape": "base", "dropout": 0.1, "attention_dropout": 0.0, "label_smoothing": 0.1, "learning_rate": 7e-4,
     "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "lr_scheduler_type": "inverse_sqrt",
     "warmup_steps": 4000,
 }
+"""Transformer-base training (Vaswani et al. 2017, §5.3-5.4), which EaDRA (§4.2) and RHE (Appendix A.1) follow:
+Adam (0.9, 0.98, 1e-9), inverse-square-root decay after 4000 warm-up steps with the peak of their schedule,
+d_model^-0.5 * 4000^-0.5 = 7e-4; dropout 0.1, label smoothing 0.1. Their ~25k-token batches have no flag here."""
 
 
 def paper_presets() -> dict[str, Preset]:
-    """Every preset by name (the registered methods' ``MethodKit.presets``); see each one's ``doc`` for its source
+    """Every preset by name (the registered methods' `MethodKit.presets`); see each one's `doc` for its source
     table."""
     return {name: value for kit in kits() for name, value in kit.presets.items()}
 
 
 def __getattr__(name):
-    """``PRESETS``, release 0.2's dict of the presets: deprecated, :func:`paper_presets` (the methods registered
+    """`PRESETS`, release 0.2's dict of the presets: deprecated, `paper_presets` (the methods registered
     now)."""
     if name == "PRESETS":
         warn_deprecated(f"{__name__}.PRESETS", f"{__name__}.paper_presets()", removed_in=NEXT_RELEASE)
@@ -208,13 +208,13 @@ def preset(spec: str) -> Preset:
 
 # --- how presets and early stopping reach a recipe's command line ----------------------------------------------------
 
-#: What early stopping needs (DHICM §4.3): evaluate and save each epoch, keep the best checkpoint by validation loss.
 EARLY_STOPPING_FLAGS = ["--eval_strategy", "epoch", "--save_strategy", "epoch", "--load_best_model_at_end", "true",
                         "--metric_for_best_model", "loss"]
+"""What early stopping needs (DHICM §4.3): evaluate and save each epoch, keep the best checkpoint by validation loss."""
 
 
 def flag_values(argv: list[str], name: str) -> list[str]:
-    """The values given to ``--name`` in ``argv`` (``--name VALUE`` or ``--name=VALUE``; ``-`` for ``_`` too)."""
+    """The values given to `--name` in `argv` (`--name VALUE` or `--name=VALUE`; `-` for `_` too)."""
     values, spellings = [], {f"--{name}", f"--{name.replace('_', '-')}"}
     for i, arg in enumerate(argv):
         flag, equals, value = arg.partition("=")
@@ -236,7 +236,7 @@ def preset_argv(spec: str) -> list[str]:
 
 
 def expand_argv(argv: list[str] | None = None) -> list[str]:
-    """``argv`` (default ``sys.argv[1:]``) after early stopping's flags and the ``--preset``'s, so that yours win.
+    """`argv` (default `sys.argv[1:]`) after early stopping's flags and the `--preset`'s, so that yours win.
 
     >>> expand_argv(["--preset", "dhicm_be_en", "--dropout", "0.3"])[-4:]
     ['--preset', 'dhicm_be_en', '--dropout', '0.3']
@@ -251,8 +251,8 @@ def expand_argv(argv: list[str] | None = None) -> list[str]:
 
 
 def early_stopping_callbacks(patience: int | None, args) -> list:
-    """``[EarlyStoppingCallback(patience)]`` (``[]`` for None or 0), after checking that ``args`` evaluate and keep the
-    best checkpoint. (Its counter restarts with each ``hyperparameter_search`` trial: a new training has no best
+    """`[EarlyStoppingCallback(patience)]` (`[]` for None or 0), after checking that `args` evaluate and keep the
+    best checkpoint. (Its counter restarts with each `hyperparameter_search` trial: a new training has no best
     yet.)"""
     if not patience:
         return []

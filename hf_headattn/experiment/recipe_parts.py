@@ -1,6 +1,6 @@
-"""The parts the training recipes are built from (:mod:`hf_headattn.commands.train` and the other commands of
-:mod:`hf_headattn.commands`): data, model and tokenizer, features, collator, test-set translation and scoring. (The
-Trainer itself: :mod:`.trainer`.)"""
+"""The parts the training recipes are built from (`hf_headattn.commands.train` and the other commands of
+`hf_headattn.commands`): data, model and tokenizer, features, collator, test-set translation and scoring. (The
+Trainer itself: `trainer`.)"""
 
 from __future__ import annotations
 
@@ -27,21 +27,21 @@ from .tokenization import load_tokenizer, train_joint_sentencepiece
 
 logger = logging.getLogger(__name__)
 
-#: The recipes' JSON writer (results.json, ...): the atomic one, so that a killed run never leaves half a file.
 write_json = write_json_atomic
+"""The recipes' JSON writer (results.json, ...): the atomic one, so that a killed run never leaves half a file."""
 
-#: Which of our classes loads a checkpoint of each model type.
 MODEL_CLASSES = {
     "mbart": HeadAttnMBartForConditionalGeneration,
     "headattn_mbart": HeadAttnMBartForConditionalGeneration,
     "marian": HeadAttnMarianMTModel,
     "headattn_marian": HeadAttnMarianMTModel,
 }
+"""Which of our classes loads a checkpoint of each model type."""
 
 
 @dataclass
 class ParallelDataArguments:
-    """The data flags the recipes share (run_translation.py's names); ``load_recipe_data`` reads them."""
+    """The data flags the recipes share (run_translation.py's names); `load_recipe_data` reads them."""
 
     source_lang: str = field(default="en", metadata={"help": "Key of the source side in the data"})
     target_lang: str = field(default="de", metadata={"help": "Key of the target side in the data"})
@@ -62,12 +62,12 @@ class ParallelDataArguments:
 
 
 def found_data(args: ParallelDataArguments) -> dict[str, str]:
-    """The Multi30k folder a recipe reads when no data flag names it (found through ``$HF_HEADATTN_DATA``,
-    ``../shared`` or the cache, or downloaded: :func:`.multi30k.find_multi30k`), as
-    :func:`~.outputs.check_output_dir`'s ``inputs`` (``{}`` when a flag names the data: the flags are checked as
-    given), so that no run writes into it however it was found. The folder is recorded in ``args.multi30k_dir``
-    (what :func:`load_recipe_data` then reads, and ``results.json`` records). Raises
-    :class:`~.multi30k.Multi30kError`."""
+    """The Multi30k folder a recipe reads when no data flag names it (found through `$HF_HEADATTN_DATA`,
+    `../shared` or the cache, or downloaded: `multi30k.find_multi30k`), as
+    `check_output_dir`'s `inputs` (`{}` when a flag names the data: the flags are checked as
+    given), so that no run writes into it however it was found. The folder is recorded in `args.multi30k_dir`
+    (what `load_recipe_data` then reads, and `results.json` records). Raises
+    `Multi30kError`."""
     if args.multi30k_dir or not _reads_multi30k(args):
         return {}
     args.multi30k_dir = str(find_multi30k(languages=(args.source_lang, args.target_lang)))
@@ -76,16 +76,16 @@ def found_data(args: ParallelDataArguments) -> dict[str, str]:
 
 
 def _reads_multi30k(args: ParallelDataArguments) -> bool:
-    """Multi30k is the data: named by ``--multi30k_dir``, or no other data flag given."""
+    """Multi30k is the data: named by `--multi30k_dir`, or no other data flag given."""
     return bool(args.multi30k_dir) or not (args.dataset_name or args.train_file or args.validation_file
                                            or args.test_file)
 
 
 def load_recipe_data(args: ParallelDataArguments) -> datasets.DatasetDict:
-    """The recipes' data: ``args`` carries run_translation-style fields (``source_lang``, ``target_lang``,
-    ``dataset_name``, ``dataset_config_name``, ``train_file``/``validation_file``/``test_file``, ``multi30k_dir``,
-    ``max_train_samples``/``max_eval_samples``/``max_predict_samples``). With no data source at all, Multi30k
-    (found or downloaded by :func:`.multi30k.find_multi30k`)."""
+    """The recipes' data: `args` carries run_translation-style fields (`source_lang`, `target_lang`,
+    `dataset_name`, `dataset_config_name`, `train_file`/`validation_file`/`test_file`, `multi30k_dir`,
+    `max_train_samples`/`max_eval_samples`/`max_predict_samples`). With no data source at all, Multi30k
+    (found or downloaded by `multi30k.find_multi30k`)."""
     files = {split: path for split, path in (("train", args.train_file), ("validation", args.validation_file),
                                              ("test", args.test_file)) if path}
     multi30k_dir = None
@@ -100,7 +100,7 @@ def load_recipe_data(args: ParallelDataArguments) -> datasets.DatasetDict:
 
 
 def read_data(parser, args: ParallelDataArguments) -> datasets.DatasetDict:
-    """:func:`load_recipe_data` for a recipe: a bad data flag (a missing or corrupt file, an unknown language, unequal
+    """`load_recipe_data` for a recipe: a bad data flag (a missing or corrupt file, an unknown language, unequal
     line counts, no Multi30k to be found or downloaded) is a usage error (exit 2) naming it."""
     try:
         return load_recipe_data(args)
@@ -111,9 +111,9 @@ def read_data(parser, args: ParallelDataArguments) -> datasets.DatasetDict:
 def set_languages(tokenizer, model, source_code: str, target_code: str) -> None:
     """Language codes for the tokenizer, and how generation starts with the target code.
 
-    mBART-50 tokenizers write targets as ``[code] X </s>``: generation starts from ``</s>`` and forces the code
-    (``forced_bos_token_id``). mBART (cc25, en-ro) tokenizers write ``X </s> [code]``: the code starts the decoder
-    (``decoder_start_token_id``), as ``shift_tokens_right`` does in training.
+    mBART-50 tokenizers write targets as `[code] X </s>`: generation starts from `</s>` and forces the code
+    (`forced_bos_token_id`). mBART (cc25, en-ro) tokenizers write `X </s> [code]`: the code starts the decoder
+    (`decoder_start_token_id`), as `shift_tokens_right` does in training.
     """
     for code in (source_code, target_code):
         if tokenizer.convert_tokens_to_ids(code) in (None, tokenizer.unk_token_id):
@@ -130,8 +130,8 @@ def set_languages(tokenizer, model, source_code: str, target_code: str) -> None:
 
 
 def pretrained_config(name_or_path: str, settings: dict):
-    """``(model class, config)`` of a pretrained mBART or Marian checkpoint (hub name or folder) with the method
-    ``settings``: the settings are checked (keys, values, layers against the model's) without loading any weights, so
+    """`(model class, config)` of a pretrained mBART or Marian checkpoint (hub name or folder) with the method
+    `settings`: the settings are checked (keys, values, layers against the model's) without loading any weights, so
     that a recipe refuses bad ones before it writes anything."""
     model_type = AutoConfig.from_pretrained(name_or_path).model_type
     if model_type not in MODEL_CLASSES:
@@ -142,15 +142,15 @@ def pretrained_config(name_or_path: str, settings: dict):
 
 
 def pretrained_model(name_or_path: str, settings: dict, **kwargs):
-    """A pretrained mBART or Marian checkpoint (hub name or folder) as our model, with the method ``settings``."""
+    """A pretrained mBART or Marian checkpoint (hub name or folder) as our model, with the method `settings`."""
     model_class, config = pretrained_config(name_or_path, settings)
     return model_class.from_pretrained(name_or_path, config=config, **kwargs)
 
 
 def scratch_config(shape, settings: dict, max_length: int, tokenizer=None, vocab_size: int | None = None,
                    **config_kwargs) -> HeadAttnMarianConfig:
-    """The config of a Marian-style model of a named shape (``presets.MODEL_SHAPES``) trained from scratch for
-    ``tokenizer``; without one (``vocab_size`` then, stand-in special ids), the config that checks ``settings``
+    """The config of a Marian-style model of a named shape (`presets.MODEL_SHAPES`) trained from scratch for
+    `tokenizer`; without one (`vocab_size` then, stand-in special ids), the config that checks `settings`
     before the tokenizer is trained: the methods' settings are validated when a config is built."""
     ids = (dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id) if tokenizer is not None
            else dict(pad_token_id=0, eos_token_id=1))
@@ -164,13 +164,13 @@ def scratch_config(shape, settings: dict, max_length: int, tokenizer=None, vocab
 
 
 def scratch_model(shape: str, tokenizer, settings: dict, max_length: int, **config_kwargs) -> HeadAttnMarianMTModel:
-    """A randomly initialised Marian-style model of a named shape (``presets.MODEL_SHAPES``) for ``tokenizer``."""
+    """A randomly initialised Marian-style model of a named shape (`presets.MODEL_SHAPES`) for `tokenizer`."""
     return HeadAttnMarianMTModel(scratch_config(shape, settings, max_length, tokenizer, **config_kwargs))
 
 
-#: Beside a scratch tokenizer: what it was trained with (:func:`scratch_tokenizer`), so that it is reused only for
-#: the same settings and data.
 TOKENIZER_RECORD = "headattn_tokenizer.json"
+"""Beside a scratch tokenizer: what it was trained with (`scratch_tokenizer`), so that it is reused only for
+the same settings and data."""
 
 
 def tokenizer_record(train: datasets.Dataset, vocab_size: int, src: str, tgt: str) -> dict:
@@ -184,9 +184,9 @@ def tokenizer_record(train: datasets.Dataset, vocab_size: int, src: str, tgt: st
 
 
 def scratch_tokenizer(train: datasets.Dataset, vocab_size: int, output_dir: str | Path, src: str, tgt: str):
-    """A joint sentencepiece tokenizer trained on the training sources and targets, saved in ``output_dir`` with
-    :data:`TOKENIZER_RECORD`. One already saved there is reused only when its record equals this run's (a resumed
-    run, a study's shared tokenizer); else a ``ValueError`` names what differs (a tokenizer saved without a record,
+    """A joint sentencepiece tokenizer trained on the training sources and targets, saved in `output_dir` with
+    `TOKENIZER_RECORD`. One already saved there is reused only when its record equals this run's (a resumed
+    run, a study's shared tokenizer); else a `ValueError` names what differs (a tokenizer saved without a record,
     by release 0.3 or before, is reused with a warning: it cannot be checked)."""
     path = Path(output_dir)
     record = tokenizer_record(train, vocab_size, src, tgt)
@@ -212,11 +212,11 @@ def scratch_tokenizer(train: datasets.Dataset, vocab_size: int, output_dir: str 
 def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, settings: dict,
                      max_source_length: int, max_target_length: int, num_proc: int | None = None, *,
                      config=None, **method_options) -> datasets.DatasetDict:
-    """Tokenized splits (:func:`~.data.tokenize_parallel`), with the own columns of the methods ``settings`` switch
-    on (their kits' ``prepare_features``, e.g. SEA's parses aligned to the tokens: :mod:`.method_inputs`).
+    """Tokenized splits (`tokenize_parallel`), with the own columns of the methods `settings` switch
+    on (their kits' `prepare_features`, e.g. SEA's parses aligned to the tokens: `method_inputs`).
 
-    ``method_options``: the kits' recipe flags by name (e.g. SEA's ``spacy_model=``, ``syntax_parses_dir=``);
-    ``config``: the model's config, on which the methods record what ``translate`` needs to make the same inputs
+    `method_options`: the kits' recipe flags by name (e.g. SEA's `spacy_model=`, `syntax_parses_dir=`);
+    `config`: the model's config, on which the methods record what `translate` needs to make the same inputs
     (SEA: the parser)."""
     features = tokenize_parallel(raw, tokenizer, src, tgt, max_source_length, max_target_length, num_proc=num_proc)
     job = {"tokenizer": tokenizer, "source": src, "target": tgt, "max_source_length": max_source_length,
@@ -225,23 +225,23 @@ def prepare_features(raw: datasets.DatasetDict, tokenizer, src: str, tgt: str, s
 
 
 def method_columns(settings: dict) -> list[str]:
-    """The feature columns of the methods ``settings`` switch on (``MethodKit.columns``): the Trainer must keep them
-    for the collator (``remove_unused_columns=False``)."""
+    """The feature columns of the methods `settings` switch on (`MethodKit.columns`): the Trainer must keep them
+    for the collator (`remove_unused_columns=False`)."""
     return [column for kit in input_kits(settings) for column in kit.columns]
 
 
 def collator(tokenizer, model, settings: dict):
-    """The batch collator: ``DataCollatorForSeq2Seq``, plus the own inputs of the methods ``settings`` switch on
-    (their kits' ``collate``, with the method's settings read from the model's config, else from ``settings``:
-    :func:`~.method_inputs.method_collator`)."""
+    """The batch collator: `DataCollatorForSeq2Seq`, plus the own inputs of the methods `settings` switch on
+    (their kits' `collate`, with the method's settings read from the model's config, else from `settings`:
+    `method_collator`)."""
     return method_collator(tokenizer, model, settings, pad_to_multiple_of=8)
 
 
 def translate_and_score(trainer, features: datasets.Dataset, raw: datasets.Dataset, tokenizer, tgt: str,
                         num_beams: int, max_length: int, output_file: str | Path | None = None) -> dict:
     """Translate a split with beam search and score it with sacreBLEU/chrF against the raw (detokenised) references;
-    the hypotheses go one a line into ``output_file``, written by the main process only (every process translates:
-    ``trainer.predict`` is collective, and gives each the whole split in order)."""
+    the hypotheses go one a line into `output_file`, written by the main process only (every process translates:
+    `trainer.predict` is collective, and gives each the whole split in order)."""
     prediction = trainer.predict(features, num_beams=num_beams, max_length=max_length, metric_key_prefix="test")
     ids = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
     ids = torch.as_tensor(ids)

@@ -1,10 +1,10 @@
-"""A joint source/target SentencePiece vocabulary wrapped as a HF ``MarianTokenizer``.
+"""A joint source/target SentencePiece vocabulary wrapped as a HF `MarianTokenizer`.
 
 Small NMT systems trained from scratch (Multi30k) share one subword vocabulary between source and
-target. :func:`train_joint_sentencepiece` trains one unigram model (Kudo 2018, "Subword Regularization")
-and lays it out as Marian's converted checkpoints do: ``</s>`` = 0, ``<unk>`` = 1, the pieces in
-SentencePiece order, and ``<pad>`` appended last (id ``vocab_size - 1``, Marian's
-``decoder_start_token_id``). The same ``.spm`` file serves as ``source.spm`` and ``target.spm``.
+target. `train_joint_sentencepiece` trains one unigram model (Kudo 2018, "Subword Regularization")
+and lays it out as Marian's converted checkpoints do: `</s>` = 0, `<unk>` = 1, the pieces in
+SentencePiece order, and `<pad>` appended last (id `vocab_size - 1`, Marian's
+`decoder_start_token_id`). The same `.spm` file serves as `source.spm` and `target.spm`.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import sentencepiece as spm
 from transformers import AutoTokenizer, MarianTokenizer
 
 EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
-#: What ``MarianTokenizer`` warns when sacremoses is missing; transformers 5's never uses it (its ``normalize``, the
-#: only user, is called nowhere: ``tests/test_tokenization.py`` checks it), so the advice is noise to our users.
 SACREMOSES_ADVICE = "Recommended: pip install sacremoses"
+"""What `MarianTokenizer` warns when sacremoses is missing; transformers 5's never uses it (its `normalize`, the
+only user, is called nowhere: `tests/test_tokenization.py` checks it), so the advice is noise to our users."""
 
 
 @contextlib.contextmanager
 def _without_sacremoses_advice():
-    """Leave out ``MarianTokenizer``'s advice to install sacremoses (:data:`SACREMOSES_ADVICE`), every other warning
+    """Leave out `MarianTokenizer`'s advice to install sacremoses (`SACREMOSES_ADVICE`), every other warning
     kept."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=SACREMOSES_ADVICE)
@@ -38,9 +38,9 @@ def _without_sacremoses_advice():
 
 
 def load_tokenizer(name_or_path, **kwargs):
-    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)``, without ``MarianTokenizer``'s advice to install
-    sacremoses (:data:`SACREMOSES_ADVICE`), and ``trust_remote_code=False`` unless given: a checkpoint saved by this
-    package carries remote code (``auto_map``), for which transformers would otherwise ask at the terminal and wait
+    """`AutoTokenizer.from_pretrained(name_or_path, **kwargs)`, without `MarianTokenizer`'s advice to install
+    sacremoses (`SACREMOSES_ADVICE`), and `trust_remote_code=False` unless given: a checkpoint saved by this
+    package carries remote code (`auto_map`), for which transformers would otherwise ask at the terminal and wait
     15 s; the package's own classes load it without."""
     kwargs.setdefault("trust_remote_code", False)
     with _without_sacremoses_advice():
@@ -48,7 +48,7 @@ def load_tokenizer(name_or_path, **kwargs):
 
 
 def _training_texts(texts) -> list[str]:
-    """Strings from an iterable of str, a ``translation`` Dataset, or a DatasetDict (its ``train`` split)."""
+    """Strings from an iterable of str, a `translation` Dataset, or a DatasetDict (its `train` split)."""
     if isinstance(texts, datasets.DatasetDict):
         if "train" not in texts:
             raise ValueError(f"a DatasetDict needs a 'train' split to train on, got splits {list(texts)}")
@@ -81,27 +81,27 @@ def train_joint_sentencepiece(
     seed: int = 0,
     model_max_length: int = 512,
 ) -> MarianTokenizer:
-    """Train one joint SentencePiece model and save it as a ``MarianTokenizer`` in ``output_dir``.
+    """Train one joint SentencePiece model and save it as a `MarianTokenizer` in `output_dir`.
 
     Parameters
     ----------
     texts : iterable of str, datasets.Dataset or datasets.DatasetDict
-        Training sentences. A Dataset contributes every language of its ``translation`` column
-        (source and target); a DatasetDict contributes its ``train`` split only.
+        Training sentences. A Dataset contributes every language of its `translation` column
+        (source and target); a DatasetDict contributes its `train` split only.
     vocab_size : int
-        Size of the final vocabulary, ``<pad>`` included (SentencePiece learns ``vocab_size - 1`` pieces).
+        Size of the final vocabulary, `<pad>` included (SentencePiece learns `vocab_size - 1` pieces).
     output_dir : path
-        Created if needed; receives ``source.spm``, ``target.spm``, ``vocab.json`` and the tokenizer config,
-        loadable with ``AutoTokenizer.from_pretrained(output_dir)``.
+        Created if needed; receives `source.spm`, `target.spm`, `vocab.json` and the tokenizer config,
+        loadable with `AutoTokenizer.from_pretrained(output_dir)`.
     source_lang, target_lang : str, optional
         Stored in the tokenizer config.
     model_type : {"unigram", "bpe"}
     character_coverage : float
         Fraction of characters covered; 1.0 for small alphabets (European languages).
     normalization_rule_name : str
-        SentencePiece normalisation (``"nmt_nfkc"``, ``"identity"``, ...).
+        SentencePiece normalisation (`"nmt_nfkc"`, `"identity"`, ...).
     input_sentence_size : int
-        At most this many sentences, sampled with ``seed``, are used for training.
+        At most this many sentences, sampled with `seed`, are used for training.
     num_threads : int
         Training threads. The learned model depends on it: keep it fixed for reproducible vocabularies.
     seed : int
@@ -111,7 +111,7 @@ def train_joint_sentencepiece(
     Returns
     -------
     transformers.MarianTokenizer
-        Reading its files in ``output_dir``; ``len(tokenizer) == vocab_size``, ``pad_token_id == vocab_size - 1``.
+        Reading its files in `output_dir`; `len(tokenizer) == vocab_size`, `pad_token_id == vocab_size - 1`.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 4:
         raise ValueError(f"vocab_size must be an int >= 4 (</s>, <unk>, <pad> and pieces), got {vocab_size!r}")

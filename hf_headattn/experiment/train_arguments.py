@@ -1,5 +1,5 @@
-"""The arguments of ``hf-headattn train`` (:mod:`hf_headattn.commands.train`) and what reads them: the model and data
-flags, the method settings from ``--method`` / ``--preset`` / ``--method_settings``, the parser that takes the
+"""The arguments of `hf-headattn train` (`hf_headattn.commands.train`) and what reads them: the model and data
+flags, the method settings from `--method` / `--preset` / `--method_settings`, the parser that takes the
 methods' own flags, and the run's model config checked before anything is written. In the kit, so that the command,
 the demo and the research scripts (the grid search, the studies) read a training run's flags alike."""
 
@@ -68,7 +68,7 @@ class DataArguments(ParallelDataArguments):
 
 
 def parse_method_settings(text: str | None) -> dict:
-    """The ``--method_settings`` JSON object (``{}`` for None)."""
+    """The `--method_settings` JSON object (`{}` for None)."""
     if not text:
         return {}
     try:
@@ -95,9 +95,9 @@ def settings_from(args: ModelArguments) -> dict:
 
 
 def check_methods_on(args: ModelArguments, model) -> None:
-    """Refuse a run in which a method that ``--method`` names ends up off (e.g. ``--method_settings`` without its
-    layers), unless ``--method_settings`` switches it off explicitly (``{"<method>": null}``): it would train
-    something else than asked, silently. ``model``: the model or its config."""
+    """Refuse a run in which a method that `--method` names ends up off (e.g. `--method_settings` without its
+    layers), unless `--method_settings` switches it off explicitly (`{"<method>": null}`): it would train
+    something else than asked, silently. `model`: the model or its config."""
     model = getattr(model, "config", model)
     given = parse_method_settings(args.method_settings)
     asked = {name for name, value in method_settings(args.method).items()
@@ -113,11 +113,11 @@ def check_methods_on(args: ModelArguments, model) -> None:
 
 
 def parse_recipe_arguments(classes: tuple, argv=None, **parser_kwargs) -> tuple:
-    """``classes`` (dataclasses) and the registered methods' recipe flags (``MethodKit.recipe_arguments``, e.g.
-    SEA's ``--spacy_model``) parsed from ``argv`` after the presets' flags (:func:`expand_argv`): ``(parser,
-    [one object per class], {method flag: value})``. The modules of ``--method_modules`` (a field of
-    :class:`ModelArguments`) are imported first, so that their methods' names, presets and flags are known.
-    ``parser_kwargs`` go to the parser (``prog``, ``description``)."""
+    """`classes` (dataclasses) and the registered methods' recipe flags (`MethodKit.recipe_arguments`, e.g.
+    SEA's `--spacy_model`) parsed from `argv` after the presets' flags (`expand_argv`): `(parser,
+    [one object per class], {method flag: value})`. The modules of `--method_modules` (a field of
+    [`ModelArguments`][hf_headattn.experiment.train_arguments.ModelArguments]) are imported first, so that their
+    methods' names, presets and flags are known. `parser_kwargs` go to the parser (`prog`, `description`)."""
     modules = method_modules_in(argv)
     if modules:
         import_or_exit(RecipeArgumentParser(classes, **parser_kwargs), modules)
@@ -136,7 +136,7 @@ def parse_recipe_arguments(classes: tuple, argv=None, **parser_kwargs) -> tuple:
 
 
 def names_listing(methods: bool, presets: bool) -> str:
-    """What ``--list_methods`` / ``--list_presets`` print: one name a line, with its settings or its source."""
+    """What `--list_methods` / `--list_presets` print: one name a line, with its settings or its source."""
     lines = []
     if methods:
         lines += ["methods (--method NAME, several joined by '+'):"]
@@ -149,9 +149,9 @@ def names_listing(methods: bool, presets: bool) -> str:
 
 
 def model_config(args: ModelArguments, settings: dict, max_length: int):
-    """The config of the run's model (the pretrained checkpoint's, or of ``--model_shape`` with ``--vocab_size``
+    """The config of the run's model (the pretrained checkpoint's, or of `--model_shape` with `--vocab_size`
     before the scratch tokenizer exists), built to check the methods' settings (keys, values, layers) before the
-    run writes anything; a ``ValueError`` (or ``OSError``: no such checkpoint) names what is wrong."""
+    run writes anything; a `ValueError` (or `OSError`: no such checkpoint) names what is wrong."""
     if args.model_name_or_path:
         return pretrained_config(args.model_name_or_path, settings)[1]
     shape, scratch_settings = split_architecture(args.model_shape, settings)  # heads etc. over the shape

@@ -1,14 +1,14 @@
-"""``Seq2SeqTrainer`` that keeps the methods' terms: it logs every loss component beside ``loss``.
+"""`Seq2SeqTrainer` that keeps the methods' terms: it logs every loss component beside `loss`.
 
-Identical to ``Seq2SeqTrainer`` except:
-* ``label_smoothing_factor > 0`` is moved into the model's ``config.label_smoothing`` (the stock Trainer would
+Identical to `Seq2SeqTrainer` except:
+* `label_smoothing_factor > 0` is moved into the model's `config.label_smoothing` (the stock Trainer would
   recompute the loss from logits and silently drop the methods' terms);
-* each training step's loss components (``nll_loss``, ``dhicm_kl``, ``eadra_loss``, the EaDRA terms, ...) are
-  averaged over the logging interval and over processes, and logged with ``loss``;
+* each training step's loss components (`nll_loss`, `dhicm_kl`, `eadra_loss`, the EaDRA terms, ...) are
+  averaged over the logging interval and over processes, and logged with `loss`;
 * with several processes, evaluation and prediction return exactly the dataset's examples, in order:
-  ``Seq2SeqTrainer.evaluate``/``predict`` gather with ``accelerator.gather``, which keeps the examples the sampler
+  `Seq2SeqTrainer.evaluate`/`predict` gather with `accelerator.gather`, which keeps the examples the sampler
   repeats to fill the processes' last batch (4 examples, batch 8, 2 processes: 16 predictions); here they gather with
-  ``gather_for_metrics``, which drops them, as ``Trainer`` does.
+  `gather_for_metrics`, which drops them, as `Trainer` does.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from ..registry import logged_fields
 logger = logging.get_logger(__name__)
 
 def loss_components(outputs) -> dict[str, torch.Tensor]:
-    """The scalar loss components of a model output (``nll_loss`` and the registered methods' ``logged`` fields),
-    detached, flattened into one dict (dict fields as ``<field>/<key>``)."""
+    """The scalar loss components of a model output (`nll_loss` and the registered methods' `logged` fields),
+    detached, flattened into one dict (dict fields as `<field>/<key>`)."""
     components = {}
     for name in ("nll_loss", *logged_fields()):
         value = outputs.get(name) if hasattr(outputs, "get") else None
@@ -43,14 +43,14 @@ def loss_components(outputs) -> dict[str, torch.Tensor]:
 
 
 def last_checkpoint(output_dir: str | Path) -> str | None:
-    """The latest ``checkpoint-N`` folder in ``output_dir`` (None if there is none, or no such folder)."""
+    """The latest `checkpoint-N` folder in `output_dir` (None if there is none, or no such folder)."""
     return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
 
 
 def resume_checkpoint(value: str | bool | None, output_dir: str | Path) -> str | bool | None:
-    """What ``Trainer.train(resume_from_checkpoint=...)`` gets for ``--resume_from_checkpoint`` (as in HF's
-    ``run_translation.py``): None (start afresh) for None, "" or "false"; True (the latest ``checkpoint-N`` in
-    ``output_dir``) for "true"; else the checkpoint folder, which must exist. Raises ``ValueError`` otherwise."""
+    """What `Trainer.train(resume_from_checkpoint=...)` gets for `--resume_from_checkpoint` (as in HF's
+    `run_translation.py`): None (start afresh) for None, "" or "false"; True (the latest `checkpoint-N` in
+    `output_dir`) for "true"; else the checkpoint folder, which must exist. Raises `ValueError` otherwise."""
     if value is None or value is False or str(value).strip().lower() in ("", "false"):
         return None
     if value is True or str(value).strip().lower() == "true":
@@ -67,7 +67,7 @@ def resume_checkpoint(value: str | bool | None, output_dir: str | Path) -> str |
 def check_resume_world_size(checkpoint, args) -> None:
     """Refuse to resume a checkpoint written by a different number of processes.
 
-    The Trainer saves one RNG state per process (``rng_state.pth`` alone, ``rng_state_<rank>.pth`` with several); a
+    The Trainer saves one RNG state per process (`rng_state.pth` alone, `rng_state_<rank>.pth` with several); a
     different world size changes the global batch and the data order, so the resumed run is not the run it continues.
     """
     if checkpoint is True:
@@ -83,14 +83,14 @@ def check_resume_world_size(checkpoint, args) -> None:
         )
 
 
-#: The file of a checkpoint folder that holds the training time that led to it (:class:`TrainingClock`).
 TRAIN_TIME_FILE = "train_time.json"
+"""The file of a checkpoint folder that holds the training time that led to it (`TrainingClock`)."""
 
 
 class TrainingClock(TrainerCallback):
-    """Training time across resumed runs: at every checkpoint it writes ``train_time.json`` into the checkpoint
-    folder, ``{"train_time_s": ...}``: ``previous_s`` (the time of the runs before, read from the resumed checkpoint
-    by :func:`resumed_from`) plus this run's time so far."""
+    """Training time across resumed runs: at every checkpoint it writes `train_time.json` into the checkpoint
+    folder, `{"train_time_s": ...}`: `previous_s` (the time of the runs before, read from the resumed checkpoint
+    by `resumed_from`) plus this run's time so far."""
 
     def __init__(self, previous_s: float = 0.0):
         self.previous_s, self.start = previous_s, None
@@ -106,10 +106,10 @@ class TrainingClock(TrainerCallback):
 
 
 def resumed_from(checkpoint: str | bool | None, output_dir: str | Path) -> dict | None:
-    """The checkpoint a run resumes (``checkpoint`` as :func:`resume_checkpoint` returns it; None: none), as
-    ``results.json`` records it: ``{"checkpoint": folder, "step": its global step, "train_time_s": the training time
-    that led to it, across the runs before}`` (``train_time_s`` None for a checkpoint without ``train_time.json``,
-    written before :class:`TrainingClock`)."""
+    """The checkpoint a run resumes (`checkpoint` as `resume_checkpoint` returns it; None: none), as
+    `results.json` records it: `{"checkpoint": folder, "step": its global step, "train_time_s": the training time
+    that led to it, across the runs before}` (`train_time_s` None for a checkpoint without `train_time.json`,
+    written before `TrainingClock`)."""
     if not checkpoint:
         return None
     folder = Path(last_checkpoint(output_dir) if checkpoint is True else checkpoint)
@@ -120,11 +120,11 @@ def resumed_from(checkpoint: str | bool | None, output_dir: str | Path) -> dict 
 
 
 class TrainingTimeLimit(TrainerCallback):
-    """Stop training after ``minutes`` of wall time, like a cluster job limit, without losing the last stretch.
+    """Stop training after `minutes` of wall time, like a cluster job limit, without losing the last stretch.
 
     At the first step past the limit it stops the Trainer, which still ends the epoch (evaluating and saving with
     the "epoch" strategies); with the "steps" strategies it asks for an evaluation and a save first. Either way the
-    stretch since the last evaluation counts for ``load_best_model_at_end``. ``stopped`` says whether the limit was
+    stretch since the last evaluation counts for `load_best_model_at_end`. `stopped` says whether the limit was
     hit.
     """
 
@@ -145,7 +145,7 @@ class TrainingTimeLimit(TrainerCallback):
 
 
 class HeadAttnSeq2SeqTrainer(Seq2SeqTrainer):
-    """``Seq2SeqTrainer`` for hf-headattn models; see the module docstring for what differs."""
+    """`Seq2SeqTrainer` for hf-headattn models; see the module docstring for what differs."""
 
     def __init__(self, model=None, args=None, *pargs, **kwargs):
         if args is not None and args.label_smoothing_factor > 0 and hasattr(model.config, "label_smoothing"):

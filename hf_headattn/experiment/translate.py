@@ -1,10 +1,10 @@
-"""Translate raw text with a trained model, whatever its methods: ``hf_headattn.translate`` (and
-``hf-headattn translate``, a ``marian-decoder`` / ``fairseq-interactive`` for the command line).
+"""Translate raw text with a trained model, whatever its methods: `hf_headattn.translate` (and
+`hf-headattn translate`, a `marian-decoder` / `fairseq-interactive` for the command line).
 
-Methods with forward inputs of their own need them at inference too (SEA/RHE: the source's parse). :func:`translate`
-makes them as training does: each switched-on method's kit makes its columns for the texts (``MethodKit.
-inference_inputs``, e.g. SEA's parser recorded in the model's config by ``hf-headattn train``), then the
-collator of :func:`~.recipe_parts.collator` turns them into the batch, as in training.
+Methods with forward inputs of their own need them at inference too (SEA/RHE: the source's parse).
+[`translate`][hf_headattn.experiment.translate.translate] makes them as training does: each switched-on method's kit
+makes its columns for the texts (`MethodKit. inference_inputs`, e.g. SEA's parser recorded in the model's config by
+`hf-headattn train`), then the collator of `collator` turns them into the batch, as in training.
 """
 
 from __future__ import annotations
@@ -38,52 +38,55 @@ def translate(model, tokenizer, texts: list[str], *, input_options: Mapping | No
               max_source_length: int | None = None, source_lang_code: str | None = None,
               target_lang_code: str | None = None, on_parse_error: str | Callable = "error",
               unicode_normalization: str | None = None, progress: bool = False, **generate_kwargs) -> list[str]:
-    """Translate raw sentences with ``model.generate``; one translation per text, in the order given.
+    """Translate raw sentences with `model.generate`; one translation per text, in the order given.
 
-    Texts are sorted by length and translated ``batch_size`` at a time on the model's device (the model is put in
-    eval mode meanwhile). Empty (or whitespace-only) texts give ``""`` without running the model. The inputs of
+    Texts are sorted by length and translated `batch_size` at a time on the model's device (the model is put in
+    eval mode meanwhile). Empty (or whitespace-only) texts give `""` without running the model. The inputs of
     the model's methods that have their own (SEA/RHE: the sources' parses) are made as in training.
 
     Parameters
     ----------
-    model : HeadAttn mBART/Marian model (any method, or none), or a stock one
-    tokenizer : its tokenizer
-    texts : list of str
+    model
+        HeadAttn mBART/Marian model (any method, or none), or a stock one
+    tokenizer
+        its tokenizer
+    texts
+        list of str
     input_options : dict, optional
-        Options for the providers of the methods' own inputs (each switched-on kit's ``inference_inputs``), e.g.
-        ``{"parser": "spacy:en_core_web_trf"}`` (a name or a parser object): for methods whose inputs come from a
-        parse of the source (SEA, Rel_Pos+RHE, Localness+RHE; :mod:`hf_headattn.syntax_inputs`), the parser instead
-        of the one the model's config records (``config.syntax_parser``). ``parser=`` (before 0.3.0) is
+        Options for the providers of the methods' own inputs (each switched-on kit's `inference_inputs`), e.g.
+        `{"parser": "spacy:en_core_web_trf"}` (a name or a parser object): for methods whose inputs come from a
+        parse of the source (SEA, Rel_Pos+RHE, Localness+RHE; `hf_headattn.syntax_inputs`), the parser instead
+        of the one the model's config records (`config.syntax_parser`). `parser=` (before 0.3.0) is
         deprecated for it.
     batch_size : int
     max_source_length : int, optional
-        Source truncation in tokens (default: the model's ``max_position_embeddings``). Texts longer than that are
+        Source truncation in tokens (default: the model's `max_position_embeddings`). Texts longer than that are
         truncated, with a warning naming them (1-based, as line numbers).
     source_lang_code, target_lang_code : str, optional
-        mBART language codes (``"en_XX"``, ``"de_DE"``), given together; set up with
-        :func:`~hf_headattn.experiment.recipe_parts.set_languages`. Without them the tokenizer's ``src_lang`` and the
+        mBART language codes (`"en_XX"`, `"de_DE"`), given together; set up with
+        `set_languages`. Without them the tokenizer's `src_lang` and the
         model's saved generation config apply.
     on_parse_error : "error", "skip" or callable
         A text for which a method cannot make its inputs (SEA/RHE: the parser or the alignment cannot handle it)
-        raises that :class:`~.kit.MethodInputError` (SEA's: ``SyntaxInputError``) naming its index in ``texts``
-        ("error"), or is translated without the methods' own inputs: with the inputs that change nothing
-        (``MethodSpec.neutral_inputs``; SEA's: a dependency mask that relates every pair and phrase positions 0,
+        raises that [`MethodInputError`][hf_headattn.experiment.kit.MethodInputError] (SEA's: `SyntaxInputError`) naming
+        its index in `texts` ("error"), or is translated without the methods' own inputs: with the inputs that change
+        nothing (`MethodSpec.neutral_inputs`; SEA's: a dependency mask that relates every pair and phrase positions 0,
         which select no RHE head and leave the attention of SEA-on-all-heads unchanged), so the model computes what
         the same weights without those methods compute ("skip" logs a warning; a callable gets the error instead).
         Never dropped.
     unicode_normalization : "NFC", "NFKC", "NFD" or "NFKD", optional
         Normalise the texts to this Unicode form first (default None: the text as it is). SEA/RHE need it for
         sources whose characters the tokenizer normalises differently: decomposed accents (NFD) with a
-        sentencepiece tokenizer raise SEA's ``SyntaxInputError`` otherwise, and "NFC" fixes
-        that. The training pipeline (``prepare_features``, ``hf-headattn train``) does not normalise:
-        it reads the text as it is (Multi30k is NFC; ``add_syntax_features`` takes the same option). Sentencepiece
+        sentencepiece tokenizer raise SEA's `SyntaxInputError` otherwise, and "NFC" fixes
+        that. The training pipeline (`prepare_features`, `hf-headattn train`) does not normalise:
+        it reads the text as it is (Multi30k is NFC; `add_syntax_features` takes the same option). Sentencepiece
         tokenizers NFKC-normalise anyway, so NFC leaves their tokens unchanged.
     progress : bool
         A progress bar (sentences) on stderr.
     **generate_kwargs
-        Passed to ``model.generate`` (``num_beams``, ``max_new_tokens``, ...). Without ``max_length`` or
-        ``max_new_tokens``, the model's generation config applies, and where it sets neither (transformers would
-        stop after 20 tokens) ``max_length`` is ``max_position_embeddings``.
+        Passed to `model.generate` (`num_beams`, `max_new_tokens`, ...). Without `max_length` or
+        `max_new_tokens`, the model's generation config applies, and where it sets neither (transformers would
+        stop after 20 tokens) `max_length` is `max_position_embeddings`.
     """
     if "parser" in generate_kwargs:  # the keyword of releases before 0.3.0
         warn_deprecated("translate(parser=...)", "translate(input_options={'parser': ...})", NEXT_RELEASE)
@@ -148,7 +151,7 @@ def translate(model, tokenizer, texts: list[str], *, input_options: Mapping | No
 
 
 def _warn_truncated(indices: list[int], max_source_length: int, limit: int) -> None:
-    """Warn that the texts at ``indices`` were truncated, naming them as 1-based line numbers (the first few)."""
+    """Warn that the texts at `indices` were truncated, naming them as 1-based line numbers (the first few)."""
     if not indices:
         return
     shown = ", ".join(str(i + 1) for i in indices[:_SHOWN_LINES])
@@ -159,7 +162,7 @@ def _warn_truncated(indices: list[int], max_source_length: int, limit: int) -> N
 
 
 class _Batcher:
-    """Model inputs for a chunk of texts: ``[(indices, batch), ...]``, one batch, or two where the methods could
+    """Model inputs for a chunk of texts: `[(indices, batch), ...]`, one batch, or two where the methods could
     not make their inputs for some texts (those go with the inputs that change nothing)."""
 
     def __init__(self, model, tokenizer, texts, makers, max_source_length, on_parse_error):
@@ -191,13 +194,13 @@ class _Batcher:
         return batches
 
     def _tokenized(self, indices: list[int]) -> list[dict]:
-        """Tokenized as ``tokenize_parallel`` tokenizes sources."""
+        """Tokenized as `tokenize_parallel` tokenizes sources."""
         encoded = self.tokenizer([self.texts[i] for i in indices], max_length=self.max_source_length, truncation=True)
         return [{key: encoded[key][k] for key in ("input_ids", "attention_mask")} for k in range(len(indices))]
 
     def _with_inputs(self, indices: list[int]) -> list[dict]:
-        """The tokenized texts with every method's columns (``MethodKit.inference_inputs``); errors name their
-        index in ``texts``."""
+        """The tokenized texts with every method's columns (`MethodKit.inference_inputs`); errors name their
+        index in `texts`."""
         features = self._tokenized(indices)
         for make in self.makers:
             try:
@@ -215,7 +218,7 @@ class _Batcher:
             logger.warning(f"{err}; translated without the methods' own inputs")
 
     def _neutral(self, batch: dict) -> dict:
-        """The switched-on methods' inputs that change nothing (``MethodSpec.neutral_inputs``)."""
+        """The switched-on methods' inputs that change nothing (`MethodSpec.neutral_inputs`)."""
         for spec in active_methods(self.model.config):
             if spec.neutral_inputs is not None:
                 batch.update(spec.neutral_inputs(*batch["input_ids"].shape))
@@ -224,7 +227,7 @@ class _Batcher:
 
 @contextmanager
 def _quiet_datasets():
-    """No ``datasets`` progress bars for the per-batch maps."""
+    """No `datasets` progress bars for the per-batch maps."""
     enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:

@@ -1,4 +1,4 @@
-"""The built-in methods, one folder each (``methods/<name>/``, its README lists its files), one registration line each
+"""The built-in methods, one folder each (`methods/<name>/`, its README lists its files), one registration line each
 here. How to add a method: docs/design.md, "Adding a method".
 """
 

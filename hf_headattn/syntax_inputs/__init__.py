@@ -1,12 +1,13 @@
 """The shared syntax input provider: the parses and the inputs made from them (Zhang et al., "Enlivening Redundant
-Heads in Multi-head Self-attention", §4.1, §5.1) for every method that reads them: SEA's ``dependency_mask`` and
-``phrase_positions``, RHE's ``dependency_mask`` for Rel_Pos+RHE, Localness+RHE and a plug-in alike. Outside every
-method folder, so that no method imports another's; :mod:`.provider` holds the kit hooks (recipe flags, the parser,
+Heads in Multi-head Self-attention", §4.1, §5.1) for every method that reads them: SEA's `dependency_mask` and
+`phrase_positions`, RHE's `dependency_mask` for Rel_Pos+RHE, Localness+RHE and a plug-in alike. Outside every
+method folder, so that no method imports another's; `provider` holds the kit hooks (recipe flags, the parser,
 features, collation, inference).
 
-Pipeline: :func:`parse_corpus` (spaCy / CoNLL-U dependencies; benepar / bracketed-tree / dependency-derived
-phrases) -> :func:`align_syntax` (words to subword tokens) -> :class:`DataCollatorForSyntaxSeq2Seq` (the
-``dependency_mask`` and ``phrase_positions`` batch tensors). The math lives in ``features`` as pure functions.
+Pipeline: [`parse_corpus`][hf_headattn.syntax_inputs.dataset.parse_corpus] (spaCy / CoNLL-U dependencies; benepar /
+bracketed-tree / dependency-derived phrases) -> [`align_syntax`][hf_headattn.syntax_inputs.dataset.align_syntax] (words
+to subword tokens) -> [`DataCollatorForSyntaxSeq2Seq`][hf_headattn.syntax_inputs.collator.DataCollatorForSyntaxSeq2Seq]
+(the `dependency_mask` and `phrase_positions` batch tensors). The math lives in `features` as pure functions.
 """
 
 from .alignment import sentencepiece_spans, token_char_spans, token_words

@@ -1,18 +1,19 @@
 """Alignment of parser words to the model tokenizer's subword tokens.
 
-Each token gets a character span in the source text: from ``offset_mapping`` for fast (``tokenizers``-backed)
+Each token gets a character span in the source text: from `offset_mapping` for fast (`tokenizers`-backed)
 tokenizers such as mBART's, and for sentencepiece tokenizers without offsets (Marian's) by reconstructing the piece
-boundaries, walking the pieces along the text (:func:`sentencepiece_spans`). A token then belongs to the word that
-covers its first non-space character (:func:`token_words`).
+boundaries, walking the pieces along the text
+([`sentencepiece_spans`][hf_headattn.syntax_inputs.alignment.sentencepiece_spans]). A token then belongs to the word
+that covers its first non-space character ([`token_words`][hf_headattn.syntax_inputs.alignment.token_words]).
 
 Policies:
 
-* special tokens (mBART's ``</s>`` and language code, Marian's ``</s>``; whatever ``special_tokens_mask`` marks)
-  belong to no word (``-1``); the features relate them only to themselves;
-* a token with no character of its own (a bare ``▁`` piece) belongs to the word that follows it;
+* special tokens (mBART's `</s>` and language code, Marian's `</s>`; whatever `special_tokens_mask` marks)
+  belong to no word (`-1`); the features relate them only to themselves;
+* a token with no character of its own (a bare `▁` piece) belongs to the word that follows it;
 * a token that straddles two words belongs to the first; the second word keeps the tokens that start in it, if
   any (a word left with no token simply has no token to carry its relations);
-* truncation is the tokenizer's own: spans are read from the very encoding whose ``input_ids`` the model gets.
+* truncation is the tokenizer's own: spans are read from the very encoding whose `input_ids` the model gets.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ def _skippable(char: str) -> bool:
 
 
 def sentencepiece_spans(pieces: list[str], text: str, index: int) -> list[tuple[int, int]]:
-    """Character spans in ``text`` of sentencepiece ``pieces`` (as ``tokenizer.tokenize(text)`` returns them).
+    """Character spans in `text` of sentencepiece `pieces` (as `tokenizer.tokenize(text)` returns them).
 
     Pieces are matched in order against the NFKC-normalized text (character by character, so each normalized
-    character maps back to the original character it came from; ``ﬁ`` gives pieces ``f`` and ``i`` that both map
-    to it), skipping whitespace and control characters between them. A bare ``▁`` piece gets the empty span at
-    the next character. Raises :class:`SyntaxInputError` when a piece does not spell the text where expected.
+    character maps back to the original character it came from; `ﬁ` gives pieces `f` and `i` that both map
+    to it), skipping whitespace and control characters between them. A bare `▁` piece gets the empty span at
+    the next character. Raises [`SyntaxInputError`][hf_headattn.syntax_inputs.parsing.SyntaxInputError] when a piece
+    does not spell the text where expected.
     """
     norm, back = [], []
     for i, char in enumerate(text):
@@ -71,17 +73,17 @@ def sentencepiece_spans(pieces: list[str], text: str, index: int) -> list[tuple[
 
 
 def token_char_spans(tokenizer, text: str, encoding: dict, index: int) -> list[tuple[int, int] | None]:
-    """Character span of every token of one encoded text, ``None`` for special tokens.
+    """Character span of every token of one encoded text, `None` for special tokens.
 
     Parameters
     ----------
     tokenizer : transformers tokenizer
-        Fast tokenizers need ``encoding["offset_mapping"]``; others are reconstructed from
-        ``tokenizer.tokenize(text)``, honouring ``tokenizer.truncation_side``.
+        Fast tokenizers need `encoding["offset_mapping"]`; others are reconstructed from
+        `tokenizer.tokenize(text)`, honouring `tokenizer.truncation_side`.
     text : str
     encoding : dict
-        One example's ``input_ids`` and ``special_tokens_mask`` (and ``offset_mapping`` for fast tokenizers), as
-        returned by ``tokenizer(..., return_special_tokens_mask=True)``.
+        One example's `input_ids` and `special_tokens_mask` (and `offset_mapping` for fast tokenizers), as
+        returned by `tokenizer(..., return_special_tokens_mask=True)`.
     index : int
         Example index, for error messages.
     """
@@ -101,9 +103,9 @@ def token_char_spans(tokenizer, text: str, encoding: dict, index: int) -> list[t
 
 
 def token_words(spans: list[tuple[int, int] | None], starts, ends, text: str, index: int) -> list[int]:
-    """Word index of every token (``-1`` for ``None`` spans), for words with character spans ``[starts, ends)``.
+    """Word index of every token (`-1` for `None` spans), for words with character spans `[starts, ends)`.
 
-    A token belongs to the word covering its first non-space character; a token without one (bare ``▁``, a
+    A token belongs to the word covering its first non-space character; a token without one (bare `▁`, a
     whitespace-only span) to the word that follows it, or at the very end to the last word. Overlapping word spans
     (the words of one CoNLL-U multiword token) go to the first word.
     """

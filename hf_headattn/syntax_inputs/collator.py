@@ -20,33 +20,34 @@ from .features import token_dependency_mask, token_phrase_positions
 
 @dataclass
 class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
-    """``DataCollatorForSeq2Seq`` that also returns ``dependency_mask`` and ``phrase_positions``.
+    """`DataCollatorForSeq2Seq` that also returns `dependency_mask` and `phrase_positions`.
 
-    Identical to the parent except: the per-token ``syntax_*`` columns of
-    :func:`~.dataset.align_syntax` are taken out of every feature before the parent pads the
-    rest, and turned into
+    Identical to the parent except: the per-token `syntax_*` columns of
+    [`align_syntax`][hf_headattn.syntax_inputs.dataset.align_syntax] are taken out of every feature before the parent
+    pads the rest, and turned into
 
-    * ``dependency_mask`` (batch, src_len, src_len) bool: Eq. 5, True where attention is allowed (head-dependent
+    * `dependency_mask` (batch, src_len, src_len) bool: Eq. 5, True where attention is allowed (head-dependent
       pair in either direction, subwords of one word, or i = j); special tokens and padding relate only to
       themselves, so no row is all False;
-    * ``phrase_positions`` (batch, src_len, src_len) long: RP of Figure 3 (layer difference inside the local phrase,
-      Rules 1-2), ``NOT_IN_PHRASE`` outside it and everywhere on padding rows and columns; special tokens get 0 on
+    * `phrase_positions` (batch, src_len, src_len) long: RP of Figure 3 (layer difference inside the local phrase,
+      Rules 1-2), `NOT_IN_PHRASE` outside it and everywhere on padding rows and columns; special tokens get 0 on
       their diagonal only. The model clips to +-k.
 
-    ``src_len`` is the padded ``input_ids`` length (``padding``, ``max_length``, ``pad_to_multiple_of`` and the
-    tokenizer's ``padding_side`` apply). Built with batched numpy ops, no per-token Python. The returned batch
-    holds what the parent returns (``input_ids``, ``attention_mask``, ``labels``, ``decoder_input_ids`` given a
-    ``model``) plus these two tensors. Needs ``padding`` enabled. ``rule2``: "symmetric" (default) or "literal", the
-    reading of the paper's Rule 2 (:func:`~.features.local_phrases`); take it from the model's
-    ``config.sea["rule2"]`` so that inference reads the phrases as training did (:meth:`for_model` does).
+    `src_len` is the padded `input_ids` length (`padding`, `max_length`, `pad_to_multiple_of` and the
+    tokenizer's `padding_side` apply). Built with batched numpy ops, no per-token Python. The returned batch
+    holds what the parent returns (`input_ids`, `attention_mask`, `labels`, `decoder_input_ids` given a
+    `model`) plus these two tensors. Needs `padding` enabled. `rule2`: "symmetric" (default) or "literal", the
+    reading of the paper's Rule 2 ([`local_phrases`][hf_headattn.syntax_inputs.features.local_phrases]); take it from
+    the model's `config.sea["rule2"]` so that inference reads the phrases as training did
+    ([`for_model`][hf_headattn.syntax_inputs.collator.DataCollatorForSyntaxSeq2Seq.for_model] does).
     """
 
     rule2: str = DEFAULT_RULE2
 
     @classmethod
     def for_model(cls, tokenizer, model, settings: Mapping | None = None, **kwargs) -> DataCollatorForSyntaxSeq2Seq:
-        """The collator of ``model``, reading Rule 2 as its config's settings of the method that reads
-        ``phrase_positions`` say (SEA's ``config.sea``; else as ``settings`` do, config fields such as a recipe's; else
+        """The collator of `model`, reading Rule 2 as its config's settings of the method that reads
+        `phrase_positions` say (SEA's `config.sea`; else as `settings` do, config fields such as a recipe's; else
         the default reading), so that inference reads the phrases as training did."""
         config = getattr(model, "config", None)
         for spec in registered_methods():
@@ -73,8 +74,8 @@ class DataCollatorForSyntaxSeq2Seq(DataCollatorForSeq2Seq):
 
 
 def check_token_columns(features) -> None:
-    """Raise ``ValueError`` naming the feature and column unless every feature holds each of :data:`TOKEN_COLUMNS`,
-    one value per ``input_ids`` token."""
+    """Raise `ValueError` naming the feature and column unless every feature holds each of
+    [`TOKEN_COLUMNS`][hf_headattn.syntax_inputs.dataset.TOKEN_COLUMNS], one value per `input_ids` token."""
     for b, f in enumerate(features):
         for c in TOKEN_COLUMNS:
             if c not in f or len(f[c]) != len(f["input_ids"]):
@@ -86,9 +87,11 @@ def check_token_columns(features) -> None:
 
 def syntax_tensors(features, src_len: int, padding_side: str, rule2: str,
                    phrases: bool = True) -> dict[str, np.ndarray]:
-    """``dependency_mask`` (batch, src_len, src_len) bool and (``phrases``) ``phrase_positions`` (batch, src_len,
-    src_len) int64 of a batch whose ``input_ids`` are padded to ``src_len`` on ``padding_side``, from its features'
-    :data:`TOKEN_COLUMNS` (see :class:`DataCollatorForSyntaxSeq2Seq`). Batched numpy ops, no per-token Python."""
+    """`dependency_mask` (batch, src_len, src_len) bool and (`phrases`) `phrase_positions` (batch, src_len,
+    src_len) int64 of a batch whose `input_ids` are padded to `src_len` on `padding_side`, from its features'
+    [`TOKEN_COLUMNS`][hf_headattn.syntax_inputs.dataset.TOKEN_COLUMNS] (see
+    [`DataCollatorForSyntaxSeq2Seq`][hf_headattn.syntax_inputs.collator.DataCollatorForSyntaxSeq2Seq]). Batched numpy
+    ops, no per-token Python."""
     lengths = np.array([len(f["input_ids"]) for f in features])
     positions = np.arange(src_len)
     if padding_side == "left":

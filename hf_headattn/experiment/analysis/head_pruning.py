@@ -1,9 +1,9 @@
 """Iterative head pruning as Michel et al. (2019, §6.1) do it, with any importance criterion.
 
 Each step removes a share of the remaining heads, the least important by the criterion
-(:func:`~hf_headattn.experiment.analysis.head_ranking.heads_to_prune`), optionally fine-tunes, optionally recomputes the
-importance on the pruned model, and evaluates: BLEU and chrF on the evaluation sentences, the parameters, and
-``generate``'s sentences per second. ``hf-headattn prune`` runs it per criterion and writes the JSON, the plot
+([`heads_to_prune`][hf_headattn.experiment.analysis.head_ranking.heads_to_prune]), optionally fine-tunes, optionally
+recomputes the importance on the pruned model, and evaluates: BLEU and chrF on the evaluation sentences, the parameters,
+and `generate`'s sentences per second. `hf-headattn prune` runs it per criterion and writes the JSON, the plot
 and the pruned model.
 """
 
@@ -20,8 +20,8 @@ from ..evaluation import compute_translation_metrics
 from ..translate import translate
 from .head_ranking import heads_to_prune, score_heads
 
-#: A pruned model is judged "as good" as the unpruned one within this many BLEU points (Michel et al.).
 BLEU_TOLERANCE = 0.5
+"""A pruned model is judged "as good" as the unpruned one within this many BLEU points (Michel et al.)."""
 
 
 def total_heads(config) -> int:
@@ -34,7 +34,7 @@ def pruned_count(config) -> int:
 
 
 def evaluate(model, tokenizer, sources: Sequence[str], references: Sequence[str], **generate_kwargs) -> dict:
-    """BLEU/chrF of ``translate`` (beam search as ``generate_kwargs`` say), the parameters and sentences/s."""
+    """BLEU/chrF of `translate` (beam search as `generate_kwargs` say), the parameters and sentences/s."""
     start = time.perf_counter()
     hypotheses = translate(model, tokenizer, list(sources), **generate_kwargs)
     seconds = time.perf_counter() - start
@@ -51,15 +51,15 @@ def iterative_pruning(model, criterion: str, importance_batches: Callable[[], It
                       on_step: Callable[[torch.nn.Module, list[dict]], None] | None = None,
                       among: dict[str, torch.Tensor] | None = None, unpruned: dict | None = None,
                       log: Callable[[str], None] = print) -> list[dict]:
-    """Prune ``model`` in place step by step; returns one record per step, the unpruned model first.
+    """Prune `model` in place step by step; returns one record per step, the unpruned model first.
 
-    Each record: ``share`` (of all heads pruned), ``heads_pruned``, ``pruned`` (``config.pruned_heads``) and what
-    ``evaluate_model`` returns. Each step prunes ``max(1, round(step_share * remaining heads))`` heads, never more
-    than ``max_share`` of all heads and never a module's last head; it stops when nothing is left to prune.
-    ``importance_batches()`` gives the batches the importance is computed on (each time it is recomputed);
-    ``on_step(model, records)`` is called after each step is scored (e.g. to keep the fine-tuned model).
-    ``among`` (``{component: bool (layers, heads)}``) limits the heads that can be pruned (``heads_to_prune``);
-    ``unpruned``, the first record of an earlier run on the same model, saves evaluating the unpruned model again.
+    Each record: `share` (of all heads pruned), `heads_pruned`, `pruned` (`config.pruned_heads`) and what
+    `evaluate_model` returns. Each step prunes `max(1, round(step_share * remaining heads))` heads, never more
+    than `max_share` of all heads and never a module's last head; it stops when nothing is left to prune.
+    `importance_batches()` gives the batches the importance is computed on (each time it is recomputed);
+    `on_step(model, records)` is called after each step is scored (e.g. to keep the fine-tuned model).
+    `among` (`{component: bool (layers, heads)}`) limits the heads that can be pruned (`heads_to_prune`);
+    `unpruned`, the first record of an earlier run on the same model, saves evaluating the unpruned model again.
     """
     if not 0 < step_share <= 1 or not 0 < max_share < 1:
         raise ValueError(f"step_share must be in (0, 1] and max_share in (0, 1), got {step_share!r}, {max_share!r}")
@@ -94,8 +94,8 @@ def _record(model, total: int, evaluate_model) -> dict:
 
 
 def largest_share_within(records: Sequence[dict], tolerance: float = BLEU_TOLERANCE) -> dict:
-    """The record with the largest share pruned whose BLEU is within ``tolerance`` of the unpruned record's
-    (``records[0]``), before the first step that falls below it (the unpruned record if none is)."""
+    """The record with the largest share pruned whose BLEU is within `tolerance` of the unpruned record's
+    (`records[0]`), before the first step that falls below it (the unpruned record if none is)."""
     chosen = records[0]
     for record in records[1:]:
         if record["bleu"] < records[0]["bleu"] - tolerance:
@@ -106,8 +106,8 @@ def largest_share_within(records: Sequence[dict], tolerance: float = BLEU_TOLERA
 
 def throughput_ratio(model, reference, tokenizer, sources: Sequence[str], repeats: int = 3,
                      **generate_kwargs) -> dict:
-    """``generate`` sentences/s of ``model`` and ``reference`` on ``sources``, timed alternately ``repeats`` times,
-    so that a load on the machine weighs on both alike; ``ratio`` is the median of the per-repeat ratios."""
+    """`generate` sentences/s of `model` and `reference` on `sources`, timed alternately `repeats` times,
+    so that a load on the machine weighs on both alike; `ratio` is the median of the per-repeat ratios."""
     speeds = {"model": [], "reference": []}
     for _ in range(repeats):
         for name, candidate in (("reference", reference), ("model", model)):
@@ -119,8 +119,8 @@ def throughput_ratio(model, reference, tokenizer, sources: Sequence[str], repeat
 
 
 def finetuning(batches: Callable[[], Iterable[dict]], steps: int, learning_rate: float) -> Callable:
-    """A ``finetune`` for :func:`iterative_pruning`: ``steps`` AdamW steps on ``batches()`` (cycled), then eval
-    mode."""
+    """A `finetune` for [`iterative_pruning`][hf_headattn.experiment.analysis.head_pruning.iterative_pruning]: `steps`
+    AdamW steps on `batches()` (cycled), then eval mode."""
     def finetune(model) -> None:
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
         model.train()

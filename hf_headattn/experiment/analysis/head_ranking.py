@@ -1,21 +1,21 @@
 """Head importance over a dataset by several criteria, and which heads to prune by it.
 
-:func:`score_heads` returns, per criterion, a (layers, heads) tensor per component (``"encoder"``, ``"decoder"``,
-``"cross"``, as :mod:`hf_headattn.sites`), in the original head numbering; higher means more important. ``NaN``
-marks heads that are pruned or that the criterion does not score (a method's criterion scores the modules that carry
-the method). Padding never counts. The criteria:
+[`score_heads`][hf_headattn.experiment.analysis.head_ranking.score_heads] returns, per criterion, a (layers, heads)
+tensor per component (`"encoder"`, `"decoder"`, `"cross"`, as `hf_headattn.sites`), in the original head numbering;
+higher means more important. `NaN` marks heads that are pruned or that the criterion does not score (a method's
+criterion scores the modules that carry the method). Padding never counts. The criteria:
 
-* ``gradient`` (Michel et al. 2019, §4.1, Eq. 2): I_h = E_x |dL(x)/d xi_h|, the expected absolute gradient of the
+* `gradient` (Michel et al. 2019, §4.1, Eq. 2): I_h = E_x |dL(x)/d xi_h|, the expected absolute gradient of the
   loss to head h's mask variable, per sentence (one mask per sentence, so one backward pass gives every sentence's
   gradient), L the summed token NLL of the sentence; then normalised per layer by its L2 norm, as their code does.
-* ``confidence`` (Voita et al. 2019, §4.1): the mean over real query tokens of the head's largest attention weight,
+* `confidence` (Voita et al. 2019, §4.1): the mean over real query tokens of the head's largest attention weight,
   end-of-sentence queries left out (our reading of "excluding the end of sentence symbol").
-* ``entropy``: 1 minus the mean over real queries of the normalised attention entropy H(a) / log n (n the keys a
+* `entropy`: 1 minus the mean over real queries of the normalised attention entropy H(a) / log n (n the keys a
   query can see): the quantity EaDRA regularizes (Araabi et al., Eq. 1-2); focused heads score high.
-* the methods' own criteria (their kit's ``MethodKit.importance``): ``dhicm``, the mean DHICM importance G over real
-  tokens (Goindani & Shrivastava 2021, Eq. 1); ``rhe``, 1 minus the share of sentences in which RHE marks the head
+* the methods' own criteria (their kit's `MethodKit.importance`): `dhicm`, the mean DHICM importance G over real
+  tokens (Goindani & Shrivastava 2021, Eq. 1); `rhe`, 1 minus the share of sentences in which RHE marks the head
   redundant (Zhang et al. 2021, Eq. 10).
-* ``random``: uniform in [0, 1), seeded.
+* `random`: uniform in [0, 1), seeded.
 """
 
 from __future__ import annotations
@@ -34,17 +34,17 @@ from ...sites import COMPONENTS, component_of, component_shape
 from ..kit import kit_of
 
 BUILT_IN = ("gradient", "confidence", "entropy", "random")
-#: The attention outputs of each component, as transformers names them.
 ATTENTION_OUTPUTS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+"""The attention outputs of each component, as transformers names them."""
 
 
 def method_criteria() -> dict:
-    """``{criterion name: method spec}`` of the registered methods whose kit scores heads (``MethodKit.importance``)."""
+    """`{criterion name: method spec}` of the registered methods whose kit scores heads (`MethodKit.importance`)."""
     return {kit.importance[0]: spec for spec in registered_methods() if (kit := kit_of(spec)).importance}
 
 
 def criteria() -> list[str]:
-    """Every criterion :func:`score_heads` knows."""
+    """Every criterion [`score_heads`][hf_headattn.experiment.analysis.head_ranking.score_heads] knows."""
     return [*BUILT_IN, *method_criteria()]
 
 
@@ -59,7 +59,7 @@ class _Sums:
                        for name, tables in self.sums.items()}
 
     def add(self, name: str, module, values: torch.Tensor, count) -> None:
-        """Add (heads,) ``values`` (current numbering) of ``module`` and ``count`` items to criterion ``name``."""
+        """Add (heads,) `values` (current numbering) of `module` and `count` items to criterion `name`."""
         component, layer, heads = component_of(module), module.headattn_layer, head_numbers(module)
         self.sums[name][component][layer, heads] += values.detach().double().cpu()
         self.counts[name][component][layer, heads] += float(count)
@@ -72,10 +72,10 @@ class _Sums:
 
 def score_heads(model, batches: Iterable[dict], criteria_: Iterable[str] = BUILT_IN,
                 seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
-    """``{criterion: {component: (layers, heads) importance}}`` of ``model``'s heads over ``batches`` (dicts of
-    model inputs with ``labels``, e.g. from ``DataCollatorForSeq2Seq``; add the syntax inputs for ``rhe``).
+    """`{criterion: {component: (layers, heads) importance}}` of `model`'s heads over `batches` (dicts of
+    model inputs with `labels`, e.g. from `DataCollatorForSeq2Seq`; add the syntax inputs for `rhe`).
 
-    The model runs in eval mode (no dropout) and is left as it was; ``confidence`` and ``entropy`` run it with the
+    The model runs in eval mode (no dropout) and is left as it was; `confidence` and `entropy` run it with the
     eager backend (for the attention weights), then restore the backend.
     """
     names = list(dict.fromkeys(criteria_))
@@ -173,7 +173,7 @@ def _attention_statistics(model, batch: dict, sums: _Sums, names: list[str]) -> 
 
 @torch.no_grad()
 def _method_criterion(model, batch: dict, sums: _Sums, name: str, spec) -> None:
-    """A method's criterion from its read-out (``MethodKit.importance``)."""
+    """A method's criterion from its read-out (`MethodKit.importance`)."""
     flag, field = readout(spec)
     found = False
     values_of = kit_of(spec).importance[1]
@@ -186,10 +186,10 @@ def _method_criterion(model, batch: dict, sums: _Sums, name: str, spec) -> None:
 
 
 def common_heads(importances: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The heads that every criterion of ``importances`` (``{criterion: {component: (layers, heads)}}``, as
-    :func:`score_heads` returns) scores, as ``{component: bool (layers, heads)}``: to compare a method's criterion
-    with the others on the heads it ranks (``dhicm`` scores only DHICM's modules, ``rhe`` only the first encoder
-    layer's)."""
+    """The heads that every criterion of `importances` (`{criterion: {component: (layers, heads)}}`, as
+    [`score_heads`][hf_headattn.experiment.analysis.head_ranking.score_heads] returns) scores, as
+    `{component: bool (layers, heads)}`: to compare a method's criterion with the others on the heads it ranks (`dhicm`
+    scores only DHICM's modules, `rhe` only the first encoder layer's)."""
     tables = list(importances.values())
     return {component: torch.stack([table[component].isfinite() for table in tables]).all(0)
             for component in tables[0]}
@@ -197,12 +197,12 @@ def common_heads(importances: dict[str, dict[str, torch.Tensor]]) -> dict[str, t
 
 def heads_to_prune(model, importance: dict[str, torch.Tensor], count: int,
                    among: dict[str, torch.Tensor] | None = None) -> dict[str, list[int]]:
-    """The ``count`` least important heads by ``importance`` (``{component: (layers, heads)}``; NaN entries and
+    """The `count` least important heads by `importance` (`{component: (layers, heads)}`; NaN entries and
     heads already pruned are no candidates, so an importance computed before pruning can be used again), as
-    ``{module name: [original head numbers]}`` for :func:`hf_headattn.pruning.prune_heads`; the last head of a
-    module is never chosen. ``among`` (``{component: bool (layers, heads)}``, e.g. :func:`common_heads`) limits the
-    candidates further. Fewer are returned when fewer are candidates. ``count`` must be a non-negative integer (a
-    ``ValueError`` otherwise)."""
+    `{module name: [original head numbers]}` for [`hf_headattn.pruning.prune_heads`][hf_headattn.pruning.prune_heads];
+    the last head of a module is never chosen. `among` (`{component: bool (layers, heads)}`, e.g.
+    [`common_heads`][hf_headattn.experiment.analysis.head_ranking.common_heads]) limits the candidates further. Fewer
+    are returned when fewer are candidates. `count` must be a non-negative integer (a `ValueError` otherwise)."""
     value = count.item() if getattr(count, "ndim", None) == 0 and hasattr(count, "item") else count  # numpy, 0-d
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
         raise ValueError(f"heads_to_prune: count must be a non-negative integer (the number of heads to prune), got "

@@ -12,8 +12,8 @@ from hf_headattn.plugin import pyplot, readout, save_figure
 
 from .kit import importance_sums
 
-#: DHICM's read-out: the forward flag that asks for the importances, and the output field that holds them.
 FLAG, FIELD = readout(METHOD)
+"""DHICM's read-out: the forward flag that asks for the importances, and the output field that holds them."""
 
 
 @torch.no_grad()
@@ -22,13 +22,15 @@ def mean_head_importance(model, batches: Iterable[dict]) -> dict[str, list[float
 
     Parameters
     ----------
-    model : a HeadAttn model with DHICM on.
-    batches : dicts of model inputs (``input_ids``, ``attention_mask``, ``labels`` or ``decoder_input_ids``), e.g. a
-        ``DataLoader`` with a ``DataCollatorForSeq2Seq``.
+    model
+        a HeadAttn model with DHICM on.
+    batches : dicts of model inputs (`input_ids`, `attention_mask`, `labels` or `decoder_input_ids`), e.g. a
+        `DataLoader` with a `DataCollatorForSeq2Seq`.
 
     Returns
     -------
-    ``{module name: [mean G of head 0, head 1, ...]}``; each list sums to 1.
+    :
+        `{module name: [mean G of head 0, head 1, ...]}`; each list sums to 1.
     """
     was_training = model.training
     model.eval()
@@ -50,8 +52,8 @@ def sentence_head_importance(model, tokenizer, source: str | None, target: str |
                              inputs: dict | None = None) -> tuple[list[str], torch.Tensor]:
     """The (tokens, heads) importance of one module for one sentence pair, and the tokens its rows belong to.
 
-    Encoder modules give source tokens, decoder modules target tokens (teacher-forced on ``target``). Instead of
-    the two texts, ``inputs`` may be a model batch (its first sentence is used), e.g. from the syntax collator for a
+    Encoder modules give source tokens, decoder modules target tokens (teacher-forced on `target`). Instead of
+    the two texts, `inputs` may be a model batch (its first sentence is used), e.g. from the syntax collator for a
     model with SEA on.
     """
     model.eval()

@@ -25,25 +25,25 @@ from ...settings_checks import allowed_values, check_range
 
 NAME = "dhicm"
 ATTENTIONS = ("self", "cross")
-#: How Eq. 5's KL joins the per-token NLL (the paper does not say; see :func:`kl_objective_term`).
-#: An importance above this counts as a "top head" in ``dhicm_stats["top_head_share"]``.
 TOP_HEAD_THRESHOLD = 0.9
-#: Equally likely values of one 16-bit lane of the CPU dropout's random integers (:func:`dropout`).
+"""How Eq. 5's KL joins the per-token NLL (the paper does not say; see `kl_objective_term`).
+An importance above this counts as a "top head" in `dhicm_stats["top_head_share"]`."""
 LANE_VALUES = 2**16
+"""Equally likely values of one 16-bit lane of the CPU dropout's random integers (`dropout`)."""
 
 
 @dataclass(frozen=True)
 class DHICMSettings(MethodSettings):
-    """DHICM's settings (``config.dhicm``).
+    """DHICM's settings (`config.dhicm`).
 
-    encoder_layers / decoder_layers / cross_layers: the layers whose encoder self-, decoder self- and decoder
+    - `encoder_layers` / `decoder_layers` / `cross_layers`: the layers whose encoder self-, decoder self- and decoder
     cross-attention get the mixture ("all", layer numbers, negative counting from the end, or None: none; the
     defaults: none). cross_layers' default "decoder_layers" is the layers decoder_layers names (the paper mixes the
     heads of both attentions of a decoder layer, §3.1).
-    dim: d_m of Eq. 2-3 (None: d_model). dropout: dropout after Ux (Eq. 2). kl_weight: lambda of Eq. 4-5.
-    kl_reduction: how the KL of Eq. 5 joins the per-token NLL, see :func:`kl_objective_term` ("per_batch", the
+    - `dim`: d_m of Eq. 2-3 (None: d_model). dropout: dropout after Ux (Eq. 2). kl_weight: lambda of Eq. 4-5.
+    - `kl_reduction`: how the KL of Eq. 5 joins the per-token NLL, see `kl_objective_term` ("per_batch", the
         fidelity study's choice, kept by the converged study; "per_token" is release 0.1's reading).
-    mode: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
+    - `mode`: "paper" (Eq. 3) or "scaled_out_proj" (our fine-tuning variant, keeps the pretrained out_proj).
     """
 
     encoder_layers: list[int] | Literal["all"] | None = None
@@ -67,20 +67,20 @@ class DHICMSettings(MethodSettings):
                    for value in (self.encoder_layers, self.decoder_layers, self.cross_layers))
 
 
-#: The readings of Eq. 5's reduction the settings allow (from their ``Literal``).
 KL_REDUCTIONS = allowed_values(DHICMSettings, "kl_reduction")
+"""The readings of Eq. 5's reduction the settings allow (from their `Literal`)."""
 
 
 def placements(settings: DHICMSettings, config, name: str = NAME) -> list[tuple[str, int, str]]:
-    """The shared vocabulary's placements, with DHICM's layout ``cross_layers="decoder_layers"``."""
+    """The shared vocabulary's placements, with DHICM's layout `cross_layers="decoder_layers"`."""
     decoder = settings.decoder_layers
     return layer_placements(settings, config, name, {"decoder_layers": lambda count: layers_of(
         decoder, count, f"{name}.decoder_layers")})
 
 
 def older_spellings(values) -> tuple[dict, list]:
-    """Release 0.2's ``attention`` (the kinds of a decoder layer ``decoder_layers`` places DHICM on, None: both) as
-    ``decoder_layers`` (self-attention) and ``cross_layers`` (``MethodSpec.older_spellings``)."""
+    """Release 0.2's `attention` (the kinds of a decoder layer `decoder_layers` places DHICM on, None: both) as
+    `decoder_layers` (self-attention) and `cross_layers` (`MethodSpec.older_spellings`)."""
     notes = []
     if "attention" not in values:
         return dict(values), notes
@@ -105,14 +105,18 @@ def importance_scores(head_outputs: torch.Tensor, ux: torch.Tensor, w: torch.Ten
 
     Parameters
     ----------
-    head_outputs : (B, T, H, d_k) per-head outputs O^h, before the output projection.
-    ux : (B, T, d_m) or (B * T, d_m) U x (after the dropout the paper applies to it).
-    w : (d_m, d_k) W.
+    head_outputs
+        (B, T, H, d_k) per-head outputs O^h, before the output projection.
+    ux
+        (B, T, d_m) or (B * T, d_m) U x (after the dropout the paper applies to it).
+    w
+        (d_m, d_k) W.
 
     Returns
     -------
-    (B, T, H) scores. Computed as O^h . (W^T U x), so no (B, T, H, d_m) tensor is formed, with one batched product
-    for all heads (elementwise and a sum: fewer operations than a matmul over (B, T) batches of H x d_k).
+    :
+        (B, T, H) scores. Computed as O^h . (W^T U x), so no (B, T, H, d_m) tensor is formed, with one batched product
+        for all heads (elementwise and a sum: fewer operations than a matmul over (B, T) batches of H x d_k).
     """
     projected = (ux @ w).view(*head_outputs.shape[:2], 1, -1)  # (B, T, 1, d_k) = (W^T U x)^T
     return (head_outputs * projected).sum(-1) / math.sqrt(w.shape[0])
@@ -137,13 +141,14 @@ def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: to
     """Eq. 1-3 without W_s as one attention call, for when G itself is not needed (no loss, no read-out).
 
     Eq. 1-3 are an attention over the heads: the query is W^T U x, the keys and values are the head outputs O^h and
-    the scale is 1 / sqrt(d_m), so ``scaled_dot_product_attention`` gives sum_h G_h O^h in one fused operation; V is
+    the scale is 1 / sqrt(d_m), so `scaled_dot_product_attention` gives sum_h G_h O^h in one fused operation; V is
     applied after. Equal to
-    ``combine_heads(head_outputs, importance_softmax(importance_scores(head_outputs, ux, w)), v)`` with
-    ``projected = ux @ w``.
+    `combine_heads(head_outputs, importance_softmax(importance_scores(head_outputs, ux, w)), v)` with
+    `projected = ux @ w`.
 
-    head_outputs (B, T, H, d_k), projected (B, T, d_k) or (B * T, d_k), v (d_m, d_k) -> (B, T, d_m); ``head_mask``
-    (1 or B, H) leaves masked heads out of the softmax as :func:`hf_headattn.head_masks.masked_logits` does.
+    head_outputs (B, T, H, d_k), projected (B, T, d_k) or (B * T, d_k), v (d_m, d_k) -> (B, T, d_m); `head_mask`
+    (1 or B, H) leaves masked heads out of the softmax as
+    [`hf_headattn.head_masks.masked_logits`][hf_headattn.head_masks.masked_logits] does.
     """
     batch, length, heads, head_dim = head_outputs.shape
     tokens = batch * length
@@ -158,13 +163,13 @@ def attend_over_heads(head_outputs: torch.Tensor, projected: torch.Tensor, v: to
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Inverted dropout, as ``F.dropout``, with a cheaper random draw on the CPU.
+    """Inverted dropout, as `F.dropout`, with a cheaper random draw on the CPU.
 
     There the mask compares 16-bit lanes of 64-bit random integers (four lanes per draw of the generator) with a
-    threshold: 58 us for 512 x 128 on 2 cores, against 187 us for ``rand`` and 489 us for the ``bernoulli_`` that
-    ``F.dropout`` draws. p is rounded to a multiple of 2^-16 (by less than 8e-6) and the kept values are scaled by
+    threshold: 58 us for 512 x 128 on 2 cores, against 187 us for `rand` and 489 us for the `bernoulli_` that
+    `F.dropout` draws. p is rounded to a multiple of 2^-16 (by less than 8e-6) and the kept values are scaled by
     the exact inverse of the rounded keep probability, so E[output] = x exactly. Another random stream than
-    ``F.dropout``, which it uses elsewhere and under ``torch.compile``."""
+    `F.dropout`, which it uses elsewhere and under `torch.compile`."""
     dropped = round(p * LANE_VALUES)  # of the LANE_VALUES equally likely values of a lane
     if not training or x.device.type != "cpu" or not 0 < dropped < LANE_VALUES or torch.compiler.is_compiling():
         return F.dropout(x, p, training)  # (torch.compile makes its own random numbers)
@@ -179,13 +184,13 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 def token_weights(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, T) weights of a mean over the real tokens (``mask`` True): 1 / their number there, 0 elsewhere (None for
+    """(B, T) weights of a mean over the real tokens (`mask` True): 1 / their number there, 0 elsewhere (None for
     None: every token counts)."""
     return None if mask is None else mask / mask.sum().clamp(min=1)
 
 
 def query_weights(call) -> torch.Tensor | None:
-    """:func:`token_weights` of ``call.query_mask``, made once per forward for each side (encoder, decoder) and
+    """`token_weights` of `call.query_mask`, made once per forward for each side (encoder, decoder) and
     shared by the modules there (three operators a module fewer)."""
     mask = call.query_mask
     if mask is None:
@@ -197,8 +202,8 @@ def query_weights(call) -> torch.Tensor | None:
 
 
 def token_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """The mean of (B, T) ``values`` (float or bool) over the real tokens, with ``weights`` from
-    :func:`token_weights`."""
+    """The mean of (B, T) `values` (float or bool) over the real tokens, with `weights` from
+    `token_weights`."""
     if weights is not None:
         return (values * weights).sum()
     return values.mean() if values.is_floating_point() else values.float().mean()
@@ -207,15 +212,15 @@ def token_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tens
 def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor, weights: torch.Tensor | None,
                           heads: int | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 4-5 for one module and its collapse statistics, from G and log G (B, T, H): the mean over real tokens
-    (``weights`` from :func:`token_weights`, None: all) of KL(G || uniform) (Eq. 4), the mean normalised entropy
-    H(G) / ln H (no gradient) and the share of real tokens whose top head carries more than ``TOP_HEAD_THRESHOLD``
+    (`weights` from `token_weights`, None: all) of KL(G || uniform) (Eq. 4), the mean normalised entropy
+    H(G) / ln H (no gradient) and the share of real tokens whose top head carries more than `TOP_HEAD_THRESHOLD`
     (no gradient).
 
-    ``heads``: the number of heads the uniform distribution spreads over, an int or (1 or B, 1, 1) per sentence (the
-    heads a head mask leaves, :func:`hf_headattn.head_masks.live_heads`; None: H). KL = sum_h G_h (log G_h + ln H),
-    from log-softmax (precise for nearly uniform G); H(G) / ln H = 1 - KL / ln H (0 for a single head).
-    A sentence whose mask leaves no head has KL 0 and entropy 0 there (the module mixes nothing), with finite
-    gradients.
+    `heads`: the number of heads the uniform distribution spreads over, an int or (1 or B, 1, 1) per sentence (the
+    heads a head mask leaves, [`hf_headattn.head_masks.live_heads`][hf_headattn.head_masks.live_heads]; None: H). KL =
+    sum_h G_h (log G_h + ln H), from log-softmax (precise for nearly uniform G); H(G) / ln H = 1 - KL / ln H (0 for a
+    single head). A sentence whose mask leaves no head has KL 0 and entropy 0 there (the module mixes nothing), with
+    finite gradients.
     """
     heads = importance.shape[-1] if heads is None else heads
     if isinstance(heads, int):
@@ -237,8 +242,8 @@ def importance_statistics(importance: torch.Tensor, log_importance: torch.Tensor
 @torch.no_grad()
 def entropy_and_top_share(importance: torch.Tensor, mean_kl: torch.Tensor, weights: torch.Tensor | None,
                           log_heads: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`importance_statistics`' mean normalised entropy and top-head share for one number of heads (``log_heads``
-    = ln H): the mean of 1 - KL / ln H is 1 - mean KL / ln H, one operator (``rsub``: 1 - alpha mean KL)."""
+    """`importance_statistics`' mean normalised entropy and top-head share for one number of heads (`log_heads`
+    = ln H): the mean of 1 - KL / ln H is 1 - mean KL / ln H, one operator (`rsub`: 1 - alpha mean KL)."""
     share = token_mean(importance.amax(-1) > TOP_HEAD_THRESHOLD, weights)
     entropy = torch.rsub(mean_kl, 1, alpha=1 / log_heads) if log_heads > 0 else torch.zeros_like(mean_kl)
     return entropy, share
@@ -247,16 +252,17 @@ def entropy_and_top_share(importance: torch.Tensor, mean_kl: torch.Tensor, weigh
 def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target_tokens) -> torch.Tensor:
     """The objective term of Eq. 5, -lambda * L_KL, added to the model's mean per-token NLL.
 
-    ``kl`` is KL-bar, the mean over the DHICM modules of each module's mean over real tokens of KL(G || uniform)
+    `kl` is KL-bar, the mean over the DHICM modules of each module's mean over real tokens of KL(G || uniform)
     (Eq. 4). The paper writes L = L_c - lambda L_KL without saying how either side is reduced:
 
-    * ``"per_token"``: ``-lambda * KL-bar``. Both sides are per-token means, so lambda weighs one token's KL against
+    * `"per_token"`: `-lambda * KL-bar`. Both sides are per-token means, so lambda weighs one token's KL against
       one token's NLL (lambda 0.1 collapses every module to one head within ~50 steps on Multi30k).
-    * ``"per_batch"``: ``-lambda * KL-bar / N`` with N the batch's real target tokens. This is the objective
-      ``(sum_t NLL_t - lambda * KL-bar) / N``: fairseq's token-summed loss, divided by its ``sample_size`` = N, with
+    * `"per_batch"`: `-lambda * KL-bar / N` with N the batch's real target tokens. This is the objective
+      `(sum_t NLL_t - lambda * KL-bar) / N`: fairseq's token-summed loss, divided by its `sample_size` = N, with
       one batch-level KL, i.e. an effective lambda of lambda / N per token (about 1e-4 for lambda 0.1 and batches
       of ~1000 target tokens). With gradient accumulation each micro-batch's term is weighted by its share of the
-      tokens (:func:`hf_headattn.losses.total_objective`), so the accumulated term is -lambda * sum(KL-bar) / N_all.
+      tokens ([`hf_headattn.losses.total_objective`][hf_headattn.losses.total_objective]), so the accumulated term is
+      -lambda * sum(KL-bar) / N_all.
     """
     if reduction == "per_token":
         return -kl_weight * kl
@@ -266,22 +272,22 @@ def kl_objective_term(kl: torch.Tensor, kl_weight: float, reduction: str, target
 
 
 def projected_input(hidden: torch.Tensor, u: torch.Tensor, p: float) -> torch.Tensor:
-    """U x of Eq. 2 with the dropout ``p`` the paper applies to it (0: none): (B, T, d) -> (B * T, d_m)."""
+    """U x of Eq. 2 with the dropout `p` the paper applies to it (0: none): (B, T, d) -> (B * T, d_m)."""
     return dropout(hidden.reshape(-1, hidden.shape[-1]) @ u.T, p, p > 0)
 
 
 class HeadMixture(torch.autograd.Function):
     """Eq. 1-4 of paper mode for all tokens at once, forward and backward written out (#47: DHICM's GPU step was
-    host work). The composition of :func:`importance_scores`, log-softmax (Eq. 1), :func:`combine_heads` and Eq. 4's
+    host work). The composition of `importance_scores`, log-softmax (Eq. 1), `combine_heads` and Eq. 4's
     KL, gradchecked against it in float64, with one autograd node instead of one per operation and fewer operators:
-    a module's forward and backward 76 against 93 (``tests/test_overhead.py``). Products over heads are elementwise
-    with a sum, as in :func:`importance_scores` (a ``bmm`` over B T batches of H x d_k is slower on CPUs).
+    a module's forward and backward 76 against 93 (`tests/test_overhead.py`). Products over heads are elementwise
+    with a sum, as in `importance_scores` (a `bmm` over B T batches of H x d_k is slower on CPUs).
 
-    ``apply(heads (N, H, d_k), ux (N, d_m), w, v, weights (N,) or None, log_heads)`` -> (sum_h G_h V O^h (N, d_m),
-    mean KL (Eq. 4) with the token ``weights`` (None: the plain mean), G (N, H), no gradient). Backward: with
+    `apply(heads (N, H, d_k), ux (N, d_m), w, v, weights (N,) or None, log_heads)` -> (sum_h G_h V O^h (N, d_m),
+    mean KL (Eq. 4) with the token `weights` (None: the plain mean), G (N, H), no gradient). Backward: with
     g = dL/dG from Eq. 3 plus w_t (log G + ln H + 1) from Eq. 4 (whose constants the softmax's backward cancels),
-    dL/ds = G (g - <G, g>), and s = O^h . p / sqrt(d_m) with p = W^T U x gives dL/dp and the second term of dL/dO.
-    Runs the backward under the forward's autocast state, as ``torch.amp.custom_bwd`` does.
+    dL/ds = G (g - &lt;G, g>), and s = O^h . p / sqrt(d_m) with p = W^T U x gives dL/dp and the second term of dL/dO.
+    Runs the backward under the forward's autocast state, as `torch.amp.custom_bwd` does.
     """
 
     @staticmethod
@@ -332,7 +338,7 @@ class HeadMixture(torch.autograd.Function):
 
 def mix_heads_paper(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
                     v: torch.Tensor, weights: torch.Tensor | None, p: float) -> tuple:
-    """:func:`mix_heads` in paper mode without a head mask, with losses: U x with dropout, then :class:`HeadMixture`.
+    """`mix_heads` in paper mode without a head mask, with losses: U x with dropout, then `HeadMixture`.
     hidden (B, T, d), head_outputs (B, T, H, d_k), weights (B, T) or None -> ((B, T, d_m), G (B, T, H), statistics)."""
     batch, length, heads, head_dim = head_outputs.shape
     output, mean_kl, importance = HeadMixture.apply(
@@ -346,15 +352,15 @@ def mix_heads_paper(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.T
 def mix_heads(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
               v: torch.Tensor | None, head_mask: torch.Tensor | None, weights: torch.Tensor | None, p: float,
               losses: bool) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
-    """Eq. 1-3 of one module: U x with dropout ``p`` (Eq. 2), the importances G (Eq. 1, with the head mask's
-    ``log m``), and the heads mixed by them: with ``v`` (paper mode) sum_h G_h V O^h (Eq. 3 without W_s, (B, T, d_m)),
-    else (``scaled_out_proj``) each head's output scaled by H G_h ((B, T, H, d_k)); with ``losses`` also
-    :func:`importance_statistics` with the token ``weights`` (:func:`token_weights`; None: every token counts),
+    """Eq. 1-3 of one module: U x with dropout `p` (Eq. 2), the importances G (Eq. 1, with the head mask's
+    `log m`), and the heads mixed by them: with `v` (paper mode) sum_h G_h V O^h (Eq. 3 without W_s, (B, T, d_m)),
+    else (`scaled_out_proj`) each head's output scaled by H G_h ((B, T, H, d_k)); with `losses` also
+    `importance_statistics` with the token `weights` (`token_weights`; None: every token counts),
     else None. (Compiled on its own, as EaDRA's pass is compiled, it did not make an H100 step faster: 1.144 against
-    1.129 eager at transformer-base, ``benchmarks/results/gpu``.)
+    1.129 eager at transformer-base, `benchmarks/results/gpu`.)
 
     hidden (B, T, d), head_outputs (B, T, H, d_k) -> (output, G (B, T, H), statistics). Paper mode without a head
-    mask, with losses (training), is :func:`mix_heads_paper`, the same equations in fewer operators."""
+    mask, with losses (training), is `mix_heads_paper`, the same equations in fewer operators."""
     if losses and v is not None and head_mask is None:
         return mix_heads_paper(hidden, head_outputs, u, w, v, weights, p)
     ux = projected_input(hidden, u, p)
@@ -381,10 +387,10 @@ def mix_heads(hidden: torch.Tensor, head_outputs: torch.Tensor, u: torch.Tensor,
 class DHICM(AttentionMethod):
     """The second-level attention over the heads of one attention module (§3.1).
 
-    ``mode="paper"``: the module outputs W_s sum_h G V O^h (Eq. 3). W_s is the attention module's ``out_proj``
-    (d_m x d -> d; with d_m = d_model a pretrained ``out_proj`` initialises it, otherwise it is replaced by a new
-    ``Linear(d_m, d)``), so every parameter is used; its bias is kept, a harmless addition to Eq. 3.
-    ``mode="scaled_out_proj"`` (our fine-tuning variant, not in the paper): the pretrained ``out_proj`` is kept and
+    `mode="paper"`: the module outputs W_s sum_h G V O^h (Eq. 3). W_s is the attention module's `out_proj`
+    (d_m x d -> d; with d_m = d_model a pretrained `out_proj` initialises it, otherwise it is replaced by a new
+    `Linear(d_m, d)`), so every parameter is used; its bias is kept, a harmless addition to Eq. 3.
+    `mode="scaled_out_proj"` (our fine-tuning variant, not in the paper): the pretrained `out_proj` is kept and
     head h's block is weighted by H * G_h; U starts at zero, so G starts uniform and the model starts exactly as the
     pretrained one.
     The parameters W (d_m x d_k), U (d_m x d), V (d_m x d_k) have no bias, as in Eq. 2-3.
@@ -394,7 +400,7 @@ class DHICM(AttentionMethod):
 
     @property
     def out_proj_per_head(self) -> bool:
-        """In paper mode ``out_proj`` is W_s, which reads the d_m-dimensional mixture, not the heads."""
+        """In paper mode `out_proj` is W_s, which reads the d_m-dimensional mixture, not the heads."""
         return self.mode != "paper"
 
     def __init__(self, d_model: int, num_heads: int, d_m: int, dropout: float, mode: str):
@@ -415,11 +421,12 @@ class DHICM(AttentionMethod):
             init_zeros_(self.u)
 
     def after(self, call: AttentionCall, attn_output: torch.Tensor) -> torch.Tensor:
-        """Eq. 1-3 on the per-head output (:func:`mix_heads`). Head masks
-        (``call.head_mask``, already applied to the per-head output) follow :mod:`hf_headattn.head_masks`' rule: head
-        h's weight in the softmax over heads (Eq. 1) is m_h exp(s_h) (``log m`` is added to its score), and it counts
-        in H (Eq. 4's uniform reference, ``scaled_out_proj``'s factor) when m_h > 0; so a head masked with 0 counts
-        nowhere, as if pruned. A mask that leaves no head outputs 0 (``out_proj``'s bias in paper mode) with KL 0."""
+        """Eq. 1-3 on the per-head output (`mix_heads`). Head masks
+        (`call.head_mask`, already applied to the per-head output) follow
+        [`hf_headattn.head_masks`][hf_headattn.head_masks]' rule: head h's weight in the softmax over heads (Eq. 1) is
+        m_h exp(s_h) (`log m` is added to its score), and it counts in H (Eq. 4's uniform reference, `scaled_out_proj`'s
+        factor) when m_h > 0; so a head masked with 0 counts nowhere, as if pruned. A mask that leaves no head outputs 0
+        (`out_proj`'s bias in paper mode) with KL 0."""
         context, head_mask = call.context, call.head_mask
         losses = context is not None and context.compute_losses  # KL (Eq. 4-5) only when a loss is needed
         readout = context is not None and "output_head_importance" in context.flags
@@ -453,7 +460,7 @@ def build(settings: DHICMSettings, config, module) -> DHICM:
 
 def module_mean(values: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The mean of the modules' 0-d KLs (Eq. 5's KL-bar) as a sum and one division: M operators forward and one
-    backward (the division's), against ``torch.stack(values).mean()``'s 2 and M + 2 (the mean's expand and division,
+    backward (the division's), against `torch.stack(values).mean()`'s 2 and M + 2 (the mean's expand and division,
     a select per module), a step's host work (#47). The same value as that mean for up to 4 modules (the same order
     of additions; beyond, the last bit may differ), the same gradients."""
     total = values[0]
@@ -463,11 +470,11 @@ def module_mean(values: tuple[torch.Tensor, ...]) -> torch.Tensor:
 
 
 def collect(context, settings: DHICMSettings) -> tuple[dict, torch.Tensor | None]:
-    """Mean KL over tokens and DHICM modules (Eq. 5), the objective term (:func:`kl_objective_term` with
-    ``settings.kl_reduction``), and ``dhicm_stats`` (the modules' collapse statistics averaged over the modules,
-    from :func:`importance_statistics`).
+    """Mean KL over tokens and DHICM modules (Eq. 5), the objective term (`kl_objective_term` with
+    `settings.kl_reduction`), and `dhicm_stats` (the modules' collapse statistics averaged over the modules,
+    from `importance_statistics`).
 
-    For ``"per_batch"`` N is the batch's real target tokens (the context's target mask; the model always has one
+    For `"per_batch"` N is the batch's real target tokens (the context's target mask; the model always has one
     when it computes a loss, and without one the term is not used, so N = 1 there).
     """
     records = context.recorded(NAME)

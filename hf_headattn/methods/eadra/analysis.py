@@ -3,7 +3,7 @@
 Araabi, Niculae & Monz (§5.1) compare the normalised entropy (Eq. 2) of every encoder self-attention head of models
 trained on more or less data, and after EaDRA: per head its mean over the dataset, and over all heads the min, average
 and max. Here a head's mean is over all real (non-padding) query tokens of the dataset, each query's distribution
-normalised by the log of its number of real keys (:func:`hf_headattn.methods.eadra.equations.normalized_entropy`).
+normalised by the log of its number of real keys (`hf_headattn.methods.eadra.equations.normalized_entropy`).
 """
 
 from __future__ import annotations
@@ -20,20 +20,22 @@ from hf_headattn.plugin import attention_backend, method_inputs, pyplot, save_fi
 
 @torch.no_grad()
 def encoder_attention_entropy(model, batches: Iterable[dict]) -> dict:
-    """Mean normalised entropy of each encoder self-attention head over ``batches``, and its min/avg/max.
+    """Mean normalised entropy of each encoder self-attention head over `batches`, and its min/avg/max.
 
     Parameters
     ----------
-    model : an mBART/Marian model (ours or stock); it runs its encoder with eager attention (restored afterwards).
-    batches : dicts with ``input_ids`` and optionally ``attention_mask`` (and the methods' forward inputs,
-        ``registry.method_inputs()``, e.g. SEA's, for a model with them on; other keys are ignored), e.g. a
-        ``DataLoader`` with a ``DataCollatorForSeq2Seq``.
+    model
+        an mBART/Marian model (ours or stock); it runs its encoder with eager attention (restored afterwards).
+    batches : dicts with `input_ids` and optionally `attention_mask` (and the methods' forward inputs,
+        `registry.method_inputs()`, e.g. SEA's, for a model with them on; other keys are ignored), e.g. a
+        `DataLoader` with a `DataCollatorForSeq2Seq`.
 
     Returns
     -------
-    dict with ``entropy`` (per layer, a list of per-head means in [0, 1]; a layer whose heads were pruned lists the
-    heads it kept), ``min``, ``avg``, ``max`` (over all heads; ``avg`` is the mean of the head means),
-    ``num_sentences`` and ``num_tokens`` (real source tokens).
+    :
+        dict with `entropy` (per layer, a list of per-head means in [0, 1]; a layer whose heads were pruned lists the
+        heads it kept), `min`, `avg`, `max` (over all heads; `avg` is the mean of the head means),
+        `num_sentences` and `num_tokens` (real source tokens).
     """
     was_training = model.training
     model.eval()
@@ -91,7 +93,7 @@ def plot_encoder_entropy(result: dict, path: str | Path, title: str = "") -> Pat
 
 def write_entropy_report(result: dict, output_dir: str | Path, name: str = "encoder_entropy",
                          title: str = "") -> tuple[Path, Path]:
-    """Write ``<name>.json`` and ``<name>.png`` into ``output_dir``; returns both paths."""
+    """Write `<name>.json` and `<name>.png` into `output_dir`; returns both paths."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     json_path = output_dir / f"{name}.json"

@@ -1,31 +1,31 @@
 """EaDRA: entropy- and distance-regularized attention (Araabi, Niculae & Monz, §3, Eq. 1-9).
 
-Eq. 9 adds ``alpha_peak R_peak + alpha_sent R_sent + alpha_dist R_dist`` per component (encoder self-attention,
-decoder self-attention, cross-attention) to the translation loss. The math is in :mod:`.equations`; this module
-holds the settings, the :class:`EaDRA` method attached to each regularized attention module, and the reduction.
+Eq. 9 adds `alpha_peak R_peak + alpha_sent R_sent + alpha_dist R_dist` per component (encoder self-attention,
+decoder self-attention, cross-attention) to the translation loss. The math is in `equations`; this module
+holds the settings, the `EaDRA` method attached to each regularized attention module, and the reduction.
 
-How it runs (fast by design): the backend (SDPA, eager, ...) computes the attention output as usual; ``after`` only
+How it runs (fast by design): the backend (SDPA, eager, ...) computes the attention output as usual; `after` only
 keeps the call's queries, keys and masks. When the model collects the terms, the layers of all components go through
-one fused pass (:func:`~.equations.layer_regularizers`; lengths padded to the longest, see :func:`layer_terms`):
-``softmax(q_h k_h^T * scaling +
-mask)`` in float32 for the regularized heads only (the *first* ``num_heads`` heads of each regularized layer), the
+one fused pass (`layer_regularizers`; lengths padded to the longest, see `layer_terms`):
+`softmax(q_h k_h^T * scaling +
+mask)` in float32 for the regularized heads only (the *first* `num_heads` heads of each regularized layer), the
 three terms, and a hand-written backward straight to q and k. The support of each query: keys the model's mask lets
 it see (a bool mask, or an additive one above half its dtype's minimum), for decoder self-attention also its causal
-prefix (offset ``key_len - query_len`` with a cache; SDPA may get no mask and ``is_causal``), and never padding keys
-(the context's masks). Nothing happens without a context (e.g. ``generate`` running the encoder alone) or when no
-loss is needed (``generate``, inference without labels under ``no_grad``). Dropout is not applied to these
+prefix (offset `key_len - query_len` with a cache; SDPA may get no mask and `is_causal`), and never padding keys
+(the context's masks). Nothing happens without a context (e.g. `generate` running the encoder alone) or when no
+loss is needed (`generate`, inference without labels under `no_grad`). Dropout is not applied to these
 probabilities.
 
-Reductions (the authors' fairseq code, ``aliaraabi/EaDRA``, where it works; see :mod:`.equations` for per-query
+Reductions (the authors' fairseq code, `aliaraabi/EaDRA`, where it works; see `equations` for per-query
 choices): per sentence and head, R_peak is the mean over real queries of H_N, R_sent = -H_N(query-averaged
-attention), R_dist the sum over consecutive real query pairs; the settings ``dist_reduction`` and ``peak_reduction``
-rescale them per sentence and head (:func:`rescale_terms`; by default R_dist becomes the *mean* over the pairs, the
-fidelity study's choice) and ``warmup_steps`` scales the alphas (:func:`_warmup`). These are **summed** over the
+attention), R_dist the sum over consecutive real query pairs; the settings `dist_reduction` and `peak_reduction`
+rescale them per sentence and head (`rescale_terms`; by default R_dist becomes the *mean* over the pairs, the
+fidelity study's choice) and `warmup_steps` scales the alphas (`_warmup`). These are **summed** over the
 regularized heads and
 layers of a component and over the sentences of the batch (the authors' code sums its stacked layer x batch x head
 tensor), then **divided by the number of real target tokens** of the batch, because fairseq divides the summed loss,
-penalties included, by ``sample_size`` = target tokens. So the terms sit next to the model's per-token NLL at the
-scale Table 6's alphas were tuned at, and with gradient accumulation (``losses.total_objective``) the accumulated term
+penalties included, by `sample_size` = target tokens. So the terms sit next to the model's per-token NLL at the
+scale Table 6's alphas were tuned at, and with gradient accumulation (`losses.total_objective`) the accumulated term
 is the sum over sentences divided by all the batch's target tokens, as in fairseq. Without a target mask (no labels)
 every decoder position counts as a target token; an encoder-only setting without one counts source tokens instead.
 Unlike the authors' code, padding never counts (they normalise by the padded length), R_dist follows Eq. 8 (their
@@ -51,27 +51,29 @@ from .equations import TERMS
 from .passes import check_implementation, layer_regularizers
 
 NAME = "eadra"
-#: Every alpha's factor by default (``EaDRASettings.alpha_scale``): the fidelity study's choice on Multi30k
-#: (docs/results/fidelity-study.md), kept by the converged study (docs/results/converged-study.md: 0.1 ahead of 0.3
-#: and 1.0).
 ALPHA_SCALE = 0.1
-#: Table 6, WMT En-De (100k) rows; alpha_peak 0 because "alpha_dist appears to render alpha_peak redundant"
-#: (Appendix A). num_heads None = three quarters of the heads (6 of 8 from scratch, §5.3); layers "all".
+"""Every alpha's factor by default (`EaDRASettings.alpha_scale`): the fidelity study's choice on Multi30k
+(docs/results/fidelity-study.md), kept by the converged study (docs/results/converged-study.md: 0.1 ahead of 0.3
+and 1.0)."""
 DEFAULTS = {
     "encoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 0.02},
     "decoder": {"alpha_peak": 0.0, "alpha_sent": 0.8, "alpha_dist": 2.0},
     "cross": {"alpha_peak": 0.0, "alpha_sent": 8.0, "alpha_dist": 0.1},
 }
+"""Table 6, WMT En-De (100k) rows; alpha_peak 0 because "alpha_dist appears to render alpha_peak redundant"
+(Appendix A). num_heads None = three quarters of the heads (6 of 8 from scratch, §5.3); layers "all"."""
 
 
 @dataclass(frozen=True)
 class ComponentSettings(MethodSettings):
-    """One component's settings (a dict under ``config.eadra["encoder" | "decoder" | "cross"]``; missing alphas take
-    :data:`DEFAULTS`). num_heads: how many heads are regularized, the first ones (None: three quarters, §5.3);
-    heads: which heads instead, "all" or head numbers (the paper does not say which heads); layers: the component's
-    layers in the placement vocabulary (:mod:`hf_headattn.placement`: "all", the default, or layer numbers; the
-    component's key names the attention kind, so ``eadra["encoder"]["layers"]`` is the vocabulary's
-    ``encoder_layers``)."""
+    """One component's settings (a dict under `config.eadra["encoder" | "decoder" | "cross"]`; missing alphas take
+    [`DEFAULTS`][hf_headattn.methods.eadra.core.DEFAULTS]). num_heads: how many heads are regularized, the first ones
+    (None: three quarters, §5.3);
+
+    - `heads`: which heads instead, "all" or head numbers (the paper does not say which heads); layers: the component's
+    layers in the placement vocabulary (`hf_headattn.placement`: "all", the default, or layer numbers; the
+    component's key names the attention kind, so `eadra["encoder"]["layers"]` is the vocabulary's
+    `encoder_layers`)."""
 
     alpha_peak: float | None = None
     alpha_sent: float | None = None
@@ -81,8 +83,8 @@ class ComponentSettings(MethodSettings):
     layers: list[int] | Literal["all"] = "all"
 
     def resolved_for(self, component: str, config, where: str) -> ComponentSettings:
-        """Every field resolved for ``component``: alphas filled in, ``num_heads`` an integer, ``heads`` None (the
-        first ``num_heads``) or sorted indices, ``layers`` a sorted list of non-negative indices."""
+        """Every field resolved for `component`: alphas filled in, `num_heads` an integer, `heads` None (the
+        first `num_heads`) or sorted indices, `layers` a sorted list of non-negative indices."""
         alphas = {key: default if getattr(self, key) is None else getattr(self, key)
                   for key, default in DEFAULTS[component].items()}
         for key, value in alphas.items():
@@ -106,23 +108,23 @@ class ComponentSettings(MethodSettings):
 
 @dataclass(frozen=True)
 class EaDRASettings(MethodSettings):
-    """EaDRA's settings (``config.eadra``): one dict per regularized component, absent or None = not regularized.
+    """EaDRA's settings (`config.eadra`): one dict per regularized component, absent or None = not regularized.
 
     The readings of the paper's open choices (README "The papers' open choices", docs/results/fidelity-study.md):
-    ``dist_reduction`` and ``peak_reduction`` (how R_dist, Eq. 8, and R_peak, Eq. 4, are reduced per sentence and
-    head, :func:`rescale_terms`; "sum" and "sum" read the equations literally), ``warmup_steps`` (the alphas grow
-    linearly from 0 over that many training steps, :func:`_warmup`; 0: off) and ``alpha_scale`` (every alpha is
+    `dist_reduction` and `peak_reduction` (how R_dist, Eq. 8, and R_peak, Eq. 4, are reduced per sentence and
+    head, `rescale_terms`; "sum" and "sum" read the equations literally), `warmup_steps` (the alphas grow
+    linearly from 0 over that many training steps, `_warmup`; 0: off) and `alpha_scale` (every alpha is
     multiplied by it: the paper tunes its alphas per component, §5.3, and Table 6's, the per-component defaults, were
     tuned for Transformer-base on 100k WMT sentences; 1.0 uses them as they are).
 
-    ``implementation`` changes no value, only how the regularizer pass runs (chosen in one place,
-    :mod:`.passes`): "auto" (under ``torch.compile`` on CUDA, where the eager pass is some twenty
-    memory-bound passes over float32 maps; eager on the CPU), "eager" or "compiled" (:mod:`.compiled`). "triton"
+    `implementation` changes no value, only how the regularizer pass runs (chosen in one place,
+    `passes`): "auto" (under `torch.compile` on CUDA, where the eager pass is some twenty
+    memory-bound passes over float32 maps; eager on the CPU), "eager" or "compiled" (`compiled`). "triton"
     (a Triton pass removed before 0.3.0: slower than the compiled pass on the GPU) still loads: it warns once
-    and runs "auto" (:func:`~.passes.check_implementation`).
+    and runs "auto" (`check_implementation`).
 
-    Resolved, each component is a :class:`ComponentSettings` with every field resolved
-    (:meth:`ComponentSettings.resolved_for`).
+    Resolved, each component is a [`ComponentSettings`][hf_headattn.methods.eadra.core.ComponentSettings] with every
+    field resolved ([`ComponentSettings.resolved_for`][hf_headattn.methods.eadra.core.ComponentSettings.resolved_for]).
     """
 
     encoder: ComponentSettings | None = None
@@ -136,7 +138,7 @@ class EaDRASettings(MethodSettings):
 
     @property
     def components(self) -> dict[str, ComponentSettings]:
-        """The regularized components' settings, in :data:`COMPONENTS` order."""
+        """The regularized components' settings, in [`COMPONENTS`][hf_headattn.sites.COMPONENTS] order."""
         return {component: getattr(self, component) for component in COMPONENTS if getattr(self, component) is not None}
 
     def resolved(self, config, name: str) -> EaDRASettings:
@@ -157,7 +159,7 @@ class EaDRASettings(MethodSettings):
 
 
 def older_spellings(values) -> tuple[dict, list]:
-    """A component's ``layers=None`` (every layer, release 0.2) as ``"all"`` (``MethodSpec.older_spellings``)."""
+    """A component's `layers=None` (every layer, release 0.2) as `"all"` (`MethodSpec.older_spellings`)."""
     values, notes = dict(values), []
     for component in COMPONENTS:
         given = values.get(component)
@@ -167,8 +169,8 @@ def older_spellings(values) -> tuple[dict, list]:
     return values, notes
 
 
-#: The readings the settings allow (from their ``Literal``s), for the pure functions' own checks.
 PEAK_REDUCTIONS = allowed_values(EaDRASettings, "peak_reduction")
+"""The readings the settings allow (from their `Literal`s), for the pure functions' own checks."""
 DIST_REDUCTIONS = allowed_values(EaDRASettings, "dist_reduction")
 
 
@@ -196,7 +198,7 @@ class _Call(NamedTuple):
 
     @classmethod
     def of(cls, call: AttentionCall, component: str, num_heads: int, heads: HeadIndex | None = None) -> "_Call":
-        """``heads``: the regularized head indices (None: the first ``num_heads``), gathered here."""
+        """`heads`: the regularized head indices (None: the first `num_heads`), gathered here."""
         query, key, mask, weights = call.query, call.key, call.mask_tensor, call.head_mask
         if heads is not None:
             heads = heads.on(query.device)
@@ -218,13 +220,16 @@ class _Call(NamedTuple):
 
 
 def head_support(call: _Call) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """Additive bias, support and real queries of the first ``num_heads`` heads of an attention call.
+    """Additive bias, support and real queries of the first `num_heads` heads of an attention call.
 
     Returns
     -------
-    bias : None or (B, 1 or h, T, S) float, the additive mask (eager's, or SEA's per-head one), added to the scores.
-    support : (B or 1, 1 or h, T, S) bool, the keys each query can see that are not padding.
-    queries : (B or 1, 1, T) bool, real queries with a non-empty support.
+    bias :
+        None or (B, 1 or h, T, S) float, the additive mask (eager's, or SEA's per-head one), added to the scores.
+    support :
+        (B or 1, 1 or h, T, S) bool, the keys each query can see that are not padding.
+    queries :
+        (B or 1, 1, T) bool, real queries with a non-empty support.
     """
     length, key_length = call.query.shape[2], call.key.shape[2]
     support = bias = None
@@ -252,16 +257,16 @@ def head_support(call: _Call) -> tuple[torch.Tensor | None, torch.Tensor, torch.
 def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, queries: torch.Tensor,
                   dist_reduction: str = "sum", peak_reduction: str = "mean") -> tuple[torch.Tensor, ...]:
     """The readings of Eq. 4 and Eq. 8 as per-(sentence, head) rescalings of the terms that
-    :func:`~.equations.layer_regularizers` returns (the model's path).
+    `layer_regularizers` returns (the model's path).
 
-    ``terms`` = (R_peak, R_sent, R_dist), each (..., B, h): R_peak the mean over real queries of H_N, R_dist the sum
-    over consecutive real query pairs (:mod:`.equations`); ``support`` (B or 1, 1 or h, T, S) and ``queries``
-    (B or 1, 1, T) as :func:`head_support` returns them.
+    `terms` = (R_peak, R_sent, R_dist), each (..., B, h): R_peak the mean over real queries of H_N, R_dist the sum
+    over consecutive real query pairs (`equations`); `support` (B or 1, 1 or h, T, S) and `queries`
+    (B or 1, 1, T) as `head_support` returns them.
 
-    * ``peak_reduction="mean"`` keeps R_peak; ``"sum"`` (Eq. 4 literally: a sum over queries) multiplies it by the
+    * `peak_reduction="mean"` keeps R_peak; `"sum"` (Eq. 4 literally: a sum over queries) multiplies it by the
       number of real queries n_q.
-    * ``dist_reduction="sum"`` (Eq. 8 literally) keeps R_dist; ``"pair_mean"`` divides it by the number of pairs of
-      consecutive real queries (the mean expected distance of a pair, in positions); ``"normalized_positions"``
+    * `dist_reduction="sum"` (Eq. 8 literally) keeps R_dist; `"pair_mean"` divides it by the number of pairs of
+      consecutive real queries (the mean expected distance of a pair, in positions); `"normalized_positions"`
       divides it by n_k - 1, n_k the real keys any real query sees, i.e. positions s / (n_k - 1) in [0, 1] in D of
       Eq. 7 (D is linear in the positions), still summed over pairs.
     """
@@ -278,22 +283,22 @@ def rescale_terms(terms: tuple[torch.Tensor, ...], support: torch.Tensor, querie
     return peak, sent, dist
 
 
-#: Groups of layers with different lengths (encoder self-, decoder self-, cross-attention) share one fused pass while
-#: padding them to a common length adds at most this share of score entries (more entries cost more than the
-#: operations saved); see :func:`layer_terms`. Eager only: a compiled model runs one pass per group (:func:`_fusions`).
 MAX_PADDING = 0.5
+"""Groups of layers with different lengths (encoder self-, decoder self-, cross-attention) share one fused pass while
+padding them to a common length adds at most this share of score entries (more entries cost more than the
+operations saved); see `layer_terms`. Eager only: a compiled model runs one pass per group (`_fusions`)."""
 
 
 def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction: str = "mean",
                 implementation: str = "auto") -> dict[str, list[torch.Tensor]]:
-    """Per component, [R_peak, R_sent, R_dist] (after :func:`rescale_terms`) summed over its regularized heads,
+    """Per component, [R_peak, R_sent, R_dist] (after `rescale_terms`) summed over its regularized heads,
     layers and sentences.
 
     The layers of a component that share their masks (all of them, unless SEA changed one layer's mask) form a group;
-    groups with the same number of regularized heads go through :func:`~.equations.layer_regularizers` together,
+    groups with the same number of regularized heads go through `layer_regularizers` together,
     zero-padded to the longest query and key lengths (the padding is in no support and no query, so it counts
-    nowhere), unless that padding would add more than :data:`MAX_PADDING` of the score entries: one pass for all the
-    components in the usual case. In a compiled model, one pass per group (:func:`_fusions`).
+    nowhere), unless that padding would add more than `MAX_PADDING` of the score entries: one pass for all the
+    components in the usual case. In a compiled model, one pass per group (`_fusions`).
     """
     groups: list[list[_Call]] = []
     for call in calls:
@@ -325,9 +330,9 @@ def layer_terms(calls: list[_Call], dist_reduction: str = "sum", peak_reduction:
 
 def _head_weights(calls: list[_Call]) -> torch.Tensor | None:
     """(L, 1 or B, h): the calls' head masks on their regularized heads (1 where a call has none), or None when no
-    call has one; the calls share their number h of regularized heads (:meth:`_Call.same_masks`). Each term of a
-    head is multiplied by its mask (the rule of :mod:`hf_headattn.head_masks`: a head masked with 0 drops out, as
-    after pruning)."""
+    call has one; the calls share their number h of regularized heads (`_Call.same_masks`). Each term of a
+    head is multiplied by its mask (the rule of [`hf_headattn.head_masks`][hf_headattn.head_masks]: a head masked with 0
+    drops out, as after pruning)."""
     if all(call.head_weights is None for call in calls):
         return None
     first = next(call.head_weights for call in calls if call.head_weights is not None)
@@ -339,12 +344,12 @@ def _head_weights(calls: list[_Call]) -> torch.Tensor | None:
 
 def _fusions(groups: list[list[_Call]]) -> list[list[list[_Call]]]:
     """The groups, partitioned into those that share a fused pass: same heads (all and regularized), head size,
-    scaling, dtype and kind of mask (additive or not), and padding within :data:`MAX_PADDING`.
+    scaling, dtype and kind of mask (additive or not), and padding within `MAX_PADDING`.
 
-    Under ``torch.compile`` each group has its own pass, whatever the lengths: a choice made from them is a guard of
+    Under `torch.compile` each group has its own pass, whatever the lengths: a choice made from them is a guard of
     the compiled graph, and a batch whose source/target ratio crossed the threshold compiled the model again (4
-    graphs in 5 batches of a tiny model, ``tests/test_compile.py``). The values are eager's but for float32
-    rounding (padding counts nowhere; ``tests/methods/eadra/test_eadra_model.py``: equal the two). Eager keeps its fewer
+    graphs in 5 batches of a tiny model, `tests/test_compile.py`). The values are eager's but for float32
+    rounding (padding counts nowhere; `tests/methods/eadra/test_eadra_model.py`: equal the two). Eager keeps its fewer
     operations (for a GPU's launches; on the CPU the step took the same time either way)."""
     if torch.compiler.is_compiling():
         return [[group] for group in groups]
@@ -371,7 +376,7 @@ def _fusions(groups: list[list[_Call]]) -> list[list[list[_Call]]]:
 
 
 def _padded_supports(fused: list[list[_Call]], supports) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """The groups' :func:`head_support` results padded to the longest lengths (T, S) and stacked over their layers:
+    """The groups' `head_support` results padded to the longest lengths (T, S) and stacked over their layers:
     bias (L, B, 1 or h, T, S) or None, support (L, B, 1 or h, T, S), queries (L, B, 1, T)."""
     length = max(g[0].query.shape[2] for g in fused)
     key_length = max(g[0].key.shape[2] for g in fused)
@@ -396,14 +401,14 @@ def _padded_supports(fused: list[list[_Call]], supports) -> tuple[torch.Tensor |
 
 
 class EaDRA(AttentionMethod):
-    """Computes R_peak, R_sent and R_dist of the first ``num_heads`` heads of its attention module; no parameters.
+    """Computes R_peak, R_sent and R_dist of the first `num_heads` heads of its attention module; no parameters.
 
-    ``after`` only keeps the call's queries, keys and masks; the model's :func:`collect` computes the terms of all
-    layers at once, and nothing at all when no loss is needed (``generate``, inference without labels).
+    `after` only keeps the call's queries, keys and masks; the model's `collect` computes the terms of all
+    layers at once, and nothing at all when no loss is needed (`generate`, inference without labels).
 
-    Head masks follow :mod:`hf_headattn.head_masks`' rule: the terms of head h, summed over the heads (Eq. 9), are
-    weighted by its mask m_h (its attention probabilities do not depend on m_h), so a head masked with 0 counts
-    nowhere, as if pruned.
+    Head masks follow [`hf_headattn.head_masks`][hf_headattn.head_masks]' rule: the terms of head h, summed over the
+    heads (Eq. 9), are weighted by its mask m_h (its attention probabilities do not depend on m_h), so a head masked
+    with 0 counts nowhere, as if pruned.
     """
 
     records_loss_terms = True
@@ -464,9 +469,9 @@ def warmup_scale(step: torch.Tensor, warmup_steps: int) -> torch.Tensor | float:
 def _warmup(context: HeadAttnContext, warmup_steps: int) -> torch.Tensor | float:
     """The alphas' warm-up factor for this forward, min(1, step / warmup_steps), where step is the number of earlier
     training forward passes (modules in training mode, with a loss) of the model. The count is kept in each EaDRA
-    module's ``step`` buffer and advanced here, once per forward (so not again when gradient checkpointing recomputes
+    module's `step` buffer and advanced here, once per forward (so not again when gradient checkpointing recomputes
     a layer); it is saved with the weights, so a resumed run continues where it stopped. With gradient accumulation a
-    step is a micro-batch: set ``warmup_steps`` = optimizer steps x accumulation steps."""
+    step is a micro-batch: set `warmup_steps` = optimizer steps x accumulation steps."""
     modules = {id(module): module for module in context.recorded("eadra_modules")}
     if not warmup_steps or not modules:
         return 1.0
@@ -480,13 +485,13 @@ def _warmup(context: HeadAttnContext, warmup_steps: int) -> torch.Tensor | float
 
 
 def collect(context: HeadAttnContext, settings: EaDRASettings) -> tuple[dict, torch.Tensor | None]:
-    """``eadra_loss`` (Eq. 9's weighted sum, also returned as the objective term) and ``eadra_terms``.
+    """`eadra_loss` (Eq. 9's weighted sum, also returned as the objective term) and `eadra_terms`.
 
-    ``eadra_terms["<component>/<term>"]`` (term in peak, sent, dist) are the unweighted, detached terms: summed over
-    the component's regularized heads, layers and sentences (after :func:`rescale_terms`), divided by the batch's
-    target tokens. The alphas are multiplied by ``alpha_scale``, and with ``warmup_steps`` by :func:`_warmup`'s factor
+    `eadra_terms["<component>/<term>"]` (term in peak, sent, dist) are the unweighted, detached terms: summed over
+    the component's regularized heads, layers and sentences (after `rescale_terms`), divided by the batch's
+    target tokens. The alphas are multiplied by `alpha_scale`, and with `warmup_steps` by `_warmup`'s factor
     (logged as
-    ``eadra_terms["warmup"]``).
+    `eadra_terms["warmup"]`).
     """
     records = context.recorded(NAME)
     if not records:

@@ -1,9 +1,9 @@
 """EaDRA's regularizers as pure functions of attention probabilities (Araabi, Niculae & Monz, §3, Eq. 1-8).
 
-Shapes: ``a`` (..., T, S) holds attention distributions, row i that of query i over S keys (leading dims are usually
-(B, H)), zero outside ``support``; ``support`` (bool, broadcastable to ``a``) marks the keys that count for each
-query: the real (non-padding) keys, and for causal self-attention only the query's prefix; ``query_mask`` (bool,
-broadcastable to ``a.shape[:-1]``) marks the queries that count (real tokens whose support is not empty). ``None``
+Shapes: `a` (..., T, S) holds attention distributions, row i that of query i over S keys (leading dims are usually
+(B, H)), zero outside `support`; `support` (bool, broadcastable to `a`) marks the keys that count for each
+query: the real (non-padding) keys, and for causal self-attention only the query's prefix; `query_mask` (bool,
+broadcastable to `a.shape[:-1]`) marks the queries that count (real tokens whose support is not empty). `None`
 masks count everything.
 
 Choices (the paper leaves them open):
@@ -18,18 +18,18 @@ Choices (the paper leaves them open):
   so a^T D b = sum_k F_a(k) (1 - F_b(k)) + F_b(k) (1 - F_a(k)) = sum_k F_a(k) + F_b(k) - 2 F_a(k) F_b(k) with F the
   cumulative sums: O(S) per pair of rows, never the S x S matrix D (Eq. 8 suggests an FFT; this is cheaper).
 
-:func:`layer_regularizers` gives all three from the queries and keys of several layers at once (the model's path: one
+`layer_regularizers` gives all three from the queries and keys of several layers at once (the model's path: one
 pass, few operations), with a hand-written backward that keeps only the probabilities and skips the terms outside the
-objective; :func:`normalized_entropy` is Eq. 1-2 (the analysis reads attention maps with it). The definitions of the
-three terms, differentiable by autograd, are the tests' references (``tests/methods/eadra/test_eadra_math.py``).
+objective; `normalized_entropy` is Eq. 1-2 (the analysis reads attention maps with it). The definitions of the
+three terms, differentiable by autograd, are the tests' references (`tests/methods/eadra/test_eadra_math.py`).
 
 Its map-sized work (scores, probabilities, terms; in the backward the probabilities again and the scores' gradient)
-is two functions, :func:`_forward_maps` and :func:`_backward_maps`, run under ``torch.compile`` (CUDA's default;
-:mod:`hf_headattn.methods.eadra.compiled`, chosen by :mod:`hf_headattn.methods.eadra.passes`), where Inductor fuses
+is two functions, `_forward_maps` and `_backward_maps`, run under `torch.compile` (CUDA's default;
+`hf_headattn.methods.eadra.compiled`, chosen by `hf_headattn.methods.eadra.passes`), where Inductor fuses
 their some twenty passes over float32 maps of (layers x batch x heads x T x S) into a few kernels, or one operation at
-a time as ``mode="reference"``; the eager pass ("eager", the CPU's) runs the same math reorganised by :mod:`.lean`,
-whose operations write fewer maps (:func:`_lean_forward_maps`, :func:`_lean_backward_maps`). On CUDA the products of
-half-precision heads run in TF32 (:func:`_matmul_precision`).
+a time as `mode="reference"`; the eager pass ("eager", the CPU's) runs the same math reorganised by `lean`,
+whose operations write fewer maps (`_lean_forward_maps`, `_lean_backward_maps`). On CUDA the products of
+half-precision heads run in TF32 (`_matmul_precision`).
 """
 
 from __future__ import annotations
@@ -62,12 +62,15 @@ def normalized_entropy(a: torch.Tensor, support: torch.Tensor | None = None) -> 
 
     Parameters
     ----------
-    a : (..., S) probabilities, zero outside ``support``.
-    support : (..., S) bool, broadcastable to ``a``; the positions that count (``None``: all S).
+    a
+        (..., S) probabilities, zero outside `support`.
+    support
+        (..., S) bool, broadcastable to `a`; the positions that count (`None`: all S).
 
     Returns
     -------
-    (...) H(a) / log n with n = ``support.sum(-1)``; 0 where n <= 1.
+    :
+        (...) H(a) / log n with n = `support.sum(-1)`; 0 where n <= 1.
     """
     count = torch.tensor(a.shape[-1]) if support is None else support.sum(-1)
     entropy = -torch.linalg.vecdot(a, _safe_log(a))
@@ -80,12 +83,12 @@ def _inverse_log(n: torch.Tensor) -> torch.Tensor:
 
 
 def _as_uint8(mask: torch.Tensor) -> torch.Tensor:
-    """A bool tensor as uint8: a free view in eager, a conversion under torch.compile (see :func:`_coefficients`)."""
+    """A bool tensor as uint8: a free view in eager, a conversion under torch.compile (see `_coefficients`)."""
     return mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)
 
 
 def _coefficients(support, query_mask, dtype) -> tuple[torch.Tensor, ...]:
-    """What the masks contribute, computed once per call: ``-w_i / log n_i`` (..., T) for R_peak, the query weights
+    """What the masks contribute, computed once per call: `-w_i / log n_i` (..., T) for R_peak, the query weights
     w (..., T) of the mean over real queries, the pairs of consecutive real queries (..., T-1) (bool) and
     1 / log n_bar for the query-averaged attention. (Counted on uint8 views, as bool reductions are slow on the
     CPU; a conversion under torch.compile, whose CUDA lowering refuses a bool-to-uint8 view, and which fuses it.)"""
@@ -114,7 +117,7 @@ def _forward(a, a_log_a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Ten
 
 def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_peak, g_sent, g_dist):
     """d(g_peak R_peak + g_sent R_sent + g_dist R_dist) / d a up to a constant per row (which the softmax Jacobian
-    removes); each g is a.shape[:-2], or ``None`` for a term outside the objective (skipped)."""
+    removes); each g is a.shape[:-2], or `None` for a term outside the objective (skipped)."""
     grad = None
     if g_dist is not None:
         # d R_dist / d F_i(k) = pair_i (1 - 2 F_{i+1}(k)) + pair_{i-1} (1 - 2 F_{i-1}(k)), and
@@ -135,10 +138,10 @@ def _gradient_wrt_probs(a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_pea
     return grad
 
 
-#: Added to the scores outside the support in the fused pass (:func:`layer_regularizers`): exp underflows to exactly 0
-#: for any score far below 1e9 in size, and a row without support stays finite. One addition costs a fraction of a
-#: ``masked_fill`` (about 0.1 vs 0.35 ms for the tiny benchmark's 9 x 16 x 3 x 32 x 32 scores on 2 CPU cores).
 OUTSIDE_SUPPORT = -1e9
+"""Added to the scores outside the support in the fused pass (`layer_regularizers`): exp underflows to exactly 0
+for any score far below 1e9 in size, and a row without support stays finite. One addition costs a fraction of a
+`masked_fill` (about 0.1 vs 0.35 ms for the tiny benchmark's 9 x 16 x 3 x 32 x 32 scores on 2 CPU cores)."""
 
 
 def _terms(scores, support, query_mask) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -154,34 +157,34 @@ def _terms(scores, support, query_mask) -> tuple[tuple[torch.Tensor, ...], torch
 
 
 def _scores_gradient(a, coefficients, g_peak, g_sent, g_dist) -> torch.Tensor | None:
-    """d(objective) / d scores, through the softmax (``None`` when no term is in the objective)."""
+    """d(objective) / d scores, through the softmax (`None` when no term is in the objective)."""
     grad = _gradient_wrt_probs(a, *coefficients, g_peak, g_sent, g_dist)
     return None if grad is None else softmax_backward(grad, a)
 
 
 def _forward_maps(query, key, scaling, shape, support, bias, query_mask, keep_probs: bool):
-    """The forward's map-sized work, from the stacked heads (:func:`_stacked`): the terms, the probabilities with
-    ``keep_probs`` (else None), and what the backward needs besides them."""
+    """The forward's map-sized work, from the stacked heads (`_stacked`): the terms, the probabilities with
+    `keep_probs` (else None), and what the backward needs besides them."""
     terms, a, saved = _terms(_masked_scores(query, key, scaling, shape, support, bias), support, query_mask)
     return terms, (a if keep_probs else None), saved
 
 
 def _backward_maps(query, key, scaling, shape, support, bias, coefficients, grads):
     """The backward's map-sized work when it recomputes: the probabilities again, and d(objective) / d scores
-    (``grads``: g_peak, g_sent, g_dist, each None for a term outside the objective)."""
+    (`grads`: g_peak, g_sent, g_dist, each None for a term outside the objective)."""
     a = torch.softmax(_masked_scores(query, key, scaling, shape, support, bias), dim=-1)
     return _scores_gradient(a, coefficients, *grads)
 
 
 def _lean_probabilities(query, key, scaling, shape, support, bias) -> tuple[torch.Tensor, torch.Tensor]:
-    """(masked scores, a = their softmax). (``torch._masked_softmax`` would write the masked scores' map once less,
-    but took 6 times ``add_`` and ``softmax`` on the CPU, whose pass this is.)"""
+    """(masked scores, a = their softmax). (`torch._masked_softmax` would write the masked scores' map once less,
+    but took 6 times `add_` and `softmax` on the CPU, whose pass this is.)"""
     scores = _masked_scores(query, key, scaling, shape, support, bias)
     return scores, torch.softmax(scores, dim=-1)
 
 
 def _lean_forward_maps(query, key, scaling, shape, support, bias, query_mask, keep_probs: bool):
-    """:func:`_forward_maps` by :func:`.lean.forward_terms` (the eager pass: fewer maps written)."""
+    """`_forward_maps` by `lean.forward_terms` (the eager pass: fewer maps written)."""
     scores, a = _lean_probabilities(query, key, scaling, shape, support, bias)
     coefficients = _coefficients(support, query_mask, a.dtype)
     peak, sent, dist, log_a_bar = forward_terms(scores, a, *coefficients)
@@ -189,13 +192,13 @@ def _lean_forward_maps(query, key, scaling, shape, support, bias, query_mask, ke
 
 
 def _lean_backward_maps(query, key, scaling, shape, support, bias, coefficients, grads):
-    """:func:`_backward_maps` by :func:`.lean.scores_gradient`."""
+    """`_backward_maps` by `lean.scores_gradient`."""
     scores, a = _lean_probabilities(query, key, scaling, shape, support, bias)
     return scores_gradient(a, scores, *coefficients, *grads)
 
 
 def _maps(mode: str):
-    """(forward, backward, mode for :func:`.compiled.run`): inside a compiled model, or compiled, the reference's."""
+    """(forward, backward, mode for `compiled.run`): inside a compiled model, or compiled, the reference's."""
     if mode == "eager" and not torch.compiler.is_compiling():
         return _lean_forward_maps, _lean_backward_maps, "eager"
     return _forward_maps, _backward_maps, "eager" if mode == "reference" else mode
@@ -203,9 +206,9 @@ def _maps(mode: str):
 
 @contextlib.contextmanager
 def _matmul_precision(dtype: torch.dtype, device: torch.device):
-    """TF32 matrix products for half-precision heads on CUDA, outside ``torch.compile``: their values (8 or 11
+    """TF32 matrix products for half-precision heads on CUDA, outside `torch.compile`: their values (8 or 11
     significant bits, unscaled) are exact in TF32's 11, so the float32 scores are the same, with tensor cores (the
-    float32 products took 3.2 ms of an H100 step at transformer-base, ``tb-profile.json``); the backward's products
+    float32 products took 3.2 ms of an H100 step at transformer-base, `tb-profile.json`); the backward's products
     round the float32 score gradients to 11 bits before they are summed into gradients of the heads' own half
     precision. Float32 and float64 heads keep the user's setting."""
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
@@ -220,10 +223,11 @@ def _matmul_precision(dtype: torch.dtype, device: torch.device):
 
 
 class _LayerRegularizers(torch.autograd.Function):
-    """:func:`layer_regularizers`: the scores are formed inside, and the backward returns each layer's query/key
-    gradient directly (one operation for all layers). With ``recompute`` it keeps nothing of size T x S for the
-    backward: it keeps references to the layers' queries and keys (which the attention keeps anyway), and recomputes
-    the scores and probabilities there (one more ``q k^T`` and softmax); otherwise it keeps the probabilities and
+    """`layer_regularizers`: the scores are formed inside, and the backward returns each layer's query/key
+    gradient directly (one operation for all layers). With `recompute` it keeps nothing of size T x S for the
+
+    - `backward`: it keeps references to the layers' queries and keys (which the attention keeps anyway), and recomputes
+    the scores and probabilities there (one more `q k^T` and softmax); otherwise it keeps the probabilities and
     the stacked float32 heads."""
 
     @staticmethod
@@ -274,7 +278,7 @@ class _LayerRegularizers(torch.autograd.Function):
 
 
 def _stacked(queries, keys, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
-    """The first ``num_heads`` heads of all layers stacked in float32 (float64 for float64 heads): (L * B * h, T, D)
+    """The first `num_heads` heads of all layers stacked in float32 (float64 for float64 heads): (L * B * h, T, D)
     and (L * B * h, S, D), T and S the longest lengths, and the scores' shape (L, B, h, T, S)."""
     dtype = torch.float64 if queries[0].dtype == torch.float64 else torch.float32
     length, key_length = max(q.shape[2] for q in queries), max(k.shape[2] for k in keys)
@@ -284,28 +288,28 @@ def _stacked(queries, keys, num_heads: int) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def _masked_scores(query, key, scaling, shape, support, bias) -> torch.Tensor:
-    """``query @ key^T * scaling`` (scaled after the product, which is then exact in TF32 for half-precision
-    heads, :func:`_matmul_precision`) viewed as ``shape``, plus ``bias`` (or 0) on the support and
+    """`query @ key^T * scaling` (scaled after the product, which is then exact in TF32 for half-precision
+    heads, `_matmul_precision`) viewed as `shape`, plus `bias` (or 0) on the support and
     OUTSIDE_SUPPORT elsewhere.
 
-    Not :func:`hf_headattn.probabilities.attention_probabilities` (issue #65's one scores -> mask -> softmax helper),
-    although its probabilities equal this softmax bit for bit on the CPU: every EaDRA pass reads these masked scores
-    themselves (``log_softmax`` in :func:`_terms`, E_a[s] - LSE in :func:`.lean.forward_terms` and its gradient),
-    which the helper does not return, so it would cost a second product and scores map; and it writes the product
-    and its scaling as two maps where ``baddbmm``'s ``alpha`` writes one."""
+    Not [`hf_headattn.probabilities.attention_probabilities`][hf_headattn.probabilities.attention_probabilities] (issue
+    #65's one scores -> mask -> softmax helper), although its probabilities equal this softmax bit for bit on the CPU:
+    every EaDRA pass reads these masked scores themselves (`log_softmax` in `_terms`, E_a[s] - LSE in
+    `lean.forward_terms` and its gradient), which the helper does not return, so it would cost a second product and
+    scores map; and it writes the product and its scaling as two maps where `baddbmm`'s `alpha` writes one."""
     scores = torch.baddbmm(query.new_zeros(()), query, key.transpose(1, 2), beta=0, alpha=scaling).view(shape)
     return scores.add_(torch.where(support, 0.0 if bias is None else bias, OUTSIDE_SUPPORT))
 
 
 def _runs(lengths: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of the runs of equal consecutive ``lengths``."""
+    """(start, end) of the runs of equal consecutive `lengths`."""
     starts = [i for i in range(len(lengths)) if i == 0 or lengths[i] != lengths[i - 1]]
     return list(zip(starts, starts[1:] + [len(lengths)]))
 
 
 def _stack_heads(tensors, num_heads: int, dtype: torch.dtype, length: int) -> torch.Tensor:
-    """(L * B * h, length, D) contiguous copy in ``dtype`` of the first h heads of L tensors (B, H, n_l, D),
-    zero-padded to ``length`` (each run of equal lengths is cut to h heads and stacked in one copy, then padded)."""
+    """(L * B * h, length, D) contiguous copy in `dtype` of the first h heads of L tensors (B, H, n_l, D),
+    zero-padded to `length` (each run of equal lengths is cut to h heads and stacked in one copy, then padded)."""
     parts = []
     for start, end in _runs([t.shape[2] for t in tensors]):
         run = tensors[start:end]
@@ -320,16 +324,16 @@ def _stack_heads(tensors, num_heads: int, dtype: torch.dtype, length: int) -> to
 
 def _token_major(tensors) -> bool:
     """Whether every (B, H, n, D) tensor is laid out as (B, n, H, D) in memory, as the attention modules make them
-    (``proj(x).view(B, n, H, D).transpose(1, 2)``)."""
+    (`proj(x).view(B, n, H, D).transpose(1, 2)`)."""
     return all(t.transpose(1, 2).is_contiguous() for t in tensors)
 
 
 def _unstack_heads(grad: torch.Tensor, shape, inputs) -> tuple[torch.Tensor, ...]:
-    """The gradients of the L ``inputs`` (B, H, n_l, D) of :func:`_stack_heads`, in their dtype, zero on the heads
+    """The gradients of the L `inputs` (B, H, n_l, D) of `_stack_heads`, in their dtype, zero on the heads
     it left out.
 
-    ``grad``: (L * B * h, ., D); ``shape``: (L, B, h, ...). Inputs laid out as (B, n, H, D) in memory
-    (:func:`_token_major`) get gradients laid out so too: autograd then adds them to the attention's own gradients,
+    `grad`: (L * B * h, ., D); `shape`: (L, B, h, ...). Inputs laid out as (B, n, H, D) in memory
+    (`_token_major`) get gradients laid out so too: autograd then adds them to the attention's own gradients,
     and reshapes the sum back to the projection's output, without a copy."""
     heads, dtype, lengths = inputs[0].shape[1], inputs[0].dtype, [x.shape[2] for x in inputs]
     grad = grad.view(*shape[:3], *grad.shape[1:])  # (L, B, h, n, D)
@@ -353,36 +357,41 @@ def layer_regularizers(
     queries, keys, num_heads: int, scaling: float, support: torch.Tensor, query_mask: torch.Tensor,
     bias: torch.Tensor | None = None, recompute: bool = True, mode: str = "eager",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """R_peak, R_sent and R_dist (Eq. 4, 6, 8) of the first ``num_heads`` heads of several layers, fused into one pass.
+    """R_peak, R_sent and R_dist (Eq. 4, 6, 8) of the first `num_heads` heads of several layers, fused into one pass.
 
-    The terms of the attention ``softmax(scores)`` restricted to ``support``, with ``scores = stack([q[:, :h] @
-    k[:, :h]^T * scaling for q, k in zip(queries, keys)]) + bias``, computed in float32 (float64 for float64 inputs)
+    The terms of the attention `softmax(scores)` restricted to `support`, with `scores = stack([q[:, :h] @
+    k[:, :h]^T * scaling for q, k in zip(queries, keys)]) + bias`, computed in float32 (float64 for float64 inputs)
     whatever the inputs' dtype, with each operation run once for all layers and gradients returned straight to each
     layer's queries and keys. Every counted query needs a non-empty support. Layers of
     different lengths (e.g. encoder self-, decoder self- and cross-attention together) are zero-padded to the longest
-    query and key lengths T and S; ``support`` and ``query_mask`` must then leave the padding out.
+    query and key lengths T and S; `support` and `query_mask` must then leave the padding out.
 
     Parameters
     ----------
-    queries, keys : sequences of L tensors (B, H, T_l, D) and (B, H, S_l, D), the layers' heads.
-    num_heads : h, the regularized heads (the first h).
-    scaling : the attention's scaling of q k^T.
-    support : bool, broadcastable to (L, B, h, T, S); query_mask : bool, broadcastable to (L, B, h, T).
+    queries, keys
+        sequences of L tensors (B, H, T_l, D) and (B, H, S_l, D), the layers' heads.
+    num_heads
+        h, the regularized heads (the first h).
+    scaling
+        the attention's scaling of q k^T.
+    support
+        bool, broadcastable to (L, B, h, T, S); query_mask : bool, broadcastable to (L, B, h, T).
     bias : None or float additive bias broadcastable to (L, B, h, T, S) (an additive attention mask); it gets a
         gradient when it requires one (SEA's LPEA bias).
     recompute : keep nothing of size (L, B, h, T, S) for the backward pass, and recompute the probabilities there
-        from the queries and keys (the default: the attention keeps those anyway; one more ``q k^T`` and softmax);
+        from the queries and keys (the default: the attention keeps those anyway; one more `q k^T` and softmax);
         False keeps the probabilities and float32 copies of the heads instead.
     mode : "eager", "compiled" or "compiled_or_eager": how the map-sized work runs
-        (:mod:`hf_headattn.methods.eadra.compiled`); the model's passes take the one
-        :func:`hf_headattn.methods.eadra.passes.layer_regularizers` chooses from the ``implementation`` setting.
-        "eager" runs :mod:`.lean`'s operations (fewer maps written), the compiled modes (and any pass inside a
-        compiled model) those of :func:`_forward_maps` and :func:`_backward_maps`, which Inductor fuses;
+        (`hf_headattn.methods.eadra.compiled`); the model's passes take the one
+        `hf_headattn.methods.eadra.passes.layer_regularizers` chooses from the `implementation` setting.
+        "eager" runs `lean`'s operations (fewer maps written), the compiled modes (and any pass inside a
+        compiled model) those of `_forward_maps` and `_backward_maps`, which Inductor fuses;
         "reference" runs the latter eagerly (the tests' and benchmarks' reference for "eager": the same values).
 
     Returns
     -------
-    ``(R_peak, R_sent, R_dist)``, each (L, B, h): per layer, sentence and head.
+    :
+        `(R_peak, R_sent, R_dist)`, each (L, B, h): per layer, sentence and head.
     """
     if mode != "reference":
         check_mode(mode)

@@ -1,17 +1,14 @@
 """EaDRA's kit (Araabi, Niculae & Monz): recipe names, Table 6's presets (from scratch) and §5.4's (mBART
-fine-tuning); :mod:`.analysis` is the encoder-entropy read-out of its Table 2 and Figure 1."""
+fine-tuning); `analysis` is the encoder-entropy read-out of its Table 2 and Figure 1."""
 
 from __future__ import annotations
 
 from hf_headattn.methods.eadra.core import DEFAULTS, NAME
 from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset
 
-#: The paper's component names (enc, dec: self-attention; x: cross-attention) -> ours.
 COMPONENTS = {"enc": "encoder", "dec": "decoder", "x": "cross"}
+"""The paper's component names (enc, dec: self-attention; x: cross-attention) -> ours."""
 
-#: Appendix A, Table 6: (alpha_dist, alpha_sent) per data set and component; alpha_peak 0 ("alpha_dist appears to
-#: render alpha_peak redundant"). The WMT En-De (100k) row is EaDRA's defaults, read from
-#: :data:`hf_headattn.methods.eadra.core.DEFAULTS`.
 TABLE_6 = {
     "wmt_en_de_100k": {short: (DEFAULTS[COMPONENTS[short]]["alpha_dist"], DEFAULTS[COMPONENTS[short]]["alpha_sent"])
                        for short in ("enc", "x", "dec")},
@@ -23,12 +20,15 @@ TABLE_6 = {
     "tr_en": {"enc": (0.04, 1.2), "x": (0.1, 10.0), "dec": (3.0, 1.5)},
     "ja_en": {"enc": (0.02, 0.8), "x": (0.1, 10.0), "dec": (2.0, 0.8)},
 }
+"""Appendix A, Table 6: (alpha_dist, alpha_sent) per data set and component; alpha_peak 0 ("alpha_dist appears to
+render alpha_peak redundant"). The WMT En-De (100k) row is EaDRA's defaults, read from
+[`hf_headattn.methods.eadra.core.DEFAULTS`][hf_headattn.methods.eadra.core.DEFAULTS]."""
 
-#: The paper presets read Eq. 8 as written (summed over query pairs) and use Table 6's alphas unscaled.
 PAPER_READING = {"dist_reduction": "sum", "alpha_scale": 1.0}
+"""The paper presets read Eq. 8 as written (summed over query pairs) and use Table 6's alphas unscaled."""
 
 def table_6_presets() -> dict[str, Preset]:
-    """``eadra_<component>_<data set>`` (Table 6, Transformer-base from scratch) and ``eadra_mbart_<component>``
+    """`eadra_<component>_<data set>` (Table 6, Transformer-base from scratch) and `eadra_mbart_<component>`
     (§5.4, fine-tuning mBART on two heads)."""
     presets = {}
     for data_set, components in TABLE_6.items():

@@ -1,14 +1,14 @@
 """EaDRA's terms and their scores' gradient writing few maps of (queries x keys): the eager pass (issue #63).
 
-The same values as :func:`.equations._forward` and :func:`.equations._gradient_wrt_probs` (the reference, which the
+The same values as `equations._forward` and `equations._gradient_wrt_probs` (the reference, which the
 compiled pass fuses), reorganised for a pass run one operation at a time, where each operation writes its whole
 (..., T, S) output to memory (at transformer-base a float32 map of the 18 layers' 6 regularized heads is 0.84 GiB):
 
 * entropy (Eq. 1): sum_j a_j log a_j = E_a[s] - LSE with s the masked scores; E_a[s] is a row's dot product, a batched
   (1 x S) @ (S x 1) product that writes one number per row, and LSE = s_j - log a_j at the largest a_j (whose log is
-  precise), a reduction: no ``log_softmax`` map, no product map;
+  precise), a reduction: no `log_softmax` map, no product map;
 * the query-averaged attention (Eq. 5): w^T a, a product writing (..., S);
-* the distance of consecutive rows (Eq. 8), with F the cumulative sums and G = F - 1/2 (one ``cumsum`` of a with
+* the distance of consecutive rows (Eq. 8), with F the cumulative sums and G = F - 1/2 (one `cumsum` of a with
   a_0 - 1/2 in its first column): F_a + F_b - 2 F_a F_b = 1/2 - 2 G_a G_b, so a^T D b = S / 2 - 2 G_a . G_b, a dot
   product of two consecutive rows of the flattened (rows, S) matrix, again one number per pair;
 * the gradient of a weighted sum of the terms with respect to the probabilities, up to a constant per row (which the
@@ -16,7 +16,7 @@ compiled pass fuses), reorganised for a pass run one operation at a time, where 
   2 g_dist c_i C_{i+1}(t - 1), C = cumsum(G) (the same for the pair's other row), so the distance term's part is two
   neighbour rows of one map shifted by a column, and R_peak's part is the scores themselves (log a = s - LSE);
   R_sent's part and the row constants are of rank one (a coefficient per row times a vector per head), added by one
-  ``baddbmm_``, and the product with a (the softmax's Jacobian) is one ``mul_``.
+  `baddbmm_`, and the product with a (the softmax's Jacobian) is one `mul_`.
 
 Forward: the scores, a and G (3 maps). Backward: the scores and a again, G, C, the shifted neighbours (2 writes), the
 rank-one part and the product with a (7 maps; against 3 + 13 for the reference's eager operations).
@@ -33,7 +33,7 @@ import torch
 @contextlib.contextmanager
 def _float32_products(device: torch.device):
     """Full float32 matrix products on CUDA while the terms are formed from products (the pass runs half-precision
-    heads' q k^T in TF32, ``equations._matmul_precision``: exact there, not for the row dot products here, whose
+    heads' q k^T in TF32, `equations._matmul_precision`: exact there, not for the row dot products here, whose
     differences of sums of S terms would lose the distances)."""
     previous = torch.get_float32_matmul_precision()
     if device.type != "cuda" or previous == "highest":
@@ -47,7 +47,7 @@ def _float32_products(device: torch.device):
 
 
 def _exact(function):
-    """``function(a, ...)`` under :func:`_float32_products` for a's device."""
+    """`function(a, ...)` under `_float32_products` for a's device."""
 
     @functools.wraps(function)
     def wrapped(*args, **kwargs):
@@ -87,7 +87,7 @@ def _neighbour_dots(x: torch.Tensor) -> torch.Tensor:
 
 @_exact
 def forward_terms(scores, a, peak_coef, weights, pairs, bar_norm) -> tuple[torch.Tensor, ...]:
-    """R_peak, R_sent, R_dist and log a_bar, as :func:`.equations._forward` gives them, from a (..., T, S), the
+    """R_peak, R_sent, R_dist and log a_bar, as `equations._forward` gives them, from a (..., T, S), the
     attention on the support (contiguous; modified in place and restored), the scores (log a up to a constant per row
     on the support, finite elsewhere) and the mask coefficients."""
     largest, where = a.max(-1, keepdim=True)  # LSE = s_j - log a_j at a's largest (scores may be unmasked)
@@ -103,9 +103,9 @@ def forward_terms(scores, a, peak_coef, weights, pairs, bar_norm) -> tuple[torch
 @_exact
 def scores_gradient(a, log_a, peak_coef, weights, pairs, bar_norm, log_a_bar, g_peak, g_sent, g_dist,
                     scale: float = 1.0) -> torch.Tensor | None:
-    """``scale`` times d(g_peak R_peak + g_sent R_sent + g_dist R_dist) / d scores through the softmax, as
-    :func:`.equations._scores_gradient` gives it; ``log_a`` is log a up to a constant per row (the masked scores; only
-    read for R_peak), each g of a.shape[:-2] or ``None`` for a term outside the objective. a (contiguous) is modified
+    """`scale` times d(g_peak R_peak + g_sent R_sent + g_dist R_dist) / d scores through the softmax, as
+    `equations._scores_gradient` gives it; `log_a` is log a up to a constant per row (the masked scores; only
+    read for R_peak), each g of a.shape[:-2] or `None` for a term outside the objective. a (contiguous) is modified
     in place and restored."""
     grad = None
     if g_dist is not None:

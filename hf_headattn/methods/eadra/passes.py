@@ -1,19 +1,20 @@
-"""Which pass computes EaDRA's regularizers: the one reader of the ``implementation`` setting
-(``eadra={"implementation": ...}``).
+"""Which pass computes EaDRA's regularizers: the one reader of the `implementation` setting
+(`eadra={"implementation": ...}`).
 
 Two passes give the same R_peak, R_sent and R_dist (Eq. 4, 6, 8) of several layers, with the same arguments
-(:func:`layer_regularizers`, their common entry):
+(`layer_regularizers`, their common entry):
 
-* eager: :func:`hf_headattn.methods.eadra.equations.layer_regularizers`, one operation at a time, its map-sized work
-  by :mod:`.lean` (fewer maps written);
-* compiled: the same function with its map-sized work under ``torch.compile`` (:mod:`.compiled`).
+* eager: `hf_headattn.methods.eadra.equations.layer_regularizers`, one operation at a time, its map-sized work
+  by `lean` (fewer maps written);
+* compiled: the same function with its map-sized work under `torch.compile` (`compiled`).
 
 Until 0.3.0 there was a third, Triton kernels that never wrote a (queries x keys) map; "auto" never chose it, and on
 a GPU it took 2.17 times the compiled pass's time (H200, bf16: 9.4 against 4.3 ms forward and backward at
-transformer-base; fp32 21.4 against 5.1 ms; ``benchmarks/results/gpu/nvidia-h200-20261127/triton-check.json``), so it
-went: a saved config that chooses ``"triton"`` still loads, warns once and runs "auto" (:func:`check_implementation`).
+transformer-base; fp32 21.4 against 5.1 ms; `benchmarks/results/gpu/nvidia-h200-20261127/triton-check.json`), so it
+went: a saved config that chooses `"triton"` still loads, warns once and runs "auto" (`check_implementation`).
 The setting is checked once, when the settings are resolved (called by
-:meth:`hf_headattn.methods.eadra.core.EaDRASettings.resolved`); each pass is chosen by :func:`choose_pass`.
+[`hf_headattn.methods.eadra.core.EaDRASettings.resolved`][hf_headattn.methods.eadra.core.EaDRASettings.resolved]); each
+pass is chosen by `choose_pass`.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import torch
 from .compiled import compile_failed
 from .equations import layer_regularizers as fused_layer_regularizers
 
-#: The values of the setting (the ``Literal`` of ``EaDRASettings.implementation`` lists the same).
 IMPLEMENTATIONS = ("auto", "eager", "compiled")
-#: Values of earlier releases, still read (a saved config keeps loading): value -> what runs instead.
+"""The values of the setting (the `Literal` of `EaDRASettings.implementation` lists the same)."""
 REMOVED_IMPLEMENTATIONS = {"triton": "auto"}
-#: The devices on which "auto" compiles the pass.
+"""Values of earlier releases, still read (a saved config keeps loading): value -> what runs instead."""
 AUTO_COMPILED_DEVICES = ("cuda",)
+"""The devices on which "auto" compiles the pass."""
 
 
 @functools.cache  # asked at every pass: the answer does not change within a process
@@ -43,8 +44,8 @@ def _has_triton() -> bool:
 
 def check_implementation(implementation, name: str = "implementation") -> str:
     """The implementation to run for the setting's value: the value itself, or for a value a release removed
-    (:data:`REMOVED_IMPLEMENTATIONS`: "triton") its replacement, with a warning once a process. Any other value is
-    refused (``ValueError`` naming it and the allowed ones)."""
+    (`REMOVED_IMPLEMENTATIONS`: "triton") its replacement, with a warning once a process. Any other value is
+    refused (`ValueError` naming it and the allowed ones)."""
     if implementation in REMOVED_IMPLEMENTATIONS:
         replacement = REMOVED_IMPLEMENTATIONS[implementation]
         message = (f"{name}={implementation!r}: EaDRA's Triton pass was removed (slower than the compiled pass); "
@@ -62,10 +63,10 @@ _WARNED: set[str] = set()
 
 
 def choose_pass(implementation: str, device: torch.device) -> str:
-    """The pass for heads on ``device``, a :mod:`~hf_headattn.methods.eadra.compiled` mode ("eager", "compiled", or
+    """The pass for heads on `device`, a `compiled` mode ("eager", "compiled", or
     "compiled_or_eager": compiled, eager once a compile has failed in this process).
 
-    "auto" compiles on :data:`AUTO_COMPILED_DEVICES` where Triton is installed (Inductor's GPU code needs it) and
+    "auto" compiles on `AUTO_COMPILED_DEVICES` where Triton is installed (Inductor's GPU code needs it) and
     no compile has failed. Inside a compiled model (asked first: the look for Triton was a graph break on torch 2.11)
     every pass is the plain function, "eager", which the model's graph fuses.
     """
@@ -82,8 +83,8 @@ def choose_pass(implementation: str, device: torch.device) -> str:
 def layer_regularizers(queries, keys, num_heads: int, scaling: float, support: torch.Tensor,
                        query_mask: torch.Tensor, bias: torch.Tensor | None = None, recompute: bool = True,
                        implementation: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """R_peak, R_sent and R_dist, each (L, B, h), by the pass :func:`choose_pass` gives: the arguments and results of
-    :func:`hf_headattn.methods.eadra.equations.layer_regularizers`."""
+    """R_peak, R_sent and R_dist, each (L, B, h), by the pass `choose_pass` gives: the arguments and results of
+    `hf_headattn.methods.eadra.equations.layer_regularizers`."""
     chosen = choose_pass(implementation, queries[0].device)
     return fused_layer_regularizers(queries, keys, num_heads, scaling, support, query_mask, bias, recompute, chosen)
 

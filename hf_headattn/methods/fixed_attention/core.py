@@ -4,14 +4,14 @@
 encoder self-attention layer of 8 heads, 7 heads attend with a fixed pattern of positions (the current token, the
 previous token, the next token, the larger left-hand and right-hand contexts, and, as we read it, the first and the
 last token) and 1 head stays learnable; the abstract reports translation quality close to the fully learned
-encoder. The patterns, their weights (cubic by default, ``weights``) and our readings of what the sources leave open
-(the sentence edges, padding) are in :mod:`.equations`; where each setting comes from: the folder's README.
+encoder. The patterns, their weights (cubic by default, `weights`) and our readings of what the sources leave open
+(the sentence edges, padding) are in `equations`; where each setting comes from: the folder's README.
 
-Here each fixed head is taken over (``call.take_over``) on every backend: it computes no query-key product; its
+Here each fixed head is taken over (`call.take_over`) on every backend: it computes no query-key product; its
 output is the pattern's weighted sum of its values (a shift of V, V itself, cumulative sums of weighted V divided by
 the weights' sum), computed without a (T, S) tensor. The head's q/k projection rows are still computed by HF's
 module and unused (so they get zero gradient). On eager, whose callers expect every head's (T, S) weights
-(``output_attentions``), the fixed heads return their patterns' dense weights, the ones their output was computed
+(`output_attentions`), the fixed heads return their patterns' dense weights, the ones their output was computed
 with; SDPA and flex attention return no weights, as for the other heads. Other methods' score biases and hard masks
 (SEA's, Localness's, a relative-position key term) never reach a fixed head: its weights are fixed.
 
@@ -46,24 +46,24 @@ NAME = "fixed_attention"
 
 @dataclass(frozen=True)
 class FixedAttentionSettings(MethodSettings):
-    """Fixed attention's settings (``config.fixed_attention``).
+    """Fixed attention's settings (`config.fixed_attention`).
 
-    patterns: the fixed heads' patterns, one per fixed head (:mod:`.equations`; default the paper's 7 as we read
+    - `patterns`: the fixed heads' patterns, one per fixed head (`equations`; default the paper's 7 as we read
         them: current, previous, next, left, right, start, end). Fewer than the layer's heads: the other heads stay
-        learnable (e.g. ``["previous", "next"]``). A pattern may repeat.
-    encoder_layers: the encoder layers whose self-attention gets the fixed heads ("all", the default; layer numbers,
+        learnable (e.g. `["previous", "next"]`). A pattern may repeat.
+    - `encoder_layers`: the encoder layers whose self-attention gets the fixed heads ("all", the default; layer numbers,
         negative counting from the end; None: none).
-    decoder_layers: the decoder layers whose self-attention gets them too (default None: none; only the patterns
-        that respect the causal mask, :data:`~.equations.CAUSAL`).
-    cross_layers: the decoder layers whose cross-attention gets them too (default None: none; only the
-        position-free patterns, :data:`~.equations.POSITION_FREE`: a target query has no position in the source).
-    heads: the head numbers that are fixed, one per pattern, in the patterns' order (negative ones count from the
-        end; None: the first ``len(patterns)`` heads).
-    weights: how the spread patterns weigh their keys (:mod:`.equations`): "cubic" (the default: weights that decay
+    - `decoder_layers`: the decoder layers whose self-attention gets them too (default None: none; only the patterns
+        that respect the causal mask, `CAUSAL`).
+    - `cross_layers`: the decoder layers whose cross-attention gets them too (default None: none; only the
+        position-free patterns, `POSITION_FREE`: a target query has no position in the source).
+    - `heads`: the head numbers that are fixed, one per pattern, in the patterns' order (negative ones count from the
+        end; None: the first `len(patterns)` heads).
+    - `weights`: how the spread patterns weigh their keys (`equations`): "cubic" (the default: weights that decay
         away from each pattern's anchor, the cube of the rank, as a third-party reimplementation has them; three
         one-hot heads of the seven, as EaDRA §5.1 reports) or "uniform" (release 0.3's reading: uniform contexts,
         one-hot start and end). A config.json saved before this setting existed loads with "uniform", the reading it
-        was trained with (``MethodSpec.older_files_defaults``).
+        was trained with (`MethodSpec.older_files_defaults`).
     """
 
     patterns: list[Pattern] = field(default_factory=lambda: list(PATTERNS))
@@ -104,9 +104,9 @@ def placements(settings: FixedAttentionSettings, config) -> list[tuple[str, int,
 
 
 def older_spellings(values) -> tuple[dict, list]:
-    """0.3's development builds' switches ``decoder`` / ``cross`` (True: every decoder layer) as ``decoder_layers`` /
-    ``cross_layers``, and their ``encoder_layers=None`` (every layer) as ``"all"`` where the dict uses none of the new
-    layer fields (``MethodSpec.older_spellings``)."""
+    """0.3's development builds' switches `decoder` / `cross` (True: every decoder layer) as `decoder_layers` /
+    `cross_layers`, and their `encoder_layers=None` (every layer) as `"all"` where the dict uses none of the new
+    layer fields (`MethodSpec.older_spellings`)."""
     notes = []
     older = "decoder" in values or "cross" in values
     for switch in ("decoder", "cross"):
@@ -119,7 +119,7 @@ def older_spellings(values) -> tuple[dict, list]:
 
 
 class FixedAttention(AttentionMethod):
-    """The fixed heads of one attention module: ``heads[i]`` attends with ``patterns[i]``; the other heads are the
+    """The fixed heads of one attention module: `heads[i]` attends with `patterns[i]`; the other heads are the
     module's own (learned). No parameters."""
 
     def __init__(self, patterns, heads, causal: bool, weights: str = "cubic"):
@@ -128,8 +128,8 @@ class FixedAttention(AttentionMethod):
         self._set(tuple(patterns), tuple(heads))
 
     def _set(self, patterns: tuple[str, ...], heads: tuple[int, ...]) -> None:
-        """Keep the pairs, and the order they are taken over in: ascending head numbers (``taken``, with their
-        patterns ``taken_patterns``), so that the shared layer cuts consecutive fixed heads as one view and puts their
+        """Keep the pairs, and the order they are taken over in: ascending head numbers (`taken`, with their
+        patterns `taken_patterns`), so that the shared layer cuts consecutive fixed heads as one view and puts their
         outputs in place without an index (the default heads 0 .. P-1 are one such run)."""
         self.patterns, self.heads = patterns, heads
         order = sorted(range(len(heads)), key=heads.__getitem__)
@@ -141,17 +141,17 @@ class FixedAttention(AttentionMethod):
                 f"weights={self.weights!r}")
 
     def prune_heads(self, keep: torch.Tensor) -> None:
-        """The module keeps the heads ``keep``: a pruned fixed head's pattern goes with it, the others are
+        """The module keeps the heads `keep`: a pruned fixed head's pattern goes with it, the others are
         renumbered."""
         place = {int(old): new for new, old in enumerate(keep.tolist())}
         pairs = [(pattern, place[head]) for pattern, head in zip(self.patterns, self.heads) if head in place]
         self._set(tuple(pattern for pattern, _ in pairs), tuple(head for _, head in pairs))
 
     def before(self, call: AttentionCall) -> None:
-        """Take over the fixed heads (:meth:`attend`) on every backend, their real keys the context's mask of this
-        side where it fits the call, else read from the mask ``attend`` gets, their queries at the call's positions
-        (``call.query_positions``: right under a static cache too) in self-attention with fewer queries than keys;
-        on eager they also return their dense weights (``output_attentions``)."""
+        """Take over the fixed heads (`attend`) on every backend, their real keys the context's mask of this
+        side where it fits the call, else read from the mask `attend` gets, their queries at the call's positions
+        (`call.query_positions`: right under a static cache too) in self-attention with fewer queries than keys;
+        on eager they also return their dense weights (`output_attentions`)."""
         if not self.taken:
             return
         site = (call.is_decoder, call.is_cross)
@@ -160,7 +160,7 @@ class FixedAttention(AttentionMethod):
                                                      (lambda: call.query_positions) if cached else None))
 
     def _attend_with(self, real, context, site, eager: bool, positions=None):
-        """``positions``: None, or a function giving the queries' positions (called only where a plan is made)."""
+        """`positions`: None, or a function giving the queries' positions (called only where a plan is made)."""
         def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None):
             output = self.attend(value, query.shape[2], attention_mask, real, context, site, positions)
             if not eager:
@@ -173,9 +173,9 @@ class FixedAttention(AttentionMethod):
 
     def attend(self, value: torch.Tensor, length: int, attention_mask, real: torch.Tensor | None, context,
                site=None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """The fixed heads' output (B, T, h, D) from their values (B, h, S, D) for T = ``length`` queries (heads in
-        the order taken over: ascending, ``taken``) at ``positions`` among the keys ((T,) or (B, T), or a function
-        giving them; None: the last T); ``site``: the plan's key in the context's cache."""
+        """The fixed heads' output (B, T, h, D) from their values (B, h, S, D) for T = `length` queries (heads in
+        the order taken over: ascending, `taken`) at `positions` among the keys ((T,) or (B, T), or a function
+        giving them; None: the last T); `site`: the plan's key in the context's cache."""
         plan = self.plan(value, attention_mask, real, context, length, site, positions)
         return fixed_outputs(value, plan).transpose(1, 2)
 
@@ -191,7 +191,7 @@ class FixedAttention(AttentionMethod):
         return allowed.any(1).any(1).expand(batch, key_length)
 
     def plan(self, value, attention_mask, real, context, length: int, site=None, positions=None):
-        """The :func:`~.equations.make_plan` of this call, made once per forward and site (encoder, decoder self-
+        """The `make_plan` of this call, made once per forward and site (encoder, decoder self-
         or cross-attention) for the layers whose real keys come from the context (its key holds no size: a
         forward's sizes are one per site, and a size in a dict key would be a guard of a compiled graph)."""
         key = (NAME, "plan", self.taken_patterns, self.causal, self.weights, site)  # (D, dtype: one per model)
@@ -206,8 +206,8 @@ class FixedAttention(AttentionMethod):
 
 
 def fixed_heads(settings: FixedAttentionSettings, num_heads: int) -> list[int]:
-    """The fixed heads' numbers in a module of ``num_heads`` heads, one per pattern in the patterns' order
-    (``settings.heads``, negative ones counting from the end; None: the first ``len(patterns)``)."""
+    """The fixed heads' numbers in a module of `num_heads` heads, one per pattern in the patterns' order
+    (`settings.heads`, negative ones counting from the end; None: the first `len(patterns)`)."""
     heads = range(len(settings.patterns)) if settings.heads is None else settings.heads
     return [head % num_heads for head in heads]
 

@@ -2,32 +2,32 @@
 
 "Fixed encoder self-attention patterns in Transformer-based machine translation" (Findings of EMNLP 2020): each
 fixed head attends with a pattern that depends only on the positions, never on the tokens. The paper's method section
-is not reachable here (``/work/shared/papers/fixed-attention-raganato.md`` says what each reading rests on); the
+is not reachable here (`/work/shared/papers/fixed-attention-raganato.md` says what each reading rests on); the
 pattern names come from a secondary description, the weights from a third-party reimplementation and EaDRA's §5.1
 entropy remark, and the rest is our choice, said so below (the folder's README tabulates the sources).
 
 The patterns, for a query at position p over the real (non-padding) keys R of its sentence:
 
-* ``current``: the token itself, p;
-* ``previous``: the previous token, the nearest real key j < p;
-* ``next``: the next token, the nearest real key j > p;
-* ``left``: the larger left-hand context, the real keys j < p;
-* ``right``: the larger right-hand context, the real keys j > p;
-* ``start``: the sentence from its first real token (anchor: min R);
-* ``end``: the sentence up to its last real token (anchor: max R: ``</s>``, or mBART's language code).
+* `current`: the token itself, p;
+* `previous`: the previous token, the nearest real key j < p;
+* `next`: the next token, the nearest real key j > p;
+* `left`: the larger left-hand context, the real keys j < p;
+* `right`: the larger right-hand context, the real keys j > p;
+* `start`: the sentence from its first real token (anchor: min R);
+* `end`: the sentence up to its last real token (anchor: max R: `</s>`, or mBART's language code).
 
-Weights (``weights``, :data:`WEIGHTS`):
+Weights (`weights`, `WEIGHTS`):
 
-* ``"cubic"`` (the default): a spread pattern (``left``, ``right``, ``start``, ``end``) weighs its keys by the cube of
+* `"cubic"` (the default): a spread pattern (`left`, `right`, `start`, `end`) weighs its keys by the cube of
   their rank counted from the end of its span farthest from the anchor, m = 1, 2, ..., n (m = n at the anchor: the
-  query for the contexts, the first or last token for ``start``/``end``): w = m^3 / (n (n + 1) / 2)^2 (the sum of
-  the cubes). So the left context rises towards the query, the right context falls away from it, ``start`` falls
-  from the first token and ``end`` rises to the last. This follows the third-party reimplementation's cubic
+  query for the contexts, the first or last token for `start`/`end`): w = m^3 / (n (n + 1) / 2)^2 (the sum of
+  the cubes). So the left context rises towards the query, the right context falls away from it, `start` falls
+  from the first token and `end` rises to the last. This follows the third-party reimplementation's cubic
   weights (n + 1)^3 as the summary describes them, and EaDRA §5.1's remark that exactly three fixed heads (current,
   previous, next) have zero entropy, the others low entropy: not the paper's text, which is not reachable. Ranks
   count real tokens only, so padding changes nothing.
-* ``"uniform"`` (release 0.3's reading): each pattern weighs its keys alike, 1 / n: the contexts uniform over all
-  their tokens, ``start`` and ``end`` one-hot on the first and last token (five zero-entropy heads).
+* `"uniform"` (release 0.3's reading): each pattern weighs its keys alike, 1 / n: the contexts uniform over all
+  their tokens, `start` and `end` one-hot on the first and last token (five zero-entropy heads).
 
 Readings and choices (ours):
 
@@ -36,21 +36,21 @@ Readings and choices (ours):
 * **Padding never receives weight**: the patterns are over R. A padding query (whose output no real token reads)
   attends to the real token nearest to it (ties: the one on the left) where its pattern has no key; a sentence with
   no real token at all attends to the position itself.
-* **Causal attention** (decoder self-attention): only keys j <= p exist, so only ``current``, ``previous``, ``left``
-  and ``start`` are defined there (:data:`CAUSAL`); ``start`` is one-hot on the first real token there whatever
-  ``weights`` (its cubic ranks count from the sentence's far end, which a causal query does not see), and falls
+* **Causal attention** (decoder self-attention): only keys j <= p exist, so only `current`, `previous`, `left`
+  and `start` are defined there (`CAUSAL`); `start` is one-hot on the first real token there whatever
+  `weights` (its cubic ranks count from the sentence's far end, which a causal query does not see), and falls
   back to the token itself while the first real token is still to come. With a cache the queries' positions are
-  the attention call's (:attr:`~hf_headattn.attention_call.AttentionCall.query_positions`: p = past + t, under a
-  dynamic cache the last T of the S keys, under a static one not: its S keys are the cache's slots, those after the
-  queries empty and masked, so not real keys); without them, the last T of the S keys.
-* **Cross-attention** has no query position in the source, so only ``start`` and ``end`` are defined there
-  (:data:`POSITION_FREE`).
+  the attention call's ([`query_positions`][hf_headattn.attention_call.AttentionCall.query_positions]: p = past + t,
+  under a dynamic cache the last T of the S keys, under a static one not: its S keys are the cache's slots, those after
+  the queries empty and masked, so not real keys); without them, the last T of the S keys.
+* **Cross-attention** has no query position in the source, so only `start` and `end` are defined there
+  (`POSITION_FREE`).
 * **Other methods' score changes** (a bias, SEA's hard mask) never reach a fixed head: its weights are fixed, so an
-  anchor that such a mask would remove stays (:class:`~.core.FixedAttention` takes the heads over on every backend).
+  anchor that such a mask would remove stays (`FixedAttention` takes the heads over on every backend).
 * No attention dropout on the fixed heads: there are no learned probabilities to drop (our choice).
 
-Shapes: B sentences, P patterns, T queries, S keys, D head dimension; ``real`` (B, S) bool, True at real keys;
-``positions`` the queries' positions among the keys, LongTensor (T,) or (B, T), None: :func:`query_positions` (the
+Shapes: B sentences, P patterns, T queries, S keys, D head dimension; `real` (B, S) bool, True at real keys;
+`positions` the queries' positions among the keys, LongTensor (T,) or (B, T), None: `query_positions` (the
 functions take the T = S queries to be the keys themselves, 0 .. S-1).
 """
 
@@ -61,26 +61,26 @@ from typing import Literal, get_args
 
 import torch
 
-#: A pattern's name.
 Pattern = Literal["current", "previous", "next", "left", "right", "start", "end"]
-#: Every pattern, in the order of the paper's 7-fixed-heads configuration as we read it (the default).
+"""A pattern's name."""
 PATTERNS: tuple[str, ...] = get_args(Pattern)
-#: How a spread pattern weighs its keys (the default first).
+"""Every pattern, in the order of the paper's 7-fixed-heads configuration as we read it (the default)."""
 Weights = Literal["cubic", "uniform"]
+"""How a spread pattern weighs its keys (the default first)."""
 WEIGHTS: tuple[str, ...] = get_args(Weights)
-#: The patterns that put all the weight on one key (computed as a gather of the values).
 POINT = ("current", "previous", "next", "start", "end")
-#: The larger contexts (a cumulative sum of the weighted values over the real keys, divided by the weights' sum).
+"""The patterns that put all the weight on one key (computed as a gather of the values)."""
 CONTEXT = ("left", "right")
-#: The patterns defined under a causal mask (decoder self-attention): none looks at later tokens.
+"""The larger contexts (a cumulative sum of the weighted values over the real keys, divided by the weights' sum)."""
 CAUSAL = ("current", "previous", "left", "start")
-#: The patterns defined without the query's position (cross-attention).
+"""The patterns defined under a causal mask (decoder self-attention): none looks at later tokens."""
 POSITION_FREE = ("start", "end")
+"""The patterns defined without the query's position (cross-attention)."""
 
 
 def spread_patterns(weights: str, causal: bool) -> tuple[str, ...]:
-    """The patterns that spread their weight over several keys with ``weights`` (the others are one-hot): the
-    contexts, and with cubic weights ``start`` and ``end`` too (``start`` not under a causal mask)."""
+    """The patterns that spread their weight over several keys with `weights` (the others are one-hot): the
+    contexts, and with cubic weights `start` and `end` too (`start` not under a causal mask)."""
     if weights == "uniform":
         return CONTEXT
     if weights != "cubic":
@@ -98,7 +98,7 @@ def query_positions(length: int, key_length: int, device) -> torch.Tensor:
 
 
 def at_positions(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """(B, T): the entries of ``keys`` (B, S) at the queries' ``positions`` (T,) or (B, T)."""
+    """(B, T): the entries of `keys` (B, S) at the queries' `positions` (T,) or (B, T)."""
     return keys[:, positions] if positions.dim() == 1 else keys.gather(1, positions)
 
 
@@ -111,7 +111,7 @@ def _positions(positions, length: int, key_length: int, device) -> torch.Tensor 
 
 def key_landmarks(real: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(last, first), each (B, S) long: the last real key <= j (-1: none) and the first real key >= j (S: none).
-    ``positions``: ``arange(S)``, where already made."""
+    `positions`: `arange(S)`, where already made."""
     key_length = real.shape[-1]
     positions = torch.arange(key_length, device=real.device) if positions is None else positions
     last = torch.where(real, positions, -1).cummax(-1).values
@@ -121,8 +121,8 @@ def key_landmarks(real: torch.Tensor, positions: torch.Tensor | None = None) -> 
 
 def nearest_real(real: torch.Tensor, length: int, causal: bool, landmarks=None, positions=None) -> torch.Tensor:
     """(B, T) long: the fallback key of each query, the real key nearest to its position p (p itself where real;
-    ties: the left one; causal: the nearest j <= p), p where there is none. ``landmarks``: :func:`key_landmarks`
-    of ``real``, where already made; ``positions``: the queries' (module docstring)."""
+    ties: the left one; causal: the nearest j <= p), p where there is none. `landmarks`: `key_landmarks`
+    of `real`, where already made; `positions`: the queries' (module docstring)."""
     key_length = real.shape[-1]
     at = _positions(positions, length, key_length, real.device)
     keys = torch.arange(key_length, device=real.device) if at is None or landmarks is None else None
@@ -137,9 +137,9 @@ def nearest_real(real: torch.Tensor, length: int, causal: bool, landmarks=None, 
 
 
 def point_indices(patterns, real: torch.Tensor, length: int, causal: bool, positions=None) -> torch.Tensor:
-    """(B, P, T) long: the one key each query of each point pattern (:data:`POINT`) attends to, with the fallback of
-    :func:`nearest_real` where the pattern has none; for a spread pattern (:func:`spread_patterns`), that fallback,
-    the key it attends to where its span is empty (:func:`fixed_outputs` gathers both at once). ``positions``: the
+    """(B, P, T) long: the one key each query of each point pattern (`POINT`) attends to, with the fallback of
+    `nearest_real` where the pattern has none; for a spread pattern (`spread_patterns`), that fallback,
+    the key it attends to where its span is empty (`fixed_outputs` gathers both at once). `positions`: the
     queries' (module docstring)."""
     key_length = real.shape[-1]
     at = _positions(positions, length, key_length, real.device)
@@ -177,10 +177,10 @@ def point_indices(patterns, real: torch.Tensor, length: int, causal: bool, posit
 
 
 def span_counts(patterns, real: torch.Tensor, length: int, spread=CONTEXT, positions=None) -> torch.Tensor:
-    """(B, C, T) long: the number n of real keys in each query's span for the spread patterns among ``spread``:
-    j < p (``left``), j > p (``right``), the whole sentence (``start``, ``end``); 0 for another pattern between
-    them, which :func:`fixed_outputs` then gives its key's value, as a spread head where its span is empty.
-    ``positions``: the queries' (module docstring)."""
+    """(B, C, T) long: the number n of real keys in each query's span for the spread patterns among `spread`:
+    j < p (`left`), j > p (`right`), the whole sentence (`start`, `end`); 0 for another pattern between
+    them, which `fixed_outputs` then gives its key's value, as a spread head where its span is empty.
+    `positions`: the queries' (module docstring)."""
     at = _positions(positions, length, real.shape[-1], real.device)
 
     def at_queries(keys: torch.Tensor) -> torch.Tensor:  # (B, S) -> (B, T)
@@ -204,16 +204,16 @@ def span_counts(patterns, real: torch.Tensor, length: int, spread=CONTEXT, posit
 
 
 def key_ranks(pattern: str, real: torch.Tensor) -> torch.Tensor:
-    """(B, S) long: each real key's rank m for ``pattern``'s cubic weights, counted from the span's end farthest from
-    the anchor (1 there): 1, 2, ... from the first real token (``left``, ``end``) or from the last one (``right``,
-    ``start``); 0 at padding."""
+    """(B, S) long: each real key's rank m for `pattern`'s cubic weights, counted from the span's end farthest from
+    the anchor (1 there): 1, 2, ... from the first real token (`left`, `end`) or from the last one (`right`,
+    `start`); 0 at padding."""
     inclusive = real.long().cumsum(-1)
     ranks = inclusive if pattern in ("left", "end") else inclusive[:, -1:] - inclusive + 1
     return ranks * real
 
 
 def weight_sums(counts: torch.Tensor, weights: str) -> torch.Tensor:
-    """The sum of the weights of n keys of a span, for ``counts`` n (any shape, long): n (uniform), or the sum of
+    """The sum of the weights of n keys of a span, for `counts` n (any shape, long): n (uniform), or the sum of
     the cubes 1^3 + ... + n^3 = (n (n + 1) / 2)^2 (cubic)."""
     if weights == "uniform":
         return counts
@@ -222,8 +222,8 @@ def weight_sums(counts: torch.Tensor, weights: str) -> torch.Tensor:
 
 def pattern_weights(patterns, real: torch.Tensor, length: int, causal: bool = False,
                     dtype: torch.dtype = torch.float32, weights: str = "cubic", positions=None) -> torch.Tensor:
-    """(B, P, T, S): the weights of each pattern, dense (for ``output_attentions`` and the tests); each row sums to 1
-    and is 0 at padding keys (but in a sentence with no real token). ``positions``: the queries' (module
+    """(B, P, T, S): the weights of each pattern, dense (for `output_attentions` and the tests); each row sums to 1
+    and is 0 at padding keys (but in a sentence with no real token). `positions`: the queries' (module
     docstring)."""
     key_length = real.shape[-1]
     at = _positions(positions, length, key_length, real.device)
@@ -253,20 +253,20 @@ def pattern_weights(patterns, real: torch.Tensor, length: int, causal: bool = Fa
 
 @dataclass
 class Plan:
-    """What :func:`fixed_outputs` needs of one forward's real keys, made once per forward (:func:`make_plan`) and
+    """What `fixed_outputs` needs of one forward's real keys, made once per forward (`make_plan`) and
     shared by the layers of a side.
 
-    index: (B, h, T, D) long (expanded), the key each head gathers: a point pattern's (:func:`point_indices`), a
-    spread pattern's fallback (:func:`nearest_real`, where its span is empty);
-    span: None without spread patterns, else (start, stop), the heads from the first spread head to the last (a
+    - `index`: (B, h, T, D) long (expanded), the key each head gathers: a point pattern's (`point_indices`), a
+    spread pattern's fallback (`nearest_real`, where its span is empty);
+    - `span`: None without spread patterns, else (start, stop), the heads from the first spread head to the last (a
     point head between them counts as an empty span: its own key's value);
-    factor: (B, c, S, 1), each key's weight before normalising (1 or 0 at padding, uniform; m^3, cubic), or None
+    - `factor`: (B, c, S, 1), each key's weight before normalising (1 or 0 at padding, uniform; m^3, cubic), or None
     without spread patterns;
-    sides: which keys the heads of the span sum, as runs of consecutive heads alike: ((side, first head of the run
+    - `sides`: which keys the heads of the span sum, as runs of consecutive heads alike: ((side, first head of the run
     in the span, its length), ...), side "before" (j < p), "after" (j > p) or "all" (a point head between spread
     heads joins the run before it);
-    scale: (B, c, T, 1), 1 / the weights' sum (0 where the span is empty); empty: (B, c, T, 1), 1 where empty;
-    rows: the key rows of the queries, their positions (T,) or (B, T), or None where the queries are the keys.
+    - `scale`: (B, c, T, 1), 1 / the weights' sum (0 where the span is empty); empty: (B, c, T, 1), 1 where empty;
+    - `rows`: the key rows of the queries, their positions (T,) or (B, T), or None where the queries are the keys.
     """
 
     index: torch.Tensor
@@ -278,14 +278,14 @@ class Plan:
     rows: torch.Tensor | None
 
 
-#: Which keys a spread pattern sums: before the query, after it, or the whole sentence.
 SIDES = {"left": "before", "right": "after", "start": "all", "end": "all"}
+"""Which keys a spread pattern sums: before the query, after it, or the whole sentence."""
 
 
 def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: torch.dtype, depth: int = 1,
               weights: str = "cubic", positions=None) -> Plan:
-    """The :class:`Plan` of the heads with ``patterns`` (in that order) for the real keys ``real`` (B, S), T =
-    ``length`` queries at ``positions`` (module docstring) and values of ``depth`` (D) dimensions."""
+    """The `Plan` of the heads with `patterns` (in that order) for the real keys `real` (B, S), T =
+    `length` queries at `positions` (module docstring) and values of `depth` (D) dimensions."""
     positions = _positions(positions, length, real.shape[-1], real.device)
     index = point_indices(patterns, real, length, causal, positions).unsqueeze(-1).expand(-1, -1, -1, depth)
     plan = Plan(index, None, None, None, None, None, positions)
@@ -317,7 +317,7 @@ def make_plan(patterns, real: torch.Tensor, length: int, causal: bool, dtype: to
 
 def fixed_outputs(value: torch.Tensor, plan: Plan) -> torch.Tensor:
     """(B, h, T, D): the fixed heads' outputs, sum_j w_pj v_j, from their values (B, h, S, D) (heads in the order of
-    the patterns :func:`make_plan` was given) without any (T, S) tensor: one gather takes each point head's key's
+    the patterns `make_plan` was given) without any (T, S) tensor: one gather takes each point head's key's
     value and each spread head's fallback; a spread head sums its keys' weighted values with a cumulative sum (in
     float32 at least; forward for the keys before the query, backward for those after it, so that the query's own
     term, the largest, is what is taken off) and divides by the weights' sum, the fallback where its span is

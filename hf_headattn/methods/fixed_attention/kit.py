@@ -13,13 +13,13 @@ from hf_headattn.methods.fixed_attention.core import NAME
 from hf_headattn.methods.fixed_attention.equations import PATTERNS
 from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset
 
-#: Raganato et al.'s 7 patterns as a secondary description names them (fixed_attention/equations.py): 7 fixed + 1
-#: learnable head in every encoder self-attention layer of 8 heads (the abstract: all heads but one).
 RAGANATO = {"patterns": list(PATTERNS), "weights": "cubic"}
-#: Only the previous- and next-token heads fixed (the other heads learnable).
+"""Raganato et al.'s 7 patterns as a secondary description names them (fixed_attention/equations.py): 7 fixed + 1
+learnable head in every encoder self-attention layer of 8 heads (the abstract: all heads but one)."""
 PREV_NEXT = {"patterns": ["previous", "next"]}
-#: The 8 heads of Transformer-base that those tables' models have, kept under another --model_shape.
+"""Only the previous- and next-token heads fixed (the other heads learnable)."""
 HEADS = {"encoder_attention_heads": 8, "decoder_attention_heads": 8}
+"""The 8 heads of Transformer-base that those tables' models have, kept under another --model_shape."""
 
 KIT = MethodKit(
     NAME,

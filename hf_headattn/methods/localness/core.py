@@ -1,22 +1,22 @@
 """Localness (Yang, Tu, Wong, Meng, Chao & Zhang 2018, "Modeling Localness for Self-Attention Networks", EMNLP 2018):
 a learned Gaussian bias G_ij = -(j - P_i)^2 / (2 sigma_i^2) on the scores of the lower encoder self-attention layers,
 centred at a predicted position P_i with a predicted (or fixed) window D_i = 2 sigma_i; on every head, on the heads
-``heads`` names (the authors' code's ``local_heads=n``: ``heads=[0, ..., n - 1]``), or with
-``head_selection="redundant"`` only on the heads RHE (Zhang et al. 2021, Eq. 3, 9, 10) finds redundant per sentence
+`heads` names (the authors' code's `local_heads=n`: `heads=[0, ..., n - 1]`), or with
+`head_selection="redundant"` only on the heads RHE (Zhang et al. 2021, Eq. 3, 9, 10) finds redundant per sentence
 (RHE's Table 2, Localness+RHE).
 
-Settings (``config.localness``): ``encoder_layers`` (default "lower_half": ``range(ceil(L / 2))``, layers 0-2 of 6),
-``window`` ("predicted": the query-specific window; an integer D >= 1: the fixed-window strategy, P_i still
-predicted), ``heads`` ("all" or head numbers), ``head_selection`` ("all" or "redundant"; the latter needs the forward
-input ``dependency_mask`` (B, S, S) bool, SEA's), ``predictor`` ("query": the authors' code, the default; "head": the
-per-head reading of release 0.3's development builds). The math is in :mod:`hf_headattn.methods.localness.equations`;
+Settings (`config.localness`): `encoder_layers` (default "lower_half": `range(ceil(L / 2))`, layers 0-2 of 6),
+`window` ("predicted": the query-specific window; an integer D >= 1: the fixed-window strategy, P_i still
+predicted), `heads` ("all" or head numbers), `head_selection` ("all" or "redundant"; the latter needs the forward
+input `dependency_mask` (B, S, S) bool, SEA's), `predictor` ("query": the authors' code, the default; "head": the
+per-head reading of release 0.3's development builds). The math is in `hf_headattn.methods.localness.equations`;
 where each reading comes from: the folder's README.
 
-* ``predictor="query"`` (the authors' public code): P and D are predicted from the whole query (d_model wide, every
+* `predictor="query"` (the authors' public code): P and D are predicted from the whole query (d_model wide, every
   head's query before the split) through one hidden layer tanh(W_p q + b_p) of n d_h units shared by P, D and the
   heads, then per-head output weights with biases; P = (I - 1) sigmoid, D = I sigmoid + 0.1 (fixed window: D as
   given). About 0.27M parameters a layer at Transformer-base (RHE's Table 1, WMT14 column: +0.80M over 3 layers).
-* ``predictor="head"``: each head predicts its own P_i and D_i from its own query Q_i^h (d_h wide); W_p (d_h, d_h),
+* `predictor="head"`: each head predicts its own P_i and D_i from its own query Q_i^h (d_h wide); W_p (d_h, d_h),
   v_p and v_d (d_h,) are shared by the heads of a layer, no biases; P = I sigmoid, D = I sigmoid (floored at 1e-3).
   12,672 parameters over 3 layers at Transformer-base, close to RHE's Table 1 WMT16 columns (+0.02M).
 
@@ -45,18 +45,18 @@ NAME = "localness"
 
 @dataclass(frozen=True)
 class LocalnessSettings(MethodSettings):
-    """Localness's settings (``config.localness``).
+    """Localness's settings (`config.localness`).
 
-    encoder_layers: "lower_half" (the default: ``range(ceil(L / 2))``, the abstract's lower layers), "all", layer
+    - `encoder_layers`: "lower_half" (the default: `range(ceil(L / 2))`, the abstract's lower layers), "all", layer
     numbers (negative count from the end) or None (none).
-    window: "predicted" (the query-specific window) or an integer D >= 1 (a fixed window of D tokens, sigma = D / 2;
+    - `window`: "predicted" (the query-specific window) or an integer D >= 1 (a fixed window of D tokens, sigma = D / 2;
     the centre P_i is still predicted). heads: "all" or the head numbers with the bias (the authors' code's
-    ``local_heads=n``: ``[0, ..., n - 1]``). head_selection: "all" or "redundant" (RHE, needs ``dependency_mask``;
-    with ``heads="all"``). predictor: "query" (the authors' code: the whole
+    `local_heads=n`: `[0, ..., n - 1]`). head_selection: "all" or "redundant" (RHE, needs `dependency_mask`;
+    with `heads="all"`). predictor: "query" (the authors' code: the whole
     query, a hidden layer shared by the heads, per-head outputs with biases) or "head" (each head's own query, weights
     shared by the heads: the reading that matches RHE's WMT16 parameter columns). A saved config.json that has
-    no ``predictor`` and records no default for it was written before it existed and reads "head"
-    (``METHOD.older_files_defaults``).
+    no `predictor` and records no default for it was written before it existed and reads "head"
+    (`METHOD.older_files_defaults`).
     """
 
     encoder_layers: list[int] | Literal["all", "lower_half"] | None = "lower_half"
@@ -76,20 +76,21 @@ class LocalnessSettings(MethodSettings):
                              f"{self.heads!r}; expected heads='all' (or head_selection='all')")
 
 
-#: Localness's own layout (:func:`hf_headattn.placement.layers_of`): the lower half, ``range(ceil(L / 2))``.
 LAYOUTS = {"lower_half": lambda count: range((count + 1) // 2)}
+"""Localness's own layout ([`hf_headattn.placement.layers_of`][hf_headattn.placement.layers_of]): the lower half,
+`range(ceil(L / 2))`."""
 
 
 def layers(settings: LocalnessSettings, config, name: str = NAME) -> list[int]:
-    """The encoder layers with the bias: ``settings.encoder_layers``, by default the lower half (the abstract: lower
+    """The encoder layers with the bias: `settings.encoder_layers`, by default the lower half (the abstract: lower
     layers)."""
     return layers_of(settings.encoder_layers, config.encoder_layers, f"{name}.encoder_layers", LAYOUTS)
 
 
 def older_spellings(values) -> tuple[dict, list]:
-    """0.3's development builds' ``layers`` (None: the lower half) as ``encoder_layers``, and ``heads`` as a count n
-    (the first n heads: ``heads=[0, ..., n - 1]``) or a head mode (``"redundant"``: ``head_selection``)
-    (``MethodSpec.older_spellings``)."""
+    """0.3's development builds' `layers` (None: the lower half) as `encoder_layers`, and `heads` as a count n
+    (the first n heads: `heads=[0, ..., n - 1]`) or a head mode (`"redundant"`: `head_selection`)
+    (`MethodSpec.older_spellings`)."""
     notes = []
     values = renamed(values, "layers", "encoder_layers", lambda value: "lower_half" if value is None else value,
                      notes)
@@ -109,18 +110,18 @@ def placements(settings: LocalnessSettings, config) -> list[tuple[str, int, str]
 class Localness(AttentionMethod):
     """The Gaussian bias of one encoder self-attention module, on all heads, the heads named or the redundant ones.
 
-    ``predictor="query"`` (n the heads with the bias, H for "all" and "redundant"; m = n d_h): ``hidden_weight`` W_p
-    (m, d_model) ~ N(0, std), ``hidden_bias`` b_p (m,) = 0, ``output_weight`` (k n, m) ~ N(0, std), rows u_1 .. u_n
-    for P (then v_1 .. v_n for D with the predicted window: k = 2, else k = 1), ``output_bias`` (k n,) = 0. At
+    `predictor="query"` (n the heads with the bias, H for "all" and "redundant"; m = n d_h): `hidden_weight` W_p
+    (m, d_model) ~ N(0, std), `hidden_bias` b_p (m,) = 0, `output_weight` (k n, m) ~ N(0, std), rows u_1 .. u_n
+    for P (then v_1 .. v_n for D with the predicted window: k = 2, else k = 1), `output_bias` (k n,) = 0. At
     initialisation P_i ~ (I - 1) / 2 and D_i ~ I / 2 + 0.1. Pruning heads is refused: the predictor reads every head's
     query, which a pruned head no longer has.
 
-    ``predictor="head"`` (shared by the module's heads, d_h its head dimension): ``weight`` W_p (d_h, d_h),
-    ``centre_vector`` v_p (d_h,), with the predicted window ``window_vector`` v_d (d_h,), all ~ N(0, std); P_i ~ I / 2
+    `predictor="head"` (shared by the module's heads, d_h its head dimension): `weight` W_p (d_h, d_h),
+    `centre_vector` v_p (d_h,), with the predicted window `window_vector` v_d (d_h,), all ~ N(0, std); P_i ~ I / 2
     and D_i ~ I / 2 at initialisation.
 
-    The bias is computed in float32 (outside autocast) and added in the query's dtype through ``call.add_score_bias``
-    (a float additive mask on SDPA/eager, so SDPA keeps its fused kernels; a ``score_mod`` on flex attention); its
+    The bias is computed in float32 (outside autocast) and added in the query's dtype through `call.add_score_bias`
+    (a float additive mask on SDPA/eager, so SDPA keeps its fused kernels; a `score_mod` on flex attention); its
     gradient reaches the predictor and the query. RHE's selection is a hard decision, without gradient.
     """
 
@@ -130,8 +131,8 @@ class Localness(AttentionMethod):
         self.fixed_window = None if settings.window == "predicted" else float(settings.window)
         chosen = None if settings.heads == "all" else tuple(heads_of(settings.heads, num_heads, "heads"))
         count = num_heads if chosen is None else len(chosen)
-        #: the heads with the bias (current numbers; None: every head, or RHE's selection)
         self.local_heads = chosen
+        """the heads with the bias (current numbers; None: every head, or RHE's selection)"""
         if settings.predictor == "query":
             outputs = count * (1 if self.fixed_window is not None else 2)
             self.hidden_weight = nn.Parameter(torch.empty(count * head_dim, model_dim))
@@ -170,7 +171,7 @@ class Localness(AttentionMethod):
             self.local_heads = tuple(i for i, number in enumerate(keep.tolist()) if number in self.local_heads)
 
     def sentence_tokens(self, call: AttentionCall) -> torch.Tensor | None:
-        """(B, S) bool, True at the sentence's real tokens: the context's source mask, else (``generate`` runs the
+        """(B, S) bool, True at the sentence's real tokens: the context's source mask, else (`generate` runs the
         encoder without the model's context) the keys the call's mask allows; None: every token is real."""
         if call.key_mask is not None:
             return call.key_mask
@@ -179,9 +180,9 @@ class Localness(AttentionMethod):
 
     def bias(self, query: torch.Tensor, real: torch.Tensor | None, allowed: torch.Tensor | None = None
              ) -> torch.Tensor:
-        """G (B, n, T, S) for the queries (B, H, T, d_h) of sentences whose real tokens are ``real`` (B, S), n the
-        heads with the bias, in float32 (floored at ``BIAS_FLOOR`` for a float16 query); with ``allowed`` (the
-        call's mask, bool (B, 1, T, S)) G is ``finfo.min`` of the query's dtype where it masks (one write)."""
+        """G (B, n, T, S) for the queries (B, H, T, d_h) of sentences whose real tokens are `real` (B, S), n the
+        heads with the bias, in float32 (floored at `BIAS_FLOOR` for a float16 query); with `allowed` (the
+        call's mask, bool (B, 1, T, S)) G is `finfo.min` of the query's dtype where it masks (one write)."""
         if real is None:
             real = torch.ones(query.shape[0], query.shape[2], dtype=torch.bool, device=query.device)
         positions, lengths = sentence_positions(real)

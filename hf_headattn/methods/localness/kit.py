@@ -1,9 +1,9 @@
 """Localness's kit (Yang et al. 2018): recipe names and the presets of RHE's paper (Zhang et al. 2021), whose Table 1
 (row Localness) and Table 2 (row Localness + RHE) compare it on Transformer-base.
 
-Localness+RHE (``head_selection="redundant"``, ``--method localness_rhe``) reads RHE's ``dependency_mask`` (Eq. 5),
-made from the sources' dependency parses by the shared input provider (:mod:`hf_headattn.syntax_inputs`):
-``inputs_from`` names it, so the recipes and ``translate`` run its hooks (``--spacy_model``, ``--syntax_parses_dir``)
+Localness+RHE (`head_selection="redundant"`, `--method localness_rhe`) reads RHE's `dependency_mask` (Eq. 5),
+made from the sources' dependency parses by the shared input provider (`hf_headattn.syntax_inputs`):
+`inputs_from` names it, so the recipes and `translate` run its hooks (`--spacy_model`, `--syntax_parses_dir`)
 for it."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset, syntax_for_r
 
 
 def example_inputs(batch_size: int, source_length: int) -> dict[str, torch.Tensor]:
-    """A random, valid ``dependency_mask`` (each token related to a random few others; RHE adds i = j), for the
-    registry-wide tests and a model with ``head_selection="redundant"``."""
+    """A random, valid `dependency_mask` (each token related to a random few others; RHE adds i = j), for the
+    registry-wide tests and a model with `head_selection="redundant"`."""
     related = torch.rand(batch_size, source_length, source_length) < 0.3
     return {"dependency_mask": related | related.transpose(1, 2)}
 

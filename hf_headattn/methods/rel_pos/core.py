@@ -1,32 +1,32 @@
 """Relative position representations (Shaw, Uszkoreit & Vaswani 2018) on self-attention, optionally only on the heads
 RHE finds redundant (Zhang et al. 2021, Table 2's Rel_Pos + RHE).
 
-``rel_pos={"max_relative_position": 16}`` adds, on the self-attention of ``encoder_layers`` (default ``"all"``) and
-``decoder_layers`` (default None: none), Eq. 4's key term to the scores and Eq. 3's value term to the output:
+`rel_pos={"max_relative_position": 16}` adds, on the self-attention of `encoder_layers` (default `"all"`) and
+`decoder_layers` (default None: none), Eq. 4's key term to the scores and Eq. 3's value term to the output:
 e_ij = q_i (k_j + w^K_{clip(j-i, k)})^T / sqrt(d), z_i = sum_j alpha_ij (v_j + w^V_{clip(j-i, k)}), with learned
-tables w^K, w^V of (2k+1, d_head) per layer and per head (``tables="head"``: the paper's base model, §4.1), or per
-layer, shared by its heads (``tables="layer"``: its big model, §4.1, with k = 8). ``absolute_positions=False`` (the
+tables w^K, w^V of (2k+1, d_head) per layer and per head (`tables="head"`: the paper's base model, §4.1), or per
+layer, shared by its heads (`tables="layer"`: its big model, §4.1, with k = 8). `absolute_positions=False` (the
 compared model of §4.2 has no absolute position encodings) mutes the position embeddings of the stacks the method is
-placed on (:func:`~hf_headattn.model_hooks.mute_position_embeddings`, through ``MethodSpec.prepare_stack``). The
-math is in :mod:`hf_headattn.methods.rel_pos.equations`; no (T, S, d) tensor is made.
+placed on ([`mute_position_embeddings`][hf_headattn.model_hooks.mute_position_embeddings], through
+`MethodSpec.prepare_stack`). The math is in `hf_headattn.methods.rel_pos.equations`; no (T, S, d) tensor is made.
 
-How it runs (``before``): the key term, q @ W^K^T gathered by the relative labels, is a score bias
-(``call.add_score_bias``), so with ``values=False`` SDPA keeps its fast path; the value term needs the probabilities,
-so with ``values=True`` (the paper) the method takes over every head of the layer (``call.take_over``). With
-``head_selection="all"`` and no attention dropout its ``attend`` gets the call's mask with the other methods' score
-biases in it and runs both terms in one autograd Function (:func:`~.equations.relative_attention`: the key term gathered
+How it runs (`before`): the key term, q @ W^K^T gathered by the relative labels, is a score bias
+(`call.add_score_bias`), so with `values=False` SDPA keeps its fast path; the value term needs the probabilities,
+so with `values=True` (the paper) the method takes over every head of the layer (`call.take_over`). With
+`head_selection="all"` and no attention dropout its `attend` gets the call's mask with the other methods' score
+biases in it and runs both terms in one autograd Function (`relative_attention`: the key term gathered
 with the mask in one write, alpha kept, no other (B, H, T, S) tensor); otherwise the key term is a score bias in that
-mask and ``attend`` computes alpha, alpha @ V and the per-label sums of alpha times W^V.
+mask and `attend` computes alpha, alpha @ V and the per-label sums of alpha times W^V.
 
-``head_selection="redundant"``: the terms apply only to the heads RHE (Eq. 3, 9, 10;
-:func:`~...redundancy.redundant_heads_of`, shared with SEA) marks redundant in each sentence; it reads the forward
-input ``dependency_mask`` (B, S, S) bool.
-The key term goes to those sentence-heads through ``add_score_bias(heads=(B, H) selection)``; the value term is
+`head_selection="redundant"`: the terms apply only to the heads RHE (Eq. 3, 9, 10;
+`redundant_heads_of`, shared with SEA) marks redundant in each sentence; it reads the forward
+input `dependency_mask` (B, S, S) bool.
+The key term goes to those sentence-heads through `add_score_bias(heads=(B, H) selection)`; the value term is
 computed for every head and added where selected (one take-over of all heads, rather than a take-over per selection,
-which ``take_over``'s fixed head numbers cannot express): the unselected sentence-heads get plain attention.
+which `take_over`'s fixed head numbers cannot express): the unselected sentence-heads get plain attention.
 Refused on decoder layers (RHE needs the source's parse).
 
-Positions: the call's (:mod:`hf_headattn.positions`): without a cache the queries are the keys; with a key-value
+Positions: the call's (`hf_headattn.positions`): without a cache the queries are the keys; with a key-value
 cache in generation, dynamic or static (whose keys include slots not yet filled), the new queries sit after the cached
 positions; in an attention call made outside the model's forward with fewer queries than keys, each query's position
 is the last key its causal mask allows.
@@ -55,16 +55,16 @@ NAME = "rel_pos"
 
 @dataclass(frozen=True)
 class RelPosSettings(MethodSettings):
-    """Relative positions' settings (``config.rel_pos``).
+    """Relative positions' settings (`config.rel_pos`).
 
-    encoder_layers: encoder layers whose self-attention gets the terms: indices (negative count from the end), "all"
+    - `encoder_layers`: encoder layers whose self-attention gets the terms: indices (negative count from the end), "all"
     (the default) or None (none). decoder_layers: decoder layers likewise (default None: none; "all" as the paper).
-    max_relative_position: k, the clipping distance (>= 1; the paper's base model 16, its big model 8). values:
+    - `max_relative_position`: k, the clipping distance (>= 1; the paper's base model 16, its big model 8). values:
     whether Eq. 3's value term is added (the paper: True; False keeps only the key term, a score bias, and SDPA's
     fast path). head_selection: "all", or "redundant" (RHE's per-sentence selection, encoder layers only; needs the
-    input ``dependency_mask``). tables: "head" (a table per layer and per head, the paper's base model) or "layer"
-    (shared by a layer's heads, its big model); a saved config.json that has no ``tables`` and records no default
-    for it was written before it existed and reads "layer" (``METHOD.older_files_defaults``). absolute_positions:
+    input `dependency_mask`). tables: "head" (a table per layer and per head, the paper's base model) or "layer"
+    (shared by a layer's heads, its big model); a saved config.json that has no `tables` and records no default
+    for it was written before it existed and reads "layer" (`METHOD.older_files_defaults`). absolute_positions:
     False mutes the absolute position embeddings of the encoder and/or decoder the method is placed on (the paper's
     compared model has none).
     """
@@ -96,13 +96,13 @@ class RelPosSettings(MethodSettings):
 
 
 def layers(settings: RelPosSettings, config, side: str, name: str = NAME) -> list[int]:
-    """The layers of ``side`` ("encoder", "decoder") whose self-attention gets the terms, sorted: ``"all"``, the
+    """The layers of `side` ("encoder", "decoder") whose self-attention gets the terms, sorted: `"all"`, the
     indices given, or none (None)."""
     return layers_of(getattr(settings, f"{side}_layers"), getattr(config, f"{side}_layers"), f"{name}.{side}_layers")
 
 
 def older_spellings(values) -> tuple[dict, list]:
-    """``heads`` (a head mode, 0.3's development builds) as ``head_selection`` (``MethodSpec.older_spellings``)."""
+    """`heads` (a head mode, 0.3's development builds) as `head_selection` (`MethodSpec.older_spellings`)."""
     notes = []
     return renamed(values, "heads", "head_selection", notes=notes), notes
 
@@ -112,9 +112,9 @@ def placements(settings: RelPosSettings, config) -> list[tuple[str, int, str]]:
 
 
 class RelativePositions(AttentionMethod):
-    """The tables of one self-attention module: ``relative_keys`` w^K and, with ``values``, ``relative_values`` w^V,
-    each (H, 2k+1, d_head) with ``tables="head"`` (pruning drops the pruned heads' tables) or (2k+1, d_head) with
-    ``tables="layer"``, rows w_-k .. w_k, ~ N(0, init_std) (the paper does not give an initialisation)."""
+    """The tables of one self-attention module: `relative_keys` w^K and, with `values`, `relative_values` w^V,
+    each (H, 2k+1, d_head) with `tables="head"` (pruning drops the pruned heads' tables) or (2k+1, d_head) with
+    `tables="layer"`, rows w_-k .. w_k, ~ N(0, init_std) (the paper does not give an initialisation)."""
 
     def __init__(self, settings: RelPosSettings, head_dim: int, num_heads: int):
         super().__init__()
@@ -138,7 +138,7 @@ class RelativePositions(AttentionMethod):
             init_normal_(self.relative_values, std=std)
 
     def before(self, call: AttentionCall) -> None:
-        """The key term as a score bias on the chosen (sentence-)heads; with ``values``, every head taken over."""
+        """The key term as a score bias on the chosen (sentence-)heads; with `values`, every head taken over."""
         query = call.query
         labels = self.labels(call)  # (T, S) or (B, 1, T, S)
         selected = None
@@ -157,15 +157,15 @@ class RelativePositions(AttentionMethod):
 
     def labels(self, call: AttentionCall) -> torch.Tensor:
         """The relative labels clip(j - i, k) + k, from the call's positions (right under a dynamic or a static
-        cache: :attr:`~hf_headattn.attention_call.AttentionCall.relative_positions`): (T, S), or (B, 1, T, S) where
-        the query positions are per sentence."""
+        cache: [`relative_positions`][hf_headattn.attention_call.AttentionCall.relative_positions]): (T, S), or (B, 1,
+        T, S) where the query positions are per sentence."""
         labels = call.relative_positions.clamp(-self.k, self.k) + self.k  # (T, S) or (B, T, S)
         return labels if labels.dim() == 2 else labels[:, None]
 
     def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels, selected):
         """Eq. 3 on the heads taken over (all of them): alpha from the scores and the mask (the key term in it),
         as eager computes it (softmax in at least float32, dropout on alpha), then alpha @ V plus the value term
-        (only on the selected sentence-heads with ``head_selection="redundant"``)."""
+        (only on the selected sentence-heads with `head_selection="redundant"`)."""
         probs = _probabilities(query, key, scaling, attention_mask)  # (B, H, T, S)
         probs = nn.functional.dropout(probs, p=dropout, training=module.training)
         extra = value_term(probs, self.relative_values.to(query.dtype), labels)  # (B, H, T, D)
@@ -176,7 +176,7 @@ class RelativePositions(AttentionMethod):
 
 
     def attend_relative(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels):
-        """Eq. 3-4 on every head without attention dropout: :func:`~.equations.relative_attention` (the key term in
+        """Eq. 3-4 on every head without attention dropout: `relative_attention` (the key term in
         the scores' write with the mask, alpha saved, no other (B, H, T, S) tensor)."""
         output, weights = relative_attention(query, key, value, self.relative_keys.to(query.dtype),
                                              self.relative_values.to(query.dtype), labels, attention_mask, scaling)
@@ -184,9 +184,9 @@ class RelativePositions(AttentionMethod):
 
 
 def _probabilities(query, key, scaling, attention_mask):
-    """:func:`~hf_headattn.probabilities.attention_probabilities`, with a float mask of every head (the key term in
-    it: (B, H, T, S)) as one ``baddbmm``: mask + scaling q k^T written once (no separate product, scaling and sum,
-    and no scaling in the backward)."""
+    """[`attention_probabilities`][hf_headattn.probabilities.attention_probabilities], with a float mask of every head
+    (the key term in it: (B, H, T, S)) as one `baddbmm`: mask + scaling q k^T written once (no separate product, scaling
+    and sum, and no scaling in the backward)."""
     batch, heads, length, _ = query.shape
     if attention_mask is None or attention_mask.dtype == torch.bool or attention_mask.shape[:2] != (batch, heads):
         return attention_probabilities(query, key, scaling, attention_mask)
@@ -202,7 +202,7 @@ def build(settings: RelPosSettings, config, module) -> RelativePositions:
 
 
 def prepare_stack(settings: RelPosSettings, config, side: str, stack) -> None:
-    """``absolute_positions=False``: the stack's absolute position embeddings contribute nothing (kept, so that
+    """`absolute_positions=False`: the stack's absolute position embeddings contribute nothing (kept, so that
     checkpoints load as before)."""
     if not settings.absolute_positions:
         mute_position_embeddings(stack, f"{NAME}.absolute_positions=False")

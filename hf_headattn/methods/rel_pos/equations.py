@@ -2,11 +2,11 @@
 tensor.
 
 §3.2: a^K_ij = w^K_{clip(j - i, k)}, a^V_ij = w^V_{clip(j - i, k)}, clip(x, k) = max(-k, min(k, x)), the tables
-w^K, w^V of shape (2k+1, d_head), or (H, 2k+1, d_head) with a table per head (row ``clip(j - i) + k``, the
+w^K, w^V of shape (2k+1, d_head), or (H, 2k+1, d_head) with a table per head (row `clip(j - i) + k`, the
 *label*). Eq. 4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d), split as Eq. 5 does
 = q_i k_j^T / sqrt(d) + q_i . w^K_{label_ij} / sqrt(d): the second term is q @ W^K^T (B, H, T, 2k+1), gathered by the
-labels (:func:`key_term`). Eq. 3: z_i = sum_j alpha_ij (v_j + a^V_ij) = (alpha @ V)_i + sum_l (sum_{j: label_ij = l}
-alpha_ij) w^V_l: the per-label sums of alpha (a scatter-add into (B, H, T, 2k+1)) times W^V (:func:`value_term`).
+labels (`key_term`). Eq. 3: z_i = sum_j alpha_ij (v_j + a^V_ij) = (alpha @ V)_i + sum_l (sum_{j: label_ij = l}
+alpha_ij) w^V_l: the per-label sums of alpha (a scatter-add into (B, H, T, 2k+1)) times W^V (`value_term`).
 
 Shapes: B batch, H heads, T queries, S keys, D head dim, L = 2k+1 labels.
 """
@@ -29,24 +29,27 @@ def relative_labels(query_length: int, key_length: int, k: int, device=None) -> 
 
 
 def labels_at(positions: torch.Tensor, key_length: int, k: int) -> torch.Tensor:
-    """clip(j - i, k) + k for queries at ``positions`` (B, 1, T): LongTensor (B, 1, T, S)."""
+    """clip(j - i, k) + k for queries at `positions` (B, 1, T): LongTensor (B, 1, T, S)."""
     keys = torch.arange(key_length, device=positions.device)
     return (keys - positions[..., None]).clamp(-k, k) + k
 
 
 def key_term(query: torch.Tensor, table: torch.Tensor, labels: torch.Tensor, scaling: float = 1.0) -> torch.Tensor:
-    """q_i . w^K_{label_ij} for every (query, key) pair (Eq. 4's second term), times ``scaling`` (1 / sqrt(d)),
+    """q_i . w^K_{label_ij} for every (query, key) pair (Eq. 4's second term), times `scaling` (1 / sqrt(d)),
     applied to the (B, H, T, L) table before the gather: no (B, H, T, S) operator besides the gather itself.
 
     Parameters
     ----------
     query : (B, H, T, D)
-    table : (L, D), w^K (rows w_-k .. w_k), or (H, L, D): one table per head
-    labels : LongTensor (T, S) (:func:`relative_labels`) or (B, 1, T, S) (:func:`labels_at`)
+    table
+        (L, D), w^K (rows w_-k .. w_k), or (H, L, D): one table per head
+    labels
+        LongTensor (T, S) (`relative_labels`) or (B, 1, T, S) (`labels_at`)
 
     Returns
     -------
-    (B, H, T, S): q @ W^K^T (B, H, T, L) gathered along its last dimension by the labels.
+    :
+        (B, H, T, S): q @ W^K^T (B, H, T, L) gathered along its last dimension by the labels.
     """
     per_label = torch.matmul(query, table.transpose(-1, -2))  # (B, H, T, L)
     if scaling != 1.0:
@@ -67,8 +70,10 @@ def value_term(probs: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -
 
     Parameters
     ----------
-    probs : (B, H, T, S), the attention weights alpha
-    table : (L, D), w^V, or (H, L, D): one table per head
+    probs
+        (B, H, T, S), the attention weights alpha
+    table
+        (L, D), w^V, or (H, L, D): one table per head
     labels : LongTensor (T, S) or (B, 1, T, S)
 
     Returns
@@ -81,30 +86,32 @@ def value_term(probs: torch.Tensor, table: torch.Tensor, labels: torch.Tensor) -
 def relative_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_table: torch.Tensor,
                        value_table: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None,
                        scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 3-4 in one autograd Function (:class:`RelativeAttention`): alpha = softmax((q k^T + key term) * scaling +
+    """Eq. 3-4 in one autograd Function (`RelativeAttention`): alpha = softmax((q k^T + key term) * scaling +
     mask), z = alpha @ V + the value term, the key term gathered from q @ W^K^T (B, H, T, L) in the same write as the
     mask, and no other (B, H, T, S) tensor than the scores and alpha forward, dP and dS backward (alpha saved).
 
     Parameters
     ----------
-    query : (B, H, T, D); key, value : (B, H, S, D)
+    query
+        (B, H, T, D); key, value : (B, H, S, D)
     key_table, value_table : (L, D) or (H, L, D), w^K and w^V
     labels : LongTensor (T, S) or (B, 1, T, S)
-    mask : None, bool (True = attend) or additive float (``finfo.min`` where masked; with a gradient where another
+    mask : None, bool (True = attend) or additive float (`finfo.min` where masked; with a gradient where another
         method's bias is in it), broadcastable to (B, H, T, S)
 
     Returns
     -------
-    output (B, H, T, D), alpha (B, H, T, S) (the weights; differentiable too)
+    :
+        output (B, H, T, D), alpha (B, H, T, S) (the weights; differentiable too)
     """
     return RelativeAttention.apply(query, key, value, key_table, value_table, labels, mask, scaling)
 
 
 class RelativeAttention(torch.autograd.Function):
-    """:func:`relative_attention`. Forward: q @ W^K^T * scaling per label, gathered with the mask in one write (a bool
-    mask as an extra label of ``finfo.min``), the scores by one ``baddbmm``, alpha, the per-label sums of alpha (a
+    """`relative_attention`. Forward: q @ W^K^T * scaling per label, gathered with the mask in one write (a bool
+    mask as an extra label of `finfo.min`), the scores by one `baddbmm`, alpha, the per-label sums of alpha (a
     scatter-add) and the output. Backward: dP = dO V^T + (dO W^V^T) gathered by the labels (one gather, one
-    ``baddbmm``), dS = softmax's backward; the key term's gradient the per-label sums of dS (none on a row that allows
+    `baddbmm`), dS = softmax's backward; the key term's gradient the per-label sums of dS (none on a row that allows
     no key, as where the mask is applied after the bias), then dq, dk, dv, dW^K and dW^V as products."""
 
     @staticmethod
@@ -182,12 +189,12 @@ def _table_gradient(per_label: torch.Tensor, rows: torch.Tensor, table: torch.Te
 
 
 def _allows_a_key(mask: torch.Tensor) -> torch.Tensor:
-    """(B, 1 or H, T, 1) bool: whether each query row allows a key by ``mask`` (bool, or additive float)."""
+    """(B, 1 or H, T, 1) bool: whether each query row allows a key by `mask` (bool, or additive float)."""
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
     return allowed.any(-1, keepdim=True)
 
 
 def _reduced(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """``grad`` summed over the dimensions ``shape`` broadcasts."""
+    """`grad` summed over the dimensions `shape` broadcasts."""
     dims = tuple(i for i, (size, full) in enumerate(zip(shape, grad.shape)) if size == 1 and full != 1)
     return (grad.sum(dims, keepdim=True) if dims else grad).reshape(shape)

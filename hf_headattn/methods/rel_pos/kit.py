@@ -1,23 +1,23 @@
 """Relative positions' kit (Shaw et al. 2018; with RHE, Zhang et al. 2021): recipe names and the presets of RHE's
 Table 1 (Rel_Pos) and Table 2 (Rel_Pos + RHE).
 
-With ``head_selection="redundant"`` it reads RHE's ``dependency_mask`` (Eq. 5), made from the sources' dependency
-parses by the shared input provider (:mod:`hf_headattn.syntax_inputs`: ``--spacy_model``, ``--syntax_parses_dir``):
-``inputs_from`` names it, so the recipes and ``translate`` run its hooks for ``--method
-rel_pos_rhe`` as they do for ``dea_rhe``."""
+With `head_selection="redundant"` it reads RHE's `dependency_mask` (Eq. 5), made from the sources' dependency
+parses by the shared input provider (`hf_headattn.syntax_inputs`: `--spacy_model`, `--syntax_parses_dir`):
+`inputs_from` names it, so the recipes and `translate` run its hooks for `--method
+rel_pos_rhe` as they do for `dea_rhe`."""
 
 from __future__ import annotations
 
 from hf_headattn.methods.rel_pos.core import NAME, RelPosSettings
 from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset, syntax_for_redundant_heads
 
-#: Shaw et al.'s base model (§4.1): k = 16, a table per layer and per head, key and value terms, on every
-#: self-attention of the encoder and the decoder, without absolute position encodings (§4.2). (Their Table 2 varies
-#: k and finds BLEU insensitive to it from k >= 2.)
 SHAW = {"max_relative_position": 16, "tables": "head", "encoder_layers": "all", "decoder_layers": "all",
         "absolute_positions": False}
-#: Their big model's reading (§4.1): k = 8, one table per layer shared by its heads.
+"""Shaw et al.'s base model (§4.1): k = 16, a table per layer and per head, key and value terms, on every
+self-attention of the encoder and the decoder, without absolute position encodings (§4.2). (Their Table 2 varies
+k and finds BLEU insensitive to it from k >= 2.)"""
 SHAW_BIG = {**SHAW, "max_relative_position": 8, "tables": "layer"}
+"""Their big model's reading (§4.1): k = 8, one table per layer shared by its heads."""
 
 KIT = MethodKit(
     NAME,

@@ -11,8 +11,8 @@ from hf_headattn.methods.sea.core import METHOD
 from hf_headattn.plugin import method_inputs, pyplot, save_figure
 from hf_headattn.plugin import readout as spec_readout
 
-#: RHE's read-out: the forward flag that asks for the redundant-head labels, and the output field that holds them.
 FLAG, FIELD = spec_readout(METHOD)
+"""RHE's read-out: the forward flag that asks for the redundant-head labels, and the output field that holds them."""
 
 
 def count_redundant_heads(readouts: Iterable[Mapping[str, torch.Tensor]]) -> dict:
@@ -20,12 +20,14 @@ def count_redundant_heads(readouts: Iterable[Mapping[str, torch.Tensor]]) -> dic
 
     Parameters
     ----------
-    readouts : iterable of ``{module name: (batch, heads) bool}``, the ``redundant_heads`` output field.
+    readouts
+        iterable of `{module name: (batch, heads) bool}`, the `redundant_heads` output field.
 
     Returns
     -------
-    ``{"sentences": N, "modules": {name: {"redundant_count": [per head], "redundant_frequency": [per head],
-    "mean_redundant_heads": float}}}``; a frequency is the share of sentences in which the head is redundant.
+    :
+        `{"sentences": N, "modules": {name: {"redundant_count": [per head], "redundant_frequency": [per head],
+        "mean_redundant_heads": float}}}`; a frequency is the share of sentences in which the head is redundant.
     """
     counts: dict[str, torch.Tensor] = {}
     sentences = 0
@@ -52,21 +54,25 @@ def count_redundant_heads(readouts: Iterable[Mapping[str, torch.Tensor]]) -> dic
 
 @torch.no_grad()
 def redundancy_report(model, batches: Iterable[dict], plot_path: str | Path | None = None) -> dict:
-    """Run ``model`` over ``batches`` and report how often each head of its SEA layers is redundant (Eq. 10).
+    """Run `model` over `batches` and report how often each head of its SEA layers is redundant (Eq. 10).
 
-    Only the encoder matters, so the decoder gets one start token per sentence (``labels`` and
-    ``decoder_*`` entries of the batches are ignored). The model is in eval mode meanwhile (no dropout).
+    Only the encoder matters, so the decoder gets one start token per sentence (`labels` and
+    `decoder_*` entries of the batches are ignored). The model is in eval mode meanwhile (no dropout).
 
     Parameters
     ----------
-    model : a HeadAttn model with SEA/RHE on (``config.sea``).
-    batches : dicts with ``input_ids``, ``attention_mask``, ``dependency_mask`` (and ``phrase_positions`` for
-        LPEA), e.g. a ``DataLoader`` with :class:`~.syntax.DataCollatorForSyntaxSeq2Seq`.
-    plot_path : optional PNG path for :func:`plot_redundancy`.
+    model
+        a HeadAttn model with SEA/RHE on (`config.sea`).
+    batches : dicts with `input_ids`, `attention_mask`, `dependency_mask` (and `phrase_positions` for
+        LPEA), e.g. a `DataLoader` with `DataCollatorForSyntaxSeq2Seq`.
+    plot_path
+        optional PNG path for [`plot_redundancy`][hf_headattn.methods.sea.analysis.plot_redundancy].
 
     Returns
     -------
-    dict, see :func:`count_redundant_heads`, plus the SEA settings under ``"settings"``.
+    :
+        dict, see [`count_redundant_heads`][hf_headattn.methods.sea.analysis.count_redundant_heads], plus the SEA
+        settings under `"settings"`.
     """
     was_training = model.training
     model.eval()

@@ -1,20 +1,20 @@
 """SEA + RHE: syntax-enhanced attention on redundant heads (Zhang et al. 2021, §3.0.2, §4, Eq. 3-10).
 
-Variants (Tables 1-2), on the encoder self-attention of ``sea["encoder_layers"]`` (default the first layer, Appendix
+Variants (Tables 1-2), on the encoder self-attention of `sea["encoder_layers"]` (default the first layer, Appendix
 A.2):
 
-* ``sea={"type": "dea" | "lpea", "head_selection": "all"}``: +DEA (Eq. 4-5) / +LPEA (Eq. 6-8) on every head;
-* ``"head_selection": "redundant"`` (default): +DEA+RHE / +LPEA+RHE, only on the heads Eq. 10 finds redundant, per
+* `sea={"type": "dea" | "lpea", "head_selection": "all"}`: +DEA (Eq. 4-5) / +LPEA (Eq. 6-8) on every head;
+* `"head_selection": "redundant"` (default): +DEA+RHE / +LPEA+RHE, only on the heads Eq. 10 finds redundant, per
   sentence;
-* ``sea={"type": None, "prune": True}``: RHE pruning, the redundant heads' outputs are zeroed.
+* `sea={"type": None, "prune": True}`: RHE pruning, the redundant heads' outputs are zeroed.
 
-Inputs (named forward arguments, from ``DataCollatorForSyntaxSeq2Seq`` of SEA's kit,
-:mod:`hf_headattn.syntax_inputs`; only the SEA module reads them, so the decoder and cross-attention
-ignore them; ``generate()`` passes them to the encoder and expands them for beams): ``dependency_mask`` (B, S, S) bool,
-needed by DEA and by every RHE variant (Eq. 9 reads it, LPEA+RHE included); ``phrase_positions`` (B, S, S) integer,
-needed by LPEA. Label rule: a value is either ``NOT_IN_PHRASE`` (outside the local phrase) or a relative phrasal
+Inputs (named forward arguments, from `DataCollatorForSyntaxSeq2Seq` of SEA's kit,
+`hf_headattn.syntax_inputs`; only the SEA module reads them, so the decoder and cross-attention
+ignore them; `generate()` passes them to the encoder and expands them for beams): `dependency_mask` (B, S, S) bool,
+needed by DEA and by every RHE variant (Eq. 9 reads it, LPEA+RHE included); `phrase_positions` (B, S, S) integer,
+needed by LPEA. Label rule: a value is either `NOT_IN_PHRASE` (outside the local phrase) or a relative phrasal
 position with |RP| < |NOT_IN_PHRASE|, clipped to [-k, k] (Eq. 7); anything else raises. The math is in
-:mod:`hf_headattn.methods.sea.equations`.
+`hf_headattn.methods.sea.equations`.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ CHECKED = "sea_inputs_checked"  # context record: the inputs of this forward wer
 
 @dataclass(frozen=True)
 class SEASettings(MethodSettings):
-    """SEA + RHE's settings (``config.sea``).
+    """SEA + RHE's settings (`config.sea`).
 
-    type: None (RHE pruning only), "dea" or "lpea". head_selection: "all" or "redundant" (RHE). encoder_layers: the
-    encoder layers ("all", layer numbers, None: none; default ``[0]``, the first, Appendix A.2). prune: drop the
+    - `type`: None (RHE pruning only), "dea" or "lpea". head_selection: "all" or "redundant" (RHE). encoder_layers: the
+    encoder layers ("all", layer numbers, None: none; default `[0]`, the first, Appendix A.2). prune: drop the
     redundant heads' outputs instead (RHE pruning, needs type None).
-    max_relative_position: k of Eq. 7. rule2: Rule 2 of the relative phrasal positions, "symmetric" (our reading) or
-    "literal" (as written, j < i); the syntax pipeline builds ``phrase_positions`` with it.
+    - `max_relative_position`: k of Eq. 7. rule2: Rule 2 of the relative phrasal positions, "symmetric" (our reading) or
+    "literal" (as written, j < i); the syntax pipeline builds `phrase_positions` with it.
     """
 
     type: Literal["dea", "lpea"] | None = None
@@ -80,13 +80,13 @@ class SEASettings(MethodSettings):
 
 
 def layers(settings: SEASettings, config, name: str = NAME) -> list[int]:
-    """The enhanced encoder layers: ``settings.encoder_layers``, by default the first (Appendix A.2)."""
+    """The enhanced encoder layers: `settings.encoder_layers`, by default the first (Appendix A.2)."""
     return layers_of(settings.encoder_layers, config.encoder_layers, f"{name}.encoder_layers")
 
 
 def older_spellings(values) -> tuple[dict, list]:
-    """Release 0.2's ``layers`` (None: the first layer) and ``heads`` (a head mode) as ``encoder_layers`` and
-    ``head_selection`` (``MethodSpec.older_spellings``)."""
+    """Release 0.2's `layers` (None: the first layer) and `heads` (a head mode) as `encoder_layers` and
+    `head_selection` (`MethodSpec.older_spellings`)."""
     notes = []
     values = renamed(values, "layers", "encoder_layers", lambda value: [0] if value is None else value, notes)
     return renamed(values, "heads", "head_selection", notes=notes), notes
@@ -111,10 +111,10 @@ _HOW = ("build batches with hf_headattn.syntax_inputs.DataCollatorForSyntaxSeq2S
 
 
 def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ...]:
-    """The forward arguments SEA needs with these settings (``readout``: ``output_redundant_heads=True``).
+    """The forward arguments SEA needs with these settings (`readout`: `output_redundant_heads=True`).
 
-    RHE's Eq. 9 reads the dependency mask, so every RHE variant (``sea["head_selection"] = "redundant"``,
-    ``sea["prune"]``, the read-out) needs ``dependency_mask``, LPEA+RHE included; LPEA needs ``phrase_positions``.
+    RHE's Eq. 9 reads the dependency mask, so every RHE variant (`sea["head_selection"] = "redundant"`,
+    `sea["prune"]`, the read-out) needs `dependency_mask`, LPEA+RHE included; LPEA needs `phrase_positions`.
     """
     needed = []
     if settings.type == "dea" or settings.prune or settings.head_selection == "redundant" or readout:
@@ -124,33 +124,33 @@ def needed_inputs(settings: SEASettings, readout: bool = False) -> tuple[str, ..
     return tuple(needed)
 
 
-#: ``torch.bucketize(phrase_positions, VALID_BOUNDS, right=True)`` is odd exactly at the valid values: 1 from
-#: NOT_IN_PHRASE to IGNORE_INDEX - 1, 3 from IGNORE_INDEX + 1 to -NOT_IN_PHRASE - 1; 0, 2 (IGNORE_INDEX) and 4 are
-#: invalid.
 VALID_BOUNDS = (NOT_IN_PHRASE, IGNORE_INDEX, IGNORE_INDEX + 1, -NOT_IN_PHRASE)
+"""`torch.bucketize(phrase_positions, VALID_BOUNDS, right=True)` is odd exactly at the valid values: 1 from
+NOT_IN_PHRASE to IGNORE_INDEX - 1, 3 from IGNORE_INDEX + 1 to -NOT_IN_PHRASE - 1; 0, 2 (IGNORE_INDEX) and 4 are
+invalid."""
 
 
 def valid_phrase_positions(tensor: torch.Tensor) -> torch.Tensor:
-    """Nonzero where a ``phrase_positions`` value is valid (NOT_IN_PHRASE, or |RP| < |NOT_IN_PHRASE| but not
-    IGNORE_INDEX): eagerly the odd buckets of ``VALID_BOUNDS`` (2 operators over (B, S, S), for 5 comparisons), compiled
-    the comparisons, which Inductor fuses into one kernel (``bucketize`` is a library call there on the CPU)."""
+    """Nonzero where a `phrase_positions` value is valid (NOT_IN_PHRASE, or |RP| < |NOT_IN_PHRASE| but not
+    IGNORE_INDEX): eagerly the odd buckets of `VALID_BOUNDS` (2 operators over (B, S, S), for 5 comparisons), compiled
+    the comparisons, which Inductor fuses into one kernel (`bucketize` is a library call there on the CPU)."""
     if torch.compiler.is_compiling():
         return (tensor >= NOT_IN_PHRASE) & (tensor <= -NOT_IN_PHRASE - 1) & (tensor != IGNORE_INDEX)
     return torch.bucketize(tensor, constant(VALID_BOUNDS, torch.long, tensor.device), right=True).bitwise_and(1)
 
 
 def _checks_on_host(tensor: torch.Tensor) -> bool:
-    """Whether a value check may read ``tensor`` on the host: on the CPU (free there), not when compiled."""
+    """Whether a value check may read `tensor` on the host: on the CPU (free there), not when compiled."""
     return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
-    """Raise ``ValueError`` unless ``tensor`` is a valid ``dependency_mask``/``phrase_positions`` for this call.
+    """Raise `ValueError` unless `tensor` is a valid `dependency_mask`/`phrase_positions` for this call.
 
-    Expected: shape (batch, src_len, src_len) of the batch being encoded, on the query's device; ``dependency_mask``
-    torch.bool; ``phrase_positions`` an integer dtype whose values are ``NOT_IN_PHRASE`` or relative positions with
-    ``|RP| < |NOT_IN_PHRASE|`` (clipped to [-k, k] by Eq. 7). Any other value (e.g. -10001, 10000) is a mix-up of
-    sentinels, not a phrase position, and raises; so does -100, the label padding value (``IGNORE_INDEX``), which
+    Expected: shape (batch, src_len, src_len) of the batch being encoded, on the query's device; `dependency_mask`
+    torch.bool; `phrase_positions` an integer dtype whose values are `NOT_IN_PHRASE` or relative positions with
+    `|RP| < |NOT_IN_PHRASE|` (clipped to [-k, k] by Eq. 7). Any other value (e.g. -10001, 10000) is a mix-up of
+    sentinels, not a phrase position, and raises; so does -100, the label padding value (`IGNORE_INDEX`), which
     would otherwise be clipped to -k silently (a layer difference of 100 needs a phrase tree over 100 levels deep). On
     an accelerator, or compiled, the value checks are device-side assertions, so that no check ever synchronises the
     host with the device.
@@ -193,24 +193,24 @@ def check_input(name: str, tensor, query: torch.Tensor, k: int) -> None:
 class SEA(AttentionMethod):
     """SEA (DEA Eq. 4-5 or LPEA Eq. 6-8) on all heads or, with RHE (Eq. 3, 9, 10), on the redundant heads only.
 
-    ``before`` identifies the redundant heads from the layer's plain attention probabilities (softmax of q k^T *
+    `before` identifies the redundant heads from the layer's plain attention probabilities (softmax of q k^T *
     scaling with the padding mask, no attention dropout; computed only when needed) and adds the SEA mask (Eq. 5's
     hard mask, LPEA's bias P) to the scores of the selected heads, per sentence and head
-    (``call.add_score_bias``: the shared layer makes it the backend's mask, or flex's ``score_mod``); ``after`` zeroes
+    (`call.add_score_bias`: the shared layer makes it the backend's mask, or flex's `score_mod`); `after` zeroes
     the redundant heads' outputs for RHE pruning.
 
-    What gets gradients: the RHE statistics are computed under ``no_grad`` and Eq. 10 is a hard decision, so the
+    What gets gradients: the RHE statistics are computed under `no_grad` and Eq. 10 is a hard decision, so the
     selection gets none (no straight-through estimator; the paper gives none). Gradients flow as in any attention
-    through the SEA-modified attention of the selected heads (q, k, v) and, for LPEA, into the ``lpea_*`` parameters
+    through the SEA-modified attention of the selected heads (q, k, v) and, for LPEA, into the `lpea_*` parameters
     through the bias (the backends differentiate the float mask). Pruned heads get no gradient from this layer's
     output.
 
-    LPEA parameters (``d_h`` the head dimension, shared by the heads of the layer): ``lpea_embeddings`` w_-k..w_k
-    (2k+1, d_h) ~ N(0, 1) like ``nn.Embedding``; ``lpea_weight`` W_P (d_h, d_h) ~ N(0, std); ``lpea_bias`` b_P = 0;
-    ``lpea_projection`` U_P (d_h,) ~ N(0, std).
+    LPEA parameters (`d_h` the head dimension, shared by the heads of the layer): `lpea_embeddings` w_-k..w_k
+    (2k+1, d_h) ~ N(0, 1) like `nn.Embedding`; `lpea_weight` W_P (d_h, d_h) ~ N(0, std); `lpea_bias` b_P = 0;
+    `lpea_projection` U_P (d_h,) ~ N(0, std).
 
-    On flex attention the SEA mask is a ``score_mod`` over the sentence's positions and its selected heads
-    (:func:`~.scores.biased_score_mod`), the padding staying in transformers' block mask: no (B, H, T, S) tensor.
+    On flex attention the SEA mask is a `score_mod` over the sentence's positions and its selected heads
+    (`biased_score_mod`), the padding staying in transformers' block mask: no (B, H, T, S) tensor.
     """
 
     def __init__(self, settings: SEASettings, head_dim: int):
@@ -237,10 +237,10 @@ class SEA(AttentionMethod):
             return lpea_label_bias(self.lpea_embeddings, self.lpea_weight, self.lpea_bias, self.lpea_projection)
 
     def before(self, call: AttentionCall) -> None:
-        """Check the inputs, find the redundant heads when needed (kept in ``call.state`` for ``after``
-        and recorded for ``output_redundant_heads``), and add the SEA mask to the selected heads' scores: Eq. 5's
+        """Check the inputs, find the redundant heads when needed (kept in `call.state` for `after`
+        and recorded for `output_redundant_heads`), and add the SEA mask to the selected heads' scores: Eq. 5's
         allowed pairs (DEA), with LPEA's bias P (Eq. 6). A row whose allowed keys are all padding keeps the padding
-        mask alone (the shared layer's rule, :mod:`hf_headattn.scores`)."""
+        mask alone (the shared layer's rule, `hf_headattn.scores`)."""
         readout = call.context is not None and "output_redundant_heads" in call.context.flags
         inputs = {name: call.kwargs.get(name) for name in needed_inputs(self.settings, readout)}
         context = call.context
@@ -276,7 +276,7 @@ def build(settings: SEASettings, config, module) -> SEA:
 
 
 def collect(context, settings: SEASettings) -> tuple[dict, None]:
-    """``redundant_heads``: {module name: (batch, heads) bool} when asked for; SEA adds no objective term."""
+    """`redundant_heads`: {module name: (batch, heads) bool} when asked for; SEA adds no objective term."""
     if "output_redundant_heads" not in context.flags or not context.recorded("redundant_heads"):
         return {}, None
     return {"redundant_heads": dict(context.recorded("redundant_heads"))}, None

@@ -1,6 +1,6 @@
-"""SEA + RHE's kit (Zhang et al. 2021): recipe names, Appendix A's preset, the ``rhe`` head-importance criterion; its
-inputs come from the shared syntax input provider (:mod:`hf_headattn.syntax_inputs`: recipe flags, features,
-collation, inference), which ``inputs_from`` names; :mod:`.analysis` counts redundant heads."""
+"""SEA + RHE's kit (Zhang et al. 2021): recipe names, Appendix A's preset, the `rhe` head-importance criterion; its
+inputs come from the shared syntax input provider (`hf_headattn.syntax_inputs`: recipe flags, features,
+collation, inference), which `inputs_from` names; `analysis` counts redundant heads."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hf_headattn.plugin import TRANSFORMER_BASE, MethodKit, Preset, needs_syntax
 
 
 def importance_sums(redundant: dict) -> dict[str, tuple[torch.Tensor, int]]:
-    """The ``rhe`` head-importance criterion: per module, the number of sentences in which RHE (Eq. 10) does *not*
-    mark the head redundant, and the number of sentences, from the ``redundant_heads`` read-out."""
+    """The `rhe` head-importance criterion: per module, the number of sentences in which RHE (Eq. 10) does *not*
+    mark the head redundant, and the number of sentences, from the `redundant_heads` read-out."""
     return {name: ((~heads).sum(0), heads.shape[0]) for name, heads in redundant.items()}
 
 
