@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
+# --no-compile: pip leaves the .pyc files to the first import (it compiled all of transformers' 400 model folders and
+# torch's tests: 38 of the 88 s an environment took here); Python writes them for the modules a run imports.
+PIP_INSTALL := -m pip install -q --disable-pip-version-check --no-compile
 # torch first and pinned: 2.13.0 is the CPU build available offline here; users may install newer versions.
 TORCH ?= torch==2.13.0
 # The lowest transformers release we support (pyproject.toml's lower bound): the lowest of the releases whose HF model
@@ -28,21 +30,21 @@ PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 
 $(VENV)/.installed: pyproject.toml tests/hf_common/v$(subst .,_,$(HF_COMMON_LOWEST))/VERSION
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --disable-pip-version-check $(TORCH)
-	$(PIP) install -q --disable-pip-version-check -e ".[dev,parsers,search]" "$(TRANSFORMERS)" \
+	$(PY) $(PIP_INSTALL) $(TORCH)
+	$(PY) $(PIP_INSTALL) -e ".[dev,parsers,search]" "$(TRANSFORMERS)" \
 		"$(SPACY_PIPELINE)"
 	touch $@
 
 $(NEWEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(NEWEST_VENV)
-	$(NEWEST_PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -e ".[dev,parsers,search]" "$(SPACY_PIPELINE)"
+	$(NEWEST_PY) $(PIP_INSTALL) $(TORCH)
+	$(NEWEST_PY) $(PIP_INSTALL) -e ".[dev,parsers,search]" "$(SPACY_PIPELINE)"
 	touch $@
 
 env: $(VENV)/.installed
 
 env-newest: $(NEWEST_VENV)/.installed
-	$(NEWEST_PY) -m pip install -q --disable-pip-version-check -U "$(TRANSFORMERS_NEWEST)"
+	$(NEWEST_PY) $(PIP_INSTALL) -U "$(TRANSFORMERS_NEWEST)"
 
 # ruff (pyproject.toml's [tool.ruff]): the package, research, benchmarks and tests
 lint: env
@@ -67,7 +69,7 @@ test-newest: env-newest
 # The API reference (mkdocs.yml, docs/api/) built into site/ with warnings as errors; the docs extra joins $(VENV).
 # (NO_MKDOCS_2_WARNING: mkdocs-material's banner about MkDocs 2.0, printed on every build.)
 $(VENV)/.docs-installed: $(VENV)/.installed
-	$(PIP) install -q --disable-pip-version-check -e ".[docs]"
+	$(PY) $(PIP_INSTALL) -e ".[docs]"
 	touch $@
 
 docs: $(VENV)/.docs-installed

@@ -115,9 +115,10 @@ def varying_length_steps(settings: dict, autocast: bool = False, dtype: torch.dt
         torch._dynamo.reset()
 
 
-# on the newest transformers release, "all" (every method in one model) checks it; each method alone on the lowest
-@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name == "all" else pytest.mark.lowest_only)
-                                  for name in sorted(SETTINGS)])
+# "all" (every method in one model: a method that compiled again would show there) on both ends; EaDRA alone (its
+# passes fused by the lengths, which "all" also changes) and stock on the lowest
+@pytest.mark.parametrize("name", ["all", pytest.param("eadra", marks=pytest.mark.lowest_only),
+                                  pytest.param("off", marks=pytest.mark.lowest_only)])
 def test_batches_of_varying_lengths_compile_once_more_at_most(name):
     """Real batches vary in both lengths: the second batch compiles the model again, with dynamic lengths, and no
     later batch compiles anything, whatever its lengths; each step equals eager's. EaDRA chose its fused passes from
@@ -129,6 +130,7 @@ def test_batches_of_varying_lengths_compile_once_more_at_most(name):
     assert_equal_steps(results)
 
 
+@pytest.mark.lowest_only  # this package's and torch's code alone (tests/conftest.py's LOWEST_ONLY)
 def test_the_loss_without_logits_under_autocast_compiles_once_more_at_most():
     """bf16 autocast takes our chunked loss (``losses.chunked_linear_smoothed_nll``): a custom operator, as torch's
     is; as an ``autograd.Function`` its loop over the chunks compiled again at every new length (a graph per
@@ -141,7 +143,7 @@ def test_the_loss_without_logits_under_autocast_compiles_once_more_at_most():
 
 
 
-@pytest.mark.parametrize("loss_without_logits", [False, True])
+@pytest.mark.parametrize("loss_without_logits", [False, pytest.param(True, marks=pytest.mark.lowest_only)])
 def test_a_model_cast_to_bf16_compiles_once_more_at_most(loss_without_logits, monkeypatch):
     """A model cast to bf16 (``overhead.py --precision bf16``, not autocast) has bf16 logits, whose loss is our
     chunked one (``losses.chunked_smoothed_nll``, in training with ``loss_without_logits`` off and in evaluation with
@@ -155,6 +157,8 @@ def test_a_model_cast_to_bf16_compiles_once_more_at_most(loss_without_logits, mo
     assert graphs[1] <= graphs[0] + 1 and graphs[-1] == graphs[1], graphs
     assert_equal_steps(results)
 
+
+@pytest.mark.lowest_only  # torch's flex kernels / compiler: tests/conftest.py's LOWEST_ONLY
 def test_the_cuda_only_branches_compile_in_one_graph(monkeypatch):
     """The branches a model takes only on CUDA, taken on the CPU: EaDRA's "auto" pass, which compiles itself on CUDA
     (:mod:`~.eadra.compiled`, chosen by :mod:`~.eadra.passes`), and so looks for Triton
@@ -183,6 +187,7 @@ def saved_bytes(run, model, inputs) -> int:
     return saved.bytes
 
 
+@pytest.mark.lowest_only  # this package's and torch's code alone (tests/conftest.py's LOWEST_ONLY)
 def test_a_compiled_model_recomputes_eadras_maps_in_the_backward():
     """EaDRA keeps no (queries x keys) map for the backward (it recomputes them from the heads), compiled as eagerly.
     A compiled graph holds forward and backward together and Inductor's partitioner (``aot_eager_decomp_partition``

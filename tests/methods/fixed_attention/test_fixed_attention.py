@@ -317,6 +317,7 @@ def test_settings_errors():
 
 
 @pytest.mark.slow
+@pytest.mark.lowest_only  # torch's flex kernels / compiler: tests/conftest.py's LOWEST_ONLY
 def test_flex_attention_equals_sdpa():
     """Flex attention (a forward: the CPU has no flex backward, and torch 2.13's CPU flex fails in beam search even on
     the modules without a method) takes the fixed heads over as SDPA does, their real keys from the context: SDPA's
