@@ -23,7 +23,11 @@ TRANSFORMERS_NEWEST ?= $(shell sed -n 's/^ *"\(transformers[^"]*\)",$$/\1/p' pyp
 # more CPU time with two), and two threads a process on busy cores wait for each other (a 0.3 s test took 30 s);
 # Inductor's C++ compiles run in the worker, not in a pool of processes of their own.
 WORKERS ?= 2
-TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
+# PYTHONDONTWRITEBYTECODE cleared for the tests and the demo: the first import writes the .pyc files pip left out
+# (--no-compile), which every process would otherwise compile again (15 s of CPU to import torch and transformers,
+# 6 s with them).
+WRITE_PYC := PYTHONDONTWRITEBYTECODE=
+TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 $(WRITE_PYC)
 PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 
 .PHONY: env env-newest lint test test-fast test-lowest test-newest docs demo demo-quick bench hf-common clean
@@ -77,11 +81,11 @@ docs: $(VENV)/.docs-installed
 
 # ARGS: more flags, e.g. `make demo ARGS=--overwrite_output_dir` to replace an earlier demo's results.
 demo: env
-	PYTHONUNBUFFERED=1 $(PY) -m hf_headattn demo $(ARGS)
+	$(WRITE_PYC) PYTHONUNBUFFERED=1 $(PY) -m hf_headattn demo $(ARGS)
 
 # The same three models with a smoke-run schedule (about 8 minutes on two cores: 474 s measured, #64).
 demo-quick: env
-	PYTHONUNBUFFERED=1 $(PY) -m hf_headattn demo --quick $(ARGS)
+	$(WRITE_PYC) PYTHONUNBUFFERED=1 $(PY) -m hf_headattn demo --quick $(ARGS)
 
 bench: env
 	$(PY) benchmarks/overhead.py --shape tiny --rows off --naive --out outputs/overhead-tiny.json

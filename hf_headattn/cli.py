@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         try:
             command = importlib.import_module(COMMANDS[argv[0]].module)
             command.main(argv[1:], prog=f"{prog} {argv[0]}")
+            importlib.import_module("hf_headattn.experiment.launch").end_processes()  # under torchrun
         except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT (128 + 2), no traceback
             sys.stderr.write(f"\n{prog} {argv[0]}: interrupted (Ctrl-C)\n")
             raise SystemExit(130) from None

@@ -117,14 +117,15 @@ def greedy_by_full_forward(model, inputs, steps):
 
 
 @pytest.fixture
-def scalar_inductor(monkeypatch):
+def scalar_inductor():
     """Inductor's C++ kernels without SIMD (``cpp.simdlen = 1``) for a test that compiles a model with it on the CPU:
     the vectorised kernels took a third more CPU time to compile (138 -> 94 s for tests/test_compile_inductor.py with
     an empty cache), and the vector code is Inductor's, not this package's (a GPU compiles Triton kernels). Not for
     flex attention, whose CPU template needs SIMD."""
     import torch._inductor.config
 
-    monkeypatch.setattr(torch._inductor.config.cpp, "simdlen", 1)
+    with torch._inductor.config.patch({"cpp.simdlen": 1}):
+        yield
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -16,6 +16,7 @@ from transformers import Seq2SeqTrainingArguments, TrainerCallback
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import TINY
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn.experiment.launch import end_processes
 from hf_headattn.experiment.trainer import HeadAttnSeq2SeqTrainer
 
 
@@ -55,6 +56,7 @@ def main(out, per_device):
         logged = [e for e in trainer.state.log_history if "loss" in e][0]
         with open(out, "w") as f:
             json.dump({"logged": logged, "grads": grads.grads, "world_size": args.world_size}, f)
+    end_processes()
 
 
 if __name__ == "__main__":
