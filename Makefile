@@ -30,19 +30,33 @@ WRITE_PYC := PYTHONDONTWRITEBYTECODE=
 TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 $(WRITE_PYC)
 PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 
-.PHONY: env env-newest lint test test-fast test-lowest test-newest docs demo demo-quick bench hf-common clean
+.PHONY: env env-newest envs lint test test-fast test-lowest test-newest docs demo demo-quick bench hf-common clean
 
-$(VENV)/.installed: pyproject.toml tests/hf_common/v$(subst .,_,$(HF_COMMON_LOWEST))/VERSION
+# The package's requirements with the extras the tests use (pyproject.toml; read with Python 3.11's tomllib, none on
+# 3.10: the package's install then brings them), installed before the package: the two environments' go in side by
+# side (`make envs`), the editable installs one after the other (each writes hf_headattn.egg-info in this folder).
+REQUIREMENTS = $(shell $(PYTHON) -c 'import shlex; import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	print(shlex.join(p["dependencies"] + [r for e in ("dev", "parsers", "search") for r in p["optional-dependencies"][e]]))' \
+	2>/dev/null)
+
+$(VENV)/.requirements: pyproject.toml tests/hf_common/v$(subst .,_,$(HF_COMMON_LOWEST))/VERSION
 	$(PYTHON) -m venv $(VENV)
 	$(PY) $(PIP_INSTALL) $(TORCH)
-	$(PY) $(PIP_INSTALL) -e ".[dev,parsers,search]" "$(TRANSFORMERS)" \
-		"$(SPACY_PIPELINE)"
+	$(PY) $(PIP_INSTALL) $(REQUIREMENTS) "$(TRANSFORMERS)" "$(SPACY_PIPELINE)"
 	touch $@
 
-$(NEWEST_VENV)/.installed: pyproject.toml
+$(VENV)/.installed: $(VENV)/.requirements
+	$(PY) $(PIP_INSTALL) -e ".[dev,parsers,search]" "$(TRANSFORMERS)"
+	touch $@
+
+$(NEWEST_VENV)/.requirements: pyproject.toml
 	$(PYTHON) -m venv $(NEWEST_VENV)
 	$(NEWEST_PY) $(PIP_INSTALL) $(TORCH)
-	$(NEWEST_PY) $(PIP_INSTALL) -e ".[dev,parsers,search]" "$(SPACY_PIPELINE)"
+	$(NEWEST_PY) $(PIP_INSTALL) $(REQUIREMENTS) "$(SPACY_PIPELINE)"
+	touch $@
+
+$(NEWEST_VENV)/.installed: $(NEWEST_VENV)/.requirements
+	$(NEWEST_PY) $(PIP_INSTALL) -e ".[dev,parsers,search]"
 	touch $@
 
 env: $(VENV)/.installed
@@ -54,9 +68,15 @@ env-newest: $(NEWEST_VENV)/.installed
 lint: env
 	$(VENV)/bin/ruff check .
 
+# Both environments, made side by side (pip waits on the disk and the package index as much as on a core).
+envs:
+	$(MAKE) -j2 $(VENV)/.requirements $(NEWEST_VENV)/.requirements
+	$(MAKE) env env-newest
+
 # The suite on both ends of the supported transformers range (the newest end without the modules whose outcome no
-# transformers release changes: tests/conftest.py's LOWEST_ONLY).
-test: test-lowest test-newest
+# transformers release changes: tests/conftest.py's LOWEST_ONLY), once both environments are made.
+test: envs
+	$(MAKE) test-lowest test-newest
 
 # The quick loop: the tests not marked slow (no Trainer, subprocess, notebook, compile or full-recipe test), in .venv.
 test-fast: env

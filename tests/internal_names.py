@@ -51,7 +51,7 @@ PUBLIC_MODULES = frozenset({
     # torch: the modules of its Python API reference
     "torch", "torch.nn", "torch.nn.functional", "torch.nn.attention.flex_attention", "torch.autograd",
     "torch.autograd.function", "torch.utils.checkpoint", "torch.utils.data", "torch.linalg", "torch.optim",
-    "torch.library", "torch.compiler", "torch.cuda", "torch.accelerator",
+    "torch.library", "torch.compiler", "torch.cuda", "torch.accelerator", "torch.distributed",
     # datasets: the top-level API
     "datasets",
 })

@@ -45,6 +45,7 @@ def test_two_process_ddp_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.lowest_only  # accelerate's and torch's FSDP; the Trainer's DDP and the README's launch run on both ends
 def test_two_process_fsdp_with_every_method_equals_one_process(tmp_path):
     """FSDP2 shards on the CPU (gloo) with DHICM, EaDRA and LPEA+RHE on; regression test: the per-forward context
     was a dataclass holding a defaultdict, which fully_shard tried to rebuild (TypeError) between layers."""
