@@ -67,8 +67,8 @@ class BiasedAttention(torch.autograd.Function):
                                                                         log_sum_exp, mask, scaling)
         grad_bias = None
         if ctx.needs_input_grad[3]:
-            grad_bias = _summed_to(_score_gradient(grad_output, query, key, value, mask, allowed, scaling),
-                                   ctx.bias_shape)
+            grad_bias = _score_gradient(grad_output, query, key, value, mask, allowed, scaling).sum_to_size(
+                ctx.bias_shape)  # summed over the dimensions the bias broadcasts
         return grad_query, grad_key, grad_value, grad_bias, None, None, None
 
 
@@ -95,10 +95,3 @@ def _score_gradient(grad_output, query, key, value, mask, allowed, scaling) -> t
     grad_scores = softmax_backward(grad_probs.to(dtype), probs).to(query.dtype)
     return grad_scores.view(batch, heads, length, key_length)
 
-
-def _summed_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """`grad` summed over the dimensions `shape` broadcasts (the gradient of a broadcast input)."""
-    if grad.shape == shape:
-        return grad
-    dims = tuple(i for i, (size, full) in enumerate(zip(shape, grad.shape)) if size == 1 and full != 1)
-    return grad.sum(dims, keepdim=True).reshape(shape)

@@ -1,13 +1,6 @@
 """The placement vocabulary every method's settings share: where a method goes (layers of each attention kind) and
-on which heads, read by one resolver (errors name the field, the bad value and what was expected).
-
-| field | values | meaning |
-|---|---|---|
-| `encoder_layers` | `"all"`, layer numbers (negative from the end), None | encoder self-attention, None: none |
-| `decoder_layers` | the same | decoder self-attention |
-| `cross_layers` | the same | decoder cross-attention |
-| `heads` | `"all"`, head numbers (negative from the end) | which heads of a placed module |
-| `head_selection` | `"all"`, `"redundant"` | all of them or, per sentence, the ones RHE finds redundant |
+on which heads, read by one resolver (errors name the field, the bad value and what was expected). The fields and
+their values are tabled in `hf_headattn.plugin`'s docstring, the page plug-in authors read.
 
 A method has the fields of the attention kinds and head choices it supports, each default its paper's layout. A
 method may name a layout of its own ([`layers_of`][hf_headattn.placement.layers_of]'s `layouts`: Localness's
