@@ -49,8 +49,8 @@ WRITTEN_TARGETS = {"eadra-scratch": 1.40, "dhicm": 1.10, "dea-rhe": 1.10, "lpea-
 
 #: The counted run's default shapes and rows: from-scratch rows at transformer-base, fine-tuning rows at mbart-large.
 COUNT_PLAN = {
-    "transformer-base": ["off", "dhicm", "eadra-scratch", "dea-rhe", "lpea-rhe", "fixed-attention", "rel-pos",
-                         "localness"],
+    "transformer-base": ["off", "dhicm", "eadra-scratch", "eadra-scratch-triton", "dea-rhe", "lpea-rhe",
+                         "fixed-attention", "rel-pos", "localness"],
     "mbart-large-8x512": ["off", "off-no-logits", "eadra-finetune", "eadra-finetune-no-logits", "dhicm-finetune",
                           "dea-rhe"],
 }
@@ -188,9 +188,13 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
     """FLOPs and saved-for-backward bytes of one forward + backward of a row's model, under ``FakeTensorMode``."""
     register_cpu_sdpa_flops()
     register_chunked_cross_entropy_flops()
+    from hf_headattn.methods.eadra import tiled
     from hf_headattn.methods.sea import core as sea
 
-    with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False):
+    # the accelerator's paths on fake CPU tensors: SEA's checks stay on the device, EaDRA's tiled operators run
+    # (their fake implementations: the bytes their kernels write)
+    with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False), \
+            mock.patch.object(tiled, "_device_ok", lambda tensor: True):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
         model = setups.build(kind, settings, shape_kwargs, None, None, attn_implementation)
         step = setups.step_fn(kind, model, batch)
