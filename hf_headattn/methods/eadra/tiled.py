@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .equations import _coefficients, _safe_log, _stack_heads, _unstack_heads
+from .equations import _coefficients, _safe_log, _stack_heads
 from .tiled_kernels import KERNELS as kernels
 
 BLOCK_M, BLOCK_N = 64, 64
@@ -124,11 +124,13 @@ def _forward_kernels(query: torch.Tensor, key: torch.Tensor, support: torch.Tens
 def _backward_kernels(query: torch.Tensor, key: torch.Tensor, support: torch.Tensor, bias: torch.Tensor | None,
                       row_max: torch.Tensor, log_sum: torch.Tensor, log_a_bar: torch.Tensor,
                       peak_c: torch.Tensor | None, sent_c: torch.Tensor | None, pair_c: torch.Tensor | None,
-                      scaling: float, shape: list[int], block_m: int,
+                      scaling: float, shape: list[int], heads: int, block_m: int,
                       block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`hf_headattn::eadra_tiled_backward` (module docstring): float32 gradients (N, T, D) and (N, S, D) of the
-    stacked heads. `row_max`, `log_sum` (N, T) and `log_a_bar` (N, S) from the forward; `peak_c`, `sent_c`,
-    `pair_c` (N, T) each, contiguous float32, the coefficients of the terms in the objective (None: left out)."""
+    """`hf_headattn::eadra_tiled_backward` (module docstring): the gradients of the layers' queries and keys, in
+    the heads' dtype, (L, B, T, heads, D) and (L, B, S, heads, D), zero on the heads past the regularized h (the
+    attention modules' token-major layout: autograd adds them to the attention's own gradients without a copy).
+    `row_max`, `log_sum` (N, T) and `log_a_bar` (N, S) from the forward; `peak_c`, `sent_c`, `pair_c` (N, T)
+    each, contiguous float32, the coefficients of the terms in the objective (None: left out)."""
     _check(query, bias)
     kernels.build()
     L, B, h, T, S = shape
@@ -142,14 +144,19 @@ def _backward_kernels(query: torch.Tensor, key: torch.Tensor, support: torch.Ten
     meta = dict(HAS_BIAS=bias is not None, HAS_PEAK=peak_c is not None, HAS_SENT=sent_c is not None,
                 HAS_DIST=pair_c is not None, PRECISION=precision, BM=block_m, BN=block_n, BD=block_d)
     coefficients = [row_max if c is None else c for c in (peak_c, sent_c, pair_c)]
-    grad_query, row_dot = torch.empty(N, T, D, **f32), torch.empty(N, T, **f32)
+    grad_query, grad_key = (query.new_empty(L, B, n, heads, D) for n in (T, S))
+    if heads > h:  # (the heads left out get zeros; the kernels write the others)
+        grad_query[..., h:, :].zero_()
+        grad_key[..., h:, :].zero_()
+    row_dot = torch.empty(N, T, **f32)
     kernels.backward_rows_kernel[(N, kernels.triton.cdiv(T, block_m - 2))](
-        *tensors, row_max, log_sum, log_a_bar, *coefficients, grad_query, row_dot, *carries, *strides, *sizes,
+        *tensors, row_max, log_sum, log_a_bar, *coefficients, grad_query, row_dot, *carries,
+        *_output_strides(grad_query), *strides, *sizes,
         float(scaling), key_blocks, **meta, DIFFERENCE_PRECISION="ieee" if precision == "ieee" else "tf32x3",
         num_warps=8)
-    grad_key = torch.empty(N, S, D, **f32)
     kernels.backward_keys_kernel[(N, key_blocks)](
-        *tensors, row_max, log_sum, log_a_bar, *coefficients, row_dot, *carries, grad_key, *strides, *sizes,
+        *tensors, row_max, log_sum, log_a_bar, *coefficients, row_dot, *carries, grad_key, *_output_strides(grad_key),
+        *strides, *sizes,
         float(scaling), key_blocks, **meta, num_warps=8)
     return grad_query, grad_key
 
@@ -160,9 +167,15 @@ def _fake_forward(query, key, support, bias, weights, scaling, shape, block_m, b
         query.new_empty(L * B * h, S, dtype=torch.float32)
 
 
+def _output_strides(grad: torch.Tensor) -> tuple[int, ...]:
+    """A (L, B, n, heads, D) gradient's strides as the kernels take them: layer, sentence, head, position."""
+    return grad.stride(0), grad.stride(1), grad.stride(3), grad.stride(2)
+
+
 def _fake_backward(query, key, support, bias, row_max, log_sum, log_a_bar, peak_c, sent_c, pair_c, scaling, shape,
-                   block_m, block_n):
-    return query.new_empty(query.shape, dtype=torch.float32), key.new_empty(key.shape, dtype=torch.float32)
+                   heads, block_m, block_n):
+    L, B, h, T, S = shape
+    return tuple(query.new_empty(L, B, n, heads, query.shape[-1]) for n in (T, S))
 
 
 def _operator(name: str, function, fake):
@@ -203,11 +216,12 @@ def forward(query, key, scaling: float, shape, support, bias, coefficients, *, b
     return (peak, sent, dist), (row_max, log_sum, log_a_bar)
 
 
-def backward(query, key, scaling: float, shape, support, bias, coefficients, saved, grads, *,
+def backward(query, key, scaling: float, shape, support, bias, coefficients, saved, grads, heads: int, *,
              block_m: int = BLOCK_M, block_n: int = BLOCK_N):
-    """`(grad_query, grad_key)` of the stacked heads, float32 (N, T, D) and (N, S, D), or None when no term is in
-    the objective. `saved`: `forward`'s `(row_max, log_sum, log_a_bar)`; `grads`: g_peak, g_sent, g_dist, each
-    (L, B, h) or None for a term outside the objective (skipped)."""
+    """`(grad_query, grad_key)` of the layers' heads, (L, B, T, heads, D) and (L, B, S, heads, D) in the stacked
+    heads' dtype (zero on the heads past h), or None when no term is in the objective. `saved`: `forward`'s
+    `(row_max, log_sum, log_a_bar)`; `grads`: g_peak, g_sent, g_dist, each (L, B, h) or None for a term outside the
+    objective (skipped); `heads`: the layers' number of heads."""
     g_peak, g_sent, g_dist = grads
     if g_peak is None and g_sent is None and g_dist is None:
         return None
@@ -221,7 +235,7 @@ def backward(query, key, scaling: float, shape, support, bias, coefficients, sav
         torch.nn.functional.pad(torch.broadcast_to(g_dist.unsqueeze(-1) * pairs, (L, B, h, T - 1)), (0, 1)), rows)
     bias = None if bias is None else bias.detach()
     return backward_operator(query, key, support, bias, row_max, log_sum, log_a_bar, peak_c, sent_c, pair_c,
-                             float(scaling), list(shape), block_m, block_n)
+                             float(scaling), list(shape), heads, block_m, block_n)
 
 
 def _stacked_heads(queries, keys, num_heads: int):
@@ -233,6 +247,11 @@ def _stacked_heads(queries, keys, num_heads: int):
     query = _stack_heads(queries, num_heads, dtype, length)
     key = _stack_heads(keys, num_heads, dtype, key_length)
     return query, key, (len(queries), queries[0].shape[0], num_heads, length, key_length)
+
+
+def _layers(grad: torch.Tensor, inputs) -> tuple[torch.Tensor, ...]:
+    """Each of the L `inputs`' (B, H, n_l, D) gradient: a view of the backward's (L, B, n, H, D) gradient."""
+    return tuple(layer[:, :, :x.shape[2]] for layer, x in zip(grad.transpose(2, 3).unbind(0), inputs))
 
 
 class _TiledLayerRegularizers(torch.autograd.Function):
@@ -262,12 +281,10 @@ class _TiledLayerRegularizers(torch.autograd.Function):
         with torch.autocast(queries[0].device.type, enabled=False):
             query, key, shape = _stacked_heads(queries, keys, ctx.num_heads)
             grads = backward(query, key, ctx.scaling, shape, support, bias, coefficients, saved,
-                             (g_peak, g_sent, g_dist), block_m=block_m, block_n=block_n)
+                             (g_peak, g_sent, g_dist), queries[0].shape[1], block_m=block_m, block_n=block_n)
             if grads is None:
                 return (None,) * (7 + 2 * ctx.layers)
-            grad_query = _unstack_heads(grads[0], shape, queries)
-            grad_key = _unstack_heads(grads[1], shape, keys)
-        return (None,) * 7 + (*grad_query, *grad_key)
+        return (None,) * 7 + (*_layers(grads[0], queries), *_layers(grads[1], keys))
 
 
 def layer_regularizers(queries, keys, num_heads: int, scaling: float, support: torch.Tensor,

@@ -15,7 +15,9 @@ cumulative sums, so the query tiles overlap: tile t covers rows `t (BLOCK_M - 2)
   w.r.t. the probabilities (`equations._gradient_wrt_probs`; R_dist's exclusive prefix sum carried across key
   blocks), D_i = sum_j a_ij g_ij, and grad_query_i = scaling (sum_j a_ij g_ij k_j - D_i sum_j a_ij k_j) (those two
   products in 3xTF32 where the others take TF32: their difference cancels); with R_dist it writes the carries at
-  each key block's start ((N, key blocks, T) each: 1 / BLOCK_N of a map).
+  each key block's start ((N, key blocks, T) each: 1 / BLOCK_N of a map). The gradients are written in the
+  heads' dtype straight into the layers' (L, B, length, heads, D) layout (`_output_of`; rounded to nearest on a
+  GPU, while Triton's interpreter truncates a float32 -> bfloat16 conversion).
 * `backward_keys_kernel`, grid (N, key blocks), loops over query tiles: grad_key_j = scaling sum_i a_ij (g_ij -
   D_i) q_i.
 
@@ -57,6 +59,16 @@ if triton is not None:
         l_, b_, h_ = n // (B * H), (n // H) % B, n % H
         return (SUP + l_ * stride_sl + b_ * stride_sb + h_ * stride_sh,
                 BIAS + l_ * stride_bl + b_ * stride_bb + h_ * stride_bh)
+
+    def _output_of(n, OUT, stride_ol, stride_ob, stride_oh, B, H):
+        """Where row block n's (layer, sentence, head) gradient starts in a (L, B, length, all heads, D) output."""
+        return OUT + (n // (B * H)) * stride_ol + ((n // H) % B) * stride_ob + (n % H) * stride_oh
+
+    def _rounded(x, OUT):
+        """Float32 `x` in `OUT`'s dtype, rounded to nearest (as `Tensor.to`)."""
+        if OUT.dtype.element_ty == tl.float32:
+            return x
+        return x.to(OUT.dtype.element_ty, fp_downcast_rounding="rtne")
 
     def _query_tile(Q, n, start, stride_qn, stride_qt, stride_qd, T, D, BM: tl.constexpr, BD: tl.constexpr):
         """The overlapping query tile from row `start - 1` (module docstring): its rows, which exist, which it
@@ -201,6 +213,7 @@ if triton is not None:
 
     def backward_rows_kernel(
         Q, K, SUP, BIAS, ROW_MAX, LOG_SUM, LOG_ABAR, PEAK_C, SENT_C, PAIR_C, DQ, DROW, F_CARRY, G_CARRY,
+        stride_ol, stride_ob, stride_oh, stride_ot,
         stride_qn, stride_qt, stride_qd, stride_kn, stride_ks, stride_kd,
         stride_sl, stride_sb, stride_sh, stride_st, stride_ss,
         stride_bl, stride_bb, stride_bh, stride_bt, stride_bs,
@@ -254,12 +267,14 @@ if triton is not None:
             weighted += tl.dot(ag, k, input_precision=DIFFERENCE_PRECISION)
             mean += tl.dot(a, k, input_precision=DIFFERENCE_PRECISION)
         dq = (weighted - dot[:, None] * mean) * scaling
-        tl.store(DQ + n * T * D + rows[:, None] * D + offs_d[None, :], dq,
+        dq_base = _output_of(n, DQ, stride_ol, stride_ob, stride_oh, B, H)
+        tl.store(dq_base + rows[:, None] * stride_ot + offs_d[None, :], _rounded(dq, DQ),
                  mask=owned[:, None] & (offs_d[None, :] < D))
         tl.store(DROW + row, dot, mask=owned)
 
     def backward_keys_kernel(
         Q, K, SUP, BIAS, ROW_MAX, LOG_SUM, LOG_ABAR, PEAK_C, SENT_C, PAIR_C, DROW, F_CARRY, G_CARRY, DK,
+        stride_ol, stride_ob, stride_oh, stride_ot,
         stride_qn, stride_qt, stride_qd, stride_kn, stride_ks, stride_kd,
         stride_sl, stride_sb, stride_sh, stride_st, stride_ss,
         stride_bl, stride_bb, stride_bh, stride_bt, stride_bs,
@@ -306,11 +321,12 @@ if triton is not None:
             dot = tl.load(DROW + row, mask=row_ok, other=0.0)
             ds = tl.where(owned[:, None] & col_ok[None, :], a * (g - dot[:, None]), 0.0)
             dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
-        tl.store(DK + n * S * D + cols[:, None] * D + offs_d[None, :], dk * scaling,
+        dk_base = _output_of(n, DK, stride_ol, stride_ob, stride_oh, B, H)
+        tl.store(dk_base + cols[:, None] * stride_ot + offs_d[None, :], _rounded(dk * scaling, DK),
                  mask=col_ok[:, None] & (offs_d[None, :] < D))
 
-    _JIT = ("_masks_of", "_query_tile", "_scores", "_neighbour_index", "_neighbour", "_neighbour_value",
-            "_probs_gradient",
+    _JIT = ("_masks_of", "_output_of", "_rounded", "_query_tile", "_scores", "_neighbour_index", "_neighbour",
+            "_neighbour_value", "_probs_gradient",
             "forward_rows_kernel", "forward_abar_kernel",
             "backward_rows_kernel", "backward_keys_kernel")
     _PYTHON = {name: globals()[name] for name in _JIT}  # the functions before triton.jit
