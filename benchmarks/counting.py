@@ -96,6 +96,24 @@ def register_chunked_cross_entropy_flops() -> None:
     flop_counter.register_flop_formula(op.overloadpacket)(formula)
 
 
+def register_tiled_eadra_flops() -> None:
+    """Count EaDRA's tiled operators (`hf_headattn.methods.eadra.tiled`, opaque to the flop counter) as the
+    (queries x keys x D) products their kernels run, 2 * N * T * S * D each: the forward's q k^T in each of its two
+    kernels; the backward's q k^T in each of its two kernels, and the queries' two products and the keys' one."""
+    from hf_headattn.methods.eadra import tiled  # noqa: F401 (registers the operators)
+
+    def formula(products):
+        def count(query_shape, key_shape, *args, out_shape=None, **kwargs):
+            (n, t, d), s = query_shape, key_shape[1]
+            return 2 * n * t * s * d * products
+        return count
+
+    for name, products in (("eadra_tiled_forward", 2), ("eadra_tiled_backward", 5)):
+        packet = getattr(torch.ops.hf_headattn, name)
+        if packet not in flop_counter.flop_registry:
+            flop_counter.register_flop_formula(packet)(formula(products))
+
+
 class StashedGradients(TorchDispatchMode):
     """Adds to ``counter`` what torch's chunked ``F.linear_cross_entropy`` keeps for its backward: the gradients it
     computes in its forward, held as attributes of its autograd context, which saved-tensor hooks do not see."""
@@ -188,6 +206,7 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
     """FLOPs and saved-for-backward bytes of one forward + backward of a row's model, under ``FakeTensorMode``."""
     register_cpu_sdpa_flops()
     register_chunked_cross_entropy_flops()
+    register_tiled_eadra_flops()
     from hf_headattn.methods.eadra import tiled
     from hf_headattn.methods.sea import core as sea
 
