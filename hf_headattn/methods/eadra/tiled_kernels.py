@@ -16,8 +16,8 @@ cumulative sums, so the query tiles overlap: tile t covers rows `t (BLOCK_M - 2)
   blocks), D_i = sum_j a_ij g_ij, and grad_query_i = scaling (sum_j a_ij g_ij k_j - D_i sum_j a_ij k_j) (those two
   products in 3xTF32 where the others take TF32: their difference cancels); with R_dist it writes the carries at
   each key block's start ((N, key blocks, T) each: 1 / BLOCK_N of a map). The gradients are written in the
-  heads' dtype straight into the layers' (L, B, length, heads, D) layout (`_output_of`; rounded to nearest on a
-  GPU, while Triton's interpreter truncates a float32 -> bfloat16 conversion).
+  heads' dtype straight into the layers' (L, B, length, heads, D) layout (`_output_of`; Triton rounds a float32
+  -> half-precision conversion to nearest even on a GPU, while its interpreter truncates one to bfloat16).
 * `backward_keys_kernel`, grid (N, key blocks), loops over query tiles: grad_key_j = scaling sum_i a_ij (g_ij -
   D_i) q_i.
 
@@ -63,12 +63,6 @@ if triton is not None:
     def _output_of(n, OUT, stride_ol, stride_ob, stride_oh, B, H):
         """Where row block n's (layer, sentence, head) gradient starts in a (L, B, length, all heads, D) output."""
         return OUT + (n // (B * H)) * stride_ol + ((n // H) % B) * stride_ob + (n % H) * stride_oh
-
-    def _rounded(x, OUT):
-        """Float32 `x` in `OUT`'s dtype, rounded to nearest (as `Tensor.to`)."""
-        if OUT.dtype.element_ty == tl.float32:
-            return x
-        return x.to(OUT.dtype.element_ty, fp_downcast_rounding="rtne")
 
     def _query_tile(Q, n, start, stride_qn, stride_qt, stride_qd, T, D, BM: tl.constexpr, BD: tl.constexpr):
         """The overlapping query tile from row `start - 1` (module docstring): its rows, which exist, which it
@@ -268,7 +262,7 @@ if triton is not None:
             mean += tl.dot(a, k, input_precision=DIFFERENCE_PRECISION)
         dq = (weighted - dot[:, None] * mean) * scaling
         dq_base = _output_of(n, DQ, stride_ol, stride_ob, stride_oh, B, H)
-        tl.store(dq_base + rows[:, None] * stride_ot + offs_d[None, :], _rounded(dq, DQ),
+        tl.store(dq_base + rows[:, None] * stride_ot + offs_d[None, :], dq.to(DQ.dtype.element_ty),
                  mask=owned[:, None] & (offs_d[None, :] < D))
         tl.store(DROW + row, dot, mask=owned)
 
@@ -322,10 +316,10 @@ if triton is not None:
             ds = tl.where(owned[:, None] & col_ok[None, :], a * (g - dot[:, None]), 0.0)
             dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
         dk_base = _output_of(n, DK, stride_ol, stride_ob, stride_oh, B, H)
-        tl.store(dk_base + cols[:, None] * stride_ot + offs_d[None, :], _rounded(dk * scaling, DK),
+        tl.store(dk_base + cols[:, None] * stride_ot + offs_d[None, :], (dk * scaling).to(DK.dtype.element_ty),
                  mask=col_ok[:, None] & (offs_d[None, :] < D))
 
-    _JIT = ("_masks_of", "_output_of", "_rounded", "_query_tile", "_scores", "_neighbour_index", "_neighbour",
+    _JIT = ("_masks_of", "_output_of", "_query_tile", "_scores", "_neighbour_index", "_neighbour",
             "_neighbour_value", "_probs_gradient",
             "forward_rows_kernel", "forward_abar_kernel",
             "backward_rows_kernel", "backward_keys_kernel")
