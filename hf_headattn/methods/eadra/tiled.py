@@ -16,8 +16,9 @@ Two custom operators (`torch.library.custom_op`, with fake implementations givin
   two parts: exp(s - LSE) would lose |LSE| 2^-24 of every probability), sum_j a_ij log a_ij (Eq. 4), sum_k F_i(k)
   and sum_k F_i(k) F_{i+1}(k) (Eq. 8), stacked as (5, N, T), and abar (N, S) (Eq. 5). The three terms are then
   O(T + S) reductions in PyTorch.
-* `hf_headattn::eadra_tiled_backward`: the queries' and keys' float32 gradients (N, T, D) and (N, S, D), from the
-  heads, the saved m, log-sum and log abar, and the per-row coefficients of the terms in the objective.
+* `hf_headattn::eadra_tiled_backward`: the layers' query and key gradients, (L, B, T, heads, D) and (L, B, S, heads,
+  D) in the heads' dtype (the attention modules' token-major layout, zero on the heads left out: no copy after it),
+  from the heads, the saved m, log-sum and log abar, and the per-row coefficients of the terms in the objective.
 
 Saved for the backward: the two row statistics and log abar, the small mask coefficients and the layers' heads
 (which the attention keeps anyway). Nothing of size T x S, in the forward or the backward.
