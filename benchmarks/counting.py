@@ -49,8 +49,8 @@ WRITTEN_TARGETS = {"eadra-scratch": 1.40, "dhicm": 1.10, "dea-rhe": 1.10, "lpea-
 
 #: The counted run's default shapes and rows: from-scratch rows at transformer-base, fine-tuning rows at mbart-large.
 COUNT_PLAN = {
-    "transformer-base": ["off", "dhicm", "eadra-scratch", "dea-rhe", "lpea-rhe", "fixed-attention", "rel-pos",
-                         "localness"],
+    "transformer-base": ["off", "dhicm", "eadra-scratch", "eadra-scratch-triton", "dea-rhe", "lpea-rhe",
+                         "fixed-attention", "rel-pos", "localness"],
     "mbart-large-8x512": ["off", "off-no-logits", "eadra-finetune", "eadra-finetune-no-logits", "dhicm-finetune",
                           "dea-rhe"],
 }
@@ -94,6 +94,24 @@ def register_chunked_cross_entropy_flops() -> None:
         return 2 * input_shape[0] * input_shape[1] * weight_shape[0] * (1 + compute_input_grad + compute_weight_grad)
 
     flop_counter.register_flop_formula(op.overloadpacket)(formula)
+
+
+def register_tiled_eadra_flops() -> None:
+    """Count EaDRA's tiled operators (`hf_headattn.methods.eadra.tiled`, opaque to the flop counter) as the
+    (queries x keys x D) products their kernels run, 2 * N * T * S * D each: the forward's q k^T in each of its two
+    kernels; the backward's q k^T in each of its two kernels, and the queries' two products and the keys' one."""
+    from hf_headattn.methods.eadra import tiled  # noqa: F401 (registers the operators)
+
+    def formula(products):
+        def count(query_shape, key_shape, *args, out_shape=None, **kwargs):
+            (n, t, d), s = query_shape, key_shape[1]
+            return 2 * n * t * s * d * products
+        return count
+
+    for name, products in (("eadra_tiled_forward", 2), ("eadra_tiled_backward", 5)):
+        packet = getattr(torch.ops.hf_headattn, name)
+        if packet not in flop_counter.flop_registry:
+            flop_counter.register_flop_formula(packet)(formula(products))
 
 
 class StashedGradients(TorchDispatchMode):
@@ -188,9 +206,14 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
     """FLOPs and saved-for-backward bytes of one forward + backward of a row's model, under ``FakeTensorMode``."""
     register_cpu_sdpa_flops()
     register_chunked_cross_entropy_flops()
+    register_tiled_eadra_flops()
+    from hf_headattn.methods.eadra import tiled
     from hf_headattn.methods.sea import core as sea
 
-    with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False):
+    # the accelerator's paths on fake CPU tensors: SEA's checks stay on the device, EaDRA's tiled operators run
+    # (their fake implementations: the bytes their kernels write)
+    with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False), \
+            mock.patch.object(tiled, "_device_ok", lambda tensor: True):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
         model = setups.build(kind, settings, shape_kwargs, None, None, attn_implementation)
         step = setups.step_fn(kind, model, batch)

@@ -19,12 +19,14 @@
 # The target rows need 12 transformer-base compiles (stock and four methods, default and reduce-overhead, stock again
 # for the SEA parts), about 600 s: they cannot fit one 6-minute run, nor two, so they take the first parts of three
 # plans, each under 6 minutes on its own (cold caches), the issue table's rows first:
-#   PLAN=1  40 + 50 + 180 = 270 s (EaDRA's Triton pass, timed here last as triton-check, was removed: 2.17x the
-#                        compiled pass on the H200, benchmarks/results/gpu/nvidia-h200-20261127)
+#   PLAN=1  40 + 50 + 180 + 50 = 320 s
 #     tb-eager       40  transformer-base 32x256 eager: dhicm eadra-scratch dea-rhe lpea-rhe (5 models, 8 repeats)
 #     mbart-eager    50  mbart-large-8x512 eager: off dhicm-finetune eadra-finetune off-no-logits (the old mbart-eager
 #                        and mbart-no-logits merged: one process, one stock, 5 models as before)
 #     tb-compiled   180  transformer-base compiled, default mode: dhicm eadra-scratch (time and peak memory)
+#     triton-check   50  EaDRA's tiled Triton pass (implementation="triton") against the eager and the compiled pass,
+#                        alone, forward + backward (benchmarks/triton_check.py; no tile sweep, TRITON_CHECK adds one;
+#                        its JSON is written as it goes, so a cut keeps the dtypes done): whether "auto" should choose it
 #   PLAN=2  150 + 170 = 320 s: compiled target rows
 #     tb-compiled-sea 150  default mode: dea-rhe lpea-rhe (stock's graph loaded from PLAN=1's cache if still there)
 #     tb-compiled-ro 170  mode="reduce-overhead" (CUDA graphs, fixed shapes): dhicm eadra-scratch
@@ -40,15 +42,15 @@
 #     then: compile-check (75 s: tiny model, inductor: "all", every method in one compile), tb-profile (45 s:
 #     torch.profiler of 2 eager steps of off dhicm eadra-scratch eadra-scratch-eager-pass dea-rhe lpea-rhe, the
 #     kernels and operators over stock's; not judged), tb-profile-compiled (45 s: the same
-#     compiled, dhicm eadra-scratch, their graphs from tb-compiled's cache), mbart-eager-pass (EaDRA's eager pass in
-#     a step at mbart-large), mbart-eager-sea (dea-rhe lpea-rhe, eadra-finetune-no-logits and the naive port at
+#     compiled, dhicm eadra-scratch, their graphs from tb-compiled's cache), tb-triton (EaDRA's tiled Triton pass in
+#     an eager step), mbart-eager-pass (EaDRA's eager pass in a step at mbart-large), mbart-eager-sea (dea-rhe lpea-rhe, eadra-finetune-no-logits and the naive port at
 #     mbart-large), tb-naive (the naive port and generate), tb-bf16, mbart-compiled
 # Compiled graphs are cached between parts and plans: TORCHINDUCTOR_CACHE_DIR (default /tmp/gpu-sh-inductor, kept
 # across calls on a warm machine) with Inductor's FX graph cache and AOTAutograd's cache on: a graph compiled by one
 # part is loaded, not compiled, by a later one (stock's, tb-profile-compiled's), and Triton kernels are reused.
 #
 # Output: RESULTS (default benchmarks/results/gpu/<gpu>-<date>-<time>; outputs/gpu-smoke-<time> with SMOKE=1) holds
-# <part>.json (overhead.py's JSON; compile_check.py's for compile-check,
+# <part>.json (overhead.py's JSON; compile_check.py's for compile-check, triton_check.py's for triton-check,
 # profile_step.py's for tb-profile and tb-profile-compiled, flex_check.py's for tb-flex), logs/<part>.log and
 # logs/<part>.tsv (status line), parts.tsv (every part's status, seconds, shape, mode, precision and rows) and
 # summary.json (gpu_summary.py: each target row of its TARGET_ROWS met / not met / not measured and why, every check,
@@ -101,6 +103,8 @@ if [[ $SMOKE == 1 ]]; then
     CHECK_ROWS=(dhicm all)
     PROFILE_TIMING=(--warmup 1 --steps 1)
     FLEX_TIMING=(--repeats 1 --warmup 1)
+    TRITON_CHECK=(--layers 2 --batch 2 --heads 2 --length 40 --repeats 1)
+    export TRITON_INTERPRET=1  # the tiled Triton kernels run on the CPU under Triton's interpreter
     RESULTS=${RESULTS:-outputs/gpu-smoke-$(date +%Y%m%d-%H%M%S)}
 else
     DEVICE=${DEVICE:-cuda} BACKEND=${BACKEND:-inductor} DEADLINE=${DEADLINE:-340} LIMIT_SCALE=${LIMIT_SCALE:-1}
@@ -110,6 +114,7 @@ else
     read -ra CHECK_ROWS <<<"${CHECK_ROWS:-all}"  # or: off dhicm dhicm-scaled eadra dea-rhe lpea-rhe all
     PROFILE_TIMING=(--warmup 3 --steps 2)
     FLEX_TIMING=(--repeats 6 --warmup 2)
+    read -ra TRITON_CHECK <<<"${TRITON_CHECK:-}"  # e.g. --tiles 32x64 64x32 128x64: more tile shapes timed
     gpu=${gpu%% / torch*}
     slug=$(tr -cs 'a-z0-9' '-' <<<"${gpu,,}" | sed 's/-$//')  # e.g. nvidia-h100-80gb-hbm3
     RESULTS=${RESULTS:-benchmarks/results/gpu/$slug-$(date +%Y%m%d-%H%M)}
@@ -179,6 +184,8 @@ SECTION=1
 timing tb-eager "$TB" eager "$PRECISION" "dhicm eadra-scratch dea-rhe lpea-rhe" 40 "${TB_TIMING[@]}"
 timing mbart-eager "$LARGE" eager "$PRECISION" "off dhicm-finetune eadra-finetune off-no-logits" 50 "${LARGE_TIMING[@]}"
 timing tb-compiled "$TB" compiled "$PRECISION" "dhicm eadra-scratch" 180 "${COMPILED_TIMING[@]}"
+part triton-check stacked triton fp32+bf16 "triton eager compiled" 50 -- "$PYTHON" benchmarks/triton_check.py \
+    --device "$DEVICE" "${TRITON_CHECK[@]}" --out "$RESULTS/triton-check.json"
 # ---- PLAN=2: the other compiled target rows ----
 SECTION=2
 timing tb-compiled-sea "$TB" compiled "$PRECISION" "dea-rhe lpea-rhe" 150 "${COMPILED_TIMING[@]}"
@@ -203,6 +210,7 @@ part tb-profile "$TB" profile "$PRECISION" "${PROFILE_ROWS[*]}" 45 -- "$PYTHON" 
 part tb-profile-compiled "$TB" profile "$PRECISION" "dhicm eadra-scratch" 45 -- "$PYTHON" benchmarks/profile_step.py \
     --shape "$TB" --device "$DEVICE" --precision "$PRECISION" --rows dhicm eadra-scratch --compile "$BACKEND" \
     "${PROFILE_TIMING[@]}" --out "$RESULTS/tb-profile-compiled.json"
+timing tb-triton "$TB" eager "$PRECISION" "off eadra-scratch eadra-scratch-triton" 40 "${TB_TIMING[@]}"
 timing mbart-eager-pass "$LARGE" eager "$PRECISION" "off eadra-finetune eadra-finetune-eager-pass" 40 "${LARGE_TIMING[@]}"
 timing mbart-eager-sea "$LARGE" eager "$PRECISION" "dea-rhe lpea-rhe eadra-finetune-no-logits" 60 --naive "${LARGE_TIMING[@]}"
 timing tb-naive "$TB" eager "$PRECISION" "off dhicm eadra-scratch-eager-pass" 60 --naive \

@@ -48,6 +48,8 @@ ROWS = {
     "eadra-scratch-eager-pass": {"eadra": {**method_settings("eadra_all")["eadra"], "implementation": "eager"}},
     "eadra-finetune-eager-pass": {"eadra": {"encoder": {"num_heads": 2}, "decoder": {"num_heads": 2},
                                             "implementation": "eager"}},
+    # "<row>-triton": the pass as tiled Triton kernels that write no (queries x keys) map (methods/eadra/tiled.py)
+    "eadra-scratch-triton": {"eadra": {**method_settings("eadra_all")["eadra"], "implementation": "triton"}},
     "dea-rhe": method_settings("dea_rhe"),
     "lpea-rhe": method_settings("lpea_rhe"),
     # Localness (Yang et al.): the Gaussian bias on the lower half of the encoder layers, on every head / with RHE,

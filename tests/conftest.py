@@ -36,6 +36,8 @@ LOWEST_ONLY = ("test_benchmarks_profile.py", "test_converged_study.py", "test_de
                # Inductor's code and flex kernels on the methods (torch's compilers; the newest end keeps the aot_eager
                # whole-model compiles of test_compile.py and hf_compat's flex contract test)
                "test_compile_inductor.py", "test_eadra_compiled.py", "test_flex.py",
+               # EaDRA's tiled Triton kernels under Triton's interpreter (Triton's business, not transformers')
+               "test_eadra_tiled.py",
                # the methods' pure math (torch alone) and the Multi30k download (no transformers)
                "test_eadra_math.py", "test_eadra_lean.py", "test_sea_math.py", "test_rel_pos_math.py",
                "test_localness_math.py", "test_multi30k.py")

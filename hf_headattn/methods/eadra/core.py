@@ -119,9 +119,9 @@ class EaDRASettings(MethodSettings):
 
     `implementation` changes no value, only how the regularizer pass runs (chosen in one place,
     `passes`): "auto" (under `torch.compile` on CUDA, where the eager pass is some twenty
-    memory-bound passes over float32 maps; eager on the CPU), "eager" or "compiled" (`compiled`). "triton"
-    (a Triton pass removed before 0.3.0: slower than the compiled pass on the GPU) still loads: it warns once
-    and runs "auto" (`check_implementation`).
+    memory-bound passes over float32 maps; eager on the CPU), "eager", "compiled" (`compiled`) or "triton" (tiled
+    Triton kernels that write no (queries x keys) map, `tiled`: CUDA, or the CPU under `TRITON_INTERPRET=1`; no
+    LPEA bias gradient; "auto" does not choose it until a GPU run shows it faster).
 
     Resolved, each component is a [`ComponentSettings`][hf_headattn.methods.eadra.core.ComponentSettings] with every
     field resolved ([`ComponentSettings.resolved_for`][hf_headattn.methods.eadra.core.ComponentSettings.resolved_for]).
