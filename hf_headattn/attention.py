@@ -213,7 +213,7 @@ def run_attention(call: AttentionCall, backend, dropout: float) -> tuple[torch.T
     taken = {head for _, numbers, _ in call._taken for head in numbers}
     rest = tuple(head for head in range(num_heads) if head not in taken)
     split = HeadSplit.of(((rest,) if rest else ()) + tuple(numbers for _, numbers, _ in call._taken))
-    queries, keys, values = (split.parts(tensor, 1) for tensor in (call.query, call.key, call.value))
+    queries, keys, values = split.parts_of((call.query, call.key, call.value), 1)
     # the taken-over heads' mask (None, or (B, 1 or H, T, S)): the backend's where it has the biases in it
     mask = call._backend_mask() if call._scores and not call.is_flex else call._biased_mask(boolean=True)
     outputs, weights = [], []

@@ -345,22 +345,24 @@ class AttentionCall:
 
     def _trainable_bias(self, dropout: float) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
         """(bias, allowed, masked) where SDPA runs the call with `biased_sdpa`: on the CPU
-        (CUDA's SDPA has a kernel for a mask's gradient), one score bias, on every head, without a hard mask, that
-        needs a gradient, in the query's dtype, the call's mask bool or None, no dropout, as many key/value heads as
-        query heads; else None (the backend gets `_backend_mask`)."""
-        if self.implementation != "sdpa" or dropout or len(self._scores) != 1 or not torch.is_grad_enabled() or \
-                self.query.device.type != "cpu":
+        (CUDA's SDPA has a kernel for a mask's gradient), without dropout, as many key/value heads as query heads,
+        where the scores' changes need a gradient: one score bias on every head without a hard mask, in the query's
+        dtype, the call's mask bool or None, as it is; else (hard masks, some heads: LPEA with RHE's selection)
+        `_backend_mask` where it needs one, which holds the mask (`masked`); else None (the backend gets
+        `_backend_mask`)."""
+        if self.implementation != "sdpa" or dropout or not self._scores or not torch.is_grad_enabled() or \
+                self.query.device.type != "cpu" or self.key.shape[1] != self.query.shape[1]:
             return None
         term = self._scores[0]
-        if not isinstance(term, ScoreBias) or term.bias is None or term.allowed is not None or term.selection is not \
-                None or not term.bias.requires_grad or term.bias.dtype != self.query.dtype:
+        if len(self._scores) == 1 and isinstance(term, ScoreBias) and term.bias is not None and term.allowed is None \
+                and term.selection is None and term.bias.requires_grad and term.bias.dtype == self.query.dtype:
+            mask = self._explicit_mask()
+            if mask is None or mask.dtype == torch.bool:
+                return term.bias, mask, term.masked
+        mask = self._backend_mask()
+        if mask is None or not mask.requires_grad or mask.dtype != self.query.dtype:
             return None
-        if self.key.shape[1] != self.query.shape[1]:
-            return None
-        mask = self._explicit_mask()
-        if mask is not None and mask.dtype != torch.bool:
-            return None
-        return term.bias, mask, term.masked
+        return mask, None, True
 
     def _flex_score_mod(self) -> ScoreMod | None:
         """The score changes as one flex `score_mod` (None: none), in the order added."""

@@ -7,8 +7,9 @@ itself). `BiasedAttention` instead runs SDPA's CPU kernel on the mask (the bias 
 it, `finfo.min` where masked: what `biased_mask` makes, or the bias itself where it holds the mask
 already) forward, and its backward for q, k and v; the bias's gradient dS comes from recomputed probabilities:
 scores (the mask added by the same product), softmax, dP = dO V^T and softmax's backward, four (B, H, T, S) writes.
-The attention function takes it on SDPA for one trainable bias on every head (Localness, Rel_Pos's key term)
-without dropout (`_trainable_bias`).
+The attention function takes it on SDPA without dropout for one trainable bias on every head (Localness, Rel_Pos's
+key term), or for the call's whole mask where that needs a gradient (biases with hard masks or on some heads: LPEA
+or Localness on RHE's redundant heads), which holds the mask already (`_trainable_bias`).
 
 Values and gradients are the math path's; a query row that allows no key (its output the mean of the values, the
 bias masked out) gets SDPA's kernel's gradients to q, k and v, and none to its bias.

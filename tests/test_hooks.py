@@ -328,6 +328,47 @@ def test_the_taken_over_path_gradchecks(backend):
     assert torch.autograd.gradcheck(attention, (query, key, value, *tables))
 
 
+class ValuesOnly(AttentionMethod):
+    """Takes over `heads` with an output read from the values alone (as fixed attention's heads: their q and k get
+    no gradient): each query's output is the mean of the real keys' values plus its position."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = heads
+
+    def before(self, call):
+        call.take_over(self.heads, self.attend)
+
+    def attend(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None):
+        real = REAL[:, None, :, None].to(value.dtype)  # (B, 1, S, 1)
+        mean = (value * real).sum(2, keepdim=True) / real.sum(2, keepdim=True)
+        output = mean + torch.arange(query.shape[2], dtype=value.dtype)[:, None]
+        return output.transpose(1, 2), None
+
+
+@pytest.mark.parametrize("heads", [(0, 1), (2, 0), (3,)], ids=str)
+def test_heads_that_read_only_values_gradcheck_in_hf_layout(heads):
+    """float64 gradcheck of the attention function with heads taken over by a method that reads only V, q/k/v
+    given as transformers makes them (views of (B, T, H, D)): the backend's heads' gradients, the taken heads'
+    (zero for q and k), put together in HF's layout, in a run and out of one."""
+    module = attach(module_of("sdpa").double(), values=ValuesOnly(heads))
+    mask = padding_mask("sdpa")
+    bases = [t.transpose(1, 2).contiguous().requires_grad_() for t in qkv(torch.float64)]  # (B, T, H, D)
+
+    def attention(*bases, hook=None):
+        query, key, value = (base.transpose(1, 2) for base in bases)
+        for tensor in (query, key, value) if hook else ():
+            tensor.register_hook(hook)
+        return headattn_attention_forward(module, query, key, value, mask, scaling=SCALING)[0]
+
+    assert torch.autograd.gradcheck(attention, bases)
+    grads = []
+    attention(*bases, hook=grads.append).sum().backward()
+    assert all(grad.transpose(1, 2).is_contiguous() for grad in grads)  # in HF's layout: its view needs no copy
+    rest = [head for head in range(H) if head not in heads]
+    assert not bases[0].grad[:, :, list(heads)].any() and bases[0].grad[:, :, rest].all()
+
+
 def test_taking_over_with_the_eager_function_changes_nothing():
     """Heads taken over by transformers' own eager function: the output and weights are eager's on every head."""
 

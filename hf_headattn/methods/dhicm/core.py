@@ -280,7 +280,7 @@ class HeadMixture(torch.autograd.Function):
     """Eq. 1-4 of paper mode for all tokens at once, forward and backward written out (#47: DHICM's GPU step was
     host work). The composition of `importance_scores`, log-softmax (Eq. 1), `combine_heads` and Eq. 4's
     KL, gradchecked against it in float64, with one autograd node instead of one per operation and fewer operators:
-    a module's forward and backward 76 against 93 (`tests/test_overhead.py`). Products over heads are elementwise
+    a module's forward and backward 71 against 93 (`tests/test_overhead.py`). Products over heads are elementwise
     with a sum, as in `importance_scores` (a `bmm` over B T batches of H x d_k is slower on CPUs).
 
     `apply(heads (N, H, d_k), ux (N, d_m), w, v, weights (N,) or None, log_heads)` -> (sum_h G_h V O^h (N, d_m),
@@ -297,16 +297,17 @@ class HeadMixture(torch.autograd.Function):
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         if ctx.autocast[1]:  # autocast's casts of W and V, kept for the backward (not cast again there)
             w, v = w.to(ctx.autocast[2]), v.to(ctx.autocast[2])
-        projected = torch.mm(ux, w)  # (N, d_k): W^T U x
-        scores = (heads * projected.unsqueeze(1)).sum(-1) / math.sqrt(w.shape[0])  # Eq. 2, as importance_scores
+        projected = torch.mm(ux, w).unsqueeze(1)  # (N, 1, d_k): W^T U x
+        scores = (heads * projected).sum(-1) / math.sqrt(w.shape[0])  # Eq. 2, as importance_scores
         if scores.dtype in (torch.float16, torch.bfloat16):  # G and the KL in float32 at least
             scores = scores.float()
         log_importance = torch.log_softmax(scores, dim=-1)  # Eq. 1
         importance = log_importance.exp()
         kl = (importance * (log_importance + log_heads)).sum(-1)  # Eq. 4, per token
-        mean_kl = kl.mean() if weights is None else (kl * weights).sum()
-        mixing = importance.to(heads.dtype)  # G in the heads' dtype (autocast's), kept for the backward
-        mixed = (heads * mixing.unsqueeze(2)).sum(1)  # sum_h G_h O^h
+        mean_kl = kl.mean() if weights is None else torch.dot(kl, weights.to(kl.dtype))
+        mixing = importance.to(heads.dtype).unsqueeze(2)  # (N, H, 1): G in the heads' dtype (autocast's)
+        mixed = (heads * mixing).sum(1)  # sum_h G_h O^h
+        # (projected and G kept as the products broadcast them: no unsqueeze again in the backward)
         ctx.save_for_backward(heads, ux, w, v, projected, importance, log_importance, mixing, mixed, weights)
         ctx.mark_non_differentiable(importance)
         ctx.set_materialize_grads(False)
@@ -320,18 +321,17 @@ class HeadMixture(torch.autograd.Function):
         with torch.autocast(device, dtype=dtype, enabled=enabled):
             if grad_output is None:
                 grad_output = mixed.new_zeros(tokens, v.shape[0])
-            grad_mixed = torch.mm(grad_output, v)  # (N, d_k)
-            grad_importance = (heads * grad_mixed.unsqueeze(1)).sum(-1).to(importance.dtype)
+            grad_mixed = torch.mm(grad_output, v).unsqueeze(1)  # (N, 1, d_k)
+            grad_importance = (heads * grad_mixed).sum(-1).to(importance.dtype)
             if grad_kl is not None:
                 token_grad = grad_kl / tokens if weights is None else (grad_kl * weights).unsqueeze(-1)
                 grad_importance = torch.addcmul(grad_importance, token_grad, log_importance)
             # G (g - <G, g>): softmax's backward, one operator for four (issue 63)
             grad_scores = softmax_backward(grad_importance, importance)
-            grad_scores = (grad_scores / math.sqrt(w.shape[0])).to(heads.dtype)
-            grad_projected = (heads * grad_scores.unsqueeze(2)).sum(1)
+            grad_scores = (grad_scores / math.sqrt(w.shape[0])).to(heads.dtype).unsqueeze(2)  # (N, H, 1)
+            grad_projected = (heads * grad_scores).sum(1)
             # G_h dL/d(mixed) + dL/ds_h p, both outer products
-            grad_heads = (mixing.unsqueeze(2) * grad_mixed.unsqueeze(1)).addcmul_(grad_scores.unsqueeze(2),
-                                                                               projected.unsqueeze(1))
+            grad_heads = (mixing * grad_mixed).addcmul_(grad_scores, projected)
             return (grad_heads, torch.mm(grad_projected, w.t()), torch.mm(ux.t(), grad_projected),
                     torch.mm(grad_output.t(), mixed), None, None)
 

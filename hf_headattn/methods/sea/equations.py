@@ -42,7 +42,7 @@ def lpea_label_bias(embeddings: torch.Tensor, weight: torch.Tensor, bias: torch.
     :
         Tensor, shape (2k+1,), every value <= 0
     """
-    hidden = torch.tanh(embeddings @ weight.T + bias)  # (2k+1, d_h)
+    hidden = torch.tanh(torch.addmm(bias, embeddings, weight.T))  # (2k+1, d_h): W_P w_l + b_P in one product
     return -(hidden @ projection).abs()
 
 

@@ -8,6 +8,7 @@ from transformers import MBartConfig, MBartForConditionalGeneration
 
 from conftest import FAMILIES, TINY, batch, greedy_by_full_forward
 from hf_headattn import HeadAttnMBartForConditionalGeneration
+from hf_headattn.biased_attention import BiasedAttention
 from hf_headattn.experiment.analysis import count_redundant_heads, redundancy_report
 from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 
@@ -114,14 +115,27 @@ def test_rhe_prune_zeroes_exactly_the_redundant_heads(checkpoint):
     torch.testing.assert_close(out.logits[0], plain[0], atol=1e-5, rtol=0)
 
 
-def test_lpea_parameters_get_gradients_only_through_selected_heads(checkpoint):
+def test_lpea_parameters_get_gradients_only_through_selected_heads(checkpoint, monkeypatch):
+    """LPEA's parameters get a gradient where RHE selects heads, zeros where it selects none; SDPA's gradients (its
+    kernel on the mask with the selected heads' bias in it, the bias's gradient from biased_attention's backward:
+    issue 63) are eager's (autograd through the probabilities)."""
+    fast = []
+    apply = BiasedAttention.apply
+    monkeypatch.setattr(BiasedAttention, "apply", lambda *args: fast.append(1) or apply(*args))
     for related_rows, expect_grad in (((), True), ((0, 1), False)):
-        model = load(checkpoint, type="lpea", head_selection="redundant").train()
-        model.config.dropout = 0.0
-        model(**batch(), **syntax(related_rows)).loss.backward()
-        grads = [p.grad for n, p in model.named_parameters() if ".sea.lpea_" in n]
-        assert len(grads) == 4 and all(g is not None for g in grads)  # zeros, never None: DDP needs no flag
-        assert any(g.abs().sum() > 0 for g in grads) == expect_grad
+        results = []
+        for backend in ("sdpa", "eager"):
+            torch.manual_seed(0)  # (the same LPEA parameters, missing from the checkpoint, and dropout)
+            model = load(checkpoint, backend, type="lpea", head_selection="redundant").train()
+            model(**batch(), **syntax(related_rows)).loss.backward()
+            results.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+            grads = [p.grad for n, p in model.named_parameters() if ".sea.lpea_" in n]
+            assert len(grads) == 4 and all(g is not None for g in grads)  # zeros, never None: DDP needs no flag
+            assert any(g.abs().sum() > 0 for g in grads) == expect_grad
+        assert results[0].keys() == results[1].keys()
+        for name, grad in results[0].items():
+            torch.testing.assert_close(grad, results[1][name], atol=1e-5, rtol=1e-4, msg=name)
+    assert fast == [1, 1]  # SDPA's layer 0 took it, with heads selected or none
 
 
 def test_sea_off_attaches_nothing_and_ignores_syntax(checkpoint):
