@@ -24,11 +24,14 @@ shapes and dtypes propagate, nothing is computed or allocated, so the largest sh
   memory-bound step on a GPU, without the reads; an upper bound for a fused (compiled) step, whose kernels write
   fewer intermediates. ``written_by_op``: the ten operators that write most, in bytes.
 * SEA's value check of ``phrase_positions`` reads the values on the host on the CPU, which fake tensors cannot;
-  counting takes the accelerator's path (an asynchronous assert) instead.
+  counting takes the accelerator's path (an asynchronous assert) instead. Rel_Pos's kernels (``implementation=
+  "triton"``) run on CUDA only (or under Triton's interpreter): counting takes their path on the fake CPU tensors
+  (their operators' fake implementations give what they write).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import traceback
 from unittest import mock
 
@@ -50,7 +53,7 @@ WRITTEN_TARGETS = {"eadra-scratch": 1.40, "dhicm": 1.10, "dea-rhe": 1.10, "lpea-
 #: The counted run's default shapes and rows: from-scratch rows at transformer-base, fine-tuning rows at mbart-large.
 COUNT_PLAN = {
     "transformer-base": ["off", "dhicm", "eadra-scratch", "dea-rhe", "lpea-rhe", "fixed-attention", "rel-pos",
-                         "localness"],
+                         "rel-pos-triton", "localness"],
     "mbart-large-8x512": ["off", "off-no-logits", "eadra-finetune", "eadra-finetune-no-logits", "dhicm-finetune",
                           "dea-rhe"],
 }
@@ -94,6 +97,35 @@ def register_chunked_cross_entropy_flops() -> None:
         return 2 * input_shape[0] * input_shape[1] * weight_shape[0] * (1 + compute_input_grad + compute_weight_grad)
 
     flop_counter.register_flop_formula(op.overloadpacket)(formula)
+
+
+def register_rel_pos_flops() -> None:
+    """Count Rel_Pos's kernels (``hf_headattn.methods.rel_pos.tiled``: custom operators, opaque to the flop counter,
+    which would count nothing) as the products they run, 2 * m * n * k each: forward q k^T and P V over the (T, S)
+    pairs, q W^K^T and the per-label sums times W^V over the (T, L) pairs; backward seven products over the pairs
+    (q k^T and dO V^T in both kernels, dS K, P^T dO, dS^T Q) and, over the (T, L) pairs, five in the query kernel
+    (q W^K^T, dO W^V^T, the key term's dQ, the tables' two shares) and two per key tile in the key kernel."""
+    if importlib.util.find_spec("triton") is None:
+        return
+    from hf_headattn.methods.rel_pos import tiled
+
+    forward, backward = tiled.operators()
+    if forward in flop_counter.flop_registry:
+        return
+
+    def pairs(query_shape, key_shape, max_distance):
+        rows = 2 * query_shape[0] * query_shape[1] * query_shape[2] * query_shape[3]
+        return rows * key_shape[2], rows * (2 * max_distance + 1)
+
+    flop_counter.register_flop_formula(forward)(
+        lambda query_shape, key_shape, *args, out_shape=None, **kwargs:
+        sum(2 * n for n in pairs(query_shape, key_shape, args[-3])))
+
+    def backward_formula(grad_shape, query_shape, key_shape, *args, out_shape=None, **kwargs):
+        by_keys, by_labels = pairs(query_shape, key_shape, args[-3])
+        return 7 * by_keys + by_labels * (5 + 2 * -(-key_shape[2] // args[-1]))
+
+    flop_counter.register_flop_formula(backward)(backward_formula)
 
 
 class StashedGradients(TorchDispatchMode):
@@ -188,9 +220,12 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
     """FLOPs and saved-for-backward bytes of one forward + backward of a row's model, under ``FakeTensorMode``."""
     register_cpu_sdpa_flops()
     register_chunked_cross_entropy_flops()
+    register_rel_pos_flops()
+    from hf_headattn.methods.rel_pos import core as rel_pos
     from hf_headattn.methods.sea import core as sea
 
-    with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False):
+    with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False), \
+            mock.patch.object(rel_pos, "_kernel_device", lambda device: True):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
         model = setups.build(kind, settings, shape_kwargs, None, None, attn_implementation)
         step = setups.step_fn(kind, model, batch)
