@@ -235,8 +235,9 @@ def kernel_refusal(query: torch.Tensor, mask: torch.Tensor | None, offset: int |
     """Why the kernels do not compute this call (None: they do), the call's own reasons first; the rule in one place.
 
     Today's path (`relative_attention`) runs instead where the call needs what the kernels do not do: a mask that
-    requires a gradient (another method's score bias in it), a dtype not in `KERNEL_DTYPES`, a head dimension over
-    256, queries whose positions are not `label_offset`'s, or the weights (the eager backend, which returns them;
+    requires a gradient (another method's score bias in it), a dtype not in `KERNEL_DTYPES` (or bfloat16 under the
+    interpreter), a head dimension over 256, queries whose positions are not `label_offset`'s, or the weights (the
+    eager backend, which returns them;
     attention dropout and `head_selection="redundant"` never reach this path). Where the environment cannot run them
     (no Triton; tensors neither on CUDA nor on the CPU under `TRITON_INTERPRET=1`) the reason starts with
     "environment:"."""
@@ -246,6 +247,8 @@ def kernel_refusal(query: torch.Tensor, mask: torch.Tensor | None, offset: int |
         return "the mask requires a gradient (another method's score bias)"
     if query.dtype not in KERNEL_DTYPES or query.shape[-1] > 256:
         return f"{query.dtype} with head dimension {query.shape[-1]}: expected one of {KERNEL_DTYPES}, at most 256"
+    if query.dtype == torch.bfloat16 and query.device.type == "cpu":
+        return "bfloat16 on the CPU: Triton's interpreter multiplies bfloat16 blocks wrongly (triton 3.9)"
     if not _has_triton():
         return "environment: Triton is not installed (pip install triton)"
     if not _kernel_device(query.device):

@@ -90,13 +90,18 @@ def test_the_kernels_equal_eq_3_4_and_relative_attention_with_every_gradient(len
         torch.testing.assert_close(ours[0, :, 3].double(), uniform, atol=2e-5, rtol=2e-5)
 
 
-def test_the_output_keeps_the_querys_layout_and_blocks_are_checked():
-    """The output in the query's memory layout (B, T, H, D as the projections make it: no copy for out_proj)."""
+def test_the_output_keeps_the_querys_layout_in_float16_too_and_blocks_are_checked():
+    """The output in the query's memory layout (B, T, H, D as the projections make it: no copy for out_proj); float16
+    blocks multiplied as float16."""
     tensors, _ = inputs(17, 17, 2, "head", None)
     query = tensors[0].float().transpose(1, 2).contiguous().transpose(1, 2)
     output = tiled.tiled_relative_attention(query, *[t.float() for t in tensors[1:]], None, SCALING, 0, 2,
                                             blocks=(16, 16))
     assert output.stride() == query.stride()
+    half = tiled.tiled_relative_attention(*[t.half() for t in tensors], None, SCALING, 0, 2, blocks=(16, 16))
+    expected = relative_attention(*[t.float() for t in tensors], relative_labels(17, 17, 2), None, SCALING)[0]
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half.float(), expected, atol=1e-2, rtol=1e-2)
     with pytest.raises(ValueError, match=r"blocks must be powers of two >= 16, got \(8, 16\)"):
         tiled.tiled_relative_attention(query, *[t.float() for t in tensors[1:]], None, SCALING, 0, 2, blocks=(8, 16))
 
@@ -110,6 +115,7 @@ def test_which_calls_run_the_kernels():
     assert not core.runs_kernel("auto", query, mask, 0) and not core.runs_kernel("eager", query, mask, 0)
     for args, reason in [((query, mask.requires_grad_(), 0), "the mask requires a gradient"),
                          ((query.double(), None, 0), "torch.float64 with head dimension 8"),
+                         ((query.bfloat16(), None, 0), "bfloat16 on the CPU"),
                          ((query, None, None), "the queries' positions are not offset")]:
         assert core.kernel_refusal(*args).startswith(reason)
         assert not core.runs_kernel("triton", *args)
