@@ -19,12 +19,14 @@
 # The target rows need 12 transformer-base compiles (stock and four methods, default and reduce-overhead, stock again
 # for the SEA parts), about 600 s: they cannot fit one 6-minute run, nor two, so they take the first parts of three
 # plans, each under 6 minutes on its own (cold caches), the issue table's rows first:
-#   PLAN=1  40 + 50 + 180 = 270 s (EaDRA's Triton pass, timed here last as triton-check, was removed: 2.17x the
-#                        compiled pass on the H200, benchmarks/results/gpu/nvidia-h200-20261127)
+#   PLAN=1  40 + 50 + 180 + 40 = 310 s (EaDRA's Triton pass, timed here last as triton-check, was removed: 2.17x
+#                        the compiled pass on the H200, benchmarks/results/gpu/nvidia-h200-20261127)
 #     tb-eager       40  transformer-base 32x256 eager: dhicm eadra-scratch dea-rhe lpea-rhe (5 models, 8 repeats)
 #     mbart-eager    50  mbart-large-8x512 eager: off dhicm-finetune eadra-finetune off-no-logits (the old mbart-eager
 #                        and mbart-no-logits merged: one process, one stock, 5 models as before)
 #     tb-compiled   180  transformer-base compiled, default mode: dhicm eadra-scratch (time and peak memory)
+#     rel-pos-check  40  benchmarks/rel_pos_check.py: Rel_Pos's Triton kernels (rel-pos-triton) against its PyTorch
+#                        path and float64 at transformer-base's attention, fp32 and bf16, and their time (issue #63)
 #   PLAN=2  150 + 170 = 320 s: compiled target rows
 #     tb-compiled-sea 150  default mode: dea-rhe lpea-rhe (stock's graph loaded from PLAN=1's cache if still there)
 #     tb-compiled-ro 170  mode="reduce-overhead" (CUDA graphs, fixed shapes): dhicm eadra-scratch
@@ -49,7 +51,7 @@
 # part is loaded, not compiled, by a later one (stock's, tb-profile-compiled's), and Triton kernels are reused.
 #
 # Output: RESULTS (default benchmarks/results/gpu/<gpu>-<date>-<time>; outputs/gpu-smoke-<time> with SMOKE=1) holds
-# <part>.json (overhead.py's JSON; compile_check.py's for compile-check,
+# <part>.json (overhead.py's JSON; compile_check.py's for compile-check, rel_pos_check.py's for rel-pos-check,
 # profile_step.py's for tb-profile and tb-profile-compiled, flex_check.py's for tb-flex), logs/<part>.log and
 # logs/<part>.tsv (status line), parts.tsv (every part's status, seconds, shape, mode, precision and rows) and
 # summary.json (gpu_summary.py: each target row of its TARGET_ROWS met / not met / not measured and why, every check,
@@ -102,6 +104,7 @@ if [[ $SMOKE == 1 ]]; then
     CHECK_ROWS=(dhicm all)
     PROFILE_TIMING=(--warmup 1 --steps 1)
     FLEX_TIMING=(--repeats 1 --warmup 1)
+    KERNEL_TIMING=(--repeats 1 --warmup 0)
     RESULTS=${RESULTS:-outputs/gpu-smoke-$(date +%Y%m%d-%H%M%S)}
     export TRITON_INTERPRET=1  # Rel_Pos's Triton kernels (rel-pos-triton) on CPU tensors, as the tests run them
 else
@@ -112,6 +115,7 @@ else
     read -ra CHECK_ROWS <<<"${CHECK_ROWS:-all}"  # or: off dhicm dhicm-scaled eadra dea-rhe lpea-rhe all
     PROFILE_TIMING=(--warmup 3 --steps 2)
     FLEX_TIMING=(--repeats 6 --warmup 2)
+    KERNEL_TIMING=(--repeats 10 --warmup 3)
     gpu=${gpu%% / torch*}
     slug=$(tr -cs 'a-z0-9' '-' <<<"${gpu,,}" | sed 's/-$//')  # e.g. nvidia-h100-80gb-hbm3
     RESULTS=${RESULTS:-benchmarks/results/gpu/$slug-$(date +%Y%m%d-%H%M)}
@@ -181,6 +185,8 @@ SECTION=1
 timing tb-eager "$TB" eager "$PRECISION" "dhicm eadra-scratch dea-rhe lpea-rhe" 40 "${TB_TIMING[@]}"
 timing mbart-eager "$LARGE" eager "$PRECISION" "off dhicm-finetune eadra-finetune off-no-logits" 50 "${LARGE_TIMING[@]}"
 timing tb-compiled "$TB" compiled "$PRECISION" "dhicm eadra-scratch" 180 "${COMPILED_TIMING[@]}"
+part rel-pos-check "$TB" rel-pos-check "fp32+bf16" rel-pos-triton 40 -- "$PYTHON" benchmarks/rel_pos_check.py \
+    --shape "$TB" --device "$DEVICE" "${KERNEL_TIMING[@]}" --out "$RESULTS/rel-pos-check.json"
 # ---- PLAN=2: the other compiled target rows ----
 SECTION=2
 timing tb-compiled-sea "$TB" compiled "$PRECISION" "dea-rhe lpea-rhe" 150 "${COMPILED_TIMING[@]}"
