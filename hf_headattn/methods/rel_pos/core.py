@@ -37,7 +37,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import partial
 from typing import Literal
 
 import torch
@@ -218,11 +218,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """The dtypes the kernels take (float64 runs `relative_attention`)."""
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 """Whether Triton interprets its kernels in this process (then they run on CPU tensors: the tests)."""
-
-
-@cache  # (asked at every call: the answer does not change within a process)
-def _has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+"""Whether Triton is installed (looked up once: inside a compiled model the look-up would be traced)."""
 
 
 def _kernel_device(device: torch.device) -> bool:
@@ -237,10 +234,9 @@ def kernel_refusal(query: torch.Tensor, mask: torch.Tensor | None, offset: int |
     Today's path (`relative_attention`) runs instead where the call needs what the kernels do not do: a mask that
     requires a gradient (another method's score bias in it), a dtype not in `KERNEL_DTYPES` (or bfloat16 under the
     interpreter), a head dimension over 256, queries whose positions are not `label_offset`'s, or the weights (the
-    eager backend, which returns them;
-    attention dropout and `head_selection="redundant"` never reach this path). Where the environment cannot run them
-    (no Triton; tensors neither on CUDA nor on the CPU under `TRITON_INTERPRET=1`) the reason starts with
-    "environment:"."""
+    eager backend, which returns them; attention dropout and `head_selection="redundant"` never reach this path).
+    Where the environment cannot run them (no Triton; tensors neither on CUDA nor on the CPU under
+    `TRITON_INTERPRET=1`) the reason starts with "environment:"."""
     if offset is None:
         return "the queries' positions are not offset + 0..T-1, or the backend returns the weights (eager)"
     if mask is not None and mask.requires_grad:
@@ -249,7 +245,7 @@ def kernel_refusal(query: torch.Tensor, mask: torch.Tensor | None, offset: int |
         return f"{query.dtype} with head dimension {query.shape[-1]}: expected one of {KERNEL_DTYPES}, at most 256"
     if query.dtype == torch.bfloat16 and query.device.type == "cpu":
         return "bfloat16 on the CPU: Triton's interpreter multiplies bfloat16 blocks wrongly (triton 3.9)"
-    if not _has_triton():
+    if not HAS_TRITON:
         return "environment: Triton is not installed (pip install triton)"
     if not _kernel_device(query.device):
         return (f"environment: tensors on {query.device.type}; the kernels run on CUDA, or on the CPU under "

@@ -19,8 +19,9 @@ It writes the output and m, l (B, H, T) only. The backward recomputes p = exp(s 
 tiles of each query tile (D_i = rowsum(dO * O), dP = dO V^T + (dO W^V^T)[label], dS = P (dP - D), dQ = scaling (dS K
 + the per-label sums of dS W^K), and each query tile's share of dW^K (the per-label sums of dS)^T Q and of dW^V (the
 per-label sums of P)^T dO), one over the query tiles of each key tile (dK = scaling dS^T Q, dV = P^T dO). As the
-reference, a row that allows no key gives the key term no gradient. The tables' shares (one per sentence and query
-tile, float32) are summed by torch.
+reference, a row that allows no key gives the key term no gradient. The tables' shares (float32, one per sentence,
+head and query tile) are summed over the tiles in the operator, over the sentences (and the heads of a shared table)
+by torch.
 
 Both are `torch.library` custom operators (`mutates_args=()`, fake implementations of the true output shapes):
 opaque to `torch.compile` (no graph break) and counted under `FakeTensorMode` as the bytes the kernels write. Which
