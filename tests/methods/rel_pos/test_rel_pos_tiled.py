@@ -127,9 +127,10 @@ def test_which_calls_run_the_kernels():
             core.runs_kernel("triton", query, None, 0)
 
 
-def test_a_model_with_the_kernels_equals_the_pytorch_path_in_loss_and_gradients():
-    """Encoder (padding) and decoder (causal) self-attention, a table per head, k = 2: the same loss and gradients;
-    the kernels ran on every layer (the encoder's weights are then not returned)."""
+def test_a_model_with_the_kernels_equals_the_pytorch_path_in_loss_gradients_and_generate():
+    """Encoder (padding) and decoder (causal) self-attention, a table per head, k = 2: the same loss and gradients,
+    the kernels on every layer; and the same beams from `generate` with a cache (one query after the cached ones:
+    T = 1, offset = the cached length)."""
     models = {}
     for implementation in ("eager", "triton"):
         torch.manual_seed(0)
@@ -147,6 +148,12 @@ def test_a_model_with_the_kernels_equals_the_pytorch_path_in_loss_and_gradients(
     for (name, ours), (_, theirs) in zip(models["triton"].named_parameters(), models["eager"].named_parameters()):
         torch.testing.assert_close(ours.grad, theirs.grad, atol=5e-5, rtol=1e-4, msg=name)  # (float32, std 0.5)
     assert models["triton"].model.encoder.layers[0].self_attn.rel_pos.relative_values.grad.abs().sum() > 0
+    inputs = batch()
+    with mock.patch.object(tiled, "tiled_relative_attention", lambda *a, **kw: calls.append(a[0].shape[2]) or
+                           launch(*a, **kw)):
+        beams = {name: model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], num_beams=2,
+                                      max_new_tokens=4, do_sample=False) for name, model in models.items()}
+    assert beams["triton"].tolist() == beams["eager"].tolist() and calls[-1] == 1
 
 
 def test_the_operators_compile_without_a_graph_break():
