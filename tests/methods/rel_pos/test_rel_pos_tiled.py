@@ -127,6 +127,7 @@ def test_which_calls_run_the_kernels():
             core.runs_kernel("triton", query, None, 0)
 
 
+@pytest.mark.slow  # (5 s: two models interpreted, training and generate)
 def test_a_model_with_the_kernels_equals_the_pytorch_path_in_loss_gradients_and_generate():
     """Encoder (padding) and decoder (causal) self-attention, a table per head, k = 2: the same loss and gradients,
     the kernels on every layer; and the same beams from `generate` with a cache (one query after the cached ones:
@@ -156,6 +157,7 @@ def test_a_model_with_the_kernels_equals_the_pytorch_path_in_loss_gradients_and_
     assert beams["triton"].tolist() == beams["eager"].tolist() and calls[-1] == 1
 
 
+@pytest.mark.slow  # (a compile)
 def test_the_operators_compile_without_a_graph_break():
     """`fullgraph=True` (a break raises) through the forward and backward operators, whose fake implementations give
     the kernels' shapes and layouts (aot_eager runs the traced graph): the same output and gradients as eager."""
