@@ -14,6 +14,10 @@ backward passes of each (after ``--warmup``), and ``triton_over_eager``. On the 
 interpreter only (``TRITON_INTERPRET=1``: ``gpu.sh``'s ``SMOKE=1``), in float32 (the interpreter multiplies bfloat16
 wrongly). The JSON: ``device``, ``device_name``, ``torch``, ``triton``, ``shape``, ``sizes``, ``ok``, ``status``,
 ``errors``, ``ms``, ``triton_over_eager``.
+
+``--registers`` (no GPU needed): compiles the three kernels for an H200 (sm_90) on the CPU (``triton.compile``,
+bfloat16, the shape's head dimension, ``tiled.BLOCKS`` and ``tiled.LAUNCH``) and prints each kernel's registers and
+stack (the registers spilled) a thread, as the wheel's ``cuobjdump -res-usage`` reads them.
 """
 
 from __future__ import annotations
@@ -113,6 +117,40 @@ def check(shape: str, device: torch.device, warmup: int, repeats: int, out: Path
     return result
 
 
+def registers(shape: str, arch: int = 90) -> dict:
+    """``{kernel: "REG:.. STACK:.."}`` of the kernels compiled for ``sm_<arch>`` in bfloat16 (``--registers``)."""
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hf_headattn.methods.rel_pos import tiled
+
+    shape_kwargs = SHAPES[shape][0]
+    config = MBartConfig(**shape_kwargs)
+    constants = dict(MASK=1, DOT="tf32x3", BM=tiled.BLOCKS[0], BN=tiled.BLOCKS[1], BL=64,
+                     BD=max(16, triton.next_power_of_2(config.d_model // config.encoder_attention_heads)))
+    pointers = {"Mask": "*u8", **{name: "*fp32" for name in ("RowMax", "RowSum", "Delta", "DWK", "DWV")}}
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    found = {}
+    for kernel in (tiled._forward_kernel, tiled._query_kernel, tiled._key_kernel):
+        names = kernel.arg_names
+        signature = {name: "constexpr" if name in constants else pointers.get(name, "*bf16") if name[0].isupper()
+                     else "fp32" if name == "scaling" else "i32" for name in names}
+        constexprs = {(names.index(name),): value for name, value in constants.items()}
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32),
+                                  options=dict(tiled.LAUNCH))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(compiled.asm["cubin"])
+            cubin.flush()
+            usage = subprocess.run([str(tool), "-res-usage", cubin.name], capture_output=True, text=True).stdout
+        found[kernel.fn.__name__] = " ".join(next((line for line in usage.splitlines() if "REG:" in line),
+                                                  "?").split()[:2])
+    return found
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="transformer-base", choices=sorted(SHAPES))
@@ -120,7 +158,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--registers", action="store_true", help="compile for sm_90 on the CPU: registers, spills")
     args = parser.parse_args(argv)
+    if args.registers:
+        found = registers(args.shape)
+        print(json.dumps(found))
+        return found
     device = torch.device(args.device)
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--device cpu: the kernels run on the CPU only under Triton's interpreter (TRITON_INTERPRET=1)")

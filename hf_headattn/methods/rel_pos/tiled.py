@@ -45,8 +45,9 @@ except ImportError as error:
 BLOCKS = (64, 64)
 """The default (block_m, block_n): queries and keys per tile."""
 LAUNCH = {"num_warps": 8, "num_stages": 2}
-"""The kernels' launch options. Compiled for sm_90 (an H200's) on the CPU (`triton.compile`, bfloat16, 64 x 64
-tiles, head dimension 64): four warps spill 0.6-1.3 KB of registers a thread, eight 0.1-0.3 KB; not yet timed."""
+"""The kernels' launch options. Compiled for sm_90 (an H200's) on the CPU (`benchmarks/rel_pos_check.py
+--registers`: bfloat16, 64 x 64 tiles, head dimension 64), four warps spill 0.6-1.3 KB of registers a thread, eight
+0.1-0.3 KB; not yet timed."""
 MASKED = tl.constexpr(-3.4028234663852886e38)
 """A masked key's score: float32's `finfo.min`, as the reference's bool mask writes it."""
 
