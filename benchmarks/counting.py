@@ -24,11 +24,14 @@ shapes and dtypes propagate, nothing is computed or allocated, so the largest sh
   memory-bound step on a GPU, without the reads; an upper bound for a fused (compiled) step, whose kernels write
   fewer intermediates. ``written_by_op``: the ten operators that write most, in bytes.
 * SEA's value check of ``phrase_positions`` reads the values on the host on the CPU, which fake tensors cannot;
-  counting takes the accelerator's path (an asynchronous assert) instead.
+  counting takes the accelerator's path (an asynchronous assert) instead. Rel_Pos's kernels (``implementation=
+  "triton"``) run on CUDA only (or under Triton's interpreter): counting takes their path on the fake CPU tensors
+  (their operators' fake implementations give what they write).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import traceback
 from unittest import mock
 
@@ -50,7 +53,7 @@ WRITTEN_TARGETS = {"eadra-scratch": 1.40, "dhicm": 1.10, "dea-rhe": 1.10, "lpea-
 #: The counted run's default shapes and rows: from-scratch rows at transformer-base, fine-tuning rows at mbart-large.
 COUNT_PLAN = {
     "transformer-base": ["off", "dhicm", "eadra-scratch", "eadra-scratch-triton", "dea-rhe", "lpea-rhe",
-                         "fixed-attention", "rel-pos", "localness"],
+                         "fixed-attention", "rel-pos", "rel-pos-triton", "localness"],
     "mbart-large-8x512": ["off", "off-no-logits", "eadra-finetune", "eadra-finetune-no-logits", "dhicm-finetune",
                           "dea-rhe"],
 }
@@ -112,6 +115,35 @@ def register_tiled_eadra_flops() -> None:
         packet = getattr(torch.ops.hf_headattn, name)
         if packet not in flop_counter.flop_registry:
             flop_counter.register_flop_formula(packet)(formula(products))
+
+
+def register_rel_pos_flops() -> None:
+    """Count Rel_Pos's kernels (``hf_headattn.methods.rel_pos.tiled``: custom operators, opaque to the flop counter,
+    which would count nothing) as the products they run, 2 * m * n * k each: forward q k^T and P V over the (T, S)
+    pairs, q W^K^T and the per-label sums times W^V over the (T, L) pairs; backward seven products over the pairs
+    (q k^T and dO V^T in both kernels, dS K, P^T dO, dS^T Q) and, over the (T, L) pairs, five in the query kernel
+    (q W^K^T, dO W^V^T, the key term's dQ, the tables' two shares) and two per key tile in the key kernel."""
+    if importlib.util.find_spec("triton") is None:
+        return
+    from hf_headattn.methods.rel_pos import tiled
+
+    forward, backward = tiled.operators()
+    if forward in flop_counter.flop_registry:
+        return
+
+    def pairs(query_shape, key_shape, max_distance):
+        rows = 2 * query_shape[0] * query_shape[1] * query_shape[2] * query_shape[3]
+        return rows * key_shape[2], rows * (2 * max_distance + 1)
+
+    flop_counter.register_flop_formula(forward)(
+        lambda query_shape, key_shape, *args, out_shape=None, **kwargs:
+        sum(2 * n for n in pairs(query_shape, key_shape, args[-3])))
+
+    def backward_formula(grad_shape, query_shape, key_shape, *args, out_shape=None, **kwargs):
+        by_keys, by_labels = pairs(query_shape, key_shape, args[-3])
+        return 7 * by_keys + by_labels * (5 + 2 * -(-key_shape[2] // args[-1]))
+
+    flop_counter.register_flop_formula(backward)(backward_formula)
 
 
 class StashedGradients(TorchDispatchMode):
@@ -207,13 +239,16 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
     register_cpu_sdpa_flops()
     register_chunked_cross_entropy_flops()
     register_tiled_eadra_flops()
+    register_rel_pos_flops()
     from hf_headattn.methods.eadra import tiled
+    from hf_headattn.methods.rel_pos import core as rel_pos
     from hf_headattn.methods.sea import core as sea
 
-    # the accelerator's paths on fake CPU tensors: SEA's checks stay on the device, EaDRA's tiled operators run
-    # (their fake implementations: the bytes their kernels write)
+    # the accelerator's paths on fake CPU tensors: SEA's checks stay on the device, EaDRA's and Rel_Pos's Triton
+    # operators run (their fake implementations: the bytes their kernels write)
     with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False), \
-            mock.patch.object(tiled, "_device_ok", lambda tensor: True):
+            mock.patch.object(tiled, "_device_ok", lambda tensor: True), \
+            mock.patch.object(rel_pos, "_kernel_device", lambda device: True):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
         model = setups.build(kind, settings, shape_kwargs, None, None, attn_implementation)
         step = setups.step_fn(kind, model, batch)

@@ -30,10 +30,13 @@
 #   PLAN=2  150 + 170 = 320 s: compiled target rows
 #     tb-compiled-sea 150  default mode: dea-rhe lpea-rhe (stock's graph loaded from PLAN=1's cache if still there)
 #     tb-compiled-ro 170  mode="reduce-overhead" (CUDA graphs, fixed shapes): dhicm eadra-scratch
-#   PLAN=3  150 + 60 + 75 = 285 s, then what the deadline leaves (at least 30 s: compile-check, cut if need be)
+#   PLAN=3  150 + 70 + 40 + 75 = 335 s, then what the deadline leaves (compile-check, cut if need be)
 #     tb-compiled-ro-sea 150  reduce-overhead: dea-rhe lpea-rhe (the last target rows)
-#     tb-papers      60  transformer-base eager: off fixed-attention rel-pos rel-pos-keys localness localness-rhe (the
-#                        papers' comparison methods, 7 models; reported, not judged)
+#     tb-papers      70  transformer-base eager: off fixed-attention rel-pos rel-pos-triton rel-pos-keys localness
+#                        localness-rhe (the papers' comparison methods, 8 models; reported, not judged; rel-pos-triton:
+#                        Rel_Pos's Triton kernels, implementation="triton", against rel-pos's PyTorch path)
+#     rel-pos-check  40  benchmarks/rel_pos_check.py: Rel_Pos's Triton kernels (rel-pos-triton) against its PyTorch
+#                        path and float64 at transformer-base's attention, fp32 and bf16, and their time (issue #63)
 #     tb-flex        75  benchmarks/flex_check.py, transformer-base eager on flex_attention: stock (the ratios'
 #                        baseline) and dhicm eadra-scratch dea-rhe lpea-rhe, stock on SDPA beside (is flex faster at
 #                        all?), 6 repeats; first LPEA's bias gradient through flex's score_mod against SDPA's (a
@@ -51,6 +54,7 @@
 #
 # Output: RESULTS (default benchmarks/results/gpu/<gpu>-<date>-<time>; outputs/gpu-smoke-<time> with SMOKE=1) holds
 # <part>.json (overhead.py's JSON; compile_check.py's for compile-check, triton_check.py's for triton-check,
+# rel_pos_check.py's for rel-pos-check,
 # profile_step.py's for tb-profile and tb-profile-compiled, flex_check.py's for tb-flex), logs/<part>.log and
 # logs/<part>.tsv (status line), parts.tsv (every part's status, seconds, shape, mode, precision and rows) and
 # summary.json (gpu_summary.py: each target row of its TARGET_ROWS met / not met / not measured and why, every check,
@@ -104,8 +108,9 @@ if [[ $SMOKE == 1 ]]; then
     PROFILE_TIMING=(--warmup 1 --steps 1)
     FLEX_TIMING=(--repeats 1 --warmup 1)
     TRITON_CHECK=(--layers 2 --batch 2 --heads 2 --length 40 --repeats 1)
-    export TRITON_INTERPRET=1  # the tiled Triton kernels run on the CPU under Triton's interpreter
+    KERNEL_TIMING=(--repeats 1 --warmup 0)
     RESULTS=${RESULTS:-outputs/gpu-smoke-$(date +%Y%m%d-%H%M%S)}
+    export TRITON_INTERPRET=1  # the Triton kernels (EaDRA's and Rel_Pos's) on CPU tensors, as the tests run them
 else
     DEVICE=${DEVICE:-cuda} BACKEND=${BACKEND:-inductor} DEADLINE=${DEADLINE:-340} LIMIT_SCALE=${LIMIT_SCALE:-1}
     TB=transformer-base LARGE=mbart-large-8x512 PRECISION=autocast-bf16
@@ -115,6 +120,7 @@ else
     PROFILE_TIMING=(--warmup 3 --steps 2)
     FLEX_TIMING=(--repeats 6 --warmup 2)
     read -ra TRITON_CHECK <<<"${TRITON_CHECK:-}"  # e.g. --tiles 32x64 64x32 128x64: more tile shapes timed
+    KERNEL_TIMING=(--repeats 10 --warmup 3)
     gpu=${gpu%% / torch*}
     slug=$(tr -cs 'a-z0-9' '-' <<<"${gpu,,}" | sed 's/-$//')  # e.g. nvidia-h100-80gb-hbm3
     RESULTS=${RESULTS:-benchmarks/results/gpu/$slug-$(date +%Y%m%d-%H%M)}
@@ -194,8 +200,10 @@ timing tb-compiled-ro "$TB" reduce-overhead "$PRECISION" "dhicm eadra-scratch" 1
 SECTION=3
 timing tb-compiled-ro-sea "$TB" reduce-overhead "$PRECISION" "dea-rhe lpea-rhe" 150 "${COMPILED_TIMING[@]}"
 # the papers' comparison methods (issue #54; not judged: the papers' own costs are Rel_Pos 1.034x, Localness 1.025x)
-timing tb-papers "$TB" eager "$PRECISION" "off fixed-attention rel-pos rel-pos-keys localness localness-rhe" 60 \
-    "${TB_TIMING[@]}"
+timing tb-papers "$TB" eager "$PRECISION" \
+    "off fixed-attention rel-pos rel-pos-triton rel-pos-keys localness localness-rhe" 70 "${TB_TIMING[@]}"
+part rel-pos-check "$TB" rel-pos-check "fp32+bf16" rel-pos-triton 40 -- "$PYTHON" benchmarks/rel_pos_check.py \
+    --shape "$TB" --device "$DEVICE" "${KERNEL_TIMING[@]}" --out "$RESULTS/rel-pos-check.json"
 FLEX_ROWS=(dhicm eadra-scratch dea-rhe lpea-rhe)  # (and stock on SDPA, row stock-sdpa)
 part tb-flex "$TB" flex "$PRECISION" "${FLEX_ROWS[*]}" 75 -- "$PYTHON" benchmarks/flex_check.py --shape "$TB" \
     --device "$DEVICE" --precision "$PRECISION" --rows "${FLEX_ROWS[@]}" "${FLEX_TIMING[@]}" \

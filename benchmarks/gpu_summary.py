@@ -151,6 +151,18 @@ def triton_checks(part: str, plan: dict, result: dict | None) -> list[dict]:
     return checks
 
 
+def rel_pos_checks(part: str, plan: dict, result: dict | None) -> list[dict]:
+    """``rel_pos_check.py``'s check: Rel_Pos's Triton kernels as accurate as its PyTorch path (met: within twice its
+    error against float64, float32 and bfloat16); their time forward + backward over the PyTorch path's is in
+    ``measured`` (not judged: a candidate for ``implementation="auto"`` on CUDA)."""
+    ok = (result or {}).get("ok")
+    measured = ({k: result.get(k) for k in ("errors", "ms", "triton_over_eager")} if result
+                else f"part {plan['status']}")
+    return [{"target": "rel-pos kernels equal", "row": "rel-pos-triton", "shape": plan["shape"], "part": part,
+             "mode": plan["mode"], "limit": None, "measured": measured,
+             "met": verdict(ok if ok is not None else f"part {plan['status']}, its JSON partial", None)}]
+
+
 def flex_check(part: str, plan: dict, result: dict | None) -> dict:
     """``flex_check.py``'s check: LPEA's bias gradient on flex attention within its tolerance of SDPA's (met), off,
     missing or crashed (not met), or not measured and why (no flex backward on the CPU; the part cut or failed)."""
@@ -237,6 +249,9 @@ def summarize(folder: Path) -> dict:
             continue
         if mode == "triton":  # triton_check.py's JSON: the Triton pass against the eager and the compiled pass
             checks += triton_checks(name, plan, result)
+            continue
+        if mode == "rel-pos-check":  # rel_pos_check.py's JSON: Rel_Pos's kernels against its PyTorch path
+            checks += rel_pos_checks(name, plan, result)
             continue
         if mode == "profile":  # profile_step.py's JSON (a kernel profile): no target, no timing table line
             continue

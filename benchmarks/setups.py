@@ -63,6 +63,8 @@ ROWS = {
     "rel-pos": method_settings("rel_pos"),
     "rel-pos-keys": method_settings("rel_pos_keys"),
     "rel-pos-shared-tables": {"rel_pos": {"tables": "layer"}},
+    # "-triton": the flash-style kernels (methods/rel_pos/tiled.py; "auto" keeps the PyTorch path until timed)
+    "rel-pos-triton": {"rel_pos": {**method_settings("rel_pos")["rel_pos"], "implementation": "triton"}},
     # the previous- and next-token heads of every encoder layer fixed (2 of 4 heads at tiny, 2 of 8 at base)
     "fixed-attention": method_settings("fixed_attention"),
 }

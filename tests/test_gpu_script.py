@@ -121,6 +121,7 @@ def test_summary_judges_each_target(tmp_path):
             "stock": row(100, 1.0, 1.0), "off": row(100, 1.0, 1.0), "off-no-logits": row(103, 1.03, 0.55)}),
         "compile-check": ("ok", "tiny", "check", "autocast-bf16", "dhicm eadra", {
             "dhicm": {"ok": True, "crashed": None}, "eadra": {"ok": False, "crashed": "InductorError: x"}}),
+        "rel-pos-check": ("ok", "transformer-base", "rel-pos-check", "fp32+bf16", "rel-pos-triton", None),
     }
     lines = []
     for name, (status, shape, mode, precision, rows, found) in parts.items():
@@ -132,9 +133,15 @@ def test_summary_judges_each_target(tmp_path):
     (tmp_path / "triton-check.json").write_text(json.dumps({  # triton_check.py's: no rows, the run's device first
         "ok": True, "device": "cuda", "device_name": "H100", "torch": "2", "errors": {"float32": {"grads": 1e-6}},
         "ms": {"bfloat16": {"triton": 9.7, "compiled": 5.2}}}))
+    (tmp_path / "rel-pos-check.json").write_text(json.dumps({  # rel_pos_check.py's: no rows
+        "ok": False, "device": "cuda", "errors": {"bfloat16": {"output": {"triton": 0.1, "eager": 0.01}}},
+        "ms": {"bfloat16": {"triton": 1.0, "eager": 2.0}}, "triton_over_eager": {"bfloat16": 0.5}}))
     summary = json.loads(json.dumps(gpu_summary.summarize(tmp_path)))
     met = {(c["target"], c["row"], c["part"]): c["met"] for c in summary["targets"]["checks"]}
     assert met[("triton pass equal", "triton", "triton-check")] is True
+    assert met[("rel-pos kernels equal", "rel-pos-triton", "rel-pos-check")] is False  # 0.1 > 2 x 0.01
+    kernels = next(c for c in summary["targets"]["checks"] if c["target"] == "rel-pos kernels equal")
+    assert kernels["measured"]["triton_over_eager"] == {"bfloat16": 0.5}
     assert met[("eager time", "dhicm", "tb-eager")] is False  # 1.10 > 1.05
     why = {(c["target"], c["row"], c["part"]): c.get("why") for c in summary["targets"]["checks"]}
     assert why[("eager time", "dhicm", "tb-eager")] == gpu_summary.WHY["eager time", "dhicm"]  # a known reason
@@ -344,3 +351,13 @@ def test_the_readme_gpu_table_is_the_committed_h200_run(tmp_path):
     over = {(c["target"], c["row"]) for c in summary["targets"]["checks"] if c["met"] is False}
     assert over - set(gpu_summary.WHY) == {("flex lpea bias gradient", "lpea-rhe")}  # every other one says why
     assert ("triton pass over compiled", "triton") in over  # the measurement that removed it (still read)
+
+
+def test_rel_pos_check_refuses_the_cpu_without_triton_s_interpreter(monkeypatch, capsys):
+    """``rel_pos_check.py`` (gpu.sh's rel-pos-check; ``SMOKE=1`` runs it interpreted at the tiny shape)."""
+    import rel_pos_check
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit):
+        rel_pos_check.main(["--device", "cpu", "--shape", "tiny"])
+    assert "only under Triton's interpreter (TRITON_INTERPRET=1)" in capsys.readouterr().err

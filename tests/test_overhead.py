@@ -99,10 +99,16 @@ def test_counted_mode_at_the_tiny_shape(tmp_path):
     import overhead
 
     out = tmp_path / "counted.json"
-    result = overhead.main(["--count", "--shapes", "tiny", "--rows", "off", "eadra-scratch", "--out", str(out)])
+    result = overhead.main(["--count", "--shapes", "tiny", "--rows", "off", "eadra-scratch", "rel-pos-triton",
+                            "--out", str(out)])
     assert json.loads(out.read_text()) == result
     rows = result["shapes"]["tiny"]["rows"]
-    assert set(rows) == {"stock", "off", "eadra-scratch", "naive"}
+    assert set(rows) == {"stock", "off", "eadra-scratch", "rel-pos-triton", "naive"}
+    # Rel_Pos's kernels counted on the fake CPU tensors: their operators' outputs, their products' FLOPs (without the
+    # formula the attention of its three layers would count nothing: below stock's)
+    kernels = rows["rel-pos-triton"]
+    assert "hf_headattn.rel_pos_attention_backward_hf_headattn_methods_rel_pos_tiled" in kernels["written_by_op"]
+    assert 1.0 < kernels["flops_ratio"] < 1.05 and kernels["written_ratio"] < 1.10
     for row in rows.values():
         assert {"flops", "flops_ratio", "saved_bytes", "saved_ratio", "targets"} <= set(row)
     assert rows["off"]["flops"] == rows["stock"]["flops"] > 0

@@ -34,6 +34,8 @@ is the last key its causal mask allows.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -67,6 +69,11 @@ class RelPosSettings(MethodSettings):
     for it was written before it existed and reads "layer" (`METHOD.older_files_defaults`). absolute_positions:
     False mutes the absolute position embeddings of the encoder and/or decoder the method is placed on (the paper's
     compared model has none).
+    - `implementation`: how the one-Function path (`values`, `head_selection="all"`, no attention dropout) runs;
+    it changes no value. "eager": PyTorch operators (`relative_attention`, the weights formed); "triton": the
+    flash-style kernels of `hf_headattn.methods.rel_pos.tiled` (no (B, H, T, S) tensor, no weights returned) where
+    they apply (`kernel_refusal`), refused where Triton cannot run; "auto" (the default): "eager" everywhere until
+    a GPU run has timed the kernels (`runs_kernel`).
     """
 
     encoder_layers: list[int] | Literal["all"] | None = "all"
@@ -76,6 +83,7 @@ class RelPosSettings(MethodSettings):
     head_selection: Literal["all", "redundant"] = "all"
     tables: Literal["head", "layer"] = "head"
     absolute_positions: bool = True
+    implementation: Literal["auto", "eager", "triton"] = "auto"
 
     def validate(self, config, name: str) -> None:
         layers(self, config, "encoder", name)
@@ -148,7 +156,8 @@ class RelativePositions(AttentionMethod):
         module = call.module
         if self.relative_values is not None and selected is None and not (
                 module.training and getattr(module, "dropout", 0.0)):  # both terms in one autograd Function
-            call.take_over(range(query.shape[1]), partial(self.attend_relative, labels=labels))
+            offset = None if call.implementation == "eager" else label_offset(call)  # (eager keeps the weights)
+            call.take_over(range(query.shape[1]), partial(self.attend_relative, labels=labels, offset=offset))
             return
         bias = key_term(query, self.relative_keys.to(query.dtype), labels, call.scaling)  # (B, H, T, S)
         call.add_score_bias(bias, heads=selected)
@@ -175,12 +184,86 @@ class RelativePositions(AttentionMethod):
         return output.transpose(1, 2), probs
 
 
-    def attend_relative(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels):
-        """Eq. 3-4 on every head without attention dropout: `relative_attention` (the key term in
-        the scores' write with the mask, alpha saved, no other (B, H, T, S) tensor)."""
-        output, weights = relative_attention(query, key, value, self.relative_keys.to(query.dtype),
-                                             self.relative_values.to(query.dtype), labels, attention_mask, scaling)
+    def attend_relative(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, labels,
+                        offset=None):
+        """Eq. 3-4 on every head without attention dropout: the kernels where `runs_kernel` says so (no weights),
+        else `relative_attention` (the key term in the scores' write with the mask, alpha saved, no other (B, H, T,
+        S) tensor)."""
+        tables = self.relative_keys.to(query.dtype), self.relative_values.to(query.dtype)
+        if runs_kernel(self.settings.implementation, query, attention_mask, offset):
+            from .tiled import tiled_relative_attention
+
+            output = tiled_relative_attention(query, key, value, *tables, attention_mask, scaling, offset, self.k)
+            return output.transpose(1, 2), None
+        output, weights = relative_attention(query, key, value, *tables, labels, attention_mask, scaling)
         return output.transpose(1, 2), weights
+
+
+def label_offset(call: AttentionCall) -> int | None:
+    """The int o with label_ij = clip(j - i - o, k) + k for every query of the call (the kernels' labels), or None
+    where the queries' positions are not o + 0..T-1 with o known on the host (a static cache's count, positions read
+    from the mask): the encoder's 0; the decoder's cached length (0 without a cache)."""
+    length, key_length = call.query.shape[2], call.key.shape[2]
+    if not call.is_decoder:
+        return 0
+    past = None if call.context is None else call.context.past_length
+    if past is None and length == key_length:
+        return 0
+    return past if isinstance(past, int) and past + length <= key_length else None
+
+
+# --- which path runs: the one reader of the `implementation` setting -------------------------------------------------
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The dtypes the kernels take (float64 runs `relative_attention`)."""
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+"""Whether Triton interprets its kernels in this process (then they run on CPU tensors: the tests)."""
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+"""Whether Triton is installed (looked up once: inside a compiled model the look-up would be traced)."""
+
+
+def _kernel_device(device: torch.device) -> bool:
+    """Whether the kernels run on `device`: CUDA, or the CPU under Triton's interpreter. (Counting under
+    `FakeTensorMode`, whose tensors are on the CPU, patches this to count the GPU's path.)"""
+    return device.type == "cuda" or (device.type == "cpu" and INTERPRETED)
+
+
+def kernel_refusal(query: torch.Tensor, mask: torch.Tensor | None, offset: int | None) -> str | None:
+    """Why the kernels do not compute this call (None: they do), the call's own reasons first; the rule in one place.
+
+    Today's path (`relative_attention`) runs instead where the call needs what the kernels do not do: a mask that
+    requires a gradient (another method's score bias in it), a dtype not in `KERNEL_DTYPES` (or bfloat16 under the
+    interpreter), a head dimension over 256, queries whose positions are not `label_offset`'s, or the weights (the
+    eager backend, which returns them; attention dropout and `head_selection="redundant"` never reach this path).
+    Where the environment cannot run them (no Triton; tensors neither on CUDA nor on the CPU under
+    `TRITON_INTERPRET=1`) the reason starts with "environment:"."""
+    if offset is None:
+        return "the queries' positions are not offset + 0..T-1, or the backend returns the weights (eager)"
+    if mask is not None and mask.requires_grad:
+        return "the mask requires a gradient (another method's score bias)"
+    if query.dtype not in KERNEL_DTYPES or query.shape[-1] > 256:
+        return f"{query.dtype} with head dimension {query.shape[-1]}: expected one of {KERNEL_DTYPES}, at most 256"
+    if query.dtype == torch.bfloat16 and query.device.type == "cpu":
+        return "bfloat16 on the CPU: Triton's interpreter multiplies bfloat16 blocks wrongly (triton 3.9)"
+    if not HAS_TRITON:
+        return "environment: Triton is not installed (pip install triton)"
+    if not _kernel_device(query.device):
+        return (f"environment: tensors on {query.device.type}; the kernels run on CUDA, or on the CPU under "
+                "TRITON_INTERPRET=1")
+    return None
+
+
+def runs_kernel(implementation: str, query: torch.Tensor, mask: torch.Tensor | None, offset: int | None) -> bool:
+    """Whether the kernels compute this call: "eager" and "auto" never (until the GPU run, issue #66, times them);
+    "triton" where `kernel_refusal` gives no reason, today's path for the call's own reasons, and a `ValueError`
+    where the environment cannot run them."""
+    if implementation != "triton":
+        return False
+    reason = kernel_refusal(query, mask, offset)
+    if reason is not None and reason.startswith("environment: "):
+        raise ValueError(f"{NAME}.implementation='triton' cannot run here: {reason.removeprefix('environment: ')}; "
+                         "expected implementation='auto' or 'eager' where the kernels cannot run")
+    return reason is None
 
 
 def _probabilities(query, key, scaling, attention_mask):

@@ -154,6 +154,7 @@ def test_save_and_load_keep_the_tables(checkpoint, tmp_path):
     ({"head_selection": "redundant", "decoder_layers": "all"},
      r"rel_pos.head_selection='redundant' needs RHE's dependency_mask"),
     ({"head_selection": "some"}, r"rel_pos.head_selection must be one of 'all', 'redundant', got 'some'"),
+    ({"implementation": "cuda"}, r"rel_pos.implementation must be one of 'auto', 'eager', 'triton', got 'cuda'"),
 ])
 def test_settings_errors_name_the_field(settings, message):
     with pytest.raises(ValueError, match=message):
