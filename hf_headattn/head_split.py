@@ -153,7 +153,8 @@ class HeadSplit:
 
 class _Cut(torch.autograd.Function):
     """The groups' heads of each tensor as views ([`HeadSplit.parts`][hf_headattn.head_split.HeadSplit.parts]);
-    backward: each tensor's gradient in its own layout (`HeadSplit.whole_gradient`). Eager only."""
+
+    - `backward`: each tensor's gradient in its own layout (`HeadSplit.whole_gradient`). Eager only."""
 
     @staticmethod
     def forward(ctx, groups, dim, *tensors):

@@ -384,8 +384,10 @@ def tiled_relative_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     ----------
     query
         (B, H, T, D); key, value : (B, H, S, D)
-    key_table, value_table : (L, D) or (H, L, D), w^K and w^V, L = 2 `max_distance` + 1
-    mask : None, bool (True = attend) or additive float without a gradient, broadcastable to (B, H, T, S)
+    key_table, value_table
+        (L, D) or (H, L, D), w^K and w^V, L = 2 `max_distance` + 1
+    mask
+        None, bool (True = attend) or additive float without a gradient, broadcastable to (B, H, T, S)
     offset
         the label of (i, j) is clip(j - i - offset, k) + k (`relative_labels`: offset = S - T)
     max_distance
