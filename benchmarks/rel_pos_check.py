@@ -126,7 +126,7 @@ def registers(shape: str, arch: int = 90) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from hf_headattn.methods.rel_pos import tiled
+    from hf_headattn.methods.rel_pos import tiled, tiled_kernels
 
     shape_kwargs = SHAPES[shape][0]
     config = MBartConfig(**shape_kwargs)
@@ -135,7 +135,7 @@ def registers(shape: str, arch: int = 90) -> dict:
     pointers = {"Mask": "*u8", **{name: "*fp32" for name in ("RowMax", "RowSum", "Delta", "DWK", "DWV")}}
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     found = {}
-    for kernel in (tiled._forward_kernel, tiled._query_kernel, tiled._key_kernel):
+    for kernel in (tiled_kernels._forward_kernel, tiled_kernels._query_kernel, tiled_kernels._key_kernel):
         names = kernel.arg_names
         signature = {name: "constexpr" if name in constants else pointers.get(name, "*bf16") if name[0].isupper()
                      else "fp32" if name == "scaling" else "i32" for name in names}

@@ -18,6 +18,14 @@ MASKED = tl.constexpr(-3.4028234663852886e38)
 
 
 @triton.jit
+def _block(base, b, h, stride_b, stride_h, stride_i, index, dims, inside):
+    """The (index, dims) block of sentence b's head h of a tensor (rows `index` along its stride_i; 0 outside
+    `inside`): a query, key, value or output gradient tile, or a head's table (b = 0, stride_b = 0)."""
+    return tl.load(base + b * stride_b + h * stride_h + index[:, None] * stride_i + dims[None, :], mask=inside,
+                   other=0.0)
+
+
+@triton.jit
 def _scores(q, key, per_label, rows, cols, offset, k, length, key_length, mask_base, sm_t, sm_s, scaling,
             MASK: tl.constexpr, DOT: tl.constexpr):
     """The scores of a (query, key) tile, their relative distances j - i - offset and labels (each (BM, BN))."""
@@ -61,9 +69,9 @@ def _forward_kernel(Q, K, V, WK, WV, Mask, Out, RowMax, RowSum,
     dims = tl.arange(0, BD)
     label = tl.arange(0, BL)
     row_in, dim_in = rows[:, None] < length, dims[None, :] < dim
-    q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :], mask=row_in & dim_in, other=0.0)
+    q = _block(Q, b, h, sq_b, sq_h, sq_t, rows, dims, row_in & dim_in)
     table_in = (label[:, None] < 2 * k + 1) & dim_in
-    w_k = tl.load(WK + h * swk_h + label[:, None] * swk_l + dims[None, :], mask=table_in, other=0.0)
+    w_k = _block(WK, 0, h, 0, swk_h, swk_l, label, dims, table_in)
     per_label = tl.dot(q, tl.trans(w_k), input_precision=DOT) * scaling  # (BM, BL), Eq. 4's term per label
     mask_base = Mask + b * sm_b + h * sm_h
     row_max = tl.full([BM], float("-inf"), tl.float32)
@@ -73,18 +81,18 @@ def _forward_kernel(Q, K, V, WK, WV, Mask, Out, RowMax, RowSum,
     for start in range(0, key_length, BN):
         cols = start + tl.arange(0, BN)
         key_in = (cols[:, None] < key_length) & dim_in
-        key = tl.load(K + b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :], mask=key_in, other=0.0)
+        key = _block(K, b, h, sk_b, sk_h, sk_s, cols, dims, key_in)
         s, rel, _ = _scores(q, key, per_label, rows, cols, offset, k, length, key_length, mask_base, sm_t, sm_s,
                             scaling, MASK, DOT)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         rescale = tl.exp(row_max - new_max)
         p = tl.exp(s - new_max[:, None])
         row_sum = row_sum * rescale + tl.sum(p, 1)
-        value = tl.load(V + b * sv_b + h * sv_h + cols[:, None] * sv_s + dims[None, :], mask=key_in, other=0.0)
+        value = _block(V, b, h, sv_b, sv_h, sv_s, cols, dims, key_in)
         acc = acc * rescale[:, None] + tl.dot(p.to(value.dtype), value, input_precision=DOT)
         sums = sums * rescale[:, None] + _label_sums(p, rel, rows, start, offset, k, BN, BL)
         row_max = new_max
-    w_v = tl.load(WV + h * swv_h + label[:, None] * swv_l + dims[None, :], mask=table_in, other=0.0)
+    w_v = _block(WV, 0, h, 0, swv_h, swv_l, label, dims, table_in)
     out = (acc + tl.dot(sums.to(w_v.dtype), w_v, input_precision=DOT)) / row_sum[:, None]
     tl.store(Out + b * so_b + h * so_h + rows[:, None] * so_t + dims[None, :], out.to(Out.dtype.element_ty),
              mask=row_in & dim_in)
@@ -107,18 +115,17 @@ def _query_kernel(Q, K, V, WK, WV, Mask, Out, DO, RowMax, RowSum, Delta, DQ, DWK
     dims = tl.arange(0, BD)
     label = tl.arange(0, BL)
     row_in, dim_in = rows[:, None] < length, dims[None, :] < dim
-    q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :], mask=row_in & dim_in, other=0.0)
-    grad = tl.load(DO + b * sdo_b + h * sdo_h + rows[:, None] * sdo_t + dims[None, :], mask=row_in & dim_in,
-                   other=0.0)
-    out = tl.load(Out + b * so_b + h * so_h + rows[:, None] * so_t + dims[None, :], mask=row_in & dim_in, other=0.0)
+    q = _block(Q, b, h, sq_b, sq_h, sq_t, rows, dims, row_in & dim_in)
+    grad = _block(DO, b, h, sdo_b, sdo_h, sdo_t, rows, dims, row_in & dim_in)
+    out = _block(Out, b, h, so_b, so_h, so_t, rows, dims, row_in & dim_in)
     delta = tl.sum(grad.to(tl.float32) * out.to(tl.float32), 1)  # D_i = rowsum(dO * O), O with the value term
     stats = bh * length + rows
     tl.store(Delta + stats, delta, mask=rows < length)
     row_max = tl.load(RowMax + stats, mask=rows < length, other=0.0)
     row_sum = tl.load(RowSum + stats, mask=rows < length, other=1.0)
     table_in = (label[:, None] < 2 * k + 1) & dim_in
-    w_k = tl.load(WK + h * swk_h + label[:, None] * swk_l + dims[None, :], mask=table_in, other=0.0)
-    w_v = tl.load(WV + h * swv_h + label[:, None] * swv_l + dims[None, :], mask=table_in, other=0.0)
+    w_k = _block(WK, 0, h, 0, swk_h, swk_l, label, dims, table_in)
+    w_v = _block(WV, 0, h, 0, swv_h, swv_l, label, dims, table_in)
     per_label = tl.dot(q, tl.trans(w_k), input_precision=DOT) * scaling
     grad_by_label = tl.dot(grad, tl.trans(w_v), input_precision=DOT)  # dO . w^V_l, (BM, BL)
     mask_base = Mask + b * sm_b + h * sm_h
@@ -128,8 +135,8 @@ def _query_kernel(Q, K, V, WK, WV, Mask, Out, DO, RowMax, RowSum, Delta, DQ, DWK
     for start in range(0, key_length, BN):
         cols = start + tl.arange(0, BN)
         key_in = (cols[:, None] < key_length) & dim_in
-        key = tl.load(K + b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :], mask=key_in, other=0.0)
-        value = tl.load(V + b * sv_b + h * sv_h + cols[:, None] * sv_s + dims[None, :], mask=key_in, other=0.0)
+        key = _block(K, b, h, sk_b, sk_h, sk_s, cols, dims, key_in)
+        value = _block(V, b, h, sv_b, sv_h, sv_s, cols, dims, key_in)
         s, rel, labels = _scores(q, key, per_label, rows, cols, offset, k, length, key_length, mask_base, sm_t, sm_s,
                                  scaling, MASK, DOT)
         p = tl.where(row_in, tl.exp(s - row_max[:, None]) / row_sum[:, None], 0.0)
@@ -163,20 +170,19 @@ def _key_kernel(Q, K, V, WK, WV, Mask, DO, RowMax, RowSum, Delta, DK, DV,
     label = tl.arange(0, BL)
     dim_in = dims[None, :] < dim
     key_in = (cols[:, None] < key_length) & dim_in
-    key = tl.load(K + b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :], mask=key_in, other=0.0)
-    value = tl.load(V + b * sv_b + h * sv_h + cols[:, None] * sv_s + dims[None, :], mask=key_in, other=0.0)
+    key = _block(K, b, h, sk_b, sk_h, sk_s, cols, dims, key_in)
+    value = _block(V, b, h, sv_b, sv_h, sv_s, cols, dims, key_in)
     table_in = (label[:, None] < 2 * k + 1) & dim_in
-    w_k = tl.load(WK + h * swk_h + label[:, None] * swk_l + dims[None, :], mask=table_in, other=0.0)
-    w_v = tl.load(WV + h * swv_h + label[:, None] * swv_l + dims[None, :], mask=table_in, other=0.0)
+    w_k = _block(WK, 0, h, 0, swk_h, swk_l, label, dims, table_in)
+    w_v = _block(WV, 0, h, 0, swv_h, swv_l, label, dims, table_in)
     mask_base = Mask + b * sm_b + h * sm_h
     grad_k = tl.zeros([BN, BD], tl.float32)
     grad_v = tl.zeros([BN, BD], tl.float32)
     for start in range(0, length, BM):
         rows = start + tl.arange(0, BM)
         row_in = rows[:, None] < length
-        q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :], mask=row_in & dim_in, other=0.0)
-        grad = tl.load(DO + b * sdo_b + h * sdo_h + rows[:, None] * sdo_t + dims[None, :], mask=row_in & dim_in,
-                       other=0.0)
+        q = _block(Q, b, h, sq_b, sq_h, sq_t, rows, dims, row_in & dim_in)
+        grad = _block(DO, b, h, sdo_b, sdo_h, sdo_t, rows, dims, row_in & dim_in)
         stats = bh * length + rows
         row_max = tl.load(RowMax + stats, mask=rows < length, other=0.0)
         row_sum = tl.load(RowSum + stats, mask=rows < length, other=1.0)
