@@ -69,8 +69,7 @@ class HeadSplit:
         self.sizes = [len(groups[i]) for i in self.by_first]
         self.indexes = [HeadIndex(group) for group in groups]
         order = [head for group in groups for head in group]
-        self.place_of = sorted(range(len(order)), key=order.__getitem__)
-        self.place = None if self.runs else HeadIndex(self.place_of)
+        self.place = None if self.runs else HeadIndex(sorted(range(len(order)), key=order.__getitem__))
 
     @classmethod
     def of(cls, groups: tuple[tuple[int, ...], ...]) -> HeadSplit:
@@ -118,7 +117,7 @@ class HeadSplit:
         T, D)) needs."""
         if (len(self.groups) == 1 or torch.compiler.is_compiling() or not torch.is_grad_enabled()
                 or not any(tensor.requires_grad for tensor in tensors)
-                or any(tensor.shape[dim] != len(self.place_of) for tensor in tensors)):
+                or any(tensor.shape[dim] != sum(self.sizes) for tensor in tensors)):
             return [self.parts(tensor, dim) for tensor in tensors]
         cut = _Cut.apply(self.groups, dim, *tensors)
         count = len(self.groups)
@@ -152,9 +151,8 @@ class HeadSplit:
 
 
 class _Cut(torch.autograd.Function):
-    """The groups' heads of each tensor as views ([`HeadSplit.parts`][hf_headattn.head_split.HeadSplit.parts]);
-
-    - `backward`: each tensor's gradient in its own layout (`HeadSplit.whole_gradient`). Eager only."""
+    """The groups' heads of each tensor as views ([`HeadSplit.parts`][hf_headattn.head_split.HeadSplit.parts]),
+    each tensor's gradient written in its own layout by `HeadSplit.whole_gradient`. Eager only."""
 
     @staticmethod
     def forward(ctx, groups, dim, *tensors):
