@@ -139,11 +139,3 @@ def _earlier_objects_frozen():
     earlier modules left (over a million after the compile tests) took a second each time."""
     gc.collect()
     gc.freeze()
-
-
-@pytest.fixture(autouse=True)
-def _warnings_due_again():
-    """Each test sees the once-a-process warnings again (e.g. a removed EaDRA implementation)."""
-    from hf_headattn.methods.eadra import passes as eadra_passes
-
-    eadra_passes._WARNED.clear()

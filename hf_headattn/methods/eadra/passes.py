@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import warnings
 
 import torch
 
@@ -33,8 +32,6 @@ from .equations import layer_regularizers as fused_layer_regularizers
 
 IMPLEMENTATIONS = ("auto", "eager", "compiled", "triton")
 """The values of the setting (the `Literal` of `EaDRASettings.implementation` lists the same)."""
-REMOVED_IMPLEMENTATIONS: dict[str, str] = {}
-"""Values of earlier releases, still read (a saved config keeps loading): value -> what runs instead."""
 AUTO_COMPILED_DEVICES = ("cuda",)
 """The devices on which "auto" compiles the pass."""
 
@@ -46,24 +43,12 @@ def _has_triton() -> bool:
 
 
 def check_implementation(implementation, name: str = "implementation") -> str:
-    """The implementation to run for the setting's value: the value itself, or for a value a release removed
-    (`REMOVED_IMPLEMENTATIONS`, none now) its replacement, with a warning once a process. Any other value is
-    refused (`ValueError` naming it and the allowed ones). ("triton" is checked where it runs: without Triton,
-    on the CPU outside Triton's interpreter, on float64 heads or with LPEA's bias the pass raises a `ValueError`
-    naming what it lacks.)"""
-    if implementation in REMOVED_IMPLEMENTATIONS:
-        replacement = REMOVED_IMPLEMENTATIONS[implementation]
-        message = f"{name}={implementation!r} was removed; running {replacement!r}, which gives the same terms"
-        if message not in _WARNED:  # once a process: the settings are resolved again at every change of the config
-            _WARNED.add(message)
-            warnings.warn(message, UserWarning, stacklevel=2)
-        return replacement
+    """The setting's value, refused unless one of `IMPLEMENTATIONS` (`ValueError` naming it and the allowed ones).
+    ("triton" is checked where it runs: without Triton, on the CPU outside Triton's interpreter, on float64 heads or
+    with LPEA's bias the pass raises a `ValueError` naming what it lacks.)"""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"{name} must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     return implementation
-
-
-_WARNED: set[str] = set()
 
 
 def choose_pass(implementation: str, device: torch.device) -> str:

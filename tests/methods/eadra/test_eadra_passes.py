@@ -26,8 +26,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
 def test_the_settings_list_the_dispatchers_implementations():
-    assert allowed_values(EaDRASettings, "implementation") == (*eadra_passes.IMPLEMENTATIONS,
-                                                               *eadra_passes.REMOVED_IMPLEMENTATIONS)
+    assert allowed_values(EaDRASettings, "implementation") == eadra_passes.IMPLEMENTATIONS
 
 
 def test_a_bad_implementation_is_refused_when_the_settings_are_resolved():
