@@ -8,11 +8,14 @@ Rows (``ROWS``): the baseline; DHICM (last encoder and decoder layer, lambda 0.1
 choice on validation: ``screen`` every row with seed 1; ``confirm`` per method the row with the best validation BLEU
 of the screen, and the baseline, with seeds 2 and 3 (after the whole screen; the choice goes to ``choice.json``);
 ``test``: test_2016_flickr, read once, for the confirmed runs, after their confirmation (``test.json``); ``table``
-(stdout and ``<results_dir>/README.md``); ``status``. Each run trains until its greedy validation BLEU has not
-improved for ``--patience`` epochs, for at most ``--max_epochs`` epochs and ``--time_cap_minutes`` minutes of training
-in all; its best checkpoint is scored (beam 5), its record written to ``<results_dir>`` the moment it finishes; a
-restart resumes the unfinished runs from their last epoch (:mod:`workshop.launch`); checkpoints
-go to ``--output_dir``. Stop it with Ctrl-C or ``kill -- -PGID`` (killing its process alone leaves its runs going).
+(stdout and ``<results_dir>/README.md``); ``status``. ``compare`` screens the papers' comparison systems
+(``COMPARISON``: Rel_Pos and Localness, each with and without RHE, and fixed attention, all but one encoder head fixed)
+with seed 1 beside the screen, against its baseline; they are not candidates of the choice. Each run trains until its
+greedy validation BLEU has not improved for ``--patience`` epochs, for at most ``--max_epochs`` epochs and
+``--time_cap_minutes`` minutes of training in all; its best checkpoint is scored (beam 5), its record written to
+``<results_dir>`` the moment it finishes; a restart resumes the unfinished runs from their last epoch
+(:mod:`workshop.launch`); checkpoints go to ``--output_dir``. Stop it with Ctrl-C or ``kill -- -PGID`` (killing its
+process alone leaves its runs going).
 
     # CPU (2 cores): the tiny shape, 2 runs at a time with 1 thread each. The same line starts and resumes the study
     # (each step skips what is done; confirm, test and table wait for the step before). An epoch is 454 steps:
@@ -27,6 +30,8 @@ go to ``--output_dir``. Stop it with Ctrl-C or ``kill -- -PGID`` (killing its pr
     # test there. Make the tokenizer and the parses first where spaCy is installed, then carry them over:
     python research/converged_study.py prepare --device cuda       # -> runs/converged-cuda/{tokenizer,parses}
     python research/converged_study.py screen --device cuda --parallel 10   # then confirm, test, table likewise
+    python research/converged_study.py compare --device cuda --parallel 5   # the comparison rows: one GPU loan, with
+    # the tokenizer and parses carried (research/gpu_comparison.sh: the whole call, records back in one archive)
 
 Defaults per device (``DEVICES``): CPU: the tiny shape with ``make demo``'s schedule, at most 60 epochs and 600
 minutes per run; GPU (``--device cuda``): the small shape with the reproduction's schedule (bf16), at most 150 epochs
@@ -44,13 +49,14 @@ from pathlib import Path
 from hf_headattn.experiment.arguments import existing_file, multi30k_folder
 from hf_headattn.experiment.data import TEST_SPLIT as TEST
 from hf_headattn.experiment.evaluation import markdown_table, mean_sd, per_seed
+from hf_headattn.experiment.presets import model_shape
 from hf_headattn.syntax_inputs.provider import uses_syntax
 from workshop import DEMO_SCHEDULE, REPRODUCTION_SCHEDULE, command_line, parse_sources, prepare_tokenizer, references
 from workshop.arguments import add_run_arguments, apply_device_defaults, split_passthrough
-from workshop.launch import ConvergenceRuns, convergence_flags, launch
+from workshop.launch import ConvergenceRuns, convergence_flags, launch, run_status
 from workshop.protocol import StagedStudy
-from workshop.rows import dhicm_row, eadra_row, sea_row
-from workshop.runs import Runs, record_path, run_dir
+from workshop.rows import dhicm_row, eadra_row, fixed_attention_row, localness_row, rel_pos_row, sea_row
+from workshop.runs import Runs, load_records, record_path, run_dir
 from workshop.scoring import score_run
 from workshop.sessions import StopRules
 from workshop.tables import (
@@ -75,6 +81,19 @@ ROWS: dict[str, tuple[str, dict]] = {
     "dea_rhe": ("sea", sea_row("dea")),
     "lpea_rhe": ("sea", sea_row("lpea")),
 }
+#: The papers' comparison systems (RHE's Tables 1-2: Rel_Pos, Localness, each with and without RHE; EaDRA's Tables
+#: 3-4: fixed attention), screened by ``compare`` beside the rows above (seed 1, their table against the same
+#: baseline), not confirmed: the choice and the confirmation are the methods' alone.
+COMPARISON: dict[str, tuple[str, dict]] = {
+    "rel_pos": ("rel_pos", rel_pos_row("all")),
+    "rel_pos_rhe": ("rel_pos", rel_pos_row("redundant")),
+    "localness": ("localness", localness_row("all")),
+    "localness_rhe": ("localness", localness_row("redundant")),
+    "fixed_attention": ("fixed_attention", fixed_attention_row(model_shape("small")["encoder_attention_heads"])),
+}
+ALL_ROWS = {**ROWS, **COMPARISON}
+#: The rows each launching command chooses ``--rows`` among.
+STAGE_ROWS = {"screen": ROWS, "compare": COMPARISON}
 #: The screen with seed 1, the confirmation with the fresh seeds 2 and 3 (seed 1 chose the rows), and the criterion.
 STEPS = StagedStudy({row: method for row, (method, _) in ROWS.items()}, (1,), (2, 3),
                     "screen seed 1, validation BLEU (beam 5) of the best checkpoint by greedy validation BLEU")
@@ -95,7 +114,7 @@ DEVICES = {
 def identity(args, row: str, seed: int) -> dict:
     """What makes a run the run it is: a run directory or record with another identity is refused, not resumed."""
     name, flags = DEVICES[args.device]["schedule"], DEVICES[args.device]["flags"]
-    return {"study": STUDY, "row": row, "seed": seed, "settings": ROWS[row][1], "schedule": name,
+    return {"study": STUDY, "row": row, "seed": seed, "settings": ALL_ROWS[row][1], "schedule": name,
             "schedule_flags": flags, "patience": args.patience, "max_epochs": args.max_epochs,
             "extra_flags": list(args.extra)}
 
@@ -105,9 +124,9 @@ def train_command(args, stage: str, row: str, seed: int) -> list[str]:
     return [
         *command_line("train"), "--multi30k_dir", str(args.multi30k_dir),
         *DEVICES[args.device]["flags"], *convergence_flags(args.patience, args.max_epochs, TEST_BEAMS),
-        "--method", "baseline", "--method_settings", json.dumps(ROWS[row][1]),
+        "--method", "baseline", "--method_settings", json.dumps(ALL_ROWS[row][1]),
         "--tokenizer_name", str(args.tokenizer_dir),
-        *(["--syntax_parses_dir", str(args.parses_dir)] if uses_syntax(ROWS[row][1]) else []),
+        *(["--syntax_parses_dir", str(args.parses_dir)] if uses_syntax(ALL_ROWS[row][1]) else []),
         "--seed", str(seed), "--output_dir", str(run_dir(args.output_dir / stage, row, seed)), *args.extra,
     ]
 
@@ -125,7 +144,7 @@ def study_runs(args) -> ConvergenceRuns:
     return ConvergenceRuns(
         args.output_dir, args.results_dir, StopRules(args.patience, args.max_epochs, args.time_cap_minutes),
         command=lambda stage, row, seed: train_command(args, stage, row, seed),
-        identity=lambda row, seed: identity(args, row, seed), method_of=lambda row: ROWS[row][0],
+        identity=lambda row, seed: identity(args, row, seed), method_of=lambda row: ALL_ROWS[row][0],
         prepare=lambda rows: prepare(args, rows), repo=HERE.parent, num_beams=TEST_BEAMS, parallel=args.parallel,
         threads=args.threads)
 
@@ -135,16 +154,16 @@ def prepare(args, rows) -> None:
     if not (Path(args.tokenizer_dir) / "source.spm").is_file():
         print(f"training the shared tokenizer into {args.tokenizer_dir}", flush=True)
     prepare_tokenizer(args.tokenizer_dir, args.multi30k_dir, DEVICES[args.device]["vocab_size"])
-    if any(uses_syntax(ROWS[row][1]) for row in rows) and not (Path(args.parses_dir) / "parser.json").is_file():
+    if any(uses_syntax(ALL_ROWS[row][1]) for row in rows) and not (Path(args.parses_dir) / "parser.json").is_file():
         print(f"parsing the sources into {args.parses_dir} (spaCy)", flush=True)
         parse_sources(args.multi30k_dir, args.parses_dir)
 
 
-def screen_table(screen: Runs, refs: dict[str, list[str]]) -> str:
-    """Seed 1 of every row on validation: the best checkpoint's beam-5 BLEU and chrF, its p against the baseline,
-    the best greedy BLEU of the curve, epochs to the best and trained, training hours."""
+def screen_table(screen: Runs, refs: dict[str, list[str]], rows=ROWS) -> str:
+    """Seed 1 of each of ``rows`` on validation: the best checkpoint's beam-5 BLEU and chrF, its p against the
+    baseline, the best greedy BLEU of the curve, epochs to the best and trained, training hours."""
     seed, table = STEPS.screen_seeds[0], []
-    for row in ROWS:
+    for row in rows:
         if seed not in screen.get(row, {}):
             table.append([row, "(running or not started)", *[""] * 6])
             continue
@@ -185,7 +204,8 @@ def confirm_table(confirm: Runs, tests: Runs, rows: list[str], refs: dict[str, l
 
 def table(args) -> str:
     """The markdown tables, printed and written to ``<results_dir>/README.md``."""
-    screen, choice = STEPS.screen(args.results_dir), STEPS.stored_choice(args.results_dir)
+    screen, choice = load_records(args.results_dir, "screen", ALL_ROWS, STEPS.screen_seeds), STEPS.stored_choice(
+        args.results_dir)
     refs = references(args.multi30k_dir, [VALID, TEST])
     any_run = next((run for runs in screen.values() for run in runs.values()), None)
     parts = [f"# The methods at convergence (issue #26): Multi30k En-De, schedule `{DEVICES[args.device]['schedule']}`",
@@ -194,13 +214,17 @@ def table(args) -> str:
              protocol_note(any_run["patience"] if any_run else args.patience,
                            any_run["max_epochs"] if any_run else args.max_epochs, TEST_BEAMS, TEST),
              "", "## Screen (seed 1, validation)", "", screen_table(screen, refs)]
+    if any(row in screen for row in COMPARISON):
+        parts += ["", "## The papers' comparison systems (screen, seed 1, validation)", "",
+                  "Screened by `compare` against the same baseline run; not candidates of the choice, not confirmed.",
+                  "", screen_table(screen, refs, COMPARISON)]
     confirm, tests = STEPS.chosen_records(args.results_dir, "confirm"), STEPS.chosen_records(args.results_dir, "test")
     if choice:
         parts += ["", f"Chosen on validation: {choice['chosen']} (screen seed 1, beam-5 validation BLEU).", "",
                   f"## Confirmation (fresh seeds {choice['seeds']}; test read once, for these rows)", "",
                   confirm_table(confirm, tests, choice["rows"], refs)]
     parts += ["", scores_note(any_run, TEST_BEAMS), "",
-              "## Validation curves (greedy BLEU at each epoch)", "", validation_curves("screen", screen, ROWS),
+              "## Validation curves (greedy BLEU at each epoch)", "", validation_curves("screen", screen, ALL_ROWS),
               *([validation_curves("confirm", confirm, ROWS)] if confirm else [])]
     markdown = "\n".join(parts) + "\n"
     (Path(args.results_dir) / "README.md").write_text(markdown, encoding="utf-8")
@@ -208,12 +232,21 @@ def table(args) -> str:
     return markdown
 
 
+def status(runs: ConvergenceRuns) -> list[str]:
+    """The study's status lines (:meth:`StagedStudy.status`), the comparison rows' screen runs before the last."""
+    lines = STEPS.status(runs)
+    return [*lines[:-1], *[run_status(runs, "screen", row, seed) for seed in STEPS.screen_seeds for row in COMPARISON],
+            lines[-1]]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line; the folders, runs at a time, time cap and most epochs left out take ``--device``'s."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["prepare", "screen", "confirm", "test", "table", "status", "score"])
+    parser.add_argument("command", choices=["prepare", "screen", "compare", "confirm", "test", "table", "status",
+                                            "score"])
     add_run_arguments(parser, DEVICES)
-    parser.add_argument("--rows", nargs="+", choices=list(ROWS), help="screen: these rows only (default: all)")
+    parser.add_argument("--rows", nargs="+", choices=list(ALL_ROWS),
+                        help="screen, compare: these of its rows only (default: all of them)")
     parser.add_argument("--record", type=existing_file, help=argparse.SUPPRESS)
     parser.add_argument("--split", default=TEST, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -228,20 +261,25 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.multi30k_dir = multi30k_folder(parser, args.multi30k_dir, ("en", "de"))
     if args.command == "score" and not (args.record and args.out):
         parser.error("score needs --record and --out (test runs it for each confirmed run)")
-    if args.rows and args.command != "screen":
-        parser.error(f"--rows chooses the rows of the screen only; {args.command} runs the rows of choice.json")
+    if args.rows and args.command not in STAGE_ROWS:
+        parser.error(f"--rows chooses the rows of screen and compare only; {args.command} runs the rows of "
+                     "choice.json")
+    if args.rows and not set(args.rows) <= set(STAGE_ROWS[args.command]):
+        parser.error(f"--rows {' '.join(row for row in args.rows if row not in STAGE_ROWS[args.command])}: not rows "
+                     f"of {args.command}; expected some of {list(STAGE_ROWS[args.command])}")
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     runs = study_runs(args)
-    {"prepare": lambda: prepare(args, list(ROWS)),
+    {"prepare": lambda: prepare(args, list(ALL_ROWS)),
      "screen": lambda: launch(runs, "screen", args.rows or list(ROWS), STEPS.screen_seeds),
+     "compare": lambda: launch(runs, "screen", args.rows or list(COMPARISON), STEPS.screen_seeds),
      "confirm": lambda: STEPS.confirm(runs),
      "test": lambda: STEPS.test(runs, lambda row, seed: score_command(args, row, seed), TEST, TEST_BEAMS),
      "table": lambda: table(args),
-     "status": lambda: print("\n".join(STEPS.status(runs))),
+     "status": lambda: print("\n".join(status(runs))),
      "score": lambda: score_run(args.record, args.split, args.out, multi30k_dir=args.multi30k_dir,
                                 parses_dir=args.parses_dir, num_beams=TEST_BEAMS, device=args.device, repo=HERE.parent),
      }[args.command]()

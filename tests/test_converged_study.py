@@ -20,9 +20,11 @@ from hf_headattn.experiment.train_arguments import (  # noqa: E402
     ModelArguments,
     parse_recipe_arguments,
 )
+from hf_headattn.methods.fixed_attention.equations import PATTERNS  # noqa: E402
 from workshop import scoring  # noqa: E402
 from workshop.curves import stop_reason, training_curve  # noqa: E402
 from workshop.launch import launch  # noqa: E402
+from workshop.rows import fixed_attention_row  # noqa: E402
 from workshop.runs import record_path, run_dir  # noqa: E402
 from workshop.sessions import resumable_checkpoint, session_flags  # noqa: E402
 
@@ -60,6 +62,56 @@ def test_rows_seeds_and_settings():
     assert {cs.ROWS[row][1]["sea"]["head_selection"] for row in ("dea_rhe", "lpea_rhe")} == {"redundant"}
     for _, settings in cs.ROWS.values():  # every row is a valid model
         HeadAttnMarianConfig(**model_shape("tiny"), vocab_size=99, **settings)
+
+
+def test_the_comparison_rows_are_the_papers_layouts_screened_beside_not_chosen():
+    assert list(cs.COMPARISON) == ["rel_pos", "rel_pos_rhe", "localness", "localness_rhe", "fixed_attention"]
+    assert cs.ALL_ROWS == {**cs.ROWS, **cs.COMPARISON} and not set(cs.ROWS) & set(cs.COMPARISON)
+    assert not set(cs.STEPS.rows) & set(cs.COMPARISON)  # never candidates of the choice
+    rel_pos, rel_pos_rhe = cs.COMPARISON["rel_pos"][1]["rel_pos"], cs.COMPARISON["rel_pos_rhe"][1]["rel_pos"]
+    # Shaw et al.'s base model: k = 16, a table per layer and head, both terms, every self-attention, no sinusoids
+    assert rel_pos == {"max_relative_position": 16, "tables": "head", "values": True, "encoder_layers": "all",
+                       "decoder_layers": "all", "absolute_positions": False, "head_selection": "all"}
+    assert rel_pos_rhe == {**rel_pos, "decoder_layers": None, "absolute_positions": True,
+                           "head_selection": "redundant"}  # RHE's Table 2: the encoder's redundant heads
+    localness, localness_rhe = (cs.COMPARISON[row][1]["localness"] for row in ("localness", "localness_rhe"))
+    assert localness == {"encoder_layers": "lower_half", "window": "predicted", "heads": "all", "head_selection": "all",
+                         "predictor": "query"} and localness_rhe == {**localness, "head_selection": "redundant"}
+    fixed = cs.COMPARISON["fixed_attention"][1]["fixed_attention"]
+    assert fixed["patterns"] == ["current", "previous", "next"] and fixed["weights"] == "cubic"  # 3 + 1 of 4 heads
+    assert {row: method for row, (method, _) in cs.COMPARISON.items()} == {
+        "rel_pos": "rel_pos", "rel_pos_rhe": "rel_pos", "localness": "localness", "localness_rhe": "localness",
+        "fixed_attention": "fixed_attention"}
+    for shape in ("tiny", "small"):  # valid at both arms' shapes, each a method switched on
+        for _, settings in cs.COMPARISON.values():
+            config = HeadAttnMarianConfig(**model_shape(shape), vocab_size=99, **settings)
+            assert getattr(config, next(iter(settings))) is not None
+    with pytest.raises(ValueError, match=r"heads=9: expected 2 to 8 encoder heads"):
+        fixed_attention_row(9)
+    assert fixed_attention_row(8)["fixed_attention"]["patterns"] == list(PATTERNS)  # Raganato's 7 + 1
+
+
+def test_compare_screens_the_comparison_rows_into_the_screens_records(tmp_path, monkeypatch, capsys):
+    launched = []
+    monkeypatch.setattr(cs, "launch", lambda runs, stage, rows, seeds: launched.append((stage, rows, seeds)))
+    cs.main(study_argv(tmp_path, command="compare"))
+    cs.main(study_argv(tmp_path, "--rows", "localness_rhe", command="compare"))
+    cs.main(study_argv(tmp_path, command="screen"))
+    assert launched == [("screen", list(cs.COMPARISON), (1,)), ("screen", ["localness_rhe"], (1,)),
+                        ("screen", list(cs.ROWS), (1,))]
+    args = study_args(tmp_path, command="compare")
+    for row in ("rel_pos_rhe", "localness_rhe"):  # RHE reads the dependency parses
+        assert cs.train_command(args, "screen", row, 1)[-6:-4] == ["--syntax_parses_dir", str(tmp_path / "parses")]
+    for row in ("rel_pos", "localness", "fixed_attention"):
+        command = cs.train_command(args, "screen", row, 1)
+        assert "--syntax_parses_dir" not in command
+        assert json.loads(command[command.index("--method_settings") + 1]) == cs.COMPARISON[row][1]
+    assert cs.identity(args, "rel_pos", 1)["settings"] == cs.COMPARISON["rel_pos"][1]
+    for command, rows, wrong in (("screen", ["rel_pos"], "rel_pos"), ("compare", ["dea_rhe", "localness"], "dea_rhe")):
+        with pytest.raises(SystemExit) as stop:
+            study_args(tmp_path, "--rows", *rows, command=command)
+        message = capsys.readouterr().err
+        assert stop.value.code == 2 and f"--rows {wrong}: not rows of {command}; expected some of" in message
 
 
 def test_the_training_command_stops_early_on_validation_bleu_and_never_reads_test(tmp_path):
@@ -176,7 +228,7 @@ def test_a_run_whose_checkpoint_met_a_stop_condition_only_scores(tmp_path):
 
 
 def fake_record(args, stage, row, seed, bleu, predictions, epochs=12.0, reason="early_stopping"):
-    record = {**cs.identity(args, row, seed), "stage": stage, "method": cs.ROWS[row][0],
+    record = {**cs.identity(args, row, seed), "stage": stage, "method": cs.ALL_ROWS[row][0],
               "validation": {"bleu": bleu, "chrf": 2 * bleu, "bleu_signature": "nrefs:1|tok:13a"},
               "best_greedy_validation_bleu": bleu - 1, "best_epoch": epochs - args.patience, "epochs": epochs,
               "stop_reason": reason, "train_time_s": 3600.0, "run_dir": "-",
@@ -200,12 +252,15 @@ def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, 
               "eadra_pair_mean_a0.3": 32.0, "eadra_pair_mean_a1": 5.0, "dea_rhe": 30.2, "lpea_rhe": 30.2}
     for row, bleu in list(screen.items())[:-1]:
         fake_record(args, "screen", row, 1, bleu, worse if bleu < 10 else valid)
+    fake_record(args, "screen", "rel_pos", 1, 33.0, worse)  # compare's: the best validation BLEU, not a candidate
     with pytest.raises(SystemExit, match=r"screen is not complete .*lpea_rhe seed 1"):
         cs.STEPS.choice(args.results_dir, cs.HERE.parent)
     with pytest.raises(SystemExit, match="run the screen and confirm steps first"):
         cs.main(study_argv(tmp_path, command="test"))
     lines = status(tmp_path, capsys)
-    assert "screen lpea_rhe seed 1: not started" in lines and len(lines) == 9
+    assert "screen lpea_rhe seed 1: not started" in lines and len(lines) == 14  # the screen, compare's 5, choice
+    assert lines[8:10] == ["screen rel_pos seed 1: done, 12 epochs (early_stopping), valid BLEU 33.00",
+                           "screen rel_pos_rhe seed 1: not started"]
     assert lines[-1] == "choice: not made (the screen is not complete); test set: not read"
     fake_record(args, "screen", "lpea_rhe", 1, screen["lpea_rhe"], valid, epochs=40.0, reason="time_cap")
     # the greedy curves' bests say otherwise: the choice reads the best checkpoint's validation BLEU only
@@ -256,10 +311,17 @@ def test_choice_on_validation_test_once_after_confirmation_and_tables(tmp_path, 
     eadra = next(line for line in lines if line.startswith("| eadra_pair_mean_a0.3 | 2 |"))
     assert "| +0.00 (p 0.001) / +0.00 (p 0.001) |" in eadra  # its validation predictions are worse than the baseline's
     assert "- screen lpea_rhe seed 1 (time_cap): 3.0, 9.5" in lines
+    comparison = lines.index("## The papers' comparison systems (screen, seed 1, validation)")
+    assert lines.index("## Screen (seed 1, validation)") < comparison < lines.index("## Confirmation (fresh seeds "
+                                                                                    "[2, 3]; test read once, for "
+                                                                                    "these rows)")
+    assert "| rel_pos | 33.00 | 66.00 | 0.001 | 32.00 | 7 | 12 | 1.00 |" in lines[comparison:]  # p: worse lines
+    assert "| fixed_attention | (running or not started) |" in markdown and "- screen rel_pos seed 1 (" in markdown
+    assert not any(line.startswith("| rel_pos |") for line in lines[:comparison])
     assert "Chosen on validation: {'dhicm': 'dhicm_per_token', 'eadra': 'eadra_pair_mean_a0.3', 'sea': 'dea_rhe'}" in (
         markdown)
     lines = status(tmp_path, capsys)  # the screen's 8 runs, the confirmation's 8, the choice and the test set
-    assert "screen lpea_rhe seed 1: done, 40 epochs (time_cap), valid BLEU 30.20" in lines and len(lines) == 17
+    assert "screen lpea_rhe seed 1: done, 40 epochs (time_cap), valid BLEU 30.20" in lines and len(lines) == 22
     assert "confirm dea_rhe seed 3: done, 12 epochs (early_stopping), valid BLEU 31.00" in lines
     assert lines[-1] == (f"choice: {choice['chosen']}; test set: read at {read['finished_at']}")
 
