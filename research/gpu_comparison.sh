@@ -26,7 +26,7 @@
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
-CARRY=.carry
+CARRY=${CARRY:-.carry}  # what travels with the call (git-ignored)
 [[ -f research/converged_study.py ]] || { echo "gpu_comparison.sh: run it from the repository root" >&2; exit 2; }
 
 pack() {

@@ -399,3 +399,17 @@ def test_a_missing_results_folder_is_a_usage_error_naming_it(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         study_args(tmp_path, "--multi30k_dir", str(tmp_path / "nowhere"))
     assert stop.value.code == 2 and "nowhere" in capsys.readouterr().err
+
+
+def test_the_gpu_script_refuses_to_run_without_what_pack_makes(tmp_path):
+    import subprocess
+
+    def script(*argv):
+        return subprocess.run(["bash", "research/gpu_comparison.sh", *argv], cwd=ROOT, capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "CARRY": str(tmp_path / "carry"), "OUT": str(tmp_path)})
+
+    missing = script("run")
+    assert missing.returncode == 2 and f"{tmp_path / 'carry'}/ lacks the tokenizer" in missing.stderr
+    assert "run 'pack' here first" in missing.stderr and not list(tmp_path.iterdir())  # nothing started
+    wrong = script("train")
+    assert wrong.returncode == 2 and "usage: bash research/gpu_comparison.sh pack|run" in wrong.stderr
