@@ -3,7 +3,7 @@
 # Localness+RHE, fixed attention; seed 1, the `small` shape, the GPU arm's schedule) in one call on a lent GPU, the
 # runs side by side under CUDA MPS. From the repository root:
 #
-#   bash research/gpu_comparison.sh pack   # here, once (spaCy and ../shared/data beside): -> .carry/ (about 30 MB):
+#   bash research/gpu_comparison.sh pack   # here, once (spaCy and pip's index reachable): -> .carry/ (27 MB):
 #       Multi30k En-De, the GPU arm's tokenizer (8000 pieces) and the sources' parses (for the RHE rows), and the
 #       wheels the lent GPU's python3 lacks (transformers, datasets and its dill and multiprocess, regex)
 #   bash research/gpu_comparison.sh run    # there: the device tool's run(command="bash research/gpu_comparison.sh
@@ -20,9 +20,10 @@
 # stopped early after 5-10 minutes (24-40 epochs); 5 at a time, they run faster, and a run past the cap is recorded
 # as stopped by it (the table says so).
 #
-# Environment: PYTHON (python3), PARALLEL (5), THREADS (2: CPU threads a run, as the screen had), CAP_MINUTES (7),
-# DEADLINE (540 s), ROWS (the rows, default all of compare's), SMOKE=1 (here, on the CPU: no wheels, no MPS, the CPU
-# arm's schedule, 3 steps a run, into outputs/gpu-comparison-smoke/).
+# Environment: PYTHON (python3), CARRY (.carry), MULTI30K (pack: Multi30k's folder; default found or downloaded),
+# PARALLEL (5), THREADS (2: CPU threads a run, as the screen had), CAP_MINUTES (7), DEADLINE (540 s), ROWS (the rows,
+# default all of compare's), SMOKE=1 (here, on the CPU: no wheels, no MPS, the CPU arm's schedule, 3 steps a run, into
+# outputs/gpu-comparison-smoke/).
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -30,9 +31,11 @@ CARRY=${CARRY:-.carry}  # what travels with the call (git-ignored)
 [[ -f research/converged_study.py ]] || { echo "gpu_comparison.sh: run it from the repository root" >&2; exit 2; }
 
 pack() {
-    local shared=${SHARED_DATA:-../shared/data/multi30k}
+    # MULTI30K: a folder of Multi30k's files; default: found or downloaded, checksummed (docs/usage.md, Multi30k)
+    local multi30k=${MULTI30K:-$("$PYTHON" -c "from hf_headattn.experiment.multi30k import find_multi30k
+print(find_multi30k(languages=('en', 'de')))")}
     mkdir -p "$CARRY/multi30k" "$CARRY/wheels"
-    cp "$shared"/{train,val,test_2016_flickr}.{en,de}.gz "$CARRY/multi30k/"
+    cp "$multi30k"/{train,val,test_2016_flickr}.{en,de}.gz "$CARRY/multi30k/"
     "$PYTHON" research/converged_study.py prepare --device cuda --multi30k_dir "$CARRY/multi30k" \
         --tokenizer_dir "$CARRY/tokenizer" --parses_dir "$CARRY/parses"
     # the versions of this checkout's environment; the lent GPU's python3 has transformers 5.17 (below our lowest)
