@@ -110,7 +110,7 @@ EOF
 from workshop.runs import record_path
 paths = [record_path(sys.argv[1], 'screen', row, seed) for row in cs.COMPARISON for seed in cs.STEPS.screen_seeds]
 print('\n'.join(str(path) for path in paths if path.is_file()))" "$results" | tar czf "$out/records.tgz" -T -
-    find "$runs" -name 'train.*.log' | tar czf "$out/logs.tgz" -T - 2>/dev/null
+    { find "$runs" -name 'train.*.log' 2>/dev/null || true; } | tar czf "$out/logs.tgz" -T -
     ls -l "$out"
 }
 
