@@ -237,16 +237,15 @@ def count_row(kind: str, settings: dict, shape_kwargs: dict, real_batch: dict, a
     register_chunked_cross_entropy_flops()
     register_tiled_eadra_flops()
     register_rel_pos_flops()
-    from hf_headattn.methods.eadra import tiled
-    from hf_headattn.methods.rel_pos import core as rel_pos
+    from hf_headattn import triton_support
     from hf_headattn.methods.sea import core as sea
 
     # the accelerator's paths on fake CPU tensors: SEA's checks stay on the device, EaDRA's and Rel_Pos's Triton
-    # operators run (their fake implementations: the bytes their kernels write)
+    # operators run on the CPU's fake tensors as under the interpreter (their fake implementations: the bytes their
+    # kernels write)
     with FakeTensorMode() as mode, mock.patch.object(sea, "_checks_on_host", lambda tensor: False), \
-            mock.patch.object(tiled, "_device_ok", lambda tensor: True), \
-            mock.patch.object(rel_pos, "_kernel_device", lambda device: True), \
-            mock.patch.object(rel_pos, "HAS_TRITON", True):
+            mock.patch.object(triton_support, "INTERPRETED", True), \
+            mock.patch.object(triton_support, "INSTALLED", True):
         batch = {k: mode.from_tensor(v) for k, v in real_batch.items()}
         model = setups.build(kind, settings, shape_kwargs, None, None, attn_implementation)
         step = setups.step_fn(kind, model, batch)

@@ -103,6 +103,9 @@ hand-written backward),
   [`assert_async`][hf_headattn.hf_compat.assert_async] (fail on the device without synchronising),
   [`constant`][hf_headattn.head_split.constant] (a tuple as a device tensor, made once),
   [`IGNORE_INDEX`][hf_headattn.losses.IGNORE_INDEX] (the label padding value);
+* Triton kernels (EaDRA's tiled pass, Rel_Pos's kernels), answered without importing Triton:
+  [`triton_installed`][hf_headattn.triton_support.triton_installed] (Triton is installed),
+  [`triton_kernel_device`][hf_headattn.triton_support.triton_kernel_device] (CUDA, or the CPU under its interpreter);
 * RHE, the redundant heads (Zhang et al. 2021, Eq. 3, 5, 9, 10; `hf_headattn.redundancy`), for a method with
   `head_selection="redundant"`: [`redundant_heads_of`][hf_headattn.redundancy.redundant_heads_of],
   [`dependency_allowed`][hf_headattn.redundancy.dependency_allowed],
@@ -171,6 +174,7 @@ from .settings_checks import allowed_values, check_choice, check_range, resolve_
 from .sites import COMPONENT_SITES, COMPONENTS, component_of, component_shape
 from .syntax_inputs.provider import example_inputs as syntax_example_inputs
 from .syntax_inputs.provider import needs_syntax, syntax_for_redundant_heads
+from .triton_support import triton_installed, triton_kernel_device
 
 __all__ = [
     "HEAD_SELECTIONS", "AttentionCall", "AttentionMethod", "HeadAttnContext", "HeadIndex", "HeadUse",
@@ -185,5 +189,5 @@ __all__ = [
     "Rule2", "TRANSFORMER_BASE", "assert_async", "attention_backend", "checked_dependency_mask", "component_of",
     "component_shape", "constant", "dependency_allowed", "method_inputs", "needs_syntax", "neutral_dependency_mask",
     "pyplot", "readout", "real_tokens", "redundant_heads_of", "save_figure", "softmax_backward",
-    "syntax_example_inputs", "syntax_for_redundant_heads",
+    "syntax_example_inputs", "syntax_for_redundant_heads", "triton_installed", "triton_kernel_device",
 ]

@@ -22,11 +22,9 @@ pass is chosen by `choose_pass`.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import torch
 
+from ...triton_support import triton_installed
 from .compiled import compile_failed
 from .equations import layer_regularizers as fused_layer_regularizers
 
@@ -36,10 +34,9 @@ AUTO_COMPILED_DEVICES = ("cuda",)
 """The devices on which "auto" compiles the pass."""
 
 
-@functools.cache  # asked at every pass: the answer does not change within a process
 def _has_triton() -> bool:
     """Whether Triton is installed: Inductor's GPU code needs it to compile the pass."""
-    return importlib.util.find_spec("triton") is not None
+    return triton_installed()
 
 
 def check_implementation(implementation, name: str = "implementation") -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from ...triton_support import triton_kernel_device
 from .equations import _coefficients, _safe_log, _stack_heads
 from .tiled_kernels import KERNELS as kernels
 
@@ -47,16 +48,10 @@ def available() -> bool:
     return kernels.triton is not None
 
 
-def _device_ok(query: torch.Tensor) -> bool:
-    """Whether the kernels can run on `query`'s device: CUDA, or any device under Triton's interpreter. (The
-    benchmarks' counting, on fake CPU tensors, replaces it: the fake operators run no kernel.)"""
-    return query.device.type == "cuda" or kernels.interpreting()
-
-
 def supports(query: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether these stacked heads (and bias) can run here: Triton present, CUDA tensors (any device under the
     interpreter), float32/float16/bfloat16 heads, and no bias gradient."""
-    if not available() or query.dtype not in (torch.float32, *kernels.HALF) or not _device_ok(query):
+    if not available() or query.dtype not in (torch.float32, *kernels.HALF) or not triton_kernel_device(query.device):
         return False
     return bias is None or not bias.requires_grad
 

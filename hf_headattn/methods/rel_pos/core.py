@@ -34,8 +34,6 @@ is the last key its causal mask allows.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -50,6 +48,7 @@ from ...placement import layers_of, renamed
 from ...probabilities import attention_probabilities
 from ...redundancy import checked_dependency_mask, neutral_dependency_mask, redundant_heads_of
 from ...registry import HeadUse, MethodSettings, MethodSpec
+from ...triton_support import triton_installed, triton_kernel_device
 from .equations import key_term, relative_attention, value_term
 
 NAME = "rel_pos"
@@ -216,16 +215,6 @@ def label_offset(call: AttentionCall) -> int | None:
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """The dtypes the kernels take (float64 runs `relative_attention`)."""
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-"""Whether Triton interprets its kernels in this process (then they run on CPU tensors: the tests)."""
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-"""Whether Triton is installed (looked up once: inside a compiled model the look-up would be traced)."""
-
-
-def _kernel_device(device: torch.device) -> bool:
-    """Whether the kernels run on `device`: CUDA, or the CPU under Triton's interpreter. (Counting under
-    `FakeTensorMode`, whose tensors are on the CPU, patches this to count the GPU's path.)"""
-    return device.type == "cuda" or (device.type == "cpu" and INTERPRETED)
 
 
 def kernel_refusal(query: torch.Tensor, mask: torch.Tensor | None, offset: int | None) -> str | None:
@@ -245,9 +234,9 @@ def kernel_refusal(query: torch.Tensor, mask: torch.Tensor | None, offset: int |
         return f"{query.dtype} with head dimension {query.shape[-1]}: expected one of {KERNEL_DTYPES}, at most 256"
     if query.dtype == torch.bfloat16 and query.device.type == "cpu":
         return "bfloat16 on the CPU: Triton's interpreter multiplies bfloat16 blocks wrongly (triton 3.9)"
-    if not HAS_TRITON:
+    if not triton_installed():
         return "environment: Triton is not installed (pip install triton)"
-    if not _kernel_device(query.device):
+    if not triton_kernel_device(query.device):
         return (f"environment: tensors on {query.device.type}; the kernels run on CUDA, or on the CPU under "
                 "TRITON_INTERPRET=1")
     return None

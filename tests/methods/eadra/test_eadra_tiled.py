@@ -23,7 +23,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
                 "sets it)", allow_module_level=True)
 
 from conftest import TINY, batch
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, triton_support
 from hf_headattn.methods.eadra import equations, passes, tiled, tiled_kernels
 
 BLOCKS = dict(block_m=16, block_n=16)
@@ -166,7 +166,7 @@ def test_what_is_saved_written_and_refused():
     with pytest.raises(ValueError, match="float32/float16/bfloat16 heads on CUDA .* got torch.float64 heads on cpu"):
         tiled.forward(query.double(), key.double(), SCALING, shape, support, None, coefficients)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tiled_kernels, "interpreting", lambda: False)  # the CPU outside the interpreter
+        patch.setattr(triton_support, "INTERPRETED", False)  # the CPU outside the interpreter
         with pytest.raises(ValueError, match=r"on CUDA \(or on the CPU under TRITON_INTERPRET=1\), got "
                                              r"torch.float32 heads on cpu"):
             passes.layer_regularizers([q], [k], 2, SCALING, support, query_mask, implementation="triton")

@@ -15,7 +15,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
                 "sets it)", allow_module_level=True)
 
 from conftest import TINY, batch
-from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration, triton_support
 from hf_headattn.methods.rel_pos import core, tiled
 from hf_headattn.methods.rel_pos.equations import relative_attention, relative_labels
 
@@ -119,7 +119,7 @@ def test_which_calls_run_the_kernels():
                          ((query, None, None), "the queries' positions are not offset")]:
         assert core.kernel_refusal(*args).startswith(reason)
         assert not core.runs_kernel("triton", *args)
-    with mock.patch.object(core, "INTERPRETED", False):
+    with mock.patch.object(triton_support, "INTERPRETED", False):
         assert core.kernel_refusal(query, None, 0).startswith("environment: tensors on cpu")
         assert not core.runs_kernel("auto", query, None, 0)
         with pytest.raises(ValueError, match=r"rel_pos.implementation='triton' cannot run here: tensors on cpu; the "
