@@ -42,6 +42,8 @@ LAUNCH = {"num_warps": 8, "num_stages": 2}
 """The kernels' launch options. Compiled for sm_90 (an H200's) on the CPU (`benchmarks/rel_pos_check.py
 --registers`: bfloat16, 64 x 64 tiles, head dimension 64), four warps spill 0.6-1.3 KB of registers a thread, eight
 0.1-0.3 KB; not yet timed."""
+
+
 def _power_of_two(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
