@@ -106,6 +106,7 @@ def check(out, objectives, num_heads=2, rel=1e-5):
                 assert_near(g, expected, rel)
 
 
+@pytest.mark.slow  # (5 s: every objective interpreted over stacked layers; make test runs it)
 def test_stacked_layers_of_different_lengths_and_each_objective():
     """Encoder, causal decoder and cross-attention padded to one pass, 2 of 3 heads, two query tiles and two key
     blocks: terms and query/key gradients as the eager pass's and float64's, whichever terms are in the
