@@ -148,6 +148,31 @@ def test_a_multi_process_launch_on_the_cpu_defaults_to_ddp_over_gloo_and_one_tha
     launching.check_launch(args("not_parallel", 1))
 
 
+def test_ending_waits_for_every_process_then_leaves_the_group(tmp_path, monkeypatch):
+    """end_processes: a barrier (the gloo workers' last drops before interpreter shutdown; see its docstring), then
+    the group destroyed; a no-op outside a group."""
+    from hf_headattn.experiment.launch import end_processes
+
+    dist = torch.distributed
+    calls = []
+
+    def spy(name):
+        real = getattr(dist, name)
+        monkeypatch.setattr(dist, name, lambda *args, **kwargs: calls.append(name) or real(*args, **kwargs))
+
+    spy("barrier")
+    spy("destroy_process_group")
+    end_processes()
+    assert calls == [] and not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        end_processes()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert calls == ["barrier", "destroy_process_group"] and not dist.is_initialized()
+
+
 @pytest.mark.parametrize("command", ["train", "finetune"])
 def test_resuming_a_two_process_checkpoint_in_one_process_is_a_usage_error(tmp_path, capsys, command):
     from hf_headattn import cli

@@ -55,9 +55,17 @@ def check_launch(training_args) -> None:
 
 
 def end_processes() -> None:
-    """Leave the process group the Trainer joined under a launcher, once a command is done. Left to the interpreter's
-    exit, gloo's threads were now and then destroyed still running: the process aborted ("terminate called without an
-    active exception", SIGABRT) after its work was written, and the launcher failed the run (seen once in
-    tests/test_distributed.py on two busy cores)."""
+    """Leave the process group the Trainer joined under a launcher, once a command is done: wait for every process
+    (a barrier), then destroy the group, while the interpreter is alive.
+
+    Why the barrier: a gloo worker thread drops a finished collective's tensors just after the caller's wait returns.
+    Those tensors are Python's (the Trainer's last all-gather), so dropping them takes the GIL. A process with
+    nothing left to do (any rank but the one that writes) could reach interpreter shutdown first; the worker
+    thread, refused the GIL, was then unwound inside a destructor: "terminate called without an active exception",
+    SIGABRT after the work was written, and the launcher failed the run. Seen in about 1 of 100 2-process launches
+    on two busy cores (tests/test_distributed.py); a core dump showed the worker in `ProcessGroupGloo::AsyncWork`'s
+    destructor and the main thread in `Py_FinalizeEx`. The barrier waits for every earlier collective and for the
+    slowest process, which leaves the worker threads that time to finish; destroying the group alone did not."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()

@@ -20,6 +20,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import TINY
 from hf_headattn import HeadAttnMBartConfig, HeadAttnMBartForConditionalGeneration
+from hf_headattn.experiment.launch import end_processes
 from hf_headattn.syntax_inputs import NOT_IN_PHRASE
 
 EVERY_METHOD = {"dhicm": {"encoder_layers": [-1], "decoder_layers": [-1]},
@@ -75,8 +76,7 @@ def main(out):
         with open(out, "w") as f:
             json.dump({"world_size": world, "logged": {k: float(v) for k, v in logged.items()}, "grads": grads,
                        "params": params, "sharded": type(model).__name__}, f)
-    if world > 1:
-        dist.destroy_process_group()
+    end_processes()
 
 
 if __name__ == "__main__":
