@@ -59,7 +59,7 @@ def end_processes() -> None:
     (a barrier), then destroy the group, while the interpreter is alive.
 
     Why the barrier: a gloo worker thread drops a finished collective's tensors just after the caller's wait returns.
-    Those tensors are Python's (the Trainer's last all-gather), so dropping them takes the GIL. A process with
+    Those tensors are Python's (e.g. the Trainer's last all-gather), so dropping them takes the GIL. A process with
     nothing left to do (any rank but the one that writes) could reach interpreter shutdown first; the worker
     thread, refused the GIL, was then unwound inside a destructor: "terminate called without an active exception",
     SIGABRT after the work was written, and the launcher failed the run. Seen in about 1 of 100 2-process launches
