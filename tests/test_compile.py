@@ -171,8 +171,8 @@ def test_the_cuda_only_branches_compile_in_one_graph(monkeypatch):
     monkeypatch.setattr(eadra_passes, "AUTO_COMPILED_DEVICES", ("cpu",))
     monkeypatch.setattr(fused_passes, "COMPILE_BACKEND", "aot_eager")  # the eager copy's own compiled pass: fast
     monkeypatch.setattr(fused_passes, "_compiled", {})
-    # the look for Triton as torch 2.11 traced it, a graph break (torch 2.13 traces find_spec), and Triton found
-    monkeypatch.setattr(eadra_passes, "_has_triton", lambda: torch._dynamo.graph_break() or True)
+    # the look for Triton as torch 2.11 traced it (find_spec at each call), a graph break, and Triton found
+    monkeypatch.setattr(eadra_passes, "triton_installed", lambda: torch._dynamo.graph_break() or True)
     results, graphs, breaks = compiled_steps("all", regional=False, steps=2)  # every method, EaDRA's three components
     assert breaks == 0 and graphs[-1] == graphs[0]  # (the eager copy's passes compile themselves: graphs too)
     assert_equal_steps(results)

@@ -34,11 +34,6 @@ AUTO_COMPILED_DEVICES = ("cuda",)
 """The devices on which "auto" compiles the pass."""
 
 
-def _has_triton() -> bool:
-    """Whether Triton is installed: Inductor's GPU code needs it to compile the pass."""
-    return triton_installed()
-
-
 def check_implementation(implementation, name: str = "implementation") -> str:
     """The setting's value, refused unless one of `IMPLEMENTATIONS` (`ValueError` naming it and the allowed ones).
     ("triton" is checked where it runs: without Triton, on the CPU outside Triton's interpreter, on float64 heads or
@@ -62,7 +57,7 @@ def choose_pass(implementation: str, device: torch.device) -> str:
     if torch.compiler.is_compiling():
         return "eager"
     if implementation == "auto":
-        compiles = device.type in AUTO_COMPILED_DEVICES and _has_triton() and not compile_failed()
+        compiles = device.type in AUTO_COMPILED_DEVICES and triton_installed() and not compile_failed()
         return "compiled_or_eager" if compiles else "eager"
     if implementation in ("eager", "compiled"):
         return implementation

@@ -106,7 +106,7 @@ def test_auto_falls_back_to_the_eager_pass_when_the_compile_fails(monkeypatch):
     gives the eager pass's values and does not try again in this process; "compiled" raises the error."""
     monkeypatch.setattr(fused_passes, "COMPILE_BACKEND", broken_backend)
     monkeypatch.setattr(eadra_passes, "AUTO_COMPILED_DEVICES", ("cpu",))
-    monkeypatch.setattr(eadra_passes, "_has_triton", lambda: True)
+    monkeypatch.setattr(eadra_passes, "triton_installed", lambda: True)
     monkeypatch.setattr(fused_passes, "_auto_failed", [])
     inputs, bias = padded_layers()
     expected = terms_and_grads(inputs, bias, "eager")

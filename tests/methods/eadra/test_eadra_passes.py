@@ -73,14 +73,14 @@ def test_one_function_chooses_every_pass(monkeypatch):
     compile, eager elsewhere (never "triton": the GPU run decides); the other values as they say; inside a compiled
     model every pass but "triton" (opaque operators there) the plain function."""
     monkeypatch.setattr(fused_passes, "_auto_failed", [])
-    monkeypatch.setattr(eadra_passes, "_has_triton", lambda: True)
+    monkeypatch.setattr(eadra_passes, "triton_installed", lambda: True)
     choose = eadra_passes.choose_pass
     assert (choose("auto", CPU), choose("auto", CUDA)) == ("eager", "compiled_or_eager")
     for implementation in ("eager", "compiled", "triton"):
         assert choose(implementation, CPU) == choose(implementation, CUDA) == implementation
-    monkeypatch.setattr(eadra_passes, "_has_triton", lambda: False)
+    monkeypatch.setattr(eadra_passes, "triton_installed", lambda: False)
     assert choose("auto", CUDA) == "eager"
-    monkeypatch.setattr(eadra_passes, "_has_triton", lambda: True)
+    monkeypatch.setattr(eadra_passes, "triton_installed", lambda: True)
     monkeypatch.setattr(fused_passes, "_auto_failed", ["an earlier failure"])
     assert choose("auto", CUDA) == "eager" and choose("compiled", CUDA) == "compiled"
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
